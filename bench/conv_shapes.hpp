@@ -1,0 +1,59 @@
+// The convolution layers dfp is measured on: ResNet-20 (CIFAR-10, batch 128), ResNet-50 and VGG-16
+// (ImageNet 224x224). One table for the benchmarks and any test that wants realistic shapes.
+//
+// Names follow <net>_b<N>_c<C>_k<K>_in<H>_<R>x<S>_s<stride>; bench/ratio_table.py parses C, R and
+// S back out of them, so keep the pattern.
+#pragma once
+
+#include <array>
+
+#include "dfp/conv.hpp"
+
+namespace dfp::bench {
+
+struct ConvLayer {
+  const char* name;
+  ConvShape shape;
+};
+
+// Square input, square kernel, equal stride and padding on both axes.
+constexpr ConvShape square_conv(int n, int c, int k, int hw, int r, int stride, int pad) {
+  ConvShape s;
+  s.N = n;
+  s.C = c;
+  s.H = hw;
+  s.W = hw;
+  s.K = k;
+  s.R = r;
+  s.S = r;
+  s.stride_h = stride;
+  s.stride_w = stride;
+  s.pad_h = pad;
+  s.pad_w = pad;
+  return s;
+}
+
+inline constexpr std::array<ConvLayer, 17> kConvLayers = {{
+    // ResNet-20, CIFAR-10, batch 128.
+    {"resnet20_b128_c16_k16_in32_3x3_s1", square_conv(128, 16, 16, 32, 3, 1, 1)},
+    {"resnet20_b128_c16_k32_in32_3x3_s2", square_conv(128, 16, 32, 32, 3, 2, 1)},
+    {"resnet20_b128_c32_k32_in16_3x3_s1", square_conv(128, 32, 32, 16, 3, 1, 1)},
+    {"resnet20_b128_c32_k64_in16_3x3_s2", square_conv(128, 32, 64, 16, 3, 2, 1)},
+    {"resnet20_b128_c64_k64_in8_3x3_s1", square_conv(128, 64, 64, 8, 3, 1, 1)},
+    // ResNet-50, ImageNet, batch 32.
+    {"resnet50_b32_c64_k64_in56_3x3_s1", square_conv(32, 64, 64, 56, 3, 1, 1)},
+    {"resnet50_b32_c256_k64_in56_1x1_s1", square_conv(32, 256, 64, 56, 1, 1, 0)},
+    {"resnet50_b32_c64_k256_in56_1x1_s1", square_conv(32, 64, 256, 56, 1, 1, 0)},
+    {"resnet50_b32_c128_k128_in28_3x3_s1", square_conv(32, 128, 128, 28, 3, 1, 1)},
+    {"resnet50_b32_c256_k256_in14_3x3_s1", square_conv(32, 256, 256, 14, 3, 1, 1)},
+    {"resnet50_b32_c512_k512_in7_3x3_s1", square_conv(32, 512, 512, 7, 3, 1, 1)},
+    {"resnet50_b32_c1024_k256_in14_1x1_s1", square_conv(32, 1024, 256, 14, 1, 1, 0)},
+    // VGG-16, ImageNet, batch 8 (batch 32 makes the 224x224 layer take seconds per pass).
+    {"vgg16_b8_c64_k64_in224_3x3_s1", square_conv(8, 64, 64, 224, 3, 1, 1)},
+    {"vgg16_b8_c128_k128_in112_3x3_s1", square_conv(8, 128, 128, 112, 3, 1, 1)},
+    {"vgg16_b8_c256_k256_in56_3x3_s1", square_conv(8, 256, 256, 56, 3, 1, 1)},
+    {"vgg16_b8_c512_k512_in28_3x3_s1", square_conv(8, 512, 512, 28, 3, 1, 1)},
+    {"vgg16_b8_c512_k512_in14_3x3_s1", square_conv(8, 512, 512, 14, 3, 1, 1)},
+}};
+
+}  // namespace dfp::bench

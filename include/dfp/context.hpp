@@ -1,0 +1,65 @@
+// dfp: the execution context.
+//
+// There is no global state in dfp. A Context owns everything a computation needs from its
+// environment: the worker threads (a oneTBB arena, and the OpenMP thread count that oneDNN's
+// runtime uses, set to the same number so the two never oversubscribe the cores), the kernel
+// table chosen once from the CPU's features, the base random seed, and the log sink.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "dfp/isa.hpp"
+
+namespace dfp {
+
+namespace simd {
+struct KernelTable;  // simd/kernel_table.hpp: the contract between the engine and the kernels
+}
+
+enum class LogLevel { warning, info, debug };
+using LogSink = std::function<void(LogLevel, std::string_view)>;
+
+struct ContextOptions {
+  // Worker threads for TBB and for oneDNN's OpenMP runtime. 0: the cores this process may use.
+  int threads = 0;
+  // Kernel level: "" = the environment variable DFP_ISA if set, else the best the CPU supports.
+  // Otherwise "ref", "avx512bw" or "avx512vnni"; a level the CPU lacks is an error.
+  std::string isa;
+  // Base seed for every random stream (stochastic rounding, initialisation, shuffling).
+  uint64_t seed = 1;
+  // Where messages go. Default: nowhere (a library does not print).
+  LogSink log;
+};
+
+class Context {
+ public:
+  explicit Context(const ContextOptions& options = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int threads() const noexcept;
+  Isa isa() const noexcept;
+  const CpuFeatures& cpu() const noexcept;
+  const simd::KernelTable& kernels() const noexcept;
+  uint64_t seed() const noexcept;
+  void log(LogLevel level, std::string_view message) const;
+
+  // Runs body(begin, end) over disjoint chunks covering [0, n) on this context's threads.
+  // Results must not depend on how [0, n) is chunked: every caller writes disjoint outputs.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) const;
+
+  // Makes oneDNN (OpenMP) use this context's thread count on the calling thread. Called by the
+  // oneDNN-backed kernels before each primitive runs.
+  void bind_openmp() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dfp

@@ -1,0 +1,172 @@
+// dfp: convolution and fully-connected operators, INT16 (DFP16) and FP32, all three passes.
+//
+// Activation layout. Every dfp convolution reads and writes FP32 activations in the blocked
+// layout "nChw16c": [N][ceil(C/16)][H][W][16], channel c of pixel (h, w) at lane c % 16 of block
+// c / 16. Padding lanes (c >= C) are zero on input and written as zero on output. This is the
+// layout oneDNN's AVX-512 kernels prefer, and it makes every per-channel op a 16-lane vector op.
+// to_blocked()/from_blocked() convert from/to plain NCHW.
+//
+// INT16 operators (ConvInt16, LinearInt16) follow Das et al.: FPROP y = conv(x, w), BPROP
+// dx = conv_backward_data(dy, w) and WTGRAD dw = conv_backward_weights(x, dy) all take DFP16
+// operands (one shared exponent per tensor) and produce FP32. INT16 products accumulate in INT32
+// (VPDPWSSD) and are flushed into the FP32 result, scaled by 2^(e_a + e_b), after a chain short
+// enough that the INT32 sum cannot overflow. The chain length comes from a bound on the actual
+// operands (not from luck):
+//   FPROP/BPROP: |partial sum| <= max|i_src| * (L1 norm of the weights a lane meets in the chain)
+//                computed per 16-channel x tap unit when the weights are packed;
+//   WTGRAD:      |partial sum| <= steps * 2 * max|i_x| * max|i_dy|.
+// ConvStats reports the chains chosen. A verification mode recomputes every pass with an INT64
+// shadow accumulator and counts the INT32 overflow events; with derived chains it is zero.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dfp/dfp16.hpp"
+
+namespace dfp {
+
+class Context;
+
+struct ConvShape {
+  int N = 1, C = 1, H = 1, W = 1;  // input: batch, channels, height, width
+  int K = 1, R = 1, S = 1;         // output channels, kernel height, kernel width
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+
+  int OH() const noexcept { return (H + 2 * pad_h - R) / stride_h + 1; }
+  int OW() const noexcept { return (W + 2 * pad_w - S) / stride_w + 1; }
+  // 2*N*K*C*R*S*OH*OW: the multiply-adds of one pass, counted as two operations each.
+  double ops() const noexcept;
+  // Throws dfp::Error(invalid_argument) naming `what` and the offending field.
+  void validate(const std::string& what) const;
+};
+
+// ---- the blocked activation layout -------------------------------------------------------
+constexpr int kChannelBlock = 16;
+inline int channel_blocks(int c) noexcept { return (c + kChannelBlock - 1) / kChannelBlock; }
+inline size_t blocked_size(int n, int c, int h, int w) noexcept {
+  return size_t(n) * channel_blocks(c) * h * w * kChannelBlock;
+}
+void to_blocked(const float* nchw, float* blocked, int n, int c, int h, int w);
+void from_blocked(const float* blocked, float* nchw, int n, int c, int h, int w);
+
+// ---- INT16 ---------------------------------------------------------------------------------
+
+// Numerics of one INT16 operator. Weights, activations (x) and output gradients (dy) each get a
+// headroom and a rounding mode.
+struct DfpConvOptions {
+  QuantOptions weights{kDfpDefaultHeadroom, Rounding::nearest_even, 0, NonFinitePolicy::error, "weights"};
+  QuantOptions activations{kDfpDefaultHeadroom, Rounding::nearest_even, 0, NonFinitePolicy::error, "activations"};
+  QuantOptions gradients{kDfpDefaultHeadroom, Rounding::nearest_even, 0, NonFinitePolicy::error, "gradients"};
+  // 0: chains from the bound (safe). > 0: force this many VPDPWSSD steps per chain (tests only).
+  int chain_override = 0;
+  // Run every pass through the reference kernel with INT64 shadow accumulators and count INT32
+  // overflow events into ConvStats::overflow_events (slow; for verification).
+  bool verify = false;
+};
+
+struct ConvStats {
+  QuantStats x, w, dy;           // last quantization of each operand
+  int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;  // VPDPWSSD steps per INT32 chain
+  int64_t overflow_events = 0;   // verification mode only
+};
+
+class ConvInt16 {
+ public:
+  ConvInt16(const Context& ctx, const ConvShape& shape, const DfpConvOptions& options = {},
+            std::string name = "conv");
+  ~ConvInt16();
+  ConvInt16(ConvInt16&&) noexcept;
+  ConvInt16& operator=(ConvInt16&&) noexcept;
+
+  const ConvShape& shape() const noexcept;
+  const ConvStats& stats() const noexcept;
+  // Name of the micro-kernel each pass runs on this context.
+  const char* kernel_name() const noexcept;
+
+  // FP32 weights [K][C][R][S] -> one DFP16 tensor, packed once into the forward layout (pairs
+  // along C) and the backward-data layout (pairs along K). Call once per weight version.
+  void set_weights(const float* w_kcrs);
+  // x (nChw16c) -> DFP16 in the padded forward layout and in the batch-pair layout that the
+  // weight gradient reads (kept until the next call: it is the saved activation).
+  void quantize_input(const float* x);
+  // dy (nChw16c, K channels, OH x OW) -> DFP16 in the layouts of both backward passes.
+  void quantize_grad_output(const float* dy);
+  // Same, with an exponent known in advance (max fused into the producer).
+  void quantize_input_with_exponent(const float* x, int exponent);
+
+  // The three passes on the quantized operands. Outputs are FP32.
+  void forward(float* y) ;                 // y: nChw16c [N][K/16][OH][OW][16]
+  void backward_data(float* dx);           // dx: nChw16c [N][C/16][H][W][16]
+  void backward_weights(float* dw_kcrs);   // dw: [K][C][R][S]
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Fully connected: y[n][k] = sum_c x[n][c] * w[k][c], row-major, all three passes in INT16.
+class LinearInt16 {
+ public:
+  LinearInt16(const Context& ctx, int batch, int in_features, int out_features,
+              const DfpConvOptions& options = {}, std::string name = "linear");
+  ~LinearInt16();
+  LinearInt16(LinearInt16&&) noexcept;
+  LinearInt16& operator=(LinearInt16&&) noexcept;
+
+  const ConvStats& stats() const noexcept;
+  void set_weights(const float* w_kc);         // [out][in]
+  void quantize_input(const float* x_nc);      // [batch][in]
+  void quantize_grad_output(const float* dy_nk);
+  void forward(float* y_nk);
+  void backward_data(float* dx_nc);
+  void backward_weights(float* dw_kc);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- FP32 baseline -------------------------------------------------------------------------
+// oneDNN FP32 primitives (jit:avx512_core on this class of CPU), or the scalar reference when the
+// context's level is `ref`. Same layouts as the INT16 operators.
+class ConvF32 {
+ public:
+  ConvF32(const Context& ctx, const ConvShape& shape, std::string name = "conv");
+  ~ConvF32();
+  ConvF32(ConvF32&&) noexcept;
+  ConvF32& operator=(ConvF32&&) noexcept;
+
+  const char* kernel_name() const noexcept;
+  void set_weights(const float* w_kcrs);
+  void forward(const float* x, float* y);
+  void backward_data(const float* dy, float* dx);
+  void backward_weights(const float* x, const float* dy, float* dw_kcrs);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class LinearF32 {
+ public:
+  LinearF32(const Context& ctx, int batch, int in_features, int out_features, std::string name = "linear");
+  ~LinearF32();
+  LinearF32(LinearF32&&) noexcept;
+  LinearF32& operator=(LinearF32&&) noexcept;
+
+  const char* kernel_name() const noexcept;
+  void set_weights(const float* w_kc);
+  void forward(const float* x_nc, float* y_nk);
+  void backward_data(const float* dy_nk, float* dx_nc);
+  void backward_weights(const float* x_nc, const float* dy_nk, float* dw_kc);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dfp

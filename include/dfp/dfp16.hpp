@@ -1,0 +1,81 @@
+// dfp: the DFP16 number format (INT16 dynamic fixed point, Das et al., ICLR 2018).
+//
+// A DFP16 tensor is INT16 values i_n plus one shared signed exponent e: x_n ~= i_n * 2^e.
+// The exponent comes from the tensor's largest magnitude:
+//     e = floor(log2(max|x|)) - 14 + headroom
+// so the largest element maps into [2^(14-headroom), 2^(15-headroom)). Headroom bits trade
+// precision for a longer INT32 accumulation chain: a dot product of INT16 operands with
+// magnitudes <= A and <= B can run n = (2^31-1) / (A*B*...) steps before its INT32 sum could
+// overflow (see conv.hpp for the bound dfp actually uses). With the default headroom of 2 the
+// operands keep 13 magnitude bits (a 14-bit signed range, as in the paper authors' own LIBXSMM
+// test), and a 3x3 convolution over 64 channels flushes its INT32 sums to FP32 every few dozen
+// VPDPWSSD steps instead of after every step (headroom 0 allows only 2 products).
+//
+// Values are always saturated to [-32767, 32767]: -32768 is never produced, nothing wraps, and
+// the symmetric range keeps |i_a * i_b| <= 32767^2 so that one VPDPWSSD pair never overflows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dfp {
+
+class Context;
+
+enum class Rounding {
+  nearest_even,  // round half to even (VCVTPS2DQ under the default MXCSR)
+  stochastic,    // round up with probability equal to the fraction: unbiased; seeded and
+                 // counter-based (the random number of element n depends only on seed and n)
+  biased,        // LIBXSMM's BIAS_ROUND: the magnitude rounds up when its fraction >= 1/4
+};
+const char* rounding_name(Rounding r) noexcept;
+Rounding parse_rounding(const std::string& text, const std::string& origin);
+
+inline constexpr int kDfpMaxHeadroom = 8;
+inline constexpr int kDfpDefaultHeadroom = 2;
+inline constexpr int16_t kDfpMaxInt = 32767;
+
+// What to do with NaN or Inf in a tensor being quantized. DFP16 has no encoding for them.
+enum class NonFinitePolicy {
+  error,  // throw dfp::Error(numerical_error) naming the tensor and the first offending index
+  count,  // report them in QuantStats::nonfinite and store 0 for them; the caller decides (the
+          // trainer uses this to skip a step, like a loss scaler)
+};
+
+struct QuantOptions {
+  int headroom = kDfpDefaultHeadroom;  // 0..kDfpMaxHeadroom
+  Rounding rounding = Rounding::nearest_even;
+  uint64_t seed = 0;                   // stochastic rounding stream
+  NonFinitePolicy nonfinite = NonFinitePolicy::error;
+  std::string name = "tensor";         // used in error messages
+};
+
+struct QuantStats {
+  int exponent = 0;        // shared exponent e
+  int32_t max_abs_int = 0; // an upper bound on max|i_n| (exact for nearest/biased rounding)
+  uint64_t saturated = 0;  // elements clamped to +-32767 (possible only with headroom 0)
+  uint64_t nonfinite = 0;  // NaN/Inf elements found (policy `count` only; `error` throws)
+  float max_abs = 0.f;     // max|x| over the finite elements
+};
+
+// The shared exponent for a tensor whose largest finite magnitude is max_abs. An all-zero
+// tensor gets exponent 0 (all values 0). Denormal maxima are handled exactly (ilogb).
+int dfp16_exponent(float max_abs, int headroom) noexcept;
+
+// max|x| over finite elements; counts non-finite ones into *nonfinite (may be null).
+float max_abs(const Context& ctx, const float* x, size_t n, uint64_t* nonfinite);
+
+// Quantizes n floats with one shared exponent computed from them. Element n's stochastic
+// random number depends on (seed, n) only, so results are independent of thread count and of
+// the ISA (the scalar reference and the AVX-512 kernels produce identical bits).
+QuantStats quantize_dfp16(const Context& ctx, const float* src, int16_t* dst, size_t n,
+                          const QuantOptions& options);
+// Same, with a known exponent (for example from a max fused into the tensor's producer).
+// `index_base` is the logical index of src[0] for the stochastic stream.
+QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, int16_t* dst, size_t n,
+                                        int exponent, const QuantOptions& options,
+                                        uint64_t index_base = 0);
+void dequantize_dfp16(const Context& ctx, const int16_t* src, int exponent, float* dst, size_t n);
+
+}  // namespace dfp

@@ -1,0 +1,37 @@
+// dfp: instruction-set levels and CPU feature detection.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace dfp {
+
+// Kernel levels, lowest first. Every kernel has an entry at each level; a level is usable only
+// when the CPU has its features (see CpuFeatures::supports).
+enum class Isa {
+  ref = 0,         // portable scalar C++: the bit-exact specification of every kernel
+  avx512bw = 1,    // AVX-512 F/BW/DQ/VL: INT16 dot products as VPMADDWD + VPADDD
+  avx512vnni = 2,  // AVX-512 VNNI: INT16 dot products as VPDPWSSD
+};
+
+const char* isa_name(Isa isa) noexcept;
+// Parses "ref", "avx512bw" or "avx512vnni"; throws dfp::Error(invalid_argument) naming `origin`
+// (for example "environment variable DFP_ISA") otherwise.
+Isa parse_isa(std::string_view text, std::string_view origin);
+
+struct CpuFeatures {
+  std::string vendor;
+  std::string brand;
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
+  bool avx512vnni = false, avx512bf16 = false, avx512fp16 = false;
+  bool os_saves_zmm = false;  // XGETBV: the OS enabled the opmask/ZMM state
+
+  bool supports(Isa isa) const noexcept;
+  Isa best() const noexcept;
+};
+
+// CPUID + XGETBV, read once per call (cheap); no global cache.
+CpuFeatures detect_cpu_features();
+
+}  // namespace dfp

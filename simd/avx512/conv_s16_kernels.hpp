@@ -1,0 +1,185 @@
+// INT16 convolution micro-kernels, written once and instantiated per dot-product policy:
+//   DotVnni: VPDPWSSD            (compiled with -mavx512vnni, conv_s16_vnni.cpp)
+//   DotBw:   VPMADDWD + VPADDD   (AVX-512 BW, conv_s16_bw.cpp)
+// Both wrap identically on INT32 overflow (which planning rules out), so they produce the same
+// bits as each other and as the scalar model in simd/ref/conv_ref.cpp.
+//
+// Everything here has internal linkage: the two translation units are compiled with different
+// ISA flags, and a shared inline symbol could let the linker keep the VNNI copy for the BW path.
+//
+// Register budget (32 ZMM): up to 28 accumulators + 2 weight registers (pixel kernel), or 16
+// accumulators + 1 activation register (pair kernel). GCC 12 adds register copies around the
+// _mm512_dpwssd_epi32 intrinsic once many accumulators are live (see peers.md), so the VNNI step
+// is inline asm with the accumulator tied in place and the activation pair as an embedded
+// broadcast memory operand: one instruction, no copies.
+#pragma once
+
+#include <immintrin.h>
+
+#include "simd/kernel_table.hpp"
+
+namespace dfp::simd {
+namespace {
+
+struct DotVnni {
+  static inline void step(__m512i& acc, __m512i w, const int16_t* pair) {
+    asm("vpdpwssd %[m]%{1to16%}, %[w], %[acc]"
+        : [acc] "+v"(acc)
+        : [w] "v"(w), [m] "m"(*reinterpret_cast<const int32_t*>(pair)));
+  }
+  static inline void step_vec(__m512i& acc, __m512i a, __m512i b) {
+    asm("vpdpwssd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+  }
+};
+
+struct DotBw {
+  static inline void step(__m512i& acc, __m512i w, const int16_t* pair) {
+    const __m512i b = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(pair));
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(w, b));
+  }
+  static inline void step_vec(__m512i& acc, __m512i a, __m512i b) {
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+  }
+};
+
+// ---- pixel kernel (forward, backward-data) -------------------------------------------------
+
+template <int NOB, int NPIX>
+struct PixelAcc {
+  __m512i v[NOB * NPIX];
+};
+
+template <int NOB, int NPIX>
+__attribute__((always_inline)) inline void pixel_flush(PixelAcc<NOB, NPIX>& acc, const PixelKernelArgs& a,
+                                                       bool overwrite) {
+  const __m512 scale = _mm512_set1_ps(a.scale);
+#pragma GCC unroll 32
+  for (int ob = 0; ob < NOB; ++ob) {
+#pragma GCC unroll 32
+    for (int p = 0; p < NPIX; ++p) {
+      float* d = a.dst + ob * a.dst_ob + p * a.dst_pix;
+      const __m512 f = _mm512_cvtepi32_ps(acc.v[ob * NPIX + p]);
+      _mm512_storeu_ps(d, overwrite ? _mm512_mul_ps(f, scale) : _mm512_fmadd_ps(f, scale, _mm512_loadu_ps(d)));
+      acc.v[ob * NPIX + p] = _mm512_setzero_si512();
+    }
+  }
+}
+
+// SRC_PIX: src elements between output pixels when known at compile time (16 = stride 1,
+// 32 = stride 2), or 0 to read it from the arguments.
+// UNIT_CHAIN: the chain is a whole number of (ib, tap) units of 8 steps (the common case);
+// otherwise the chain is checked after every step (tiny chains: headroom 0 or adversarial data).
+template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN>
+void pixel_kernel(const PixelKernelArgs& a) {
+  PixelAcc<NOB, NPIX> acc;
+#pragma GCC unroll 32
+  for (int i = 0; i < NOB * NPIX; ++i) acc.v[i] = _mm512_setzero_si512();
+  const int64_t src_pix = SRC_PIX ? SRC_PIX : a.src_pix;
+  bool overwrite = !a.accumulate;
+  bool flushed = false;
+  int pending = 0;  // steps since the last flush
+  for (int ib = 0; ib < a.nib; ++ib) {
+    const int16_t* src_ib = a.src + ib * a.src_ib;
+    const int16_t* wei_ib = a.wei + ib * a.wei_ib;
+    for (int t = 0; t < a.ntaps; ++t) {
+      const int16_t* s = src_ib + a.tap_src[t];
+      const int16_t* w = wei_ib + int64_t{a.tap_wei[t]} * 256;
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i w0 = _mm512_loadu_si512(w + 32 * j);
+        __m512i w1;
+        if constexpr (NOB == 2) w1 = _mm512_loadu_si512(w + a.wei_ob + 32 * j);
+#pragma GCC unroll 32
+        for (int p = 0; p < NPIX; ++p) {
+          Dot::step(acc.v[p], w0, s + p * src_pix + 2 * j);
+          if constexpr (NOB == 2) Dot::step(acc.v[NPIX + p], w1, s + p * src_pix + 2 * j);
+        }
+        if constexpr (!UNIT_CHAIN) {
+          if (++pending == a.chain) {
+            pixel_flush(acc, a, overwrite);
+            overwrite = false; flushed = true; pending = 0;
+          }
+        }
+      }
+      if constexpr (UNIT_CHAIN) {
+        pending += 8;
+        if (pending == a.chain) {
+          pixel_flush(acc, a, overwrite);
+          overwrite = false; flushed = true; pending = 0;
+        }
+      }
+    }
+  }
+  if (pending > 0 || !flushed) pixel_flush(acc, a, overwrite);
+}
+
+template <class Dot, int NOB, int NPIX>
+void pixel_dispatch_stride(const PixelKernelArgs& a) {
+  // Chains that are not whole units only occur with headroom 0 or adversarial operands: they take
+  // the generic-stride, per-step-checked variant, which keeps compile time and code size down.
+  if (a.chain % 8 != 0) return pixel_kernel<Dot, NOB, NPIX, 0, false>(a);
+  if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true>(a);
+  if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true>(a);
+  pixel_kernel<Dot, NOB, NPIX, 0, true>(a);
+}
+
+template <class Dot, int NOB, int... P>
+void pixel_dispatch_npix(const PixelKernelArgs& a, std::integer_sequence<int, P...>) {
+  using Fn = void (*)(const PixelKernelArgs&);
+  static constexpr Fn table[] = {&pixel_dispatch_stride<Dot, NOB, P + 1>...};
+  table[a.npix - 1](a);
+}
+
+template <class Dot>
+void pixel_entry(const PixelKernelArgs& a) {
+  if (a.nob == 2)
+    pixel_dispatch_npix<Dot, 2>(a, std::make_integer_sequence<int, max_pixels(2)>{});
+  else
+    pixel_dispatch_npix<Dot, 1>(a, std::make_integer_sequence<int, max_pixels(1)>{});
+}
+
+// ---- pair kernel (weight gradient) ---------------------------------------------------------
+
+template <class Dot, int NK>
+void pair_kernel(const PairKernelArgs& a) {
+  __m512i acc[NK];
+#pragma GCC unroll 16
+  for (int k = 0; k < NK; ++k) acc[k] = _mm512_setzero_si512();
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  auto flush = [&]() __attribute__((always_inline)) {
+#pragma GCC unroll 16
+    for (int k = 0; k < NK; ++k) {
+      float* d = a.dw + k * a.dw_k;
+      _mm512_storeu_ps(d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[k]), scale, _mm512_loadu_ps(d)));
+      acc[k] = _mm512_setzero_si512();
+    }
+  };
+  int pending = 0;
+  for (int r = 0; r < a.rows; ++r) {
+    const int16_t* xr = a.x + r * a.x_row;
+    const int16_t* gr = a.dy + r * a.dy_row;
+    for (int c = 0; c < a.cols; ++c) {
+      const __m512i xv = _mm512_loadu_si512(xr + c * a.x_col);
+      const int16_t* g = gr + c * a.dy_col;
+#pragma GCC unroll 16
+      for (int k = 0; k < NK; ++k) Dot::step(acc[k], xv, g + 2 * k);
+      if (++pending == a.chain) { flush(); pending = 0; }
+    }
+  }
+  if (pending > 0) flush();
+}
+
+template <class Dot, int... K>
+void pair_entry_impl(const PairKernelArgs& a, std::integer_sequence<int, K...>) {
+  using Fn = void (*)(const PairKernelArgs&);
+  static constexpr Fn table[] = {&pair_kernel<Dot, K + 1>...};
+  table[a.nk - 1](a);
+}
+
+template <class Dot>
+void pair_entry(const PairKernelArgs& a) {
+  pair_entry_impl<Dot>(a, std::make_integer_sequence<int, 16>{});
+}
+
+}  // namespace
+}  // namespace dfp::simd

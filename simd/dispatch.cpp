@@ -1,0 +1,31 @@
+// Builds the kernel table for one ISA level. The only place that maps levels to implementations.
+#include "simd/kernel_table.hpp"
+
+namespace dfp::simd {
+
+KernelTable make_kernel_table(Isa isa) {
+  KernelTable t;
+  t.isa = isa;
+  // The scalar reference fills every entry; higher levels replace what they implement.
+  t.max_abs = {&ref::max_abs, "max_abs_f32__ref"};
+  t.quantize = {&ref::quantize, "quantize_f32_dfp16__ref"};
+  t.dequantize = {&ref::dequantize, "dequantize_dfp16_f32__ref"};
+  t.interleave = {&ref::interleave, "interleave_s16__ref"};
+  t.conv_s16_pixel = {&ref::conv_s16_pixel, "conv_s16s16f32_pixel__ref"};
+  t.conv_s16_pair = {&ref::conv_s16_pair, "conv_s16s16f32_pair__ref"};
+  if (isa >= Isa::avx512bw) {
+    t.max_abs = {&avx512::max_abs, "max_abs_f32__avx512"};
+    t.quantize = {&avx512::quantize, "quantize_f32_dfp16__avx512"};
+    t.dequantize = {&avx512::dequantize, "dequantize_dfp16_f32__avx512"};
+    t.interleave = {&avx512::interleave, "interleave_s16__avx512"};
+    t.conv_s16_pixel = {&avx512::conv_s16_pixel_bw, "conv_s16s16f32_pixel_28acc__avx512bw_vpmaddwd"};
+    t.conv_s16_pair = {&avx512::conv_s16_pair_bw, "conv_s16s16f32_pair_16acc__avx512bw_vpmaddwd"};
+  }
+  if (isa >= Isa::avx512vnni) {
+    t.conv_s16_pixel = {&avx512vnni::conv_s16_pixel, "conv_s16s16f32_pixel_28acc__avx512vnni_vpdpwssd"};
+    t.conv_s16_pair = {&avx512vnni::conv_s16_pair, "conv_s16s16f32_pair_16acc__avx512vnni_vpdpwssd"};
+  }
+  return t;
+}
+
+}  // namespace dfp::simd

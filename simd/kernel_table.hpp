@@ -1,0 +1,158 @@
+// dfp/simd: the kernel table, the one contract between the engine (src/) and the kernels.
+//
+// Each entry is a plain function pointer plus the name of the implementation chosen for it. The
+// table is filled once, when a Context is created, from the CPU's features and the requested
+// level (DFP_ISA or ContextOptions::isa). Layers never read CPU flags themselves.
+//
+// Every kernel has a scalar reference twin in simd/ref/ with the same signature. For the integer
+// kernels the twin is a bit-exact model: same INT32 sums, same chain segmentation, same FP32
+// flush arithmetic (convert with round-to-nearest-even, then one fused multiply-add), so the
+// tests compare ISA kernels to it with tolerance 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dfp/dfp16.hpp"
+#include "dfp/isa.hpp"
+
+namespace dfp::simd {
+
+// ---- DFP16 quantization -------------------------------------------------------------------
+
+struct QuantCounters {
+  uint64_t saturated = 0;  // elements clamped to +-32767
+  uint64_t nonfinite = 0;  // NaN/Inf inputs (stored as 0)
+  int32_t max_abs_q = 0;   // max |dst[i]| (after clamping): the exact operand bound for chains
+};
+
+// max|x| over finite elements; adds the count of NaN/Inf elements to *nonfinite.
+using MaxAbsFn = float (*)(const float* x, size_t n, uint64_t* nonfinite);
+// dst[i] = sat16(R(src[i] * 2^-exponent)); element i's stochastic stream index is index_base + i.
+using QuantizeFn = void (*)(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding,
+                            uint64_t seed, uint64_t index_base, QuantCounters* counters);
+using DequantizeFn = void (*)(const int16_t* src, float* dst, size_t n, int exponent);
+// dst[2i] = a[i], dst[2i+1] = b[i] (b == nullptr: zeros). Builds the batch-pair layout.
+using InterleaveFn = void (*)(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
+
+// The uniform random number that stochastic rounding uses for element `index`: 24 bits, i.e.
+// u = rand24 * 2^-24 in [0, 1). Shared by every implementation so they agree bit for bit.
+inline uint32_t mix32(uint32_t x) noexcept {  // "lowbias32" (C. Wellons): a strong 32-bit mixer
+  x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+  return x;
+}
+inline uint32_t stochastic_key(uint64_t seed) noexcept {
+  return mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9U));
+}
+inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) noexcept {
+  // Streams repeat every 2^32 elements of one tensor; harmless for rounding noise.
+  return mix32(mix32(static_cast<uint32_t>(index) ^ key) + key) >> 8;
+}
+
+// ---- INT16 convolution micro-kernels -------------------------------------------------------
+//
+// Both kernels compute INT16 x INT16 -> INT32 dot products in the pair form of VPDPWSSD
+// (acc += a[2j]*b[2j] + a[2j+1]*b[2j+1] per 32-bit lane) and flush the INT32 sums into FP32
+// memory after at most `chain` steps: dst = fma(float(acc), scale, dst), or dst = float(acc) *
+// scale for the first flush of a non-accumulating call. Planning chooses `chain` from a bound
+// on the actual operands so that no INT32 partial sum can overflow (conv_int16.cpp).
+
+// "Pixel" kernel, used by forward propagation and backward-data. Computes, for `npix` output
+// pixels and `nob` blocks of 16 output lanes:
+//   out[ob][p][l] = sum over ib < nib, tap < ntaps, j < 8 of
+//       pair(src[p*src_pix + tap_src[tap] + ib*src_ib + 2j .. +1],
+//            wei[ob*wei_ob + ib*wei_ib + tap_wei[tap]*256 + j*32 + 2l .. +1])
+// src holds 16 reduction channels (8 pairs) per pixel; wei is [ob][ib][tap][8][16 lanes][2].
+// Steps are ordered (ib, tap, j); a flush happens after every `chain` steps and at the end.
+struct PixelKernelArgs {
+  const int16_t* src;
+  const int16_t* wei;
+  float* dst;
+  const int64_t* tap_src;  // element offset of each tap in src
+  const int32_t* tap_wei;  // weight tap index of each tap
+  int ntaps;
+  int nib;                 // reduction blocks of 16 channels
+  int64_t src_ib;          // src elements between reduction blocks
+  int64_t src_pix;         // src elements between consecutive output pixels
+  int64_t wei_ob;          // wei elements between output-lane blocks
+  int64_t wei_ib;          // wei elements between reduction blocks
+  int64_t dst_ob;          // dst floats between output-lane blocks
+  int64_t dst_pix;         // dst floats between output pixels
+  int npix;                // 1..kMaxPixels(nob)
+  int nob;                 // 1 or 2
+  int chain;               // steps per INT32 chain, >= 1
+  float scale;             // 2^(e_src + e_wei)
+  bool accumulate;         // first flush adds to dst instead of overwriting it
+  int64_t* overflow_events;  // verification (reference only): INT32 range exits, or null
+};
+inline constexpr int kPixelAccumulators = 28;  // ZMM accumulators per call (plus 2 weight regs)
+inline constexpr int max_pixels(int nob) { return kPixelAccumulators / nob; }
+
+// "Pair-reduction" kernel, used by the weight gradient. Reduction runs over positions whose
+// two INT16 values come from two different images (pairs along the batch), so no spatial
+// re-layout per tap is needed. For nk <= 16 output rows k and 16 lanes c:
+//   dw[k*dw_k + l] += sum over positions q of
+//       pair(x[q_off_x + 2l .. +1], dy[q_off_dy + 2k .. +1])
+// with positions q = (row < rows, col < cols), q_off = row*row_stride + col*col_stride.
+// The INT32 sums are flushed with fma into dw after every `chain` positions and at the end
+// (always accumulating: planning zeroes dw).
+struct PairKernelArgs {
+  const int16_t* x;   // [..][16 c][2 images]
+  const int16_t* dy;  // [..][16 k][2 images]
+  float* dw;
+  int64_t dw_k;
+  int nk;             // 1..16
+  int rows, cols;
+  int64_t x_row, x_col, dy_row, dy_col;
+  int chain;
+  float scale;
+  int64_t* overflow_events;  // verification (reference only), or null
+};
+
+using PixelKernelFn = void (*)(const PixelKernelArgs&);
+using PairKernelFn = void (*)(const PairKernelArgs&);
+
+template <class Fn>
+struct Entry {
+  Fn fn = nullptr;
+  const char* name = "";
+};
+
+struct KernelTable {
+  Isa isa = Isa::ref;
+  Entry<MaxAbsFn> max_abs;
+  Entry<QuantizeFn> quantize;
+  Entry<DequantizeFn> dequantize;
+  Entry<InterleaveFn> interleave;
+  Entry<PixelKernelFn> conv_s16_pixel;
+  Entry<PairKernelFn> conv_s16_pair;
+};
+
+// Fills a table for `isa` (which the caller has checked the CPU supports).
+KernelTable make_kernel_table(Isa isa);
+
+// Implementations, one set per level (defined in simd/ref, simd/avx512).
+namespace ref {
+float max_abs(const float* x, size_t n, uint64_t* nonfinite);
+void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
+              uint64_t index_base, QuantCounters* counters);
+void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
+void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
+void conv_s16_pixel(const PixelKernelArgs& a);
+void conv_s16_pair(const PairKernelArgs& a);
+}  // namespace ref
+namespace avx512 {
+float max_abs(const float* x, size_t n, uint64_t* nonfinite);
+void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
+              uint64_t index_base, QuantCounters* counters);
+void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
+void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
+void conv_s16_pixel_bw(const PixelKernelArgs& a);
+void conv_s16_pair_bw(const PairKernelArgs& a);
+}  // namespace avx512
+namespace avx512vnni {
+void conv_s16_pixel(const PixelKernelArgs& a);
+void conv_s16_pair(const PairKernelArgs& a);
+}  // namespace avx512vnni
+
+}  // namespace dfp::simd

@@ -1,0 +1,397 @@
+// oneDNN 2.6 FP32 convolution and inner product, all three training passes, on dfp's layouts.
+// See conv_onednn.hpp for the contract.
+#include "simd/onednn/conv_onednn.hpp"
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/status.hpp"
+
+namespace dfp::simd::onednn {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+// A primitive (or reorder) and its view of the shared scratchpad (empty when it needs none).
+struct Step {
+  dnnl::primitive prim;
+  memory::desc scratch_md;
+  memory scratch;
+};
+
+// One tensor argument of one pass: the user's buffer, attached per call, and what the primitive
+// reads or writes. When the primitive accepted the user layout both are the same memory object;
+// otherwise `inner` is a buffer of the primitive's layout owned here and `convert` reorders
+// user -> inner (inputs) or inner -> user (outputs).
+struct Port {
+  memory user;
+  memory inner;
+  Step convert;
+  bool direct = true;
+};
+
+// The state shared by the convolution and the inner product: the plumbing is identical, only the
+// primitive descriptors differ.
+struct Training {
+  const Context* ctx = nullptr;
+  std::string name;
+  dnnl::engine eng;
+  dnnl::stream strm;
+
+  Port fwd_src, fwd_dst;             // forward: x -> y
+  Port bd_diff_dst, bd_diff_src;     // backward data: dy -> dx
+  Port bw_src, bw_diff_dst, bw_diff_wei;  // backward weights: x, dy -> dw
+
+  memory user_wei;                   // the caller's weights, attached in set_weights
+  memory fwd_wei, bd_wei;            // weights in the layouts the primitives chose
+  Step wei_to_fwd, wei_to_bd;        // bd_wei_shared: the backward-data pass reads fwd_wei
+  bool bd_wei_shared = false;
+  bool weights_set = false;
+
+  Step fwd, bd, bw;
+  std::string impl_fwd, impl_bd, impl_bw;
+  memory scratch_buf;                // one scratchpad for every step: they never overlap in time
+};
+
+dnnl::primitive_attr user_scratchpad_attr() {
+  // scratchpad_mode::user: the primitives take their workspace from us, allocated once, instead
+  // of oneDNN's per-execution or global scratchpad.
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+bool is_reference_impl(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
+
+// Creates a primitive descriptor with the activations in the user layout when a non-reference
+// implementation accepts that; otherwise lets oneDNN choose (format_tag::any) and the caller
+// reorders. make(true) asks for the user layout, make(false) for `any`.
+template <class Pd, class Make>
+Pd choose_pd(Make make) {
+  Pd user_layout;
+  try {
+    user_layout = make(true);
+    if (!is_reference_impl(user_layout.impl_info_str())) return user_layout;
+  } catch (const dnnl::error&) {
+    // No implementation for the user layout: fall through to `any`.
+  }
+  try {
+    Pd any = make(false);
+    if (!is_reference_impl(any.impl_info_str()) || !user_layout) return any;
+  } catch (const dnnl::error&) {
+    if (!user_layout) throw;
+  }
+  return user_layout;  // both are reference implementations: avoid the reorders
+}
+
+Step make_reorder(const Training& t, const memory::desc& from, const memory::desc& to) {
+  dnnl::reorder::primitive_desc pd(t.eng, from, t.eng, to, user_scratchpad_attr());
+  return Step{dnnl::reorder(pd), pd.scratchpad_desc(), {}};
+}
+
+Port make_port(const Training& t, const memory::desc& user_md, const memory::desc& inner_md, bool input) {
+  Port p;
+  p.user = memory(user_md, t.eng, DNNL_MEMORY_NONE);
+  if (user_md == inner_md) {
+    p.inner = p.user;
+    p.direct = true;
+  } else {
+    p.inner = memory(inner_md, t.eng);
+    p.convert = input ? make_reorder(t, user_md, inner_md) : make_reorder(t, inner_md, user_md);
+    p.direct = false;
+  }
+  return p;
+}
+
+template <class Pd>
+Step make_step(const Pd& pd) {
+  return Step{dnnl::primitive(pd.get()), pd.scratchpad_desc(), {}};
+}
+
+// Fills everything in `t` from the three primitive descriptors. `user_src`/`user_dst` are the
+// user layouts of the pass inputs/outputs (x, dx / y, dy), `user_wei` of the weights.
+template <class FwdPd, class BdPd, class BwPd>
+void build(Training& t, const FwdPd& fpd, const BdPd& bdpd, const BwPd& bwpd, const memory::desc& user_src,
+           const memory::desc& user_dst, const memory::desc& user_wei) {
+  t.impl_fwd = fpd.impl_info_str();
+  t.impl_bd = bdpd.impl_info_str();
+  t.impl_bw = bwpd.impl_info_str();
+
+  t.fwd = make_step(fpd);
+  t.bd = make_step(bdpd);
+  t.bw = make_step(bwpd);
+
+  t.fwd_src = make_port(t, user_src, fpd.src_desc(), true);
+  t.fwd_dst = make_port(t, user_dst, fpd.dst_desc(), false);
+  t.bd_diff_dst = make_port(t, user_dst, bdpd.diff_dst_desc(), true);
+  t.bd_diff_src = make_port(t, user_src, bdpd.diff_src_desc(), false);
+  t.bw_src = make_port(t, user_src, bwpd.src_desc(), true);
+  t.bw_diff_dst = make_port(t, user_dst, bwpd.diff_dst_desc(), true);
+  t.bw_diff_wei = make_port(t, user_wei, bwpd.diff_weights_desc(), false);
+
+  t.user_wei = memory(user_wei, t.eng, DNNL_MEMORY_NONE);
+  t.fwd_wei = memory(fpd.weights_desc(), t.eng);
+  t.wei_to_fwd = make_reorder(t, user_wei, fpd.weights_desc());
+  t.bd_wei_shared = bdpd.weights_desc() == fpd.weights_desc();
+  if (t.bd_wei_shared) {
+    t.bd_wei = t.fwd_wei;
+  } else {
+    t.bd_wei = memory(bdpd.weights_desc(), t.eng);
+    t.wei_to_bd = make_reorder(t, user_wei, bdpd.weights_desc());
+  }
+
+  // One scratchpad buffer sized for the largest step; each step gets a view of it.
+  std::vector<Step*> steps = {&t.fwd, &t.bd, &t.bw, &t.wei_to_fwd, &t.wei_to_bd};
+  for (Port* p : {&t.fwd_src, &t.fwd_dst, &t.bd_diff_dst, &t.bd_diff_src, &t.bw_src, &t.bw_diff_dst,
+                  &t.bw_diff_wei})
+    if (!p->direct) steps.push_back(&p->convert);
+  size_t bytes = 0;
+  for (const Step* s : steps)
+    if (s->prim) bytes = std::max(bytes, s->scratch_md.get_size());
+  if (bytes == 0) return;
+  t.scratch_buf = memory(memory::desc({memory::dim(bytes)}, dt::u8, tag::a), t.eng);
+  for (Step* s : steps)
+    if (s->prim && s->scratch_md.get_size() > 0)
+      s->scratch = memory(s->scratch_md, t.eng, t.scratch_buf.get_data_handle());
+}
+
+// Runs one step through the C API with a fixed argument array: the C++ execute() builds an
+// std::unordered_map per call, which we do not want in a hot loop.
+void execute(const Training& t, const Step& s, const char* what, std::initializer_list<dnnl_exec_arg_t> args) {
+  dnnl_exec_arg_t a[8];
+  int n = 0;
+  for (const dnnl_exec_arg_t& x : args) a[n++] = x;
+  if (s.scratch) a[n++] = {DNNL_ARG_SCRATCHPAD, s.scratch.get()};
+  const dnnl_status_t st = dnnl_primitive_execute(s.prim.get(), t.strm.get(), n, a);
+  DFP_CHECK(st == dnnl_success, Status::internal,
+            t.name + ": oneDNN " + what + " failed with status " + dnnl_status2str(st));
+}
+
+void reorder(const Training& t, const Step& s, const memory& from, const memory& to, const char* what) {
+  execute(t, s, what, {{DNNL_ARG_FROM, from.get()}, {DNNL_ARG_TO, to.get()}});
+}
+
+void attach(const memory& m, const void* p) {
+  // oneDNN only reads inputs; its API just has no const handle.
+  m.set_data_handle(const_cast<void*>(p));
+}
+
+void prepare_input(const Training& t, Port& p, const float* data, const char* what) {
+  attach(p.user, data);
+  if (!p.direct) reorder(t, p.convert, p.user, p.inner, what);
+}
+
+void finish_output(const Training& t, Port& p, const char* what) {
+  if (!p.direct) reorder(t, p.convert, p.inner, p.user, what);
+}
+
+void wait(const Training& t) {
+  const dnnl_status_t st = dnnl_stream_wait(t.strm.get());
+  DFP_CHECK(st == dnnl_success, Status::internal,
+            t.name + ": oneDNN stream wait failed with status " + dnnl_status2str(st));
+}
+
+void set_weights(Training& t, const float* w) {
+  t.ctx->bind_openmp();
+  attach(t.user_wei, w);
+  reorder(t, t.wei_to_fwd, t.user_wei, t.fwd_wei, "weight reorder (forward)");
+  if (!t.bd_wei_shared) reorder(t, t.wei_to_bd, t.user_wei, t.bd_wei, "weight reorder (backward data)");
+  wait(t);
+  t.weights_set = true;
+}
+
+void forward(Training& t, const float* x, float* y) {
+  DFP_CHECK(t.weights_set, Status::invalid_argument, t.name + ": forward called before set_weights");
+  t.ctx->bind_openmp();
+  prepare_input(t, t.fwd_src, x, "input reorder (forward)");
+  attach(t.fwd_dst.user, y);
+  execute(t, t.fwd, "forward",
+          {{DNNL_ARG_SRC, t.fwd_src.inner.get()}, {DNNL_ARG_WEIGHTS, t.fwd_wei.get()},
+           {DNNL_ARG_DST, t.fwd_dst.inner.get()}});
+  finish_output(t, t.fwd_dst, "output reorder (forward)");
+  wait(t);
+}
+
+void backward_data(Training& t, const float* dy, float* dx) {
+  DFP_CHECK(t.weights_set, Status::invalid_argument, t.name + ": backward_data called before set_weights");
+  t.ctx->bind_openmp();
+  prepare_input(t, t.bd_diff_dst, dy, "gradient reorder (backward data)");
+  attach(t.bd_diff_src.user, dx);
+  execute(t, t.bd, "backward data",
+          {{DNNL_ARG_DIFF_DST, t.bd_diff_dst.inner.get()}, {DNNL_ARG_WEIGHTS, t.bd_wei.get()},
+           {DNNL_ARG_DIFF_SRC, t.bd_diff_src.inner.get()}});
+  finish_output(t, t.bd_diff_src, "output reorder (backward data)");
+  wait(t);
+}
+
+void backward_weights(Training& t, const float* x, const float* dy, float* dw) {
+  t.ctx->bind_openmp();
+  prepare_input(t, t.bw_src, x, "input reorder (backward weights)");
+  prepare_input(t, t.bw_diff_dst, dy, "gradient reorder (backward weights)");
+  attach(t.bw_diff_wei.user, dw);
+  execute(t, t.bw, "backward weights",
+          {{DNNL_ARG_SRC, t.bw_src.inner.get()}, {DNNL_ARG_DIFF_DST, t.bw_diff_dst.inner.get()},
+           {DNNL_ARG_DIFF_WEIGHTS, t.bw_diff_wei.inner.get()}});
+  finish_output(t, t.bw_diff_wei, "weight-gradient reorder (backward weights)");
+  wait(t);
+}
+
+std::string conv_shape_text(const ConvShape& s) {
+  return "N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + " H=" + std::to_string(s.H) +
+         " W=" + std::to_string(s.W) + " K=" + std::to_string(s.K) + " R=" + std::to_string(s.R) +
+         " S=" + std::to_string(s.S) + " stride=" + std::to_string(s.stride_h) + "x" + std::to_string(s.stride_w) +
+         " pad=" + std::to_string(s.pad_h) + "x" + std::to_string(s.pad_w);
+}
+
+}  // namespace
+
+// ---- convolution -----------------------------------------------------------------------------
+
+struct ConvPrimitives::Impl {
+  Training t;
+};
+
+ConvPrimitives::ConvPrimitives(const Context& ctx, const ConvShape& s, const std::string& name)
+    : impl_(std::make_unique<Impl>()) {
+  Training& t = impl_->t;
+  t.ctx = &ctx;
+  t.name = name;
+  // The JIT kernels fix their thread partition at creation: bind the thread count first.
+  ctx.bind_openmp();
+  try {
+    t.eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
+    t.strm = dnnl::stream(t.eng);
+    const memory::dims src_d = {s.N, s.C, s.H, s.W};
+    const memory::dims wei_d = {s.K, s.C, s.R, s.S};
+    const memory::dims dst_d = {s.N, s.K, s.OH(), s.OW()};
+    const memory::dims strides = {s.stride_h, s.stride_w};
+    // Right padding equal to the left: (H + 2p - R) / stride + 1 == OH holds by definition of OH().
+    const memory::dims pad = {s.pad_h, s.pad_w};
+    const memory::desc user_src(src_d, dt::f32, tag::nChw16c);
+    const memory::desc user_dst(dst_d, dt::f32, tag::nChw16c);
+    const memory::desc user_wei(wei_d, dt::f32, tag::oihw);
+    const memory::desc wei_any(wei_d, dt::f32, tag::any);
+    auto act = [](const memory::desc& user, const memory::dims& d, bool user_layout) {
+      return user_layout ? user : memory::desc(d, dt::f32, tag::any);
+    };
+    const dnnl::primitive_attr attr = user_scratchpad_attr();
+    const auto algo = dnnl::algorithm::convolution_direct;
+
+    using Fwd = dnnl::convolution_forward;
+    using Bd = dnnl::convolution_backward_data;
+    using Bw = dnnl::convolution_backward_weights;
+    const auto fpd = choose_pd<Fwd::primitive_desc>([&](bool u) {
+      return Fwd::primitive_desc(Fwd::desc(dnnl::prop_kind::forward_training, algo, act(user_src, src_d, u),
+                                           wei_any, act(user_dst, dst_d, u), strides, pad, pad),
+                                 attr, t.eng);
+    });
+    const auto bdpd = choose_pd<Bd::primitive_desc>([&](bool u) {
+      return Bd::primitive_desc(
+          Bd::desc(algo, act(user_src, src_d, u), wei_any, act(user_dst, dst_d, u), strides, pad, pad), attr, t.eng,
+          fpd);
+    });
+    const auto bwpd = choose_pd<Bw::primitive_desc>([&](bool u) {
+      return Bw::primitive_desc(
+          Bw::desc(algo, act(user_src, src_d, u), wei_any, act(user_dst, dst_d, u), strides, pad, pad), attr, t.eng,
+          fpd);
+    });
+    build(t, fpd, bdpd, bwpd, user_src, user_dst, user_wei);
+  } catch (const dnnl::error& e) {
+    fail(Status::unsupported, name + ": oneDNN cannot create the FP32 convolution primitives for " +
+                                  conv_shape_text(s) + ": " + e.what());
+  }
+}
+
+ConvPrimitives::~ConvPrimitives() = default;
+ConvPrimitives::ConvPrimitives(ConvPrimitives&&) noexcept = default;
+ConvPrimitives& ConvPrimitives::operator=(ConvPrimitives&&) noexcept = default;
+
+const std::string& ConvPrimitives::impl_forward() const noexcept { return impl_->t.impl_fwd; }
+const std::string& ConvPrimitives::impl_backward_data() const noexcept { return impl_->t.impl_bd; }
+const std::string& ConvPrimitives::impl_backward_weights() const noexcept { return impl_->t.impl_bw; }
+
+void ConvPrimitives::set_weights(const float* w) { onednn::set_weights(impl_->t, w); }
+void ConvPrimitives::forward(const float* x, float* y) { onednn::forward(impl_->t, x, y); }
+void ConvPrimitives::backward_data(const float* dy, float* dx) { onednn::backward_data(impl_->t, dy, dx); }
+void ConvPrimitives::backward_weights(const float* x, const float* dy, float* dw) {
+  onednn::backward_weights(impl_->t, x, dy, dw);
+}
+
+// ---- inner product ---------------------------------------------------------------------------
+
+struct InnerProductPrimitives::Impl {
+  Training t;
+};
+
+InnerProductPrimitives::InnerProductPrimitives(const Context& ctx, int batch, int in_features, int out_features,
+                                               const std::string& name)
+    : impl_(std::make_unique<Impl>()) {
+  Training& t = impl_->t;
+  t.ctx = &ctx;
+  t.name = name;
+  ctx.bind_openmp();
+  try {
+    t.eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
+    t.strm = dnnl::stream(t.eng);
+    const memory::dims src_d = {batch, in_features};
+    const memory::dims wei_d = {out_features, in_features};
+    const memory::dims dst_d = {batch, out_features};
+    const memory::desc user_src(src_d, dt::f32, tag::nc);
+    const memory::desc user_dst(dst_d, dt::f32, tag::nc);
+    const memory::desc user_wei(wei_d, dt::f32, tag::oi);
+    const memory::desc wei_any(wei_d, dt::f32, tag::any);
+    auto act = [](const memory::desc& user, const memory::dims& d, bool user_layout) {
+      return user_layout ? user : memory::desc(d, dt::f32, tag::any);
+    };
+    const dnnl::primitive_attr attr = user_scratchpad_attr();
+
+    using Fwd = dnnl::inner_product_forward;
+    using Bd = dnnl::inner_product_backward_data;
+    using Bw = dnnl::inner_product_backward_weights;
+    const auto fpd = choose_pd<Fwd::primitive_desc>([&](bool u) {
+      return Fwd::primitive_desc(
+          Fwd::desc(dnnl::prop_kind::forward_training, act(user_src, src_d, u), wei_any, act(user_dst, dst_d, u)),
+          attr, t.eng);
+    });
+    const auto bdpd = choose_pd<Bd::primitive_desc>([&](bool u) {
+      return Bd::primitive_desc(Bd::desc(act(user_src, src_d, u), wei_any, act(user_dst, dst_d, u)), attr, t.eng,
+                                fpd);
+    });
+    const auto bwpd = choose_pd<Bw::primitive_desc>([&](bool u) {
+      return Bw::primitive_desc(Bw::desc(act(user_src, src_d, u), wei_any, act(user_dst, dst_d, u)), attr, t.eng,
+                                fpd);
+    });
+    build(t, fpd, bdpd, bwpd, user_src, user_dst, user_wei);
+  } catch (const dnnl::error& e) {
+    fail(Status::unsupported, name + ": oneDNN cannot create the FP32 inner-product primitives for batch=" +
+                                  std::to_string(batch) + " in_features=" + std::to_string(in_features) +
+                                  " out_features=" + std::to_string(out_features) + ": " + e.what());
+  }
+}
+
+InnerProductPrimitives::~InnerProductPrimitives() = default;
+InnerProductPrimitives::InnerProductPrimitives(InnerProductPrimitives&&) noexcept = default;
+InnerProductPrimitives& InnerProductPrimitives::operator=(InnerProductPrimitives&&) noexcept = default;
+
+const std::string& InnerProductPrimitives::impl_forward() const noexcept { return impl_->t.impl_fwd; }
+const std::string& InnerProductPrimitives::impl_backward_data() const noexcept { return impl_->t.impl_bd; }
+const std::string& InnerProductPrimitives::impl_backward_weights() const noexcept { return impl_->t.impl_bw; }
+
+void InnerProductPrimitives::set_weights(const float* w) { onednn::set_weights(impl_->t, w); }
+void InnerProductPrimitives::forward(const float* x, float* y) { onednn::forward(impl_->t, x, y); }
+void InnerProductPrimitives::backward_data(const float* dy, float* dx) { onednn::backward_data(impl_->t, dy, dx); }
+void InnerProductPrimitives::backward_weights(const float* x, const float* dy, float* dw) {
+  onednn::backward_weights(impl_->t, x, dy, dw);
+}
+
+}  // namespace dfp::simd::onednn

@@ -1,0 +1,93 @@
+// Scalar reference for the INT16 micro-kernels: a bit-exact model of VPDPWSSD (pairwise INT16
+// products, wrapping INT32 accumulation) and of the FP32 flush (convert with round-to-nearest-even,
+// then one fused multiply-add). Loop order differs from the vector kernels but every lane sees the
+// same sequence of INT32 additions and flushes, so the results are identical.
+//
+// Verification: when overflow_events is non-null, an INT64 shadow of every accumulator counts
+// the steps at which the true sum leaves the INT32 range (the hardware sum would have wrapped).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "simd/kernel_table.hpp"
+
+namespace dfp::simd::ref {
+namespace {
+
+// One lane of an INT32 chain: the wrapped hardware value and an exact INT64 shadow.
+struct Lane {
+  int32_t acc = 0;
+  int64_t exact = 0;
+  void step(int32_t a0, int32_t b0, int32_t a1, int32_t b1, int64_t* events) {
+    const int64_t p = static_cast<int64_t>(a0) * b0 + static_cast<int64_t>(a1) * b1;
+    acc = static_cast<int32_t>(static_cast<uint32_t>(acc) + static_cast<uint32_t>(p));
+    if (events) {
+      exact += p;
+      if (exact > std::numeric_limits<int32_t>::max() || exact < std::numeric_limits<int32_t>::min()) {
+        ++*events;
+        exact = acc;  // count each wrap once; continue from what the hardware holds
+      }
+    }
+  }
+  // dst = float(acc) * scale on a first non-accumulating flush, else fma(float(acc), scale, dst).
+  void flush(float* dst, float scale, bool overwrite) {
+    const float f = static_cast<float>(acc);
+    *dst = overwrite ? f * scale : std::fma(f, scale, *dst);
+    acc = 0;
+    exact = 0;
+  }
+};
+
+}  // namespace
+
+void conv_s16_pixel(const PixelKernelArgs& a) {
+  for (int ob = 0; ob < a.nob; ++ob) {
+    for (int p = 0; p < a.npix; ++p) {
+      for (int l = 0; l < 16; ++l) {
+        float* d = a.dst + ob * a.dst_ob + p * a.dst_pix + l;
+        Lane lane;
+        bool flushed = false;
+        int steps = 0;
+        for (int ib = 0; ib < a.nib; ++ib) {
+          for (int t = 0; t < a.ntaps; ++t) {
+            const int16_t* s = a.src + ib * a.src_ib + a.tap_src[t] + p * a.src_pix;
+            const int16_t* w = a.wei + ob * a.wei_ob + ib * a.wei_ib + int64_t{a.tap_wei[t]} * 256 + 2 * l;
+            for (int j = 0; j < 8; ++j) {
+              lane.step(s[2 * j], w[32 * j], s[2 * j + 1], w[32 * j + 1], a.overflow_events);
+              if (++steps == a.chain) {
+                lane.flush(d, a.scale, !a.accumulate && !flushed);
+                flushed = true;
+                steps = 0;
+              }
+            }
+          }
+        }
+        if (steps > 0 || !flushed) lane.flush(d, a.scale, !a.accumulate && !flushed);
+      }
+    }
+  }
+}
+
+void conv_s16_pair(const PairKernelArgs& a) {
+  for (int k = 0; k < a.nk; ++k) {
+    for (int l = 0; l < 16; ++l) {
+      float* d = a.dw + k * a.dw_k + l;
+      Lane lane;
+      int steps = 0;
+      for (int r = 0; r < a.rows; ++r) {
+        for (int c = 0; c < a.cols; ++c) {
+          const int16_t* x = a.x + r * a.x_row + c * a.x_col + 2 * l;
+          const int16_t* g = a.dy + r * a.dy_row + c * a.dy_col + 2 * k;
+          lane.step(x[0], g[0], x[1], g[1], a.overflow_events);
+          if (++steps == a.chain) {
+            lane.flush(d, a.scale, false);
+            steps = 0;
+          }
+        }
+      }
+      if (steps > 0) lane.flush(d, a.scale, false);
+    }
+  }
+}
+
+}  // namespace dfp::simd::ref

@@ -1,0 +1,89 @@
+// Context: threads (oneTBB arena + OpenMP thread count), kernel table, seed, log sink.
+#include "dfp/context.hpp"
+
+#include <omp.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <string>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
+
+namespace dfp {
+
+struct Context::Impl {
+  int threads = 1;
+  CpuFeatures cpu;
+  simd::KernelTable kernels;
+  uint64_t seed = 1;
+  LogSink log;
+  tbb::task_arena arena;
+};
+
+static int available_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return 1;
+}
+
+Context::Context(const ContextOptions& o) : impl_(std::make_unique<Impl>()) {
+  DFP_CHECK(o.threads >= 0, Status::invalid_argument,
+            "ContextOptions.threads: expected >= 0 (0 = all cores), got " + std::to_string(o.threads));
+  impl_->threads = o.threads > 0 ? o.threads : available_cores();
+  impl_->cpu = detect_cpu_features();
+  impl_->seed = o.seed;
+  impl_->log = o.log;
+
+  Isa isa = impl_->cpu.best();
+  std::string origin;
+  std::string requested = o.isa;
+  if (!requested.empty()) {
+    origin = "ContextOptions.isa";
+  } else if (const char* env = std::getenv("DFP_ISA"); env && *env) {
+    requested = env;
+    origin = "environment variable DFP_ISA";
+  }
+  if (!requested.empty()) {
+    const Isa want = parse_isa(requested, origin);
+    DFP_CHECK(impl_->cpu.supports(want), Status::unsupported,
+              origin + ": kernel level '" + requested + "' needs CPU features this CPU (" + impl_->cpu.brand +
+                  ") lacks; the best it supports is '" + isa_name(impl_->cpu.best()) + "'");
+    isa = want;
+  }
+  impl_->kernels = simd::make_kernel_table(isa);
+  impl_->arena.initialize(impl_->threads);
+  bind_openmp();
+}
+
+Context::~Context() = default;
+
+int Context::threads() const noexcept { return impl_->threads; }
+Isa Context::isa() const noexcept { return impl_->kernels.isa; }
+const CpuFeatures& Context::cpu() const noexcept { return impl_->cpu; }
+const simd::KernelTable& Context::kernels() const noexcept { return impl_->kernels; }
+uint64_t Context::seed() const noexcept { return impl_->seed; }
+
+void Context::log(LogLevel level, std::string_view message) const {
+  if (impl_->log) impl_->log(level, message);
+}
+
+void Context::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) const {
+  if (n <= 0) return;
+  if (impl_->threads == 1 || n == 1) {
+    body(0, n);
+    return;
+  }
+  impl_->arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1),
+                      [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
+  });
+}
+
+void Context::bind_openmp() const { omp_set_num_threads(impl_->threads); }
+
+}  // namespace dfp

@@ -1,0 +1,595 @@
+// INT16 (DFP16) convolution: planning, operand quantization into the kernels' layouts, the
+// INT32-chain bounds, and the drivers of the three passes.
+//
+// Layouts (int16 unless noted; lanes are 16 channels; "pair" = two int16 that one VPDPWSSD lane
+// multiplies-and-adds):
+//   xq   [N][CB][Hp][Wp][16]       x, zero border of (pad_h, pad_w): FPROP operand, pairs along C
+//   xp   [NP][CB][Hp][Wp][16][2]   x, images 2n and 2n+1 interleaved: WTGRAD operand, pairs along N
+//   dyq  [N][KB][OHb][OWb][16]     dy, zero border sized for the backward-data taps: BPROP operand
+//   dyp  [NP][KB][OH][OW][16][2]   dy, batch pairs: WTGRAD operand
+//   wf   [KB][CB][R*S][8][16][2]   w, lanes = 16 output channels, pairs along C (FPROP)
+//   wb   [CB][KB][R*S][8][16][2]   w, lanes = 16 input channels, pairs along K (BPROP)
+// Borders are zeroed once at planning and never written, so quantization writes interiors only.
+//
+// Backward-data with stride s is split into s*s phases (output pixels with equal residues mod s);
+// each phase is a stride-1 correlation of dy with the subset of taps that reach it, so no work is
+// spent on the zeros a dilated dy would hold.
+//
+// The weight gradient reduces over positions (image pair, oh, ow) in a fixed number of slices,
+// each with its own FP32 partial, summed in slice order: the result does not depend on the
+// thread count.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/conv.hpp"
+#include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
+#include "src/aligned_buffer.hpp"
+
+namespace dfp {
+
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
+constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
+
+struct Phase {
+  int ph = 0, pw = 0;    // residues of the dx rows/columns this phase writes
+  int ni = 0, nj = 0;    // its output rows and columns
+  std::vector<int64_t> tap_src;
+  std::vector<int32_t> tap_wei;
+};
+
+// Chain length (VPDPWSSD steps) for the pixel kernel: src magnitude <= a, weights packed in units
+// of 8 steps whose per-lane L1 norm is <= unit_l1 and whose per-step (pair) L1 is <= pair_l1.
+int pixel_chain(int64_t a, int64_t unit_l1, int64_t pair_l1) {
+  if (a == 0 || pair_l1 == 0) return kMaxChain;
+  const int64_t units = kInt32Max / (a * unit_l1);
+  if (units >= 1) return static_cast<int>(std::min<int64_t>(units, kMaxChain / 8) * 8);
+  return static_cast<int>(std::max<int64_t>(1, kInt32Max / (a * pair_l1)));  // >= 1: a, pair_l1 <= 32767, 65534
+}
+
+int pair_chain(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return kMaxChain;
+  return static_cast<int>(std::min<int64_t>(kInt32Max / (2 * a * b), kMaxChain));
+}
+
+float pow2(int e, const std::string& what) {
+  DFP_CHECK(e >= -126 && e <= 127, Status::numerical_error,
+            what + ": product scale 2^" + std::to_string(e) +
+                " is outside the normal FP32 range (operands too small or too large for DFP16 here)");
+  return std::ldexp(1.f, e);
+}
+
+// Splits n into the fewest blocks of at most m, as even as possible.
+void split_blocks(int n, int m, std::vector<int>& start, std::vector<int>& len) {
+  const int nb = (n + m - 1) / m;
+  start.clear();
+  len.clear();
+  int s = 0;
+  for (int b = 0; b < nb; ++b) {
+    const int l = n / nb + (b < n % nb ? 1 : 0);
+    start.push_back(s);
+    len.push_back(l);
+    s += l;
+  }
+}
+
+}  // namespace
+
+struct ConvInt16::Impl {
+  const Context& ctx;
+  ConvShape sh;
+  DfpConvOptions opt;
+  std::string name;
+  ConvStats stats;
+
+  int CB, KB, NP, T, OH, OW, Hp, Wp;
+  bool gemm;  // 1x1 output from 1x1 input: pixels run over the batch
+  // BPROP geometry
+  int pt = 0, pl = 0, OHb = 0, OWb = 0;
+  std::vector<Phase> phases;
+  std::vector<int64_t> phase_row_begin;  // prefix sums of N*ni over phases
+  // FPROP taps
+  std::vector<int64_t> fwd_tap_src;
+  std::vector<int32_t> fwd_tap_wei;
+
+  AlignedBuffer<int16_t> xq, xp, dyq, dyp, wq, wf, wb;
+  AlignedBuffer<float> dw_part;
+  int64_t wf_unit_l1 = 0, wf_pair_l1 = 0, wb_unit_l1 = 0, wb_pair_l1 = 0;
+  bool have_w = false, have_x = false, have_dy = false;
+
+  Impl(const Context& c, const ConvShape& s, const DfpConvOptions& o, std::string n)
+      : ctx(c), sh(s), opt(o), name(std::move(n)) {
+    sh.validate("convolution '" + name + "'");
+    for (const QuantOptions* q : {&opt.weights, &opt.activations, &opt.gradients})
+      DFP_CHECK(q->headroom >= 0 && q->headroom <= kDfpMaxHeadroom, Status::invalid_argument,
+                "convolution '" + name + "': " + q->name + " headroom expected in [0, " +
+                    std::to_string(kDfpMaxHeadroom) + "], got " + std::to_string(q->headroom));
+    DFP_CHECK(opt.chain_override >= 0, Status::invalid_argument,
+              "convolution '" + name + "': chain_override expected >= 0, got " + std::to_string(opt.chain_override));
+    CB = channel_blocks(sh.C);
+    KB = channel_blocks(sh.K);
+    NP = (sh.N + 1) / 2;
+    T = sh.R * sh.S;
+    OH = sh.OH();
+    OW = sh.OW();
+    Hp = sh.H + 2 * sh.pad_h;
+    Wp = sh.W + 2 * sh.pad_w;
+    gemm = sh.H == 1 && sh.W == 1 && sh.R == 1 && sh.S == 1;
+
+    for (int r = 0; r < sh.R; ++r)
+      for (int s2 = 0; s2 < sh.S; ++s2) {
+        fwd_tap_src.push_back((int64_t(r) * Wp + s2) * 16);
+        fwd_tap_wei.push_back(r * sh.S + s2);
+      }
+    plan_backward_data();
+
+    xq = AlignedBuffer<int16_t>(size_t(sh.N) * CB * Hp * Wp * 16);
+    xp = AlignedBuffer<int16_t>(size_t(NP) * CB * Hp * Wp * 32);
+    dyq = AlignedBuffer<int16_t>(size_t(sh.N) * KB * OHb * OWb * 16);
+    dyp = AlignedBuffer<int16_t>(size_t(NP) * KB * OH * OW * 32);
+    wq = AlignedBuffer<int16_t>(size_t(sh.K) * sh.C * T);
+    wf = AlignedBuffer<int16_t>(size_t(KB) * CB * T * 256);
+    wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
+    dw_part = AlignedBuffer<float>(size_t(slices()) * KB * 16 * T * CB * 16);
+  }
+
+  int slices() const { return std::min(kWgradSlices, NP); }
+
+  // Phases, their taps, and the zero border of dyq that makes every tap read in bounds.
+  void plan_backward_data() {
+    auto div_exact = [](int a, int b) { return a / b; };  // callers pass multiples of b
+    int min_r = 0, max_r = OH - 1, min_c = 0, max_c = OW - 1;
+    for (int ph = 0; ph < sh.stride_h; ++ph)
+      for (int pw = 0; pw < sh.stride_w; ++pw) {
+        Phase p;
+        p.ph = ph;
+        p.pw = pw;
+        p.ni = ph < sh.H ? (sh.H - ph + sh.stride_h - 1) / sh.stride_h : 0;
+        p.nj = pw < sh.W ? (sh.W - pw + sh.stride_w - 1) / sh.stride_w : 0;
+        for (int r = 0; r < sh.R; ++r) {
+          const int nr = ph + sh.pad_h - r;
+          if (((nr % sh.stride_h) + sh.stride_h) % sh.stride_h) continue;
+          for (int s2 = 0; s2 < sh.S; ++s2) {
+            const int nc = pw + sh.pad_w - s2;
+            if (((nc % sh.stride_w) + sh.stride_w) % sh.stride_w) continue;
+            const int dr = div_exact(nr, sh.stride_h), dc = div_exact(nc, sh.stride_w);
+            // dx(ph + i*sh) reads dy row i + dr for i in [0, ni)
+            min_r = std::min(min_r, dr);
+            max_r = std::max(max_r, p.ni - 1 + dr);
+            min_c = std::min(min_c, dc);
+            max_c = std::max(max_c, p.nj - 1 + dc);
+            p.tap_src.push_back(dr);  // finished below, once the border is known
+            p.tap_src.push_back(dc);
+            p.tap_wei.push_back(r * sh.S + s2);
+          }
+        }
+        phases.push_back(std::move(p));
+      }
+    pt = -min_r;
+    pl = -min_c;
+    OHb = max_r + 1 + pt;
+    OWb = max_c + 1 + pl;
+    int64_t rows = 0;
+    for (Phase& p : phases) {
+      std::vector<int64_t> off;
+      for (size_t t = 0; t < p.tap_wei.size(); ++t)
+        off.push_back((int64_t(p.tap_src[2 * t] + pt) * OWb + (p.tap_src[2 * t + 1] + pl)) * 16);
+      p.tap_src = std::move(off);
+      phase_row_begin.push_back(rows);
+      rows += int64_t(sh.N) * p.ni;
+    }
+    phase_row_begin.push_back(rows);
+  }
+
+  simd::PixelKernelFn pixel_fn() const {
+    return opt.verify ? &simd::ref::conv_s16_pixel : ctx.kernels().conv_s16_pixel.fn;
+  }
+  simd::PairKernelFn pair_fn() const {
+    return opt.verify ? &simd::ref::conv_s16_pair : ctx.kernels().conv_s16_pair.fn;
+  }
+
+  // ---- weights ----------------------------------------------------------------------------
+  void set_weights(const float* w) {
+    const size_t n = size_t(sh.K) * sh.C * T;
+    stats.w = quantize_dfp16(ctx, w, wq.data(), n, opt.weights);
+    // Pack both layouts and measure the L1 norms that bound the INT32 chains.
+    int64_t f_unit = 0, f_pair = 0, b_unit = 0, b_pair = 0;
+    auto wv = [&](int k, int c, int t) -> int16_t {
+      return (k < sh.K && c < sh.C) ? wq[(size_t(k) * sh.C + c) * T + t] : int16_t{0};
+    };
+    for (int kb = 0; kb < KB; ++kb)
+      for (int cb = 0; cb < CB; ++cb)
+        for (int t = 0; t < T; ++t) {
+          int16_t* f = wf.data() + ((size_t(kb) * CB + cb) * T + t) * 256;
+          int16_t* b = wb.data() + ((size_t(cb) * KB + kb) * T + t) * 256;
+          for (int l = 0; l < 16; ++l) {
+            int64_t fu = 0, bu = 0;
+            for (int j = 0; j < 8; ++j) {
+              int64_t fp = 0, bp = 0;
+              for (int e = 0; e < 2; ++e) {
+                const int16_t vf = wv(kb * 16 + l, cb * 16 + 2 * j + e, t);  // lane k, pair along c
+                const int16_t vb = wv(kb * 16 + 2 * j + e, cb * 16 + l, t);  // lane c, pair along k
+                f[j * 32 + l * 2 + e] = vf;
+                b[j * 32 + l * 2 + e] = vb;
+                fp += std::abs(vf);
+                bp += std::abs(vb);
+              }
+              f_pair = std::max(f_pair, fp);
+              b_pair = std::max(b_pair, bp);
+              fu += fp;
+              bu += bp;
+            }
+            f_unit = std::max(f_unit, fu);
+            b_unit = std::max(b_unit, bu);
+          }
+        }
+    wf_unit_l1 = f_unit;
+    wf_pair_l1 = f_pair;
+    wb_unit_l1 = b_unit;
+    wb_pair_l1 = b_pair;
+    have_w = true;
+  }
+
+  // ---- activations and gradients -----------------------------------------------------------
+  // Quantizes a blocked FP32 tensor [N][B][h][w][16] into the interior of a padded int16 tensor
+  // [N][B][hb][wb][16] at border (top, left), then builds the batch-pair copy [NP][B][h2][w2][16][2]
+  // (with its own border) from it.
+  QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
+                              int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
+                              const int* exponent) {
+    const size_t n = size_t(sh.N) * B * h * w * 16;
+    uint64_t bad = 0;
+    float m = 0.f;
+    int e;
+    if (exponent) {
+      e = *exponent;
+    } else {
+      m = max_abs(ctx, src, n, &bad);
+      if (bad && qo.nonfinite == NonFinitePolicy::error) {
+        size_t first = 0;
+        while (std::isfinite(src[first])) ++first;
+        fail(Status::numerical_error, "convolution '" + name + "': " + qo.name + " tensor has " +
+                                          std::to_string(bad) + " non-finite value(s), first at element " +
+                                          std::to_string(first));
+      }
+      e = dfp16_exponent(m, qo.headroom);
+    }
+    const auto quant = ctx.kernels().quantize.fn;
+    const auto inter = ctx.kernels().interleave.fn;
+    std::atomic<uint64_t> saturated{0}, nonfinite{0};
+    std::atomic<int32_t> max_q{0};
+    const int64_t rows = int64_t(sh.N) * B * h;
+    const size_t row_len = size_t(w) * 16;
+    ctx.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+      simd::QuantCounters cnt;
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t img_blk = r / h, y = r % h;
+        const float* s = src + size_t(r) * row_len;
+        int16_t* d = dst + ((size_t(img_blk) * hb + y + top) * wb + left) * 16;
+        quant(s, d, row_len, e, qo.rounding, qo.seed, size_t(r) * row_len, &cnt);
+      }
+      saturated.fetch_add(cnt.saturated);
+      nonfinite.fetch_add(cnt.nonfinite);
+      int32_t cur = max_q.load();
+      while (cnt.max_abs_q > cur && !max_q.compare_exchange_weak(cur, cnt.max_abs_q)) {}
+    });
+    // Batch pairs: rows of images 2p and 2p+1 (absent for odd N: zeros).
+    const int64_t prow = int64_t(NP) * B * h;
+    ctx.parallel_for(prow, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t y = r % h, b = (r / h) % B, p = r / (int64_t(h) * B);
+        const int16_t* a = dst + (((size_t(2 * p) * B + b) * hb + y + top) * wb + left) * 16;
+        const int16_t* c = 2 * p + 1 < sh.N ? a + size_t(B) * hb * wb * 16 : nullptr;
+        int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
+        inter(a, c, d, row_len);
+      }
+    });
+    QuantStats st;
+    st.exponent = e;
+    st.max_abs = m;
+    st.saturated = saturated.load();
+    st.nonfinite = nonfinite.load();
+    st.max_abs_int = max_q.load();
+    if (st.nonfinite && qo.nonfinite == NonFinitePolicy::error)
+      fail(Status::numerical_error, "convolution '" + name + "': " + qo.name + " tensor has " +
+                                        std::to_string(st.nonfinite) + " non-finite value(s)");
+    return st;
+  }
+
+  void quantize_input(const float* x, const int* exponent) {
+    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq.data(), Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), Hp, Wp,
+                               sh.pad_h, sh.pad_w, opt.activations, exponent);
+    have_x = true;
+  }
+
+  void quantize_grad_output(const float* dy) {
+    stats.dy = quantize_blocked(dy, KB, OH, OW, dyq.data(), OHb, OWb, pt, pl, dyp.data(), OH, OW, 0, 0,
+                                opt.gradients, nullptr);
+    have_dy = true;
+  }
+
+  void require(bool ok, const char* pass, const char* what) const {
+    DFP_CHECK(ok, Status::invalid_argument,
+              "convolution '" + name + "': " + pass + " needs " + what + " first");
+  }
+
+  // ---- passes ------------------------------------------------------------------------------
+  struct EventSink {
+    std::atomic<int64_t> total{0};
+  };
+
+  void forward(float* y) {
+    require(have_w, "forward", "set_weights()");
+    require(have_x, "forward", "quantize_input()");
+    const int chain = opt.chain_override ? opt.chain_override
+                                         : pixel_chain(stats.x.max_abs_int, wf_unit_l1, wf_pair_l1);
+    stats.chain_fwd = chain;
+    const float scale = pow2(stats.x.exponent + stats.w.exponent, "convolution '" + name + "' forward");
+    const auto fn = pixel_fn();
+    std::atomic<int64_t> events{0};
+    simd::PixelKernelArgs base{};
+    base.tap_src = fwd_tap_src.data();
+    base.tap_wei = fwd_tap_wei.data();
+    base.ntaps = T;
+    base.nib = CB;
+    base.src_ib = int64_t(Hp) * Wp * 16;
+    base.wei_ob = int64_t(CB) * T * 256;
+    base.wei_ib = int64_t(T) * 256;
+    base.chain = chain;
+    base.scale = scale;
+    base.accumulate = false;
+    const int ngroups = (KB + 1) / 2;
+    if (gemm) {
+      // Pixels run over the batch: image stride in xq is CB*16, in y KB*16.
+      base.src_pix = int64_t(CB) * 16;
+      base.dst_ob = 16;
+      base.dst_pix = int64_t(KB) * 16;
+      const int64_t blocks = (sh.N + simd::max_pixels(2) - 1) / simd::max_pixels(2);
+      ctx.parallel_for(blocks * ngroups, [&](int64_t b0, int64_t b1) {
+        int64_t ev = 0;
+        simd::PixelKernelArgs a = base;
+        a.overflow_events = opt.verify ? &ev : nullptr;
+        for (int64_t it = b0; it < b1; ++it) {
+          const int g = static_cast<int>(it % ngroups);
+          const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
+          a.nob = std::min(2, KB - 2 * g);
+          a.npix = std::min(simd::max_pixels(2), sh.N - n0);
+          a.src = xq.data() + size_t(n0) * CB * 16;
+          a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
+          a.dst = y + (size_t(n0) * KB + 2 * g) * 16;
+          fn(a);
+        }
+        events += ev;
+      });
+    } else {
+      base.src_pix = int64_t(sh.stride_w) * 16;
+      base.dst_ob = int64_t(OH) * OW * 16;
+      base.dst_pix = 16;
+      std::vector<int> bstart1, blen1, bstart2, blen2;
+      split_blocks(OW, simd::max_pixels(1), bstart1, blen1);
+      split_blocks(OW, simd::max_pixels(2), bstart2, blen2);
+      ctx.parallel_for(int64_t(sh.N) * OH, [&](int64_t r0, int64_t r1) {
+        int64_t ev = 0;
+        simd::PixelKernelArgs a = base;
+        a.overflow_events = opt.verify ? &ev : nullptr;
+        for (int64_t r = r0; r < r1; ++r) {
+          const int n = static_cast<int>(r / OH), oh = static_cast<int>(r % OH);
+          const int16_t* src_row = xq.data() + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
+          for (int g = 0; g < ngroups; ++g) {
+            a.nob = std::min(2, KB - 2 * g);
+            const auto& bs = a.nob == 2 ? bstart2 : bstart1;
+            const auto& bl = a.nob == 2 ? blen2 : blen1;
+            a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
+            for (size_t b = 0; b < bs.size(); ++b) {
+              a.npix = bl[b];
+              a.src = src_row + size_t(bs[b]) * sh.stride_w * 16;
+              a.dst = y + ((size_t(n) * KB + 2 * g) * OH + oh) * OW * 16 + size_t(bs[b]) * 16;
+              fn(a);
+            }
+          }
+        }
+        events += ev;
+      });
+    }
+    stats.overflow_events += events.load();
+  }
+
+  void backward_data(float* dx) {
+    require(have_w, "backward_data", "set_weights()");
+    require(have_dy, "backward_data", "quantize_grad_output()");
+    const int chain = opt.chain_override ? opt.chain_override
+                                         : pixel_chain(stats.dy.max_abs_int, wb_unit_l1, wb_pair_l1);
+    stats.chain_bwd = chain;
+    const float scale = pow2(stats.dy.exponent + stats.w.exponent, "convolution '" + name + "' backward_data");
+    const auto fn = pixel_fn();
+    std::atomic<int64_t> events{0};
+    simd::PixelKernelArgs base{};
+    base.nib = KB;
+    base.src_ib = int64_t(OHb) * OWb * 16;
+    base.wei_ob = int64_t(KB) * T * 256;
+    base.wei_ib = int64_t(T) * 256;
+    base.chain = chain;
+    base.scale = scale;
+    base.accumulate = false;
+    const int ngroups = (CB + 1) / 2;
+    if (gemm) {
+      const Phase& p = phases[0];
+      base.tap_src = p.tap_src.data();
+      base.tap_wei = p.tap_wei.data();
+      base.ntaps = static_cast<int>(p.tap_wei.size());
+      base.src_pix = int64_t(KB) * 16;
+      base.dst_ob = 16;
+      base.dst_pix = int64_t(CB) * 16;
+      const int64_t blocks = (sh.N + simd::max_pixels(2) - 1) / simd::max_pixels(2);
+      ctx.parallel_for(blocks * ngroups, [&](int64_t b0, int64_t b1) {
+        int64_t ev = 0;
+        simd::PixelKernelArgs a = base;
+        a.overflow_events = opt.verify ? &ev : nullptr;
+        for (int64_t it = b0; it < b1; ++it) {
+          const int g = static_cast<int>(it % ngroups);
+          const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
+          a.nob = std::min(2, CB - 2 * g);
+          a.npix = std::min(simd::max_pixels(2), sh.N - n0);
+          a.src = dyq.data() + size_t(n0) * KB * 16;
+          a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
+          a.dst = dx + (size_t(n0) * CB + 2 * g) * 16;
+          fn(a);
+        }
+        events += ev;
+      });
+      stats.overflow_events += events.load();
+      return;
+    }
+    base.src_pix = 16;
+    base.dst_ob = int64_t(sh.H) * sh.W * 16;
+    base.dst_pix = int64_t(sh.stride_w) * 16;
+    // Block splits per distinct phase width.
+    std::vector<std::vector<int>> bs1(phases.size()), bl1(phases.size()), bs2(phases.size()), bl2(phases.size());
+    for (size_t q = 0; q < phases.size(); ++q) {
+      if (phases[q].nj == 0) continue;
+      split_blocks(phases[q].nj, simd::max_pixels(1), bs1[q], bl1[q]);
+      split_blocks(phases[q].nj, simd::max_pixels(2), bs2[q], bl2[q]);
+    }
+    const int64_t total_rows = phase_row_begin.back();
+    ctx.parallel_for(total_rows, [&](int64_t r0, int64_t r1) {
+      int64_t ev = 0;
+      simd::PixelKernelArgs a = base;
+      a.overflow_events = opt.verify ? &ev : nullptr;
+      size_t q = 0;
+      for (int64_t r = r0; r < r1; ++r) {
+        while (r >= phase_row_begin[q + 1]) ++q;
+        const Phase& p = phases[q];
+        const int64_t local = r - phase_row_begin[q];
+        const int n = static_cast<int>(local / p.ni), i = static_cast<int>(local % p.ni);
+        a.tap_src = p.tap_src.data();
+        a.tap_wei = p.tap_wei.data();
+        a.ntaps = static_cast<int>(p.tap_wei.size());
+        const int16_t* src_row = dyq.data() + (size_t(n) * KB * OHb + i) * OWb * 16;
+        const int ih = p.ph + i * sh.stride_h;
+        for (int g = 0; g < ngroups; ++g) {
+          a.nob = std::min(2, CB - 2 * g);
+          const auto& bs = a.nob == 2 ? bs2[q] : bs1[q];
+          const auto& bl = a.nob == 2 ? bl2[q] : bl1[q];
+          a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
+          for (size_t b = 0; b < bs.size(); ++b) {
+            a.npix = bl[b];
+            a.src = src_row + size_t(bs[b]) * 16;
+            a.dst = dx + ((size_t(n) * CB + 2 * g) * sh.H + ih) * sh.W * 16 +
+                    (size_t(p.pw) + size_t(bs[b]) * sh.stride_w) * 16;
+            fn(a);
+          }
+        }
+      }
+      events += ev;
+    });
+    stats.overflow_events += events.load();
+  }
+
+  void backward_weights(float* dw) {
+    require(have_x, "backward_weights", "quantize_input()");
+    require(have_dy, "backward_weights", "quantize_grad_output()");
+    const int chain = opt.chain_override ? opt.chain_override : pair_chain(stats.x.max_abs_int, stats.dy.max_abs_int);
+    stats.chain_wgrad = chain;
+    const float scale = pow2(stats.x.exponent + stats.dy.exponent, "convolution '" + name + "' backward_weights");
+    const auto fn = pair_fn();
+    const int ns = slices();
+    const size_t part = size_t(KB) * 16 * T * CB * 16;  // [K16][T][C16]
+    const int64_t dw_k = int64_t(T) * CB * 16;
+    // Rows of positions per call: enough positions to amortise the flush, few enough to stay in L2.
+    const int chunk_rows = std::max(1, std::min(OH, 128 / std::max(1, OW)));
+    std::atomic<int64_t> events{0};
+    ctx.parallel_for(ns, [&](int64_t s0, int64_t s1) {
+      int64_t ev = 0;
+      simd::PairKernelArgs a{};
+      a.dw_k = dw_k;
+      a.nk = 16;
+      a.x_row = int64_t(sh.stride_h) * Wp * 32;
+      a.x_col = int64_t(sh.stride_w) * 32;
+      a.dy_row = int64_t(OW) * 32;
+      a.dy_col = 32;
+      a.chain = chain;
+      a.scale = scale;
+      a.overflow_events = opt.verify ? &ev : nullptr;
+      for (int64_t sl = s0; sl < s1; ++sl) {
+        float* acc = dw_part.data() + size_t(sl) * part;
+        std::memset(acc, 0, part * sizeof(float));
+        const int p0 = static_cast<int>(sl * NP / ns), p1 = static_cast<int>((sl + 1) * NP / ns);
+        if (gemm) {
+          // Fully connected: positions are the slice's image pairs.
+          simd::PairKernelArgs g = a;
+          g.rows = p1 - p0;
+          g.cols = 1;
+          g.x_row = int64_t(CB) * 32;
+          g.dy_row = int64_t(KB) * 32;
+          g.x_col = g.dy_col = 0;
+          for (int kb = 0; kb < KB; ++kb)
+            for (int cb = 0; cb < CB; ++cb) {
+              g.x = xp.data() + (size_t(p0) * CB + cb) * 32;
+              g.dy = dyp.data() + (size_t(p0) * KB + kb) * 32;
+              g.dw = acc + size_t(kb) * 16 * dw_k + size_t(cb) * 16;
+              fn(g);
+            }
+          continue;
+        }
+        for (int p = p0; p < p1; ++p)
+          for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows) {
+            a.rows = std::min(chunk_rows, OH - oh0);
+            a.cols = OW;
+            for (int kb = 0; kb < KB; ++kb) {
+              a.dy = dyp.data() + ((size_t(p) * KB + kb) * OH + oh0) * OW * 32;
+              for (int cb = 0; cb < CB; ++cb)
+                for (int t = 0; t < T; ++t) {
+                  const int r = t / sh.S, s2 = t % sh.S;
+                  a.x = xp.data() + (((size_t(p) * CB + cb) * Hp + size_t(oh0) * sh.stride_h + r) * Wp + s2) * 32;
+                  a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
+                  fn(a);
+                }
+            }
+          }
+      }
+      events += ev;
+    });
+    stats.overflow_events += events.load();
+    // Sum the slices in a fixed order into [K][C][R][S].
+    ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k)
+        for (int c = 0; c < sh.C; ++c)
+          for (int t = 0; t < T; ++t) {
+            const size_t off = size_t(k) * dw_k + size_t(t) * CB * 16 + c;
+            float v = dw_part[off];
+            for (int sl = 1; sl < ns; ++sl) v += dw_part[size_t(sl) * part + off];
+            dw[(size_t(k) * sh.C + c) * T + t] = v;
+          }
+    });
+  }
+};
+
+ConvInt16::ConvInt16(const Context& ctx, const ConvShape& shape, const DfpConvOptions& options, std::string name)
+    : impl_(std::make_unique<Impl>(ctx, shape, options, std::move(name))) {}
+ConvInt16::~ConvInt16() = default;
+ConvInt16::ConvInt16(ConvInt16&&) noexcept = default;
+ConvInt16& ConvInt16::operator=(ConvInt16&&) noexcept = default;
+
+const ConvShape& ConvInt16::shape() const noexcept { return impl_->sh; }
+const ConvStats& ConvInt16::stats() const noexcept { return impl_->stats; }
+const char* ConvInt16::kernel_name() const noexcept {
+  return impl_->opt.verify ? "conv_s16s16f32__ref_int64_shadow" : impl_->ctx.kernels().conv_s16_pixel.name;
+}
+void ConvInt16::set_weights(const float* w) { impl_->set_weights(w); }
+void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, nullptr); }
+void ConvInt16::quantize_input_with_exponent(const float* x, int e) { impl_->quantize_input(x, &e); }
+void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_output(dy); }
+void ConvInt16::forward(float* y) { impl_->forward(y); }
+void ConvInt16::backward_data(float* dx) { impl_->backward_data(dx); }
+void ConvInt16::backward_weights(float* dw) { impl_->backward_weights(dw); }
+
+}  // namespace dfp

@@ -1,0 +1,123 @@
+// Public DFP16 quantization API: exponent selection, parallel max-abs and quantization over the
+// context's threads, the non-finite policy, and the rounding-mode names.
+#include "dfp/dfp16.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <string>
+
+#include "dfp/context.hpp"
+#include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
+
+namespace dfp {
+
+namespace {
+constexpr size_t kChunk = 1 << 16;  // elements per parallel task: large enough to stream well
+
+int64_t chunks(size_t n) { return static_cast<int64_t>((n + kChunk - 1) / kChunk); }
+
+void check_options(const QuantOptions& o) {
+  DFP_CHECK(o.headroom >= 0 && o.headroom <= kDfpMaxHeadroom, Status::invalid_argument,
+            "quantization of '" + o.name + "': headroom expected in [0, " + std::to_string(kDfpMaxHeadroom) +
+                "], got " + std::to_string(o.headroom));
+}
+
+[[noreturn]] void fail_nonfinite(const float* x, size_t n, uint64_t count, const std::string& name) {
+  size_t first = 0;
+  while (first < n && std::isfinite(x[first])) ++first;
+  fail(Status::numerical_error, "tensor '" + name + "': " + std::to_string(count) +
+                                    " non-finite value(s) (NaN/Inf), first at element " + std::to_string(first) +
+                                    " = " + std::to_string(x[first]) + "; DFP16 has no encoding for them");
+}
+}  // namespace
+
+const char* rounding_name(Rounding r) noexcept {
+  switch (r) {
+    case Rounding::nearest_even: return "nearest";
+    case Rounding::stochastic: return "stochastic";
+    case Rounding::biased: return "biased";
+  }
+  return "?";
+}
+
+Rounding parse_rounding(const std::string& text, const std::string& origin) {
+  for (Rounding r : {Rounding::nearest_even, Rounding::stochastic, Rounding::biased})
+    if (text == rounding_name(r)) return r;
+  fail(Status::invalid_argument,
+       origin + ": unknown rounding '" + text + "'; expected one of nearest, stochastic, biased");
+}
+
+int dfp16_exponent(float max_abs, int headroom) noexcept {
+  if (!(max_abs > 0.f) || !std::isfinite(max_abs)) return 0;
+  return std::ilogb(max_abs) - 14 + headroom;  // ilogb is exact for denormals too
+}
+
+float max_abs(const Context& ctx, const float* x, size_t n, uint64_t* nonfinite) {
+  const auto fn = ctx.kernels().max_abs.fn;
+  // Non-negative floats order like their bit patterns, so an atomic max on the bits is exact.
+  std::atomic<uint32_t> best{0};
+  std::atomic<uint64_t> bad{0};
+  ctx.parallel_for(chunks(n), [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const size_t off = size_t(c) * kChunk;
+      uint64_t local_bad = 0;
+      const uint32_t m = std::bit_cast<uint32_t>(fn(x + off, std::min(kChunk, n - off), &local_bad));
+      uint32_t cur = best.load(std::memory_order_relaxed);
+      while (m > cur && !best.compare_exchange_weak(cur, m, std::memory_order_relaxed)) {}
+      if (local_bad) bad.fetch_add(local_bad, std::memory_order_relaxed);
+    }
+  });
+  if (nonfinite) *nonfinite += bad.load();
+  return std::bit_cast<float>(best.load());
+}
+
+QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, int16_t* dst, size_t n, int exponent,
+                                        const QuantOptions& o, uint64_t index_base) {
+  check_options(o);
+  const auto fn = ctx.kernels().quantize.fn;
+  std::atomic<uint64_t> saturated{0}, bad{0};
+  std::atomic<int32_t> max_q{0};
+  ctx.parallel_for(chunks(n), [&](int64_t b, int64_t e) {
+    simd::QuantCounters cnt;
+    for (int64_t c = b; c < e; ++c) {
+      const size_t off = size_t(c) * kChunk;
+      fn(src + off, dst + off, std::min(kChunk, n - off), exponent, o.rounding, o.seed, index_base + off, &cnt);
+    }
+    saturated.fetch_add(cnt.saturated);
+    bad.fetch_add(cnt.nonfinite);
+    int32_t cur = max_q.load();
+    while (cnt.max_abs_q > cur && !max_q.compare_exchange_weak(cur, cnt.max_abs_q)) {}
+  });
+  QuantStats st;
+  st.exponent = exponent;
+  st.saturated = saturated.load();
+  st.nonfinite = bad.load();
+  st.max_abs_int = max_q.load();
+  if (st.nonfinite && o.nonfinite == NonFinitePolicy::error) fail_nonfinite(src, n, st.nonfinite, o.name);
+  return st;
+}
+
+QuantStats quantize_dfp16(const Context& ctx, const float* src, int16_t* dst, size_t n, const QuantOptions& o) {
+  check_options(o);
+  uint64_t bad = 0;
+  const float m = max_abs(ctx, src, n, &bad);
+  if (bad && o.nonfinite == NonFinitePolicy::error) fail_nonfinite(src, n, bad, o.name);
+  QuantStats st = quantize_dfp16_with_exponent(ctx, src, dst, n, dfp16_exponent(m, o.headroom), o);
+  st.max_abs = m;
+  return st;
+}
+
+void dequantize_dfp16(const Context& ctx, const int16_t* src, int exponent, float* dst, size_t n) {
+  const auto fn = ctx.kernels().dequantize.fn;
+  ctx.parallel_for(chunks(n), [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const size_t off = size_t(c) * kChunk;
+      fn(src + off, dst + off, std::min(kChunk, n - off), exponent);
+    }
+  });
+}
+
+}  // namespace dfp

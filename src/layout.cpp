@@ -1,0 +1,60 @@
+// NCHW <-> nChw16c conversions and ConvShape helpers.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "dfp/conv.hpp"
+#include "dfp/status.hpp"
+
+namespace dfp {
+
+double ConvShape::ops() const noexcept {
+  return 2.0 * N * K * C * R * S * double(OH()) * OW();
+}
+
+void ConvShape::validate(const std::string& what) const {
+  auto need = [&](bool ok, const char* field, const std::string& expected, long got) {
+    DFP_CHECK(ok, Status::invalid_argument,
+              what + ": field " + field + " expected " + expected + ", got " + std::to_string(got));
+  };
+  need(N >= 1, "N", ">= 1", N);
+  need(C >= 1, "C", ">= 1", C);
+  need(K >= 1, "K", ">= 1", K);
+  need(H >= 1, "H", ">= 1", H);
+  need(W >= 1, "W", ">= 1", W);
+  need(R >= 1, "R", ">= 1", R);
+  need(S >= 1, "S", ">= 1", S);
+  need(stride_h >= 1, "stride_h", ">= 1", stride_h);
+  need(stride_w >= 1, "stride_w", ">= 1", stride_w);
+  need(pad_h >= 0 && pad_h < R, "pad_h", "in [0, R)", pad_h);
+  need(pad_w >= 0 && pad_w < S, "pad_w", "in [0, S)", pad_w);
+  need(H + 2 * pad_h >= R, "H", ">= R - 2*pad_h", H);
+  need(W + 2 * pad_w >= S, "W", ">= S - 2*pad_w", W);
+}
+
+void to_blocked(const float* nchw, float* blocked, int n, int c, int h, int w) {
+  const int cb = channel_blocks(c);
+  const size_t hw = size_t(h) * w;
+  for (int in = 0; in < n; ++in)
+    for (int b = 0; b < cb; ++b) {
+      float* dst = blocked + (size_t(in) * cb + b) * hw * kChannelBlock;
+      for (size_t p = 0; p < hw; ++p)
+        for (int l = 0; l < kChannelBlock; ++l) {
+          const int ch = b * kChannelBlock + l;
+          dst[p * kChannelBlock + l] = ch < c ? nchw[(size_t(in) * c + ch) * hw + p] : 0.f;
+        }
+    }
+}
+
+void from_blocked(const float* blocked, float* nchw, int n, int c, int h, int w) {
+  const int cb = channel_blocks(c);
+  const size_t hw = size_t(h) * w;
+  for (int in = 0; in < n; ++in)
+    for (int ch = 0; ch < c; ++ch) {
+      const float* src = blocked + (size_t(in) * cb + ch / kChannelBlock) * hw * kChannelBlock + ch % kChannelBlock;
+      float* dst = nchw + (size_t(in) * c + ch) * hw;
+      for (size_t p = 0; p < hw; ++p) dst[p] = src[p * kChannelBlock];
+    }
+}
+
+}  // namespace dfp

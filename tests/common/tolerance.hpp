@@ -1,0 +1,36 @@
+// The one tolerance table of the dfp test suite. Every comparison that is not bit-exact takes its
+// bound from here, with the reasoning next to it.
+#pragma once
+
+#include <cmath>
+
+namespace dfp::test {
+
+// Integer kernels (ISA vs scalar model, any thread count): bit-exact. Tolerance 0.
+inline constexpr double kExact = 0.0;
+
+// Quantization step of a DFP16 tensor with exponent e: nearest rounding errs by at most half of
+// it, stochastic and biased rounding by less than one.
+inline double dfp16_step(int exponent) { return std::ldexp(1.0, exponent); }
+
+// INT16 convolution vs an FP64 convolution of the *unquantized* FP32 operands, per output
+// element: |y - ref| <= sum_j (|x_j| dw + |w_j| dx + dx dw) + |ref| * kFp32Flush
+// where dx, dw are the operands' maximum rounding errors (half a step for nearest rounding).
+// The FP32 part: each INT32 chain is exact; converting it and adding it into the FP32 output
+// with one fused multiply-add costs at most one FP32 rounding (2^-24 relative) per flush, and
+// there are at most a few dozen flushes per output in these tests.
+inline constexpr double kFp32Flush = 64 * 0x1p-24;
+
+// FP32 kernels (oneDNN vs the scalar FP32 reference): different summation orders over K terms.
+// Relative L2 error bound for the test shapes (K <= ~600 terms of O(1) values).
+inline constexpr double kF32RelL2 = 1e-5;
+
+// DFP16 round trip (nearest): |dequant(quant(x)) - x| <= step/2; relative to max|x| that is
+// 2^-(15 - headroom).
+inline double dfp16_roundtrip_rel(int headroom) { return std::ldexp(1.0, -(15 - headroom)); }
+
+// Stochastic rounding unbiasedness: |mean(q) - x| over n samples of a value with fraction f is
+// within z * sqrt(f(1-f)/n); z = 5 makes a false failure a ~1e-6 event for the fixed seed.
+inline constexpr double kStochasticZ = 5.0;
+
+}  // namespace dfp::test

@@ -1,0 +1,300 @@
+// INT16 (DFP16) convolution and fully-connected operators: exactness on integer data, bit-identity
+// of every ISA with the scalar model at tile edges, the quantization error bound against FP64,
+// adversarial operands that would overflow a naive INT32 chain, and error reporting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/conv.hpp"
+#include "dfp/status.hpp"
+#include "tests/common/reference.hpp"
+#include "tests/common/tolerance.hpp"
+
+using namespace dfp;
+using test::random_ints;
+using test::random_vec;
+
+namespace {
+
+ConvShape make(int N, int C, int H, int W, int K, int R, int S, int stride, int pad) {
+  ConvShape s;
+  s.N = N; s.C = C; s.H = H; s.W = W; s.K = K; s.R = R; s.S = S;
+  s.stride_h = s.stride_w = stride;
+  s.pad_h = s.pad_w = pad;
+  return s;
+}
+
+// Tile edges: odd C, C below one block, K not a multiple of 16, W below and above the register
+// block, strides 1/2/4, padding, 1x1 / 3x3 / 5x5 / 7x7 / 11x11, batch 1 and odd batches, and the
+// pure GEMM case.
+const std::vector<ConvShape>& edge_shapes() {
+  static const std::vector<ConvShape> v = {
+      make(1, 3, 9, 7, 20, 3, 3, 1, 1),   make(3, 5, 10, 11, 16, 3, 3, 2, 1), make(2, 17, 6, 5, 33, 1, 1, 1, 0),
+      make(2, 16, 8, 8, 32, 1, 1, 2, 0),  make(1, 3, 15, 13, 8, 7, 7, 2, 3),  make(2, 8, 19, 19, 16, 11, 11, 4, 2),
+      make(2, 32, 9, 9, 16, 5, 5, 1, 2),  make(3, 64, 4, 30, 48, 3, 3, 1, 1), make(5, 40, 1, 1, 24, 1, 1, 1, 0),
+      make(2, 1, 28, 28, 6, 5, 5, 1, 2),
+  };
+  return v;
+}
+
+std::string describe(const ConvShape& s) {
+  char b[160];
+  std::snprintf(b, sizeof b, "N%d C%d %dx%d K%d %dx%d stride %d pad %d", s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h,
+                s.pad_h);
+  return b;
+}
+
+struct Outputs {
+  std::vector<float> y, dx, dw;  // NCHW, NCHW, KCRS
+  ConvStats stats;
+};
+
+// Runs all three passes on NCHW data through the blocked layout.
+Outputs run_int16(const Context& ctx, const ConvShape& s, const std::vector<float>& x, const std::vector<float>& w,
+                  const std::vector<float>& dy, DfpConvOptions o = {}) {
+  const int OH = s.OH(), OW = s.OW();
+  std::vector<float> xb(blocked_size(s.N, s.C, s.H, s.W)), dyb(blocked_size(s.N, s.K, OH, OW));
+  to_blocked(x.data(), xb.data(), s.N, s.C, s.H, s.W);
+  to_blocked(dy.data(), dyb.data(), s.N, s.K, OH, OW);
+  std::vector<float> yb(blocked_size(s.N, s.K, OH, OW), -1.f), dxb(blocked_size(s.N, s.C, s.H, s.W), -1.f);
+  Outputs out;
+  out.y.resize(size_t(s.N) * s.K * OH * OW);
+  out.dx.resize(x.size());
+  out.dw.assign(w.size(), -1.f);
+  ConvInt16 conv(ctx, s, o, "test_conv");
+  conv.set_weights(w.data());
+  conv.quantize_input(xb.data());
+  conv.quantize_grad_output(dyb.data());
+  conv.forward(yb.data());
+  conv.backward_data(dxb.data());
+  conv.backward_weights(out.dw.data());
+  from_blocked(yb.data(), out.y.data(), s.N, s.K, OH, OW);
+  from_blocked(dxb.data(), out.dx.data(), s.N, s.C, s.H, s.W);
+  // Padding lanes must come out as zero.
+  for (size_t i = 0; i < yb.size(); ++i) {
+    if ((i % 16) + 16 * ((i / (16 * size_t(OH) * OW)) % channel_blocks(s.K)) >= size_t(s.K)) EXPECT_EQ(yb[i], 0.f);
+  }
+  out.stats = conv.stats();
+  return out;
+}
+
+void expect_bits_equal(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(&a[i], &b[i], sizeof(float))) << what << " element " << i << ": " << a[i] << " vs " << b[i];
+}
+
+const Context& ref_ctx() {
+  static Context c(ContextOptions{.threads = 2, .isa = "ref"});
+  return c;
+}
+
+}  // namespace
+
+TEST(ConvInt16, ExactOnIntegerData) {
+  for (const ConvShape& s : edge_shapes()) {
+    SCOPED_TRACE(describe(s));
+    const auto x = random_ints(size_t(s.N) * s.C * s.H * s.W, 1, -7, 7);
+    const auto w = random_ints(size_t(s.K) * s.C * s.R * s.S, 2, -7, 7);
+    const auto dy = random_ints(size_t(s.N) * s.K * s.OH() * s.OW(), 3, -7, 7);
+    std::vector<double> y, dx, dw;
+    test::conv_fwd_ref(s, x, w, y);
+    test::conv_bwd_data_ref(s, dy, w, dx);
+    test::conv_bwd_weights_ref(s, x, dy, dw);
+    Context ctx(ContextOptions{.threads = 2});
+    const Outputs o = run_int16(ctx, s, x, w, dy);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(o.y[i], y[i]) << "y " << i;
+    for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(o.dx[i], dx[i]) << "dx " << i;
+    for (size_t i = 0; i < dw.size(); ++i) ASSERT_EQ(o.dw[i], dw[i]) << "dw " << i;
+  }
+}
+
+class ConvInt16Isa : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ConvInt16Isa, BitExactAgainstScalarModel) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context ctx(ContextOptions{.threads = 2, .isa = GetParam()});
+  for (const ConvShape& s : edge_shapes()) {
+    SCOPED_TRACE(describe(s));
+    const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 11);
+    const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 12, -0.3f, 0.3f);
+    const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 13, -1e-3f, 1e-3f);
+    for (int chain : {0, 3, 8}) {  // derived chains, and forced short ones (per-step flush paths)
+      DfpConvOptions o;
+      o.chain_override = chain;
+      o.gradients.rounding = Rounding::stochastic;
+      const Outputs a = run_int16(ref_ctx(), s, x, w, dy, o);
+      const Outputs b = run_int16(ctx, s, x, w, dy, o);
+      expect_bits_equal(a.y, b.y, "forward");
+      expect_bits_equal(a.dx, b.dx, "backward_data");
+      expect_bits_equal(a.dw, b.dw, "backward_weights");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, ConvInt16Isa, ::testing::Values("avx512bw", "avx512vnni"));
+
+TEST(ConvInt16, WithinQuantizationBoundOfFp64) {
+  Context ctx(ContextOptions{.threads = 2});
+  for (const ConvShape& s : edge_shapes()) {
+    SCOPED_TRACE(describe(s));
+    const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 21, 0.f, 4.f);  // post-ReLU-like
+    const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 22, -0.2f, 0.2f);
+    const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 23, -1e-4f, 1e-4f);
+    const Outputs o = run_int16(ctx, s, x, w, dy);
+    // Nearest rounding: each operand errs by at most half a step of its exponent.
+    const double ax = test::dfp16_step(o.stats.x.exponent) / 2, aw = test::dfp16_step(o.stats.w.exponent) / 2,
+                 ag = test::dfp16_step(o.stats.dy.exponent) / 2;
+    std::vector<double> y, dx, dw, by, bdx, bdw;
+    test::conv_fwd_ref(s, x, w, y, &by, ax, aw);
+    test::conv_bwd_data_ref(s, dy, w, dx, &bdx, ag, aw);
+    test::conv_bwd_weights_ref(s, x, dy, dw, &bdw, ax, ag);
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_LE(std::fabs(o.y[i] - y[i]), by[i] + std::fabs(y[i]) * test::kFp32Flush) << "y " << i;
+    for (size_t i = 0; i < dx.size(); ++i)
+      ASSERT_LE(std::fabs(o.dx[i] - dx[i]), bdx[i] + std::fabs(dx[i]) * test::kFp32Flush) << "dx " << i;
+    for (size_t i = 0; i < dw.size(); ++i)
+      ASSERT_LE(std::fabs(o.dw[i] - dw[i]), bdw[i] + std::fabs(dw[i]) * test::kFp32Flush) << "dw " << i;
+  }
+}
+
+// Every value at the same maximum: a naive INT32 chain over 3x3x64 = 576 products of 4096*4096
+// (2^24) overflows after 128 of them. The derived chains keep every partial sum in range, and
+// because all partial sums are multiples of 2^24 the FP32 result is exact.
+TEST(ConvInt16, AdversarialOperandsGiveExactAnswer) {
+  const ConvShape s = make(4, 64, 6, 6, 32, 3, 3, 1, 0);  // no padding: every output sees 576 products
+  for (bool mixed_signs : {false, true}) {
+    SCOPED_TRACE(mixed_signs ? "random signs" : "all positive");
+    auto sign = [&](std::vector<float> v, uint32_t seed) {
+      const auto r = random_ints(v.size(), seed, 0, 1);
+      if (mixed_signs)
+        for (size_t i = 0; i < v.size(); ++i) v[i] = r[i] ? v[i] : -v[i];
+      return v;
+    };
+    const auto x = sign(std::vector<float>(size_t(s.N) * s.C * s.H * s.W, 1.f), 1);
+    const auto w = sign(std::vector<float>(size_t(s.K) * s.C * s.R * s.S, 1.f), 2);
+    const auto dy = sign(std::vector<float>(size_t(s.N) * s.K * s.OH() * s.OW(), 1.f), 3);
+    std::vector<double> y, dx, dw;
+    test::conv_fwd_ref(s, x, w, y);
+    test::conv_bwd_data_ref(s, dy, w, dx);
+    test::conv_bwd_weights_ref(s, x, dy, dw);
+    for (bool verify : {false, true}) {
+      DfpConvOptions o;
+      o.verify = verify;
+      Context ctx(ContextOptions{.threads = 2});
+      const Outputs r = run_int16(ctx, s, x, w, dy, o);
+      EXPECT_EQ(r.stats.x.max_abs_int, 4096);
+      EXPECT_LT(r.stats.chain_fwd, 2 * 576);  // the bound really shortened the chain
+      EXPECT_EQ(r.stats.overflow_events, 0);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(r.y[i], y[i]) << "y " << i;
+      for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(r.dx[i], dx[i]) << "dx " << i;
+      for (size_t i = 0; i < dw.size(); ++i) ASSERT_EQ(r.dw[i], dw[i]) << "dw " << i;
+    }
+    if (!mixed_signs) {
+      // The verification mode does see overflow when a chain is forced past the bound.
+      DfpConvOptions o;
+      o.verify = true;
+      o.chain_override = 1 << 20;
+      Context ctx(ContextOptions{.threads = 2});
+      const Outputs r = run_int16(ctx, s, x, w, dy, o);
+      EXPECT_GT(r.stats.overflow_events, 0);
+    }
+  }
+}
+
+TEST(ConvInt16, IndependentOfThreadCount) {
+  const ConvShape s = make(6, 24, 10, 10, 40, 3, 3, 2, 1);
+  const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 31);
+  const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 32);
+  const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 33);
+  Context one(ContextOptions{.threads = 1}), two(ContextOptions{.threads = 2});
+  const Outputs a = run_int16(one, s, x, w, dy), b = run_int16(two, s, x, w, dy);
+  expect_bits_equal(a.y, b.y, "forward");
+  expect_bits_equal(a.dx, b.dx, "backward_data");
+  expect_bits_equal(a.dw, b.dw, "backward_weights");
+}
+
+TEST(LinearInt16, MatchesConvolutionAndFp64) {
+  const int N = 37, C = 70, K = 19;
+  const auto x = random_vec(size_t(N) * C, 41, 0.f, 2.f);
+  const auto w = random_vec(size_t(K) * C, 42, -0.1f, 0.1f);
+  const auto dy = random_vec(size_t(N) * K, 43, -0.01f, 0.01f);
+  std::vector<float> y(N * K), dx(N * C), dw(K * C), y0(N * K), dx0(N * C), dw0(K * C);
+  Context ctx(ContextOptions{.threads = 2});
+  LinearInt16 fc(ctx, N, C, K);
+  fc.set_weights(w.data());
+  fc.quantize_input(x.data());
+  fc.quantize_grad_output(dy.data());
+  fc.forward(y.data());
+  fc.backward_data(dx.data());
+  fc.backward_weights(dw.data());
+  LinearInt16 fc_ref(ref_ctx(), N, C, K);
+  fc_ref.set_weights(w.data());
+  fc_ref.quantize_input(x.data());
+  fc_ref.quantize_grad_output(dy.data());
+  fc_ref.forward(y0.data());
+  fc_ref.backward_data(dx0.data());
+  fc_ref.backward_weights(dw0.data());
+  expect_bits_equal(y, y0, "linear forward");
+  expect_bits_equal(dx, dx0, "linear backward_data");
+  expect_bits_equal(dw, dw0, "linear backward_weights");
+  const ConvStats& st = fc.stats();
+  const double ax = test::dfp16_step(st.x.exponent) / 2, aw = test::dfp16_step(st.w.exponent) / 2,
+               ag = test::dfp16_step(st.dy.exponent) / 2;
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      double ref = 0, b = 0;
+      for (int c = 0; c < C; ++c) {
+        ref += double(x[n * C + c]) * w[k * C + c];
+        b += std::fabs(x[n * C + c]) * aw + std::fabs(w[k * C + c]) * ax + ax * aw;
+      }
+      ASSERT_LE(std::fabs(y[n * K + k] - ref), b + std::fabs(ref) * test::kFp32Flush);
+    }
+  for (int k = 0; k < K; ++k)
+    for (int c = 0; c < C; ++c) {
+      double ref = 0, b = 0;
+      for (int n = 0; n < N; ++n) {
+        ref += double(x[n * C + c]) * dy[n * K + k];
+        b += std::fabs(x[n * C + c]) * ag + std::fabs(dy[n * K + k]) * ax + ax * ag;
+      }
+      ASSERT_LE(std::fabs(dw[k * C + c] - ref), b + std::fabs(ref) * test::kFp32Flush);
+    }
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) {
+      double ref = 0, b = 0;
+      for (int k = 0; k < K; ++k) {
+        ref += double(dy[n * K + k]) * w[k * C + c];
+        b += std::fabs(dy[n * K + k]) * aw + std::fabs(w[k * C + c]) * ag + ag * aw;
+      }
+      ASSERT_LE(std::fabs(dx[n * C + c] - ref), b + std::fabs(ref) * test::kFp32Flush);
+    }
+}
+
+TEST(ConvInt16, ClearErrors) {
+  Context ctx(ContextOptions{.threads = 1});
+  ConvShape bad = make(1, 3, 4, 4, 8, 3, 3, 0, 1);
+  try {
+    ConvInt16 c(ctx, bad, {}, "layer2.conv1");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer2.conv1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("stride_h"), std::string::npos) << e.what();
+  }
+  const ConvShape s = make(1, 3, 4, 4, 8, 3, 3, 1, 1);
+  ConvInt16 c(ctx, s, {}, "conv1");
+  std::vector<float> y(blocked_size(1, 8, 4, 4));
+  EXPECT_THROW(c.forward(y.data()), Error);  // no weights yet
+  std::vector<float> xb(blocked_size(1, 3, 4, 4), 1.f);
+  xb[5] = NAN;
+  try {
+    c.quantize_input(xb.data());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::numerical_error);
+    EXPECT_NE(std::string(e.what()).find("conv1"), std::string::npos) << e.what();
+  }
+}

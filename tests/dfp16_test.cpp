@@ -1,0 +1,244 @@
+// DFP16 format: exponent choice, rounding modes, saturation, edge cases, and bit-identity of the
+// AVX-512 kernels with the scalar reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/dfp16.hpp"
+#include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
+#include "tests/common/reference.hpp"
+#include "tests/common/tolerance.hpp"
+
+using namespace dfp;
+
+namespace {
+
+Context& ref_ctx() {
+  static Context c(ContextOptions{.threads = 1, .isa = "ref"});
+  return c;
+}
+Context& best_ctx() {
+  static Context c(ContextOptions{.threads = 2});
+  return c;
+}
+
+QuantOptions opts(int headroom, Rounding r, uint64_t seed = 7) {
+  QuantOptions o;
+  o.headroom = headroom;
+  o.rounding = r;
+  o.seed = seed;
+  o.name = "t";
+  return o;
+}
+
+}  // namespace
+
+TEST(Dfp16Exponent, LargestElementLandsInTopBinade) {
+  for (int h = 0; h <= 4; ++h) {
+    for (float m : {1.f, 1.5f, 3.99f, 1e-3f, 7e5f}) {
+      const int e = dfp16_exponent(m, h);
+      const double scaled = std::ldexp(double(m), -e);
+      EXPECT_GE(scaled, std::ldexp(1.0, 14 - h)) << m << " h=" << h;
+      EXPECT_LT(scaled, std::ldexp(1.0, 15 - h)) << m << " h=" << h;
+    }
+  }
+  EXPECT_EQ(dfp16_exponent(0.f, 2), 0);
+  // Denormal maximum: ilogb is exact there.
+  EXPECT_EQ(dfp16_exponent(std::ldexp(1.f, -140), 0), -154);
+}
+
+TEST(Dfp16Quantize, AllZeroTensor) {
+  std::vector<float> x(1000, 0.f);
+  std::vector<int16_t> q(x.size(), 5);
+  const QuantStats st = quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), opts(2, Rounding::nearest_even));
+  EXPECT_EQ(st.exponent, 0);
+  EXPECT_EQ(st.max_abs_int, 0);
+  for (int16_t v : q) EXPECT_EQ(v, 0);
+}
+
+TEST(Dfp16Quantize, SingleHugeOutlierFlushesSmallValues) {
+  std::vector<float> x(100, 1.f);
+  x[37] = 1e30f;
+  std::vector<int16_t> q(x.size());
+  const QuantStats st = quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), opts(2, Rounding::nearest_even));
+  EXPECT_EQ(st.saturated, 0u);
+  EXPECT_GE(q[37], 4096);
+  EXPECT_LT(q[37], 8192);
+  EXPECT_EQ(st.max_abs_int, q[37]);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (i != 37) EXPECT_EQ(q[i], 0) << i;
+  }  // 1.0 is ~2^-100 of the outlier: below one step
+}
+
+TEST(Dfp16Quantize, DenormalsRoundTrip) {
+  std::vector<float> x = test::random_vec(333, 3);
+  for (auto& v : x) v = std::ldexp(v, -135);  // all subnormal
+  std::vector<int16_t> q(x.size());
+  std::vector<float> back(x.size());
+  const QuantStats st = quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), opts(1, Rounding::nearest_even));
+  dequantize_dfp16(best_ctx(), q.data(), st.exponent, back.data(), x.size());
+  float m = 0;
+  for (float v : x) m = std::max(m, std::fabs(v));
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_LE(std::fabs(back[i] - x[i]), m * test::dfp16_roundtrip_rel(1)) << i;
+}
+
+TEST(Dfp16Quantize, NonFiniteIsAnErrorNamingTheTensor) {
+  std::vector<float> x(50, 0.5f);
+  x[17] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int16_t> q(x.size());
+  QuantOptions o = opts(2, Rounding::nearest_even);
+  o.name = "conv3.activations";
+  try {
+    quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), o);
+    FAIL() << "expected dfp::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::numerical_error);
+    EXPECT_NE(std::string(e.what()).find("conv3.activations"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("element 17"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dfp16Quantize, NonFiniteCountPolicyStoresZero) {
+  std::vector<float> x(50, 0.5f);
+  x[3] = std::numeric_limits<float>::infinity();
+  x[9] = -std::numeric_limits<float>::infinity();
+  x[11] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int16_t> q(x.size());
+  QuantOptions o = opts(2, Rounding::nearest_even);
+  o.nonfinite = NonFinitePolicy::count;
+  const QuantStats st = quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), o);
+  EXPECT_EQ(st.nonfinite, 3u);
+  EXPECT_EQ(st.max_abs, 0.5f);  // the exponent ignores them
+  EXPECT_EQ(q[3], 0);
+  EXPECT_EQ(q[9], 0);
+  EXPECT_EQ(q[11], 0);
+  EXPECT_EQ(q[0], 4096);  // 0.5 = 2^-1 with headroom 2 maps to 2^12
+}
+
+TEST(Dfp16Quantize, NearestTiesGoToEven) {
+  const std::vector<float> x = {0.5f, 1.5f, 2.5f, 3.5f, -0.5f, -1.5f, -2.5f, -3.5f, 2.4f, 2.6f};
+  const std::vector<int16_t> want = {0, 2, 2, 4, 0, -2, -2, -4, 2, 3};
+  for (Context* c : {&ref_ctx(), &best_ctx()}) {
+    std::vector<int16_t> q(x.size());
+    quantize_dfp16_with_exponent(*c, x.data(), q.data(), x.size(), 0, opts(0, Rounding::nearest_even));
+    EXPECT_EQ(q, want);
+  }
+}
+
+TEST(Dfp16Quantize, BiasedRoundsMagnitudeUpFromOneQuarter) {
+  const std::vector<float> x = {2.25f, 2.2f, -2.25f, -2.2f, 0.25f, -0.24f, 7.75f};
+  const std::vector<int16_t> want = {3, 2, -3, -2, 1, 0, 8};
+  for (Context* c : {&ref_ctx(), &best_ctx()}) {
+    std::vector<int16_t> q(x.size());
+    quantize_dfp16_with_exponent(*c, x.data(), q.data(), x.size(), 0, opts(0, Rounding::biased));
+    EXPECT_EQ(q, want);
+  }
+}
+
+TEST(Dfp16Quantize, SaturatesSymmetricallyNeverMinus32768) {
+  // Headroom 0: the maximum can round up to 2^15, which must clamp to 32767 (not wrap to -32768).
+  const std::vector<float> x = {32767.75f, -32767.75f, 100.f};
+  // With a given exponent, an out-of-range value (an exponent predicted from history) clamps too.
+  const std::vector<float> y = {-32768.f, 40000.f, -5.f};
+  for (Context* c : {&ref_ctx(), &best_ctx()}) {
+    std::vector<int16_t> q(x.size());
+    const QuantStats st = quantize_dfp16(*c, x.data(), q.data(), x.size(), opts(0, Rounding::nearest_even));
+    EXPECT_EQ(st.exponent, 0);
+    EXPECT_EQ(q, (std::vector<int16_t>{32767, -32767, 100}));
+    EXPECT_EQ(st.saturated, 2u);
+    EXPECT_EQ(st.max_abs_int, 32767);
+    const QuantStats s2 = quantize_dfp16_with_exponent(*c, y.data(), q.data(), y.size(), 0, opts(0, Rounding::stochastic));
+    EXPECT_EQ(q, (std::vector<int16_t>{-32767, 32767, -5}));
+    EXPECT_EQ(s2.saturated, 2u);
+  }
+}
+
+TEST(Dfp16Quantize, StochasticIsUnbiased) {
+  const size_t n = 1 << 20;
+  for (float v : {0.3f, -0.3f, 0.75f, 5.125f}) {
+    std::vector<float> x(n, v);
+    std::vector<int16_t> q(n);
+    quantize_dfp16_with_exponent(best_ctx(), x.data(), q.data(), n, 0, opts(0, Rounding::stochastic, 1234));
+    double sum = 0;
+    for (int16_t i : q) sum += i;
+    const double f = v - std::floor(v);
+    const double sigma = std::sqrt(f * (1 - f) / n);
+    EXPECT_NEAR(sum / n, v, test::kStochasticZ * sigma) << v;
+    for (int16_t i : q) ASSERT_TRUE(i == std::floor(v) || i == std::floor(v) + 1);
+  }
+}
+
+TEST(Dfp16Quantize, StochasticDependsOnlyOnSeedAndIndex) {
+  const std::vector<float> x = test::random_vec(100003, 5, -3.f, 3.f);
+  auto run = [&](Context& c, uint64_t seed) {
+    std::vector<int16_t> q(x.size());
+    quantize_dfp16(c, x.data(), q.data(), x.size(), opts(1, Rounding::stochastic, seed));
+    return q;
+  };
+  Context one(ContextOptions{.threads = 1});
+  const auto a = run(one, 42), b = run(best_ctx(), 42), c = run(ref_ctx(), 42), d = run(best_ctx(), 43);
+  EXPECT_EQ(a, b);  // thread count
+  EXPECT_EQ(a, c);  // ISA
+  EXPECT_NE(a, d);  // seed
+}
+
+// Every ISA the CPU has produces the reference's bits, in every mode, on tails too.
+class Dfp16Isa : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Dfp16Isa, BitIdenticalToReference) {
+  const CpuFeatures f = detect_cpu_features();
+  const Isa isa = parse_isa(GetParam(), "test");
+  if (!f.supports(isa)) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 2, .isa = GetParam()});
+  for (size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(1000), size_t(70001)}) {
+    std::vector<float> x = test::random_vec(n, uint32_t(n), -2.f, 2.f);
+    x[n / 2] = 3.75f;
+    for (Rounding r : {Rounding::nearest_even, Rounding::stochastic, Rounding::biased})
+      for (int h : {0, 2, 5}) {
+        std::vector<int16_t> q0(n), q1(n);
+        const QuantStats s0 = quantize_dfp16(ref_ctx(), x.data(), q0.data(), n, opts(h, r, 99));
+        const QuantStats s1 = quantize_dfp16(c, x.data(), q1.data(), n, opts(h, r, 99));
+        ASSERT_EQ(q0, q1) << "n=" << n << " rounding=" << rounding_name(r) << " h=" << h;
+        EXPECT_EQ(s0.exponent, s1.exponent);
+        EXPECT_EQ(s0.max_abs_int, s1.max_abs_int);
+        EXPECT_EQ(s0.saturated, s1.saturated);
+        std::vector<float> d0(n), d1(n);
+        dequantize_dfp16(ref_ctx(), q0.data(), s0.exponent, d0.data(), n);
+        dequantize_dfp16(c, q1.data(), s1.exponent, d1.data(), n);
+        ASSERT_EQ(0, std::memcmp(d0.data(), d1.data(), n * sizeof(float)));
+      }
+    std::vector<int16_t> a(n), b(n), i0(2 * n), i1(2 * n);
+    for (size_t i = 0; i < n; ++i) { a[i] = int16_t(i * 7); b[i] = int16_t(-int(i)); }
+    simd::ref::interleave(a.data(), b.data(), i0.data(), n);
+    c.kernels().interleave.fn(a.data(), b.data(), i1.data(), n);
+    ASSERT_EQ(i0, i1);
+    c.kernels().interleave.fn(a.data(), nullptr, i1.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(i1[2 * i + 1], 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::Values("avx512bw", "avx512vnni"));
+
+TEST(Dfp16Quantize, RejectsBadHeadroom) {
+  std::vector<float> x(4, 1.f);
+  std::vector<int16_t> q(4);
+  EXPECT_THROW(quantize_dfp16(best_ctx(), x.data(), q.data(), 4, opts(9, Rounding::nearest_even)), Error);
+  EXPECT_THROW(parse_rounding("up", "flag --round-weights"), Error);
+}
+
+TEST(Context, RejectsUnknownIsa) {
+  try {
+    Context c(ContextOptions{.isa = "avx9000"});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("avx9000"), std::string::npos);
+  }
+}
