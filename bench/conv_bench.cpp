@@ -1,8 +1,9 @@
 // Convolution throughput: dfp's INT16 (DFP16) kernels against oneDNN FP32 and BF16, per layer of
 // bench/conv_shapes.hpp, per pass (fwd, bwd_data, bwd_weights), per thread count.
 //
-// Benchmark names: conv/<layer>/<pass>/<impl>/threads:<t>, impl in {int16, onednn_f32,
-// onednn_bf16}. Counter GOPS = 2*N*K*C*R*S*OH*OW / wall time, in 1e9 operations per second; the
+// Benchmark names: conv/<layer>/<pass>/<impl>/threads:<t>/real_time, impl in {int16, onednn_f32,
+// onednn_bf16} (Google Benchmark appends "/real_time" because of UseRealTime(): wall time is the
+// only fair clock when the work runs on TBB or OpenMP worker threads). Counter GOPS = 2*N*K*C*R*S*OH*OW / wall time, in 1e9 operations per second; the
 // label is the implementation that ran. bench/ratio_table.py turns the JSON output into the
 // comparison table.
 //
@@ -18,7 +19,9 @@
 // Extra flags (consumed before Google Benchmark parses the rest):
 //   --threads=1,2     thread counts to register (dfp::Context threads = OpenMP threads for oneDNN)
 // Defaults applied unless given on the command line: --benchmark_min_time=0.2.
-// Run one thread count with e.g. --benchmark_filter='threads:2$'.
+// Run one thread count with e.g. --benchmark_filter='threads:2/'. The peer numbers were taken with
+// OMP_PROC_BIND=true OMP_PLACES=cores; use the same environment, on an otherwise idle machine
+// (OpenMP's spinning workers collapse when another process competes for the cores).
 #include <benchmark/benchmark.h>
 #include <oneapi/dnnl/dnnl.hpp>
 

@@ -99,7 +99,7 @@ class ConvInt16 {
   void quantize_input_with_exponent(const float* x, int exponent);
 
   // The three passes on the quantized operands. Outputs are FP32.
-  void forward(float* y) ;                 // y: nChw16c [N][K/16][OH][OW][16]
+  void forward(float* y);                  // y: nChw16c [N][K/16][OH][OW][16]
   void backward_data(float* dx);           // dx: nChw16c [N][C/16][H][W][16]
   void backward_weights(float* dw_kcrs);   // dw: [K][C][R][S]
 

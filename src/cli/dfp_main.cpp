@@ -2,8 +2,12 @@
 //   dfp info [--threads N] [--isa LEVEL]   CPU features, the kernel chosen per op, versions
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -76,12 +80,87 @@ int cmd_info(Args& args) {
   return 0;
 }
 
+// Median seconds per call of fn over `reps` timed runs (after one warm-up call).
+double median_seconds(const std::function<void()>& fn, int reps) {
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// A short summary of the INT16 kernels against oneDNN FP32 on ResNet layers. The full per-layer
+// comparison with oneDNN BF16 lives in bench/ (Google Benchmark).
+int cmd_bench(Args& args) {
+  dfp::ContextOptions opt;
+  int reps = 5;
+  std::string a;
+  while (args.next(a)) {
+    if (a == "--threads") opt.threads = to_int(a, args.value(a));
+    else if (a == "--isa") opt.isa = args.value(a);
+    else if (a == "--reps") reps = std::max(1, to_int(a, args.value(a)));
+    else dfp::fail(dfp::Status::invalid_argument, "dfp bench: unknown flag '" + a + "' (known: --threads, --isa, --reps)");
+  }
+  dfp::Context ctx(opt);
+  struct Layer { const char* name; dfp::ConvShape s; };
+  auto conv = [](int n, int c, int hw, int k, int r, int stride) {
+    dfp::ConvShape s;
+    s.N = n; s.C = c; s.H = s.W = hw; s.K = k; s.R = s.S = r;
+    s.stride_h = s.stride_w = stride;
+    s.pad_h = s.pad_w = r / 2;
+    return s;
+  };
+  const std::vector<Layer> layers = {
+      {"resnet20 16x16 32x32 3x3 b128", conv(128, 16, 32, 16, 3, 1)},
+      {"resnet20 32x32 16x16 3x3 b128", conv(128, 32, 16, 32, 3, 1)},
+      {"resnet20 64x64 8x8 3x3 b128", conv(128, 64, 8, 64, 3, 1)},
+      {"resnet50 64x64 56x56 3x3 b8", conv(8, 64, 56, 64, 3, 1)},
+      {"resnet50 256x64 56x56 1x1 b8", conv(8, 256, 56, 64, 1, 1)},
+  };
+  std::printf("INT16 (DFP16, %s) vs oneDNN FP32, %d thread(s), median of %d; GOP/s = 2*N*K*C*R*S*OH*OW / time\n",
+              dfp::isa_name(ctx.isa()), ctx.threads(), reps);
+  std::printf("%-32s %-11s %9s %9s %7s\n", "layer", "pass", "int16", "fp32", "ratio");
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const Layer& l : layers) {
+    const dfp::ConvShape& s = l.s;
+    std::vector<float> x(dfp::blocked_size(s.N, s.C, s.H, s.W)), w(size_t(s.K) * s.C * s.R * s.S),
+        dy(dfp::blocked_size(s.N, s.K, s.OH(), s.OW())), y(dy.size()), dx(x.size()), dw(w.size());
+    for (auto& v : x) v = u(gen);
+    for (auto& v : w) v = 0.1f * u(gen);
+    for (auto& v : dy) v = 1e-3f * u(gen);
+    dfp::ConvInt16 q(ctx, s);
+    dfp::ConvF32 f(ctx, s);
+    q.set_weights(w.data());
+    f.set_weights(w.data());
+    q.quantize_input(x.data());
+    q.quantize_grad_output(dy.data());
+    const double gop = s.ops() / 1e9;
+    const double t16[3] = {median_seconds([&] { q.forward(y.data()); }, reps),
+                           median_seconds([&] { q.backward_data(dx.data()); }, reps),
+                           median_seconds([&] { q.backward_weights(dw.data()); }, reps)};
+    const double t32[3] = {median_seconds([&] { f.forward(x.data(), y.data()); }, reps),
+                           median_seconds([&] { f.backward_data(dy.data(), dx.data()); }, reps),
+                           median_seconds([&] { f.backward_weights(x.data(), dy.data(), dw.data()); }, reps)};
+    const char* pass[3] = {"fwd", "bwd_data", "bwd_weights"};
+    for (int p = 0; p < 3; ++p)
+      std::printf("%-32s %-11s %9.1f %9.1f %6.2fx\n", l.name, pass[p], gop / t16[p], gop / t32[p], t32[p] / t16[p]);
+  }
+  return 0;
+}
+
 void usage() {
   std::puts(
       "usage: dfp <command> [flags]\n"
       "commands:\n"
       "  info     CPU features, kernels chosen per op and precision, library versions\n"
-      "           flags: --threads N, --isa ref|avx512bw|avx512vnni");
+      "           flags: --threads N, --isa ref|avx512bw|avx512vnni\n"
+      "  bench    short INT16 vs oneDNN FP32 convolution summary (full tables: bench/)\n"
+      "           flags: --threads N, --isa LEVEL, --reps N");
 }
 
 }  // namespace
@@ -96,6 +175,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (cmd == "info") return cmd_info(args);
+    if (cmd == "bench") return cmd_bench(args);
     std::fprintf(stderr, "dfp: unknown command '%s'\n", cmd.c_str());
     usage();
     return 2;

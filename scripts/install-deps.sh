@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what dfp needs from Debian 12's own packages (nothing else is downloaded).
+# Runs apt-get only when something is missing.
+set -euo pipefail
+pkgs=(cmake g++ make libdnnl-dev libtbb-dev libxsimd-dev libgtest-dev libbenchmark-dev zlib1g-dev
+      dataset-fashion-mnist)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "dfp: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
