@@ -19,9 +19,10 @@
 // Extra flags (consumed before Google Benchmark parses the rest):
 //   --threads=1,2     thread counts to register (dfp::Context threads = OpenMP threads for oneDNN)
 // Defaults applied unless given on the command line: --benchmark_min_time=0.2.
-// Run one thread count with e.g. --benchmark_filter='threads:2/'. The peer numbers were taken with
-// OMP_PROC_BIND=true OMP_PLACES=cores; use the same environment, on an otherwise idle machine
-// (OpenMP's spinning workers collapse when another process competes for the cores).
+// Run one thread count with e.g. --benchmark_filter='threads:2/'. Do NOT set OMP_PROC_BIND: it
+// pins the calling thread to one core when oneDNN first runs, and the TBB workers that dfp's INT16
+// kernels use (created later, per benchmark) inherit that one-core mask, halving INT16 throughput
+// on 2 cores. oneDNN measures the same without it on this machine. Run on an otherwise idle machine.
 #include <benchmark/benchmark.h>
 #include <oneapi/dnnl/dnnl.hpp>
 

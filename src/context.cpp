@@ -10,11 +10,30 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
+#include <tbb/task_scheduler_observer.h>
 
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace dfp {
+
+// OpenMP with OMP_PROC_BIND pins the thread that first runs a parallel region (our caller) to one
+// core. Threads created afterwards inherit that one-core mask, so TBB's workers would all share
+// the caller's core. This observer gives every thread entering our arena the affinity mask the
+// process had when the Context was created.
+class AffinityRestorer : public tbb::task_scheduler_observer {
+ public:
+  AffinityRestorer(tbb::task_arena& arena, const cpu_set_t& mask) : tbb::task_scheduler_observer(arena), mask_(mask) {
+    observe(true);
+  }
+  ~AffinityRestorer() override { observe(false); }
+  void on_scheduler_entry(bool is_worker) override {
+    if (is_worker) sched_setaffinity(0, sizeof(mask_), &mask_);
+  }
+
+ private:
+  cpu_set_t mask_;
+};
 
 struct Context::Impl {
   int threads = 1;
@@ -23,6 +42,7 @@ struct Context::Impl {
   uint64_t seed = 1;
   LogSink log;
   tbb::task_arena arena;
+  std::unique_ptr<AffinityRestorer> restorer;
 };
 
 static int available_cores() {
@@ -57,10 +77,15 @@ Context::Context(const ContextOptions& o) : impl_(std::make_unique<Impl>()) {
   }
   impl_->kernels = simd::make_kernel_table(isa);
   impl_->arena.initialize(impl_->threads);
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0)
+    impl_->restorer = std::make_unique<AffinityRestorer>(impl_->arena, mask);
   bind_openmp();
 }
 
-Context::~Context() = default;
+Context::~Context() {
+  if (impl_) impl_->restorer.reset();  // stop observing before the arena goes away
+}
 
 int Context::threads() const noexcept { return impl_->threads; }
 Isa Context::isa() const noexcept { return impl_->kernels.isa; }

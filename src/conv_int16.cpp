@@ -105,6 +105,14 @@ struct ConvInt16::Impl {
   AlignedBuffer<float> dw_part;
   int64_t wf_unit_l1 = 0, wf_pair_l1 = 0, wb_unit_l1 = 0, wb_pair_l1 = 0;
   bool have_w = false, have_x = false, have_dy = false;
+  uint64_t step = 0;
+
+  // The stochastic stream of one quantization: the base seed mixed with the step.
+  QuantOptions at_step(const QuantOptions& q) const {
+    QuantOptions o = q;
+    o.seed = q.seed ^ (step * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL);
+    return o;
+  }
 
   Impl(const Context& c, const ConvShape& s, const DfpConvOptions& o, std::string n)
       : ctx(c), sh(s), opt(o), name(std::move(n)) {
@@ -200,7 +208,7 @@ struct ConvInt16::Impl {
   // ---- weights ----------------------------------------------------------------------------
   void set_weights(const float* w) {
     const size_t n = size_t(sh.K) * sh.C * T;
-    stats.w = quantize_dfp16(ctx, w, wq.data(), n, opt.weights);
+    stats.w = quantize_dfp16(ctx, w, wq.data(), n, at_step(opt.weights));
     // Pack both layouts and measure the L1 norms that bound the INT32 chains.
     int64_t f_unit = 0, f_pair = 0, b_unit = 0, b_pair = 0;
     auto wv = [&](int k, int c, int t) -> int16_t {
@@ -307,13 +315,13 @@ struct ConvInt16::Impl {
 
   void quantize_input(const float* x, const int* exponent) {
     stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq.data(), Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), Hp, Wp,
-                               sh.pad_h, sh.pad_w, opt.activations, exponent);
+                               sh.pad_h, sh.pad_w, at_step(opt.activations), exponent);
     have_x = true;
   }
 
   void quantize_grad_output(const float* dy) {
     stats.dy = quantize_blocked(dy, KB, OH, OW, dyq.data(), OHb, OWb, pt, pl, dyp.data(), OH, OW, 0, 0,
-                                opt.gradients, nullptr);
+                                at_step(opt.gradients), nullptr);
     have_dy = true;
   }
 
@@ -584,6 +592,7 @@ const ConvStats& ConvInt16::stats() const noexcept { return impl_->stats; }
 const char* ConvInt16::kernel_name() const noexcept {
   return impl_->opt.verify ? "conv_s16s16f32__ref_int64_shadow" : impl_->ctx.kernels().conv_s16_pixel.name;
 }
+void ConvInt16::set_step(uint64_t step) { impl_->step = step; }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w); }
 void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, nullptr); }
 void ConvInt16::quantize_input_with_exponent(const float* x, int e) { impl_->quantize_input(x, &e); }

@@ -45,6 +45,7 @@ LinearInt16::LinearInt16(LinearInt16&&) noexcept = default;
 LinearInt16& LinearInt16::operator=(LinearInt16&&) noexcept = default;
 
 const ConvStats& LinearInt16::stats() const noexcept { return impl_->conv.stats(); }
+void LinearInt16::set_step(uint64_t step) { impl_->conv.set_step(step); }
 void LinearInt16::set_weights(const float* w_kc) { impl_->conv.set_weights(w_kc); }
 
 void LinearInt16::quantize_input(const float* x) {

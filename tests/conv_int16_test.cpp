@@ -76,7 +76,7 @@ Outputs run_int16(const Context& ctx, const ConvShape& s, const std::vector<floa
   from_blocked(dxb.data(), out.dx.data(), s.N, s.C, s.H, s.W);
   // Padding lanes must come out as zero.
   for (size_t i = 0; i < yb.size(); ++i) {
-    if ((i % 16) + 16 * ((i / (16 * size_t(OH) * OW)) % channel_blocks(s.K)) >= size_t(s.K)) EXPECT_EQ(yb[i], 0.f);
+    if ((i % 16) + 16 * ((i / (16 * size_t(OH) * OW)) % channel_blocks(s.K)) >= size_t(s.K)) { EXPECT_EQ(yb[i], 0.f); }
   }
   out.stats = conv.stats();
   return out;

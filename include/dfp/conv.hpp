@@ -87,6 +87,10 @@ class ConvInt16 {
   // Name of the micro-kernel each pass runs on this context.
   const char* kernel_name() const noexcept;
 
+  // Training step whose stochastic-rounding streams the next quantizations use: the stream of
+  // element n is a function of (seed, step, n), so steps do not reuse random numbers and a resumed
+  // run reproduces an uninterrupted one.
+  void set_step(uint64_t step);
   // FP32 weights [K][C][R][S] -> one DFP16 tensor, packed once into the forward layout (pairs
   // along C) and the backward-data layout (pairs along K). Call once per weight version.
   void set_weights(const float* w_kcrs);
@@ -118,6 +122,7 @@ class LinearInt16 {
   LinearInt16& operator=(LinearInt16&&) noexcept;
 
   const ConvStats& stats() const noexcept;
+  void set_step(uint64_t step);                // see ConvInt16::set_step
   void set_weights(const float* w_kc);         // [out][in]
   void quantize_input(const float* x_nc);      // [batch][in]
   void quantize_grad_output(const float* dy_nk);

@@ -8,12 +8,15 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
+#include "dfp/models.hpp"
 #include "dfp/status.hpp"
+#include "dfp/trainer.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace {
@@ -153,6 +156,86 @@ int cmd_bench(Args& args) {
   return 0;
 }
 
+float to_float(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const float x = std::stof(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  dfp::fail(dfp::Status::invalid_argument, "flag " + flag + ": expected a number, got '" + v + "'");
+}
+
+void print_line(const std::string& s) {
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+}
+
+int cmd_train(Args& args) {
+  dfp::TrainConfig c;
+  std::string a, overrides;
+  while (args.next(a)) {
+    if (a == "--model" || a == "-a" || a == "--arch") c.model = args.value(a);
+    else if (a == "--dataset") c.dataset = args.value(a);
+    else if (a == "--data") c.data = args.value(a);
+    else if (a == "--precision") c.policy.precision = dfp::parse_precision(args.value(a), "flag --precision");
+    else if (a == "--keep-fp32") overrides = args.value(a);
+    else if (a == "--headroom") {
+      const int h = to_int(a, args.value(a));
+      c.policy.dfp.weights.headroom = c.policy.dfp.activations.headroom = c.policy.dfp.gradients.headroom = h;
+    } else if (a == "--round-weights") c.policy.dfp.weights.rounding = dfp::parse_rounding(args.value(a), a);
+    else if (a == "--round-activations") c.policy.dfp.activations.rounding = dfp::parse_rounding(args.value(a), a);
+    else if (a == "--round-gradients") c.policy.dfp.gradients.rounding = dfp::parse_rounding(args.value(a), a);
+    else if (a == "--epochs") c.epochs = to_int(a, args.value(a));
+    else if (a == "--batch-size" || a == "-b") c.batch_size = to_int(a, args.value(a));
+    else if (a == "--lr") c.lr = to_float(a, args.value(a));
+    else if (a == "--momentum") c.momentum = to_float(a, args.value(a));
+    else if (a == "--wd" || a == "--weight-decay") c.weight_decay = to_float(a, args.value(a));
+    else if (a == "--nesterov") c.nesterov = true;
+    else if (a == "--schedule") c.schedule = args.value(a);
+    else if (a == "--warmup-epochs") c.warmup_epochs = to_int(a, args.value(a));
+    else if (a == "--milestones") {
+      std::string v = args.value(a), item;
+      std::stringstream ss(v);
+      while (std::getline(ss, item, ',')) c.milestones.push_back(to_int(a, item));
+    } else if (a == "--gamma") c.gamma = to_float(a, args.value(a));
+    else if (a == "--step-epochs") c.step_epochs = to_int(a, args.value(a));
+    else if (a == "--label-smoothing") c.label_smoothing = to_float(a, args.value(a));
+    else if (a == "--no-augment") c.augment = false;
+    else if (a == "--threads") c.threads = to_int(a, args.value(a));
+    else if (a == "--isa") c.isa = args.value(a);
+    else if (a == "--seed") c.seed = static_cast<uint64_t>(to_int(a, args.value(a)));
+    else if (a == "--out") c.out = args.value(a);
+    else if (a == "--resume") c.resume = args.value(a);
+    else if (a == "--limit-train") c.limit_train = to_int(a, args.value(a));
+    else if (a == "--limit-test") c.limit_test = to_int(a, args.value(a));
+    else if (a == "--print-every") c.print_every = std::max(1, to_int(a, args.value(a)));
+    else dfp::fail(dfp::Status::invalid_argument, "dfp train: unknown flag '" + a + "' (see dfp --help)");
+  }
+  // --keep-fp32 conv1,fc  ==  overrides conv1=fp32,fc=fp32
+  std::stringstream ss(overrides);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) c.policy.overrides.emplace_back(item, dfp::Precision::fp32);
+  dfp::train(c, print_line);
+  return 0;
+}
+
+int cmd_eval(Args& args) {
+  std::string a, ckpt, data;
+  int threads = 0;
+  while (args.next(a)) {
+    if (a == "--checkpoint") ckpt = args.value(a);
+    else if (a == "--data") data = args.value(a);
+    else if (a == "--threads") threads = to_int(a, args.value(a));
+    else dfp::fail(dfp::Status::invalid_argument, "dfp eval: unknown flag '" + a + "' (known: --checkpoint, --data, --threads)");
+  }
+  DFP_CHECK(!ckpt.empty(), dfp::Status::invalid_argument, "dfp eval: --checkpoint FILE is required");
+  const dfp::EvalResult r = dfp::evaluate_checkpoint(ckpt, data, threads, print_line);
+  std::printf("test loss %.4f top1 %.2f%% top5 %.2f%% (%d images)\n", r.loss, r.top1, r.top5, r.images);
+  return 0;
+}
+
 void usage() {
   std::puts(
       "usage: dfp <command> [flags]\n"
@@ -160,7 +243,13 @@ void usage() {
       "  info     CPU features, kernels chosen per op and precision, library versions\n"
       "           flags: --threads N, --isa ref|avx512bw|avx512vnni\n"
       "  bench    short INT16 vs oneDNN FP32 convolution summary (full tables: bench/)\n"
-      "           flags: --threads N, --isa LEVEL, --reps N");
+      "           flags: --threads N, --isa LEVEL, --reps N\n"
+      "  train    train a model: --model resnet20 --dataset fashion-mnist|mnist|cifar10|cifar100 [--data DIR]\n"
+      "           --precision fp32|int16 [--keep-fp32 conv1,fc] [--headroom N] [--round-gradients stochastic]\n"
+      "           --epochs N --batch-size N --lr F [--momentum F --wd F --nesterov] --schedule cosine|step|multistep|constant\n"
+      "           [--warmup-epochs N --milestones 30,60 --gamma F] --threads N --seed N --out DIR [--resume FILE]\n"
+      "           [--limit-train N --limit-test N --label-smoothing F --no-augment]\n"
+      "  eval     --checkpoint FILE [--data DIR]: test loss, top-1, top-5");
 }
 
 }  // namespace
@@ -176,11 +265,16 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "info") return cmd_info(args);
     if (cmd == "bench") return cmd_bench(args);
+    if (cmd == "train") return cmd_train(args);
+    if (cmd == "eval") return cmd_eval(args);
     std::fprintf(stderr, "dfp: unknown command '%s'\n", cmd.c_str());
     usage();
     return 2;
   } catch (const dfp::Error& e) {
     std::fprintf(stderr, "dfp %s: %s: %s\n", cmd.c_str(), dfp::status_name(e.status()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dfp %s: %s\n", cmd.c_str(), e.what());
     return 1;
   }
 }

@@ -1,0 +1,134 @@
+// dfp: the data pipeline. Image-classification datasets in their published on-disk formats,
+// augmentation, and a prefetching batch loader that writes the blocked activation layout.
+//
+// Formats:
+//   IDX (MNIST, Fashion-MNIST): plain or gzip-compressed (zlib reads both transparently).
+//     images: big-endian uint32 magic 0x00000803, count, rows, cols, then count*rows*cols bytes;
+//     labels: big-endian uint32 magic 0x00000801, count, then count bytes.
+//   CIFAR-10 binary:  records of 1 label byte + 3072 pixel bytes (R, G, B planes of 32x32).
+//   CIFAR-100 binary: records of 1 coarse label byte + 1 fine label byte + 3072 pixel bytes.
+//
+// Errors: every problem with a file (missing, truncated, corrupt, wrong magic number, label out
+// of range, counts that disagree, trailing bytes) throws dfp::Error naming the file, the record
+// or header field, and what was expected. A loader never returns partially read data.
+//
+// Determinism: the shuffle order is a function of (seed, epoch) only, and each sample's
+// augmentation random numbers of (seed, epoch, the sample's index in the dataset) only, so a
+// Loader's batches are bit-identical for any thread count and any timing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dfp {
+
+class Context;
+
+// A whole dataset in memory, as 8-bit pixels.
+struct Dataset {
+  std::string name;
+  int count = 0, channels = 0, height = 0, width = 0, classes = 0;
+  std::vector<uint8_t> pixels;  // count * channels * height * width; CHW per image
+  std::vector<uint8_t> labels;  // count, each < classes
+
+  size_t image_bytes() const noexcept { return size_t(channels) * height * width; }
+  const uint8_t* image(int i) const noexcept { return pixels.data() + size_t(i) * image_bytes(); }
+};
+
+// One IDX image file and its IDX label file (each plain or gzip). channels = 1, height = rows,
+// width = cols; every label must be < classes. The dataset's name is the image file's name.
+Dataset load_idx(const std::string& images_file, const std::string& labels_file, int classes);
+
+// MNIST-style directory: {train,t10k}-{images-idx3,labels-idx1}-ubyte, optionally ending in
+// ".gz", and also accepted with "." instead of the second "-" (train-images.idx3-ubyte). 10
+// classes.
+Dataset load_mnist_like(const std::string& dir, bool train, const std::string& name);
+
+// CIFAR-10 binary version: train = every data_batch_*.bin in dir, in name order; test = every
+// test_batch*.bin. A file whose size is not a whole number of 3073-byte records is an error.
+Dataset load_cifar10(const std::string& dir, bool train);
+
+// CIFAR-100 binary version: dir/train.bin or dir/test.bin, 3074-byte records; the fine label
+// (100 classes) is the label, the coarse label is checked (< 20) and dropped.
+Dataset load_cifar100(const std::string& dir, bool train);
+
+// By name: "fashion-mnist" (path "" = /usr/share/datasets/fashion-mnist, the Debian package),
+// "mnist", "cifar10", "cifar100". An unknown name is Error(invalid_argument) listing the known
+// names; a missing directory or file is Error(io_error) naming what was looked for.
+Dataset load_dataset(const std::string& name, const std::string& path, bool train);
+
+// Augmentation applied to every image a Loader produces, in this order:
+//   1. pad > 0: zero-pad each side by `pad` pixels (value 0 in pixel space, as torchvision's
+//      RandomCrop(padding) does) and crop a random HxW window: offsets uniform in [0, 2*pad].
+//   2. hflip: mirror the image left-right with probability 1/2.
+//   3. normalise: x = (pixel/255 - mean[c]) / stddev[c]. mean and stddev are per channel; each
+//      is either empty (mean 0, stddev 1: plain pixel/255) or has exactly `channels` entries.
+struct AugmentOptions {
+  int pad = 0;
+  bool hflip = false;
+  std::vector<float> mean, stddev;
+};
+
+// One batch as produced by Loader::next().
+struct Batch {
+  // nChw16c: [batch][ceil(C/16)][H][W][16] floats; padding lanes (c >= C) are zero. When
+  // size < the loader's batch size, the images past `size` are all zero.
+  const float* images = nullptr;
+  // batch entries; entries past `size` are -1 (never a valid class).
+  const int32_t* labels = nullptr;
+  // Images in this batch: the loader's batch size, except possibly the last batch of an epoch
+  // when drop_last is false.
+  int size = 0;
+};
+
+// Prefetching batch loader.
+//
+// A background producer thread decodes and augments the batches ahead of the consumer, using
+// ctx.threads() threads (a oneTBB arena of its own, so that it never queues work inside the
+// training step's parallel loops), into a ring of preallocated buffers. Everything is allocated
+// in the constructor; producing a batch allocates nothing.
+//
+// Usage:  for (int e = 0; e < epochs; ++e) { loader.start_epoch(e); Batch b;
+//                                            while (loader.next(b)) train_step(b); }
+//
+// The Dataset is referenced, not copied: it must outlive the Loader and must not change while
+// the Loader exists. next() and start_epoch() are to be called from one thread.
+class Loader {
+ public:
+  Loader(const Context& ctx, const Dataset& d, int batch, bool shuffle, bool drop_last,
+         AugmentOptions aug, uint64_t seed);
+  // A temporary Dataset would dangle: keep the Dataset in a variable that outlives the Loader.
+  Loader(const Context& ctx, Dataset&& d, int batch, bool shuffle, bool drop_last, AugmentOptions aug,
+         uint64_t seed) = delete;
+  ~Loader();  // stops the producer, also in the middle of an epoch
+  Loader(Loader&&) noexcept;
+  Loader& operator=(Loader&&) noexcept;
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  int batch_size() const noexcept;
+  int batches_per_epoch() const noexcept;
+
+  // Begins epoch `epoch` (>= 0): the shuffle order and augmentation draws are those of
+  // (seed, epoch). May be called in the middle of an epoch: the rest of it is dropped. Resets
+  // data_wait_seconds(). Invalidates the pointers of the last Batch.
+  void start_epoch(int epoch);
+
+  // The next batch of the current epoch; false once the epoch has been consumed. The Batch's
+  // pointers stay valid until the next call to next() or start_epoch(). Calling next() before
+  // the first start_epoch() is Error(invalid_argument). An error in the producer is rethrown here.
+  bool next(Batch& out);
+
+  // Seconds next() spent blocked waiting for the producer since the last start_epoch(): near
+  // zero when the pipeline keeps up with the training step.
+  double data_wait_seconds() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dfp

@@ -1,0 +1,143 @@
+// dfp: the model graph, its precision policy, and the training-step interface.
+//
+// A Model is a graph of layers built through the methods below (each returns the new node);
+// shapes are inferred as the graph is built. build() plans every buffer once: parameters,
+// gradients, activations, scratch, and the per-layer INT16 or FP32 operators. A training step
+// (forward, backward, optimizer update) allocates nothing.
+//
+// Activations are FP32 in the blocked layout of conv.hpp ([N][ceil(C/16)][H][W][16]).
+// Precision is a runtime policy over this one set of layers: Conv2d and Linear run on DFP16
+// operands (all three passes, FP32 outputs) or in FP32; BatchNorm, ReLU, pooling, the loss, the
+// master weights and the optimizer are FP32 in every policy.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dfp/conv.hpp"
+
+namespace dfp {
+
+class Context;
+
+struct TensorShape {
+  int n = 0, c = 0, h = 0, w = 0;
+  size_t blocked_elements() const noexcept { return blocked_size(n, c, h, w); }
+};
+
+enum class Precision { fp32, int16 };
+const char* precision_name(Precision p) noexcept;
+Precision parse_precision(const std::string& text, const std::string& origin);
+
+// Which precision each Conv2d/Linear runs in, and the DFP16 numerics of the INT16 ones.
+struct PrecisionPolicy {
+  Precision precision = Precision::fp32;
+  // Per-layer overrides: glob patterns ('*' and '?') on layer names, first match wins.
+  // Example: {{"conv1", fp32}, {"fc", fp32}} keeps the first conv and the classifier in FP32.
+  std::vector<std::pair<std::string, Precision>> overrides;
+  DfpConvOptions dfp;  // headroom and rounding per tensor class (weights, activations, gradients)
+
+  Precision resolve(const std::string& layer_name) const;
+  // One line per setting, for logs and metrics.
+  std::string describe() const;
+  // Parses "conv1=fp32,fc=fp32" style override lists; throws naming `origin` on bad syntax.
+  static std::vector<std::pair<std::string, Precision>> parse_overrides(const std::string& text,
+                                                                         const std::string& origin);
+};
+
+// A trainable tensor: FP32 master values and gradient, owned by the model.
+struct Parameter {
+  std::string name;
+  float* value = nullptr;
+  float* grad = nullptr;
+  size_t size = 0;
+  bool decay = true;  // weight decay applies (PyTorch applies it to every parameter by default)
+};
+
+// Per-layer numerics observed on the last step (INT16 layers only).
+struct LayerNumerics {
+  std::string layer;
+  int exp_x = 0, exp_w = 0, exp_dy = 0;
+  int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;
+  uint64_t saturated = 0;
+  int64_t overflow_events = 0;
+};
+
+struct StepResult {
+  double loss = 0;     // mean over the batch
+  int correct1 = 0;    // top-1 hits
+  int correct5 = 0;    // top-5 hits
+  int count = 0;
+};
+
+class Model {
+ public:
+  using Node = int;
+
+  explicit Model(const Context& ctx, std::string name = "model");
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // ---- graph construction (names are optional; defaults are "<kind><index>") ----
+  Node input(int channels, int height, int width);
+  Node conv(Node x, int out_channels, int kernel, int stride = 1, int pad = 0, bool bias = false,
+            std::string name = "");
+  Node batchnorm(Node x, std::string name = "");
+  Node relu(Node x, std::string name = "");
+  Node maxpool(Node x, int kernel, int stride, int pad = 0, bool ceil_mode = false, std::string name = "");
+  Node avgpool(Node x, int kernel, int stride, int pad = 0, std::string name = "");
+  Node global_avgpool(Node x, std::string name = "");
+  Node flatten(Node x, std::string name = "");
+  Node linear(Node x, int out_features, bool bias = true, std::string name = "");
+  Node add(Node a, Node b, std::string name = "");
+  Node concat(const std::vector<Node>& xs, std::string name = "");
+  Node dropout(Node x, float p, std::string name = "");
+  Node lrn(Node x, int size, float alpha, float beta, float k, std::string name = "");
+  // ResNet "option A" shortcut: spatial subsampling by `stride` and zero channels to out_channels.
+  Node shortcut_pad(Node x, int out_channels, int stride, std::string name = "");
+  // Softmax cross-entropy over the logits of `x` (shape N x classes x 1 x 1).
+  void softmax_cross_entropy(Node x, float label_smoothing = 0.f);
+
+  TensorShape shape(Node n) const;
+  const std::string& name() const noexcept;
+
+  // Plans all buffers and operators for batches of up to `batch` images; initialises parameters
+  // from the context's seed. Call once, after the graph is complete.
+  void build(int batch, const PrecisionPolicy& policy);
+  bool built() const noexcept;
+  int batch() const noexcept;
+
+  // One forward pass on `count` <= batch images (blocked layout, shape of input()) with integer
+  // labels. In training mode BatchNorm uses batch statistics (and updates its running ones)
+  // and dropout is active; `count` must equal batch() then.
+  StepResult forward(const float* images, const int32_t* labels, int count, bool train);
+  // Gradients of the last training forward into every Parameter::grad.
+  void backward();
+  // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed
+  // them (INT16: DFP16 + VNNI layouts; FP32: oneDNN's layout). Once per optimizer step.
+  void weights_updated();
+
+  // Training steps taken (backward() calls); seeds dropout and stochastic rounding. A resumed
+  // run restores it so that it reproduces an uninterrupted one.
+  uint64_t step() const noexcept;
+  void set_step(uint64_t step);
+
+  std::vector<Parameter>& parameters();
+  size_t parameter_count() const;  // trainable scalars
+  // Non-trainable state that checkpoints must keep (BatchNorm running statistics).
+  std::vector<std::pair<std::string, std::vector<float>*>> buffers();
+  std::vector<LayerNumerics> numerics() const;
+  // One line per layer: name, kind, output shape, precision.
+  std::string summary() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dfp

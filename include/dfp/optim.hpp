@@ -1,0 +1,53 @@
+// dfp: SGD on FP32 master weights, and learning-rate schedules.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dfp/model.hpp"
+
+namespace dfp {
+
+struct SgdOptions {
+  float momentum = 0.9f;
+  float weight_decay = 5e-4f;
+  bool nesterov = false;
+};
+
+// torch.optim.SGD semantics: g' = g + wd*w; v = momentum*v + g'; w -= lr * (nesterov ? g' + momentum*v : v).
+class Sgd {
+ public:
+  Sgd(const Context& ctx, Model& model, const SgdOptions& options);
+  // Updates every parameter, then has the model re-quantize/re-pack its weights (once per step).
+  void step(float lr);
+  std::vector<std::vector<float>>& momentum_buffers() { return velocity_; }
+
+ private:
+  const Context& ctx_;
+  Model& model_;
+  SgdOptions opt_;
+  std::vector<std::vector<float>> velocity_;
+};
+
+enum class ScheduleKind { constant, step, multistep, cosine };
+ScheduleKind parse_schedule(const std::string& text, const std::string& origin);
+const char* schedule_name(ScheduleKind k) noexcept;
+
+// Learning rate as a function of the global step. Warm-up ramps linearly from base/warmup to base
+// over `warmup_steps`, then the schedule runs over the remaining steps:
+//   step:      base * gamma^floor(epoch / step_epochs)
+//   multistep: base * gamma^(number of milestones passed)
+//   cosine:    base * (1 + cos(pi * t)) / 2, t from 0 to 1 over the post-warm-up steps
+struct LrSchedule {
+  ScheduleKind kind = ScheduleKind::cosine;
+  float base = 0.1f;
+  int steps_per_epoch = 1;
+  int total_steps = 1;
+  int warmup_steps = 0;
+  float gamma = 0.1f;
+  int step_epochs = 30;
+  std::vector<int> milestones;  // epochs
+  float at(int step) const;
+};
+
+}  // namespace dfp

@@ -1,0 +1,68 @@
+// dfp: the training loop behind `dfp train` and `dfp eval`.
+//
+// One readable loop: data -> forward -> loss -> backward -> optimizer step (which re-quantizes and
+// re-packs the weights). Per epoch it evaluates on the test set and appends one JSON object to
+// <out>/metrics.jsonl; it writes <out>/config.json once and a checkpoint after every epoch
+// (<out>/checkpoint.dfp, written to a temporary file and renamed, CRC-32 checked on load).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dfp/model.hpp"
+
+namespace dfp {
+
+struct TrainConfig {
+  std::string model = "resnet20";
+  std::string dataset = "fashion-mnist";
+  std::string data;                 // dataset directory ("" = the dataset's default)
+  PrecisionPolicy policy;
+  int epochs = 10;
+  int batch_size = 128;
+  float lr = 0.1f;
+  float momentum = 0.9f;
+  float weight_decay = 5e-4f;
+  bool nesterov = false;
+  std::string schedule = "cosine";  // constant, step, multistep, cosine
+  int warmup_epochs = 0;
+  std::vector<int> milestones;      // multistep, in epochs
+  int step_epochs = 30;             // step
+  float gamma = 0.1f;
+  float label_smoothing = 0.f;
+  bool augment = true;              // pad+crop and flip for CIFAR; normalisation always
+  int threads = 0;
+  std::string isa;
+  uint64_t seed = 1;
+  std::string out;                  // "" = no files
+  std::string resume;               // checkpoint to continue from
+  int limit_train = 0;              // use only the first N training images (0 = all)
+  int limit_test = 0;
+  int print_every = 50;             // steps between plain progress lines (non-terminal output)
+  int stop_after = 0;               // stop after this many epochs (0 = run all; simulates an interruption)
+};
+
+struct EpochMetrics {
+  int epoch = 0;
+  double train_loss = 0, train_top1 = 0;
+  double test_loss = 0, test_top1 = 0, test_top5 = 0;
+  double images_per_second = 0, data_wait_seconds = 0, epoch_seconds = 0;
+  double lr = 0;
+  long peak_rss_kib = 0;
+};
+
+// Trains as configured; returns the metrics of every epoch run. `log` receives progress text
+// (nullptr: silent).
+std::vector<EpochMetrics> train(const TrainConfig& config, const std::function<void(const std::string&)>& log);
+
+struct EvalResult {
+  double loss = 0, top1 = 0, top5 = 0;
+  int images = 0;
+};
+// Evaluates a checkpoint written by train() on its dataset's test split.
+EvalResult evaluate_checkpoint(const std::string& checkpoint, const std::string& data_dir, int threads,
+                               const std::function<void(const std::string&)>& log);
+
+}  // namespace dfp

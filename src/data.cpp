@@ -1,0 +1,411 @@
+// Dataset readers: IDX (plain or gzip, via zlib), CIFAR-10 and CIFAR-100 binary.
+//
+// Every reader validates before it trusts: header fields are range-checked, counts must agree,
+// every label is checked against the class count, a short read names the record it cut, and
+// bytes after the declared data are an error (a file longer than its header says is as suspect
+// as a shorter one). Nothing is returned unless the whole file was read and checked.
+#include "dfp/data.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dfp/status.hpp"
+
+namespace dfp {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08X", v);
+  return buf;
+}
+
+uint32_t big_endian32(const unsigned char* p) {
+  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
+}
+
+// Throws io_error unless `path` is an existing regular file (a clearer message than zlib's or
+// fopen's errno alone).
+void require_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  DFP_CHECK(fs::exists(st), Status::io_error, in_quotes(path) + ": " + what + " not found");
+  DFP_CHECK(fs::is_regular_file(st), Status::io_error,
+            in_quotes(path) + ": " + what + " is not a regular file");
+}
+
+void require_dir(const std::string& dir, const std::string& dataset, const std::string& expected) {
+  std::error_code ec;
+  const auto st = fs::status(dir, ec);
+  DFP_CHECK(fs::exists(st), Status::io_error,
+            dataset + ": directory " + in_quotes(dir) + " does not exist (expected " + expected + " in it)");
+  DFP_CHECK(fs::is_directory(st), Status::io_error,
+            dataset + ": " + in_quotes(dir) + " is not a directory (expected " + expected + " in it)");
+}
+
+// A file read through zlib: gzread decompresses gzip and passes any other file through
+// unchanged, so plain and .gz IDX files share one code path.
+class GzReader {
+ public:
+  explicit GzReader(const std::string& path) : path_(path) {
+    require_file(path, "IDX file");
+    errno = 0;
+    f_ = gzopen(path.c_str(), "rb");
+    DFP_CHECK(f_ != nullptr, Status::io_error,
+              in_quotes(path) + ": cannot open: " + (errno ? std::strerror(errno) : "zlib out of memory"));
+    gzbuffer(f_, 1 << 18);  // fewer read() calls than the 8 KiB default; must precede the first read
+  }
+  ~GzReader() {
+    if (f_) gzclose(f_);
+  }
+  GzReader(const GzReader&) = delete;
+  GzReader& operator=(const GzReader&) = delete;
+
+  // Reads up to n bytes; fewer only at the end of the data or on a zlib error (a corrupt or
+  // truncated gzip stream), whose text zlib_error() then returns.
+  size_t read(void* dst, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const unsigned chunk = unsigned(std::min<size_t>(n - done, size_t(1) << 30));
+      const int r = gzread(f_, static_cast<char*>(dst) + done, chunk);
+      if (r <= 0) break;
+      done += size_t(r);
+    }
+    return done;
+  }
+
+  // "" when zlib saw no error; else its message (", zlib: unexpected end of file", ...).
+  std::string zlib_error() {
+    int code = Z_OK;
+    const char* msg = gzerror(f_, &code);
+    if (code == Z_OK) return "";
+    if (code == Z_ERRNO) return std::string(", read error: ") + std::strerror(errno);
+    std::string m = msg ? msg : "error";
+    // zlib prefixes the path, which every dfp message already starts with.
+    if (m.compare(0, path_.size() + 2, path_ + ": ") == 0) m.erase(0, path_.size() + 2);
+    return ", zlib: " + m;
+  }
+
+  // A corrupt (not merely truncated) gzip stream or a failed read: zlib reports a truncated
+  // stream as Z_BUF_ERROR, which the callers word as a truncation instead.
+  bool hard_error() {
+    int code = Z_OK;
+    gzerror(f_, &code);
+    return code != Z_OK && code != Z_BUF_ERROR;
+  }
+
+  // Throws corrupt_data (io_error for a failed read) naming `where` when hard_error(). zlib
+  // inflates ahead of the caller, so `where` is where the error surfaced, which may be before
+  // the damaged bytes (a CRC-32 mismatch covers the whole stream).
+  void check(const std::string& where) {
+    if (!hard_error()) return;
+    int code = Z_OK;
+    gzerror(f_, &code);
+    const bool io = code == Z_ERRNO;
+    dfp::fail(io ? Status::io_error : Status::corrupt_data,
+              in_quotes(path_) + ": " + (io ? "read failed in " : "corrupt gzip stream, detected while reading ") +
+                  where + zlib_error());
+  }
+
+ private:
+  std::string path_;
+  gzFile f_ = nullptr;
+};
+
+struct IdxHeader {
+  uint32_t count = 0, rows = 1, cols = 1;
+  size_t header_bytes = 0;
+};
+
+// Reads and checks an IDX header: images (3 dims, magic 0x00000803) or labels (1 dim, magic
+// 0x00000801), unsigned-byte data in both.
+IdxHeader read_idx_header(GzReader& in, const std::string& path, bool images) {
+  const size_t bytes = images ? 16 : 8;
+  const uint32_t magic_expected = images ? 0x00000803u : 0x00000801u;
+  const char* kind = images ? "images (unsigned bytes, 3 dimensions: count, rows, cols)"
+                            : "labels (unsigned bytes, 1 dimension: count)";
+  unsigned char h[16] = {};
+  auto truncated = [&](size_t got) {
+    return in_quotes(path) + ": truncated IDX header: expected " + std::to_string(bytes) + " bytes (magic number, " +
+           (images ? "count, rows, cols" : "count") + "), got " + std::to_string(got) + in.zlib_error();
+  };
+  // The magic number first, so a wrong kind of file is named as such even when it is shorter
+  // than the header expected here (a label file passed as images).
+  size_t got = in.read(h, 4);
+  in.check("the IDX header");
+  DFP_CHECK(got == 4, Status::corrupt_data, truncated(got));
+  const uint32_t magic = big_endian32(h);
+  if (magic != magic_expected) {
+    std::string hint;
+    if (magic == (images ? 0x00000801u : 0x00000803u))
+      hint = images ? " (this is an IDX label file)" : " (this is an IDX image file)";
+    else if ((magic >> 8) == 0x08)
+      hint = " (an unsigned-byte IDX file with " + std::to_string(magic & 0xFF) + " dimensions)";
+    dfp::fail(Status::corrupt_data, in_quotes(path) + ": wrong magic number " + hex32(magic) +
+                                        " in the IDX header, expected " + hex32(magic_expected) + " for " +
+                                        kind + hint);
+  }
+  got = 4 + in.read(h + 4, bytes - 4);
+  in.check("the IDX header");
+  DFP_CHECK(got == bytes, Status::corrupt_data, truncated(got));
+  IdxHeader r;
+  r.header_bytes = bytes;
+  r.count = big_endian32(h + 4);
+  // 2^31 - 1: Dataset::count is an int.
+  DFP_CHECK(r.count >= 1 && r.count <= 0x7FFFFFFFu, Status::corrupt_data,
+            in_quotes(path) + ": IDX header field 'count' is " + std::to_string(r.count) +
+                ", expected 1 .. 2147483647");
+  if (images) {
+    r.rows = big_endian32(h + 8);
+    r.cols = big_endian32(h + 12);
+    // Bounds only to reject garbage headers before they size anything; no real IDX image
+    // dataset comes near them.
+    DFP_CHECK(r.rows >= 1 && r.rows <= 65536, Status::corrupt_data,
+              in_quotes(path) + ": IDX header field 'rows' is " + std::to_string(r.rows) + ", expected 1 .. 65536");
+    DFP_CHECK(r.cols >= 1 && r.cols <= 65536, Status::corrupt_data,
+              in_quotes(path) + ": IDX header field 'cols' is " + std::to_string(r.cols) + ", expected 1 .. 65536");
+    const uint64_t total = uint64_t(r.count) * r.rows * r.cols;
+    DFP_CHECK(total <= (uint64_t(1) << 37), Status::corrupt_data,
+              in_quotes(path) + ": IDX header declares " + std::to_string(r.count) + " images of " +
+                  std::to_string(r.rows) + "x" + std::to_string(r.cols) + " = " + std::to_string(total) +
+                  " bytes, expected at most 2^37 bytes (a corrupt header?)");
+  }
+  return r;
+}
+
+// Reads `count` records of `record_bytes` after the header into `out`, then requires the end of
+// the data. The buffer grows as data arrives (never sized from the header alone beyond 1 GiB),
+// so a header that lies about the count fails as a truncation, not as a huge allocation.
+void read_idx_records(GzReader& in, const std::string& path, const IdxHeader& h, size_t record_bytes,
+                      const char* record_kind, std::vector<uint8_t>& out) {
+  const size_t total = size_t(h.count) * record_bytes;
+  out.clear();
+  out.reserve(std::min<size_t>(total, size_t(1) << 30));
+  const size_t chunk = std::max<size_t>(record_bytes, (size_t(4) << 20) / record_bytes * record_bytes);
+  size_t done = 0;
+  while (done < total) {
+    const size_t want = std::min(chunk, total - done);
+    out.resize(done + want);
+    const size_t got = in.read(out.data() + done, want);
+    done += got;
+    if (got < want) {
+      const size_t record = done / record_bytes, partial = done % record_bytes;
+      const std::string rec = std::string(record_kind) + " record " + std::to_string(record) + " of " +
+                              std::to_string(h.count) + " (0-based)";
+      in.check(rec);
+      dfp::fail(Status::corrupt_data,
+                in_quotes(path) + ": truncated: " +
+                    (partial == 0 ? "the data ends before " + rec
+                                  : rec + " is cut after " + std::to_string(partial) + " of its " +
+                                        std::to_string(record_bytes) + " bytes") +
+                    "; expected " + std::to_string(h.header_bytes + total) + " bytes in all, got " +
+                    std::to_string(h.header_bytes + done) + in.zlib_error());
+    }
+  }
+  // End of data: this read also makes zlib check the gzip trailer (CRC-32 and length), so a
+  // corrupt gzip stream that happened to inflate to the right length is still caught.
+  unsigned char extra[64];
+  const size_t more = in.read(extra, sizeof extra);
+  in.check("the gzip trailer after the last of " + std::to_string(h.count) + " " + record_kind + " records");
+  DFP_CHECK(more == 0, Status::corrupt_data,
+            in_quotes(path) + ": data continues after the " + std::to_string(h.count) + " " + record_kind +
+                " records the header declares: expected the data to end after " +
+                std::to_string(h.header_bytes + total) + " bytes");
+  // A gzip stream cut exactly at the end of the data but before its trailer.
+  const std::string zerr = in.zlib_error();
+  DFP_CHECK(zerr.empty(), Status::corrupt_data,
+            in_quotes(path) + ": truncated gzip stream after the last of " + std::to_string(h.count) + " " +
+                record_kind + " records" + zerr);
+}
+
+// ---- CIFAR ------------------------------------------------------------------------------
+
+struct CifarFormat {
+  const char* dataset;      // "CIFAR-10" / "CIFAR-100"
+  size_t label_bytes;       // 1 (label) / 2 (coarse, fine)
+  int coarse_classes;       // 0 / 20
+  int classes;              // 10 / 100
+  size_t record_bytes() const { return label_bytes + 3072; }
+};
+
+// Reads whole-record CIFAR files in the given order into one Dataset.
+Dataset read_cifar(const std::vector<std::string>& files, const CifarFormat& fmt, const std::string& name) {
+  const size_t rec = fmt.record_bytes();
+  const std::string layout = std::to_string(rec) + "-byte " + fmt.dataset + " records (" +
+                             (fmt.label_bytes == 1 ? "1 label byte" : "1 coarse + 1 fine label byte") +
+                             " + 3072 pixel bytes)";
+  // Sizes first: a bad file fails before anything is read, and the pixels are sized once.
+  std::vector<size_t> records(files.size());
+  size_t total = 0;
+  for (size_t f = 0; f < files.size(); ++f) {
+    require_file(files[f], std::string(fmt.dataset) + " batch file");
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(files[f], ec);
+    DFP_CHECK(!ec, Status::io_error, in_quotes(files[f]) + ": cannot read its size: " + ec.message());
+    DFP_CHECK(size > 0, Status::corrupt_data, in_quotes(files[f]) + ": empty file, expected a whole number of " + layout);
+    DFP_CHECK(size % rec == 0, Status::corrupt_data,
+              in_quotes(files[f]) + ": size " + std::to_string(size) + " bytes is not a whole number of " + layout +
+                  ": record " + std::to_string(size / rec) + " (0-based) is truncated to " +
+                  std::to_string(size % rec) + " of its " + std::to_string(rec) + " bytes");
+    records[f] = size_t(size / rec);
+    total += records[f];
+  }
+  DFP_CHECK(total <= 0x7FFFFFFFu, Status::invalid_argument,
+            std::string(fmt.dataset) + ": " + std::to_string(total) + " records, expected at most 2^31 - 1");
+
+  Dataset d;
+  d.name = name;
+  d.count = int(total);
+  d.channels = 3;
+  d.height = 32;
+  d.width = 32;
+  d.classes = fmt.classes;
+  d.pixels.resize(total * 3072);
+  d.labels.resize(total);
+
+  constexpr size_t kChunkRecords = 1024;  // 3 MiB staging buffer, reused across files
+  std::vector<uint8_t> buf(kChunkRecords * rec);
+  size_t n = 0;  // records stored so far, over all files
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string& path = files[f];
+    std::ifstream in(path, std::ios::binary);
+    DFP_CHECK(in.is_open(), Status::io_error, in_quotes(path) + ": cannot open: " + std::strerror(errno));
+    for (size_t r0 = 0; r0 < records[f]; r0 += kChunkRecords) {
+      const size_t nr = std::min(kChunkRecords, records[f] - r0);
+      in.read(reinterpret_cast<char*>(buf.data()), std::streamsize(nr * rec));
+      const size_t got = size_t(in.gcount());
+      DFP_CHECK(got == nr * rec, Status::io_error,
+                in_quotes(path) + ": read failed in record " + std::to_string(r0 + got / rec) +
+                    " (0-based): expected " + std::to_string(records[f]) + " " + layout +
+                    " (did the file change while it was read?)");
+      for (size_t r = 0; r < nr; ++r) {
+        const uint8_t* src = buf.data() + r * rec;
+        if (fmt.coarse_classes > 0)
+          DFP_CHECK(src[0] < fmt.coarse_classes, Status::corrupt_data,
+                    in_quotes(path) + ": record " + std::to_string(r0 + r) + " (0-based): coarse label byte is " +
+                        std::to_string(src[0]) + ", expected 0.." + std::to_string(fmt.coarse_classes - 1));
+        const uint8_t label = src[fmt.label_bytes - 1];
+        DFP_CHECK(label < fmt.classes, Status::corrupt_data,
+                  in_quotes(path) + ": record " + std::to_string(r0 + r) + " (0-based): " +
+                      (fmt.coarse_classes > 0 ? "fine label" : "label") + " byte is " + std::to_string(label) +
+                      ", expected 0.." + std::to_string(fmt.classes - 1));
+        d.labels[n] = label;
+        // The record's R, G, B planes are already CHW.
+        std::memcpy(d.pixels.data() + n * 3072, src + fmt.label_bytes, 3072);
+        ++n;
+      }
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+Dataset load_idx(const std::string& images_file, const std::string& labels_file, int classes) {
+  DFP_CHECK(classes >= 1 && classes <= 256, Status::invalid_argument,
+            "load_idx(" + in_quotes(images_file) + "): classes is " + std::to_string(classes) +
+                ", expected 1 .. 256 (labels are bytes)");
+  GzReader images(images_file);
+  GzReader labels(labels_file);
+  const IdxHeader hi = read_idx_header(images, images_file, true);
+  const IdxHeader hl = read_idx_header(labels, labels_file, false);
+  // Before reading megabytes of pixels: a pair from different splits fails at once.
+  DFP_CHECK(hi.count == hl.count, Status::corrupt_data,
+            in_quotes(images_file) + " declares " + std::to_string(hi.count) + " images but " + in_quotes(labels_file) +
+                " declares " + std::to_string(hl.count) + " labels: expected the same count in both headers");
+
+  Dataset d;
+  d.name = fs::path(images_file).filename().string();
+  d.count = int(hi.count);
+  d.channels = 1;
+  d.height = int(hi.rows);
+  d.width = int(hi.cols);
+  d.classes = classes;
+  read_idx_records(images, images_file, hi, size_t(hi.rows) * hi.cols, "image", d.pixels);
+  read_idx_records(labels, labels_file, hl, 1, "label", d.labels);
+  for (size_t i = 0; i < d.labels.size(); ++i)
+    DFP_CHECK(d.labels[i] < classes, Status::corrupt_data,
+              in_quotes(labels_file) + ": label record " + std::to_string(i) + " (0-based) is " +
+                  std::to_string(d.labels[i]) + ", expected 0.." + std::to_string(classes - 1));
+  return d;
+}
+
+Dataset load_mnist_like(const std::string& dir, bool train, const std::string& name) {
+  const std::string prefix = train ? "train" : "t10k";
+  const std::string img = prefix + "-images-idx3-ubyte[.gz]", lbl = prefix + "-labels-idx1-ubyte[.gz]";
+  require_dir(dir, name, img + " and " + lbl);
+  // The official names use "-idx3-ubyte"; some mirrors (and the name inside the official gzip
+  // header) use ".idx3-ubyte". Uncompressed first: it is what `gunzip -k` leaves next to the .gz.
+  auto find = [&](const std::string& kind, const std::string& dims) {
+    const std::string stems[] = {prefix + "-" + kind + "-" + dims + "-ubyte", prefix + "-" + kind + "." + dims + "-ubyte"};
+    for (const auto& stem : stems)
+      for (const char* ext : {"", ".gz"}) {
+        const fs::path p = fs::path(dir) / (stem + ext);
+        std::error_code ec;
+        if (fs::is_regular_file(p, ec)) return p.string();
+      }
+    dfp::fail(Status::io_error, name + ": no " + stems[0] + "[.gz] (or " + stems[1] + "[.gz]) in " + in_quotes(dir));
+  };
+  const std::string images = find("images", "idx3");
+  const std::string labels = find("labels", "idx1");
+  Dataset d = load_idx(images, labels, 10);
+  d.name = name;
+  return d;
+}
+
+Dataset load_cifar10(const std::string& dir, bool train) {
+  const std::string pattern = train ? "data_batch_*.bin" : "test_batch*.bin";
+  require_dir(dir, "CIFAR-10", pattern + " files");
+  const std::string head = train ? "data_batch_" : "test_batch";
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string fname = e.path().filename().string();
+    if (fname.size() >= head.size() + 4 && fname.compare(0, head.size(), head) == 0 &&
+        fname.compare(fname.size() - 4, 4, ".bin") == 0 && e.is_regular_file())
+      files.push_back(e.path().string());
+  }
+  DFP_CHECK(!ec, Status::io_error, "CIFAR-10: cannot list directory " + in_quotes(dir) + ": " + ec.message());
+  DFP_CHECK(!files.empty(), Status::io_error, "CIFAR-10: no " + pattern + " file in " + in_quotes(dir));
+  // Name order = batch order (data_batch_1 .. data_batch_5), so the sample order is reproducible.
+  std::sort(files.begin(), files.end());
+  return read_cifar(files, CifarFormat{"CIFAR-10", 1, 0, 10}, "cifar10");
+}
+
+Dataset load_cifar100(const std::string& dir, bool train) {
+  const std::string file = train ? "train.bin" : "test.bin";
+  require_dir(dir, "CIFAR-100", file);
+  const std::string path = (fs::path(dir) / file).string();
+  std::error_code ec;
+  DFP_CHECK(fs::exists(path, ec), Status::io_error, "CIFAR-100: no " + file + " in " + in_quotes(dir));
+  return read_cifar({path}, CifarFormat{"CIFAR-100", 2, 20, 100}, "cifar100");
+}
+
+Dataset load_dataset(const std::string& name, const std::string& path, bool train) {
+  static const char* const kKnown = "fashion-mnist, mnist, cifar10, cifar100";
+  const bool known = name == "fashion-mnist" || name == "mnist" || name == "cifar10" || name == "cifar100";
+  DFP_CHECK(known, Status::invalid_argument,
+            "dataset " + in_quotes(name) + " is unknown; expected one of: " + kKnown);
+  if (name == "fashion-mnist")
+    return load_mnist_like(path.empty() ? "/usr/share/datasets/fashion-mnist" : path, train, name);
+  DFP_CHECK(!path.empty(), Status::invalid_argument,
+            "dataset " + in_quotes(name) + ": expected the path of its directory, got an empty path");
+  if (name == "mnist") return load_mnist_like(path, train, name);
+  if (name == "cifar10") return load_cifar10(path, train);
+  return load_cifar100(path, train);
+}
+
+}  // namespace dfp

@@ -1,0 +1,66 @@
+// Internal layer interface of the model graph. Every layer reads and writes FP32 activations in
+// the blocked layout ([N][ceil(C/16)][H][W][16], padding lanes zero) and has an explicit forward
+// and backward over buffers planned by the Model; a layer allocates only in build().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/model.hpp"
+
+namespace dfp::model {
+
+struct StepInfo {
+  int count = 0;       // images in the batch (the rest of the planned batch is zero padding)
+  bool train = false;  // batch statistics, dropout, saving what backward needs
+  uint64_t step = 0;   // training step index: seeds per-step randomness (dropout)
+};
+
+// Blocked-layout index of (n, c, h, w).
+inline size_t bidx(const TensorShape& s, int n, int c, int h, int w) {
+  return ((((size_t(n) * channel_blocks(s.c) + c / 16) * s.h + h) * s.w) + w) * 16 + (c % 16);
+}
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  std::string name;
+  std::string kind;
+  // Output shape from input shapes (batch dimension n may be 0 before build()).
+  virtual TensorShape infer(const std::vector<TensorShape>& in) const = 0;
+  // Plans operators and scratch for the final shapes; initialises parameters from rng.
+  virtual void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
+                     const PrecisionPolicy& policy, std::mt19937_64& rng) {}
+  virtual void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) = 0;
+  // dy: gradient of the output. dx[i]: where to write the gradient of input i (overwrite), or
+  // null when no gradient is needed for that input. Parameter gradients are overwritten too.
+  virtual void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                        const std::vector<float*>& dx, const StepInfo& st) = 0;
+  virtual void parameters(std::vector<Parameter>& out) {}
+  // Trainable scalars, from the input shapes alone (works before build()).
+  virtual size_t count_parameters(const std::vector<TensorShape>& in) const { return 0; }
+  virtual void buffers(std::vector<std::pair<std::string, std::vector<float>*>>& out) {}
+  // The optimizer changed the parameters; `step` is the next training step (rounding streams).
+  virtual void weights_updated(uint64_t step) {}
+  virtual const char* precision() const { return "fp32"; }
+  virtual bool numerics(LayerNumerics& out) const { return false; }
+};
+
+std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias);
+std::unique_ptr<Layer> make_batchnorm();
+std::unique_ptr<Layer> make_relu();
+std::unique_ptr<Layer> make_pool(bool max, int kernel, int stride, int pad, bool ceil_mode);
+std::unique_ptr<Layer> make_global_avgpool();
+std::unique_ptr<Layer> make_flatten();
+std::unique_ptr<Layer> make_linear(int out_features, bool bias);
+std::unique_ptr<Layer> make_add();
+std::unique_ptr<Layer> make_concat();
+std::unique_ptr<Layer> make_dropout(float p);
+std::unique_ptr<Layer> make_lrn(int size, float alpha, float beta, float k);
+std::unique_ptr<Layer> make_shortcut_pad(int out_channels, int stride);
+
+}  // namespace dfp::model

@@ -1,0 +1,840 @@
+// The layers of the model graph. Each works on the blocked FP32 layout; per-channel work runs
+// over the 16 lanes of a block, which the compiler vectorizes. Parallel loops run on the
+// context's threads over disjoint outputs, so results do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
+#include "src/aligned_buffer.hpp"
+#include "src/model/layer.hpp"
+
+namespace dfp::model {
+namespace {
+
+int cb_of(const TensorShape& s) { return channel_blocks(s.c); }
+size_t plane(const TensorShape& s) { return size_t(s.h) * s.w * 16; }  // one channel block of one image
+
+// Parallel over (image, channel block) pairs.
+template <class F>
+void for_blocks(const Context& ctx, int n, int cb, F&& f) {
+  ctx.parallel_for(int64_t(n) * cb, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) f(static_cast<int>(i / cb), static_cast<int>(i % cb));
+  });
+}
+
+// Bias: y[.., c] += b[c]; its gradient: sum of dy over batch and space.
+void add_bias(const Context& ctx, float* y, const TensorShape& s, const std::vector<float>& b) {
+  for_blocks(ctx, s.n, cb_of(s), [&](int n, int blk) {
+    float* p = y + (size_t(n) * cb_of(s) + blk) * plane(s);
+    float lane[16] = {};
+    for (int l = 0; l < 16 && blk * 16 + l < s.c; ++l) lane[l] = b[blk * 16 + l];
+    for (size_t i = 0; i < size_t(s.h) * s.w; ++i)
+      for (int l = 0; l < 16; ++l) p[i * 16 + l] += lane[l];
+  });
+}
+void bias_grad(const float* dy, const TensorShape& s, std::vector<float>& gb) {
+  std::fill(gb.begin(), gb.end(), 0.f);
+  for (int blk = 0; blk < cb_of(s); ++blk) {
+    double acc[16] = {};
+    for (int n = 0; n < s.n; ++n) {
+      const float* p = dy + (size_t(n) * cb_of(s) + blk) * plane(s);
+      for (size_t i = 0; i < size_t(s.h) * s.w; ++i)
+        for (int l = 0; l < 16; ++l) acc[l] += p[i * 16 + l];
+    }
+    for (int l = 0; l < 16 && blk * 16 + l < s.c; ++l) gb[blk * 16 + l] = static_cast<float>(acc[l]);
+  }
+}
+
+// ---- Conv2d -------------------------------------------------------------------------------
+
+class Conv2d final : public Layer {
+ public:
+  Conv2d(int k, int r, int stride, int pad, bool bias) : k_(k), r_(r), stride_(stride), pad_(pad), has_bias_(bias) {}
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    const TensorShape& x = in[0];
+    DFP_CHECK(x.h + 2 * pad_ >= r_ && x.w + 2 * pad_ >= r_, Status::invalid_argument,
+              "conv '" + name + "': kernel " + std::to_string(r_) + " larger than padded input " +
+                  std::to_string(x.h) + "x" + std::to_string(x.w));
+    return {x.n, k_, (x.h + 2 * pad_ - r_) / stride_ + 1, (x.w + 2 * pad_ - r_) / stride_ + 1};
+  }
+  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
+             const PrecisionPolicy& policy, std::mt19937_64& rng) override {
+    shape_.N = in[0].n; shape_.C = in[0].c; shape_.H = in[0].h; shape_.W = in[0].w;
+    shape_.K = k_; shape_.R = shape_.S = r_;
+    shape_.stride_h = shape_.stride_w = stride_;
+    shape_.pad_h = shape_.pad_w = pad_;
+    out_ = out;
+    const size_t nw = size_t(k_) * shape_.C * r_ * r_;
+    w_.resize(nw);
+    gw_.assign(nw, 0.f);
+    // Kaiming normal, fan_out, for ReLU networks (torchvision's ResNet/VGG initialisation).
+    std::normal_distribution<float> nd(0.f, std::sqrt(2.f / float(k_ * r_ * r_)));
+    for (auto& v : w_) v = nd(rng);
+    if (has_bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
+    prec_ = policy.resolve(name);
+    if (prec_ == Precision::int16) {
+      DfpConvOptions o = policy.dfp;
+      o.weights.name = name + ".weights";
+      o.activations.name = name + ".activations";
+      o.gradients.name = name + ".gradients";
+      // Distinct stochastic streams per layer and tensor class.
+      o.weights.seed ^= std::hash<std::string>{}(o.weights.name);
+      o.activations.seed ^= std::hash<std::string>{}(o.activations.name);
+      o.gradients.seed ^= std::hash<std::string>{}(o.gradients.name);
+      q_ = std::make_unique<ConvInt16>(ctx, shape_, o, name);
+    } else {
+      f_ = std::make_unique<ConvF32>(ctx, shape_, name);
+    }
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
+    if (q_) {
+      q_->set_step(st.step);
+      q_->quantize_input(x[0]);
+      q_->forward(y);
+    } else {
+      f_->forward(x[0], y);
+    }
+    if (has_bias_) add_bias(ctx, y, out_, b_);
+  }
+  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                const std::vector<float*>& dx, const StepInfo& st) override {
+    if (q_) {
+      q_->quantize_grad_output(dy);
+      if (dx[0]) q_->backward_data(dx[0]);
+      q_->backward_weights(gw_.data());
+    } else {
+      if (dx[0]) f_->backward_data(dy, dx[0]);
+      f_->backward_weights(x[0], dy, gw_.data());
+    }
+    if (has_bias_) bias_grad(dy, out_, gb_);
+  }
+  void parameters(std::vector<Parameter>& out) override {
+    out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
+    if (has_bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
+  }
+  size_t count_parameters(const std::vector<TensorShape>& in) const override {
+    return size_t(k_) * in[0].c * r_ * r_ + (has_bias_ ? k_ : 0);
+  }
+  void weights_updated(uint64_t step) override {
+    if (q_) {
+      q_->set_step(step);
+      q_->set_weights(w_.data());
+    } else {
+      f_->set_weights(w_.data());
+    }
+  }
+  const char* precision() const override { return precision_name(prec_); }
+  bool numerics(LayerNumerics& n) const override {
+    if (!q_) return false;
+    const ConvStats& s = q_->stats();
+    n.layer = name;
+    n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
+    n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
+    n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
+    n.overflow_events = s.overflow_events;
+    return true;
+  }
+
+ private:
+  int k_, r_, stride_, pad_;
+  bool has_bias_;
+  ConvShape shape_;
+  TensorShape out_;
+  Precision prec_ = Precision::fp32;
+  std::vector<float> w_, gw_, b_, gb_;
+  std::unique_ptr<ConvInt16> q_;
+  std::unique_ptr<ConvF32> f_;
+};
+
+// ---- Linear -------------------------------------------------------------------------------
+// Input (N, F, 1, 1) blocked = rows of F features padded to 16; output (N, K, 1, 1).
+
+class Linear final : public Layer {
+ public:
+  Linear(int k, bool bias) : k_(k), has_bias_(bias) {}
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    DFP_CHECK(in[0].h == 1 && in[0].w == 1, Status::invalid_argument,
+              "linear '" + name + "': input must be flat (N x F x 1 x 1); add flatten() or global_avgpool() first");
+    return {in[0].n, k_, 1, 1};
+  }
+  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
+             const PrecisionPolicy& policy, std::mt19937_64& rng) override {
+    n_ = in[0].n;
+    f_in_ = in[0].c;
+    w_.resize(size_t(k_) * f_in_);
+    gw_.assign(w_.size(), 0.f);
+    // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and bias.
+    const float bound = 1.f / std::sqrt(float(f_in_));
+    std::uniform_real_distribution<float> ud(-bound, bound);
+    for (auto& v : w_) v = ud(rng);
+    if (has_bias_) {
+      b_.resize(k_);
+      for (auto& v : b_) v = ud(rng);
+      gb_.assign(k_, 0.f);
+    }
+    rows_x_ = AlignedBuffer<float>(size_t(n_) * f_in_);
+    rows_y_ = AlignedBuffer<float>(size_t(n_) * k_);
+    rows_dx_ = AlignedBuffer<float>(size_t(n_) * f_in_);
+    prec_ = policy.resolve(name);
+    if (prec_ == Precision::int16) {
+      DfpConvOptions o = policy.dfp;
+      o.weights.name = name + ".weights";
+      o.activations.name = name + ".activations";
+      o.gradients.name = name + ".gradients";
+      o.gradients.seed ^= std::hash<std::string>{}(o.gradients.name);
+      q_ = std::make_unique<LinearInt16>(ctx, n_, f_in_, k_, o, name);
+    } else {
+      f_ = std::make_unique<LinearF32>(ctx, n_, f_in_, k_, name);
+    }
+  }
+  static void to_rows(const float* blk, float* rows, int n, int f) {
+    const int fp = channel_blocks(f) * 16;
+    for (int i = 0; i < n; ++i) std::memcpy(rows + size_t(i) * f, blk + size_t(i) * fp, sizeof(float) * f);
+  }
+  static void from_rows(const float* rows, float* blk, int n, int f) {
+    const int fp = channel_blocks(f) * 16;
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(blk + size_t(i) * fp, rows + size_t(i) * f, sizeof(float) * f);
+      std::fill(blk + size_t(i) * fp + f, blk + size_t(i + 1) * fp, 0.f);
+    }
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
+    to_rows(x[0], rows_x_.data(), n_, f_in_);
+    if (q_) {
+      q_->set_step(st.step);
+      q_->quantize_input(rows_x_.data());
+      q_->forward(rows_y_.data());
+    } else {
+      f_->forward(rows_x_.data(), rows_y_.data());
+    }
+    if (has_bias_)
+      for (int i = 0; i < n_; ++i)
+        for (int j = 0; j < k_; ++j) rows_y_[size_t(i) * k_ + j] += b_[j];
+    from_rows(rows_y_.data(), y, n_, k_);
+  }
+  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                const std::vector<float*>& dx, const StepInfo& st) override {
+    to_rows(dy, rows_y_.data(), n_, k_);
+    if (q_) {
+      q_->quantize_grad_output(rows_y_.data());
+      if (dx[0]) q_->backward_data(rows_dx_.data());
+      q_->backward_weights(gw_.data());
+    } else {
+      if (dx[0]) f_->backward_data(rows_y_.data(), rows_dx_.data());
+      f_->backward_weights(rows_x_.data(), rows_y_.data(), gw_.data());
+    }
+    if (dx[0]) from_rows(rows_dx_.data(), dx[0], n_, f_in_);
+    if (has_bias_) {
+      for (int j = 0; j < k_; ++j) {
+        double s = 0;
+        for (int i = 0; i < n_; ++i) s += rows_y_[size_t(i) * k_ + j];
+        gb_[j] = static_cast<float>(s);
+      }
+    }
+  }
+  void parameters(std::vector<Parameter>& out) override {
+    out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
+    if (has_bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
+  }
+  size_t count_parameters(const std::vector<TensorShape>& in) const override {
+    return size_t(k_) * in[0].c + (has_bias_ ? k_ : 0);
+  }
+  void weights_updated(uint64_t step) override {
+    if (q_) {
+      q_->set_step(step);
+      q_->set_weights(w_.data());
+    } else {
+      f_->set_weights(w_.data());
+    }
+  }
+  const char* precision() const override { return precision_name(prec_); }
+  bool numerics(LayerNumerics& n) const override {
+    if (!q_) return false;
+    const ConvStats& s = q_->stats();
+    n.layer = name;
+    n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
+    n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
+    n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
+    n.overflow_events = s.overflow_events;
+    return true;
+  }
+
+ private:
+  int k_;
+  bool has_bias_;
+  int n_ = 0, f_in_ = 0;
+  Precision prec_ = Precision::fp32;
+  std::vector<float> w_, gw_, b_, gb_;
+  AlignedBuffer<float> rows_x_, rows_y_, rows_dx_;
+  std::unique_ptr<LinearInt16> q_;
+  std::unique_ptr<LinearF32> f_;
+};
+
+// ---- BatchNorm2d ----------------------------------------------------------------------------
+
+class BatchNorm final : public Layer {
+ public:
+  TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    s_ = in[0];
+    const int cp = cb_of(s_) * 16;  // padded channels: padding lanes have gamma 0, so output 0
+    gamma_.assign(cp, 0.f);
+    std::fill(gamma_.begin(), gamma_.begin() + s_.c, 1.f);
+    beta_.assign(cp, 0.f);
+    ggamma_.assign(cp, 0.f);
+    gbeta_.assign(cp, 0.f);
+    running_mean_.assign(s_.c, 0.f);
+    running_var_.assign(s_.c, 1.f);
+    mean_.assign(cp, 0.f);
+    invstd_.assign(cp, 0.f);
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
+    const int CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    if (st.train) {
+      const double m = double(s_.n) * hw;
+      ctx.parallel_for(CB, [&](int64_t b0, int64_t b1) {
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          double sum[16] = {}, sq[16] = {};
+          for (int n = 0; n < s_.n; ++n) {
+            const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
+            for (size_t i = 0; i < hw; ++i)
+              for (int l = 0; l < 16; ++l) sum[l] += p[i * 16 + l];
+          }
+          float mean[16];
+          for (int l = 0; l < 16; ++l) mean[l] = static_cast<float>(sum[l] / m);
+          for (int n = 0; n < s_.n; ++n) {  // two-pass variance: no cancellation
+            const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
+            for (size_t i = 0; i < hw; ++i)
+              for (int l = 0; l < 16; ++l) {
+                const double d = p[i * 16 + l] - mean[l];
+                sq[l] += d * d;
+              }
+          }
+          for (int l = 0; l < 16; ++l) {
+            const int c = int(blk) * 16 + l;
+            const double var = sq[l] / m;
+            mean_[c] = mean[l];
+            invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + kEps));
+            if (c < s_.c) {  // PyTorch: running var uses the unbiased estimate
+              running_mean_[c] = (1 - kMomentum) * running_mean_[c] + kMomentum * mean[l];
+              running_var_[c] = static_cast<float>((1 - kMomentum) * running_var_[c] +
+                                                   kMomentum * var * m / std::max(1.0, m - 1));
+            }
+          }
+        }
+      });
+    } else {
+      for (int c = 0; c < cb_of(s_) * 16; ++c) {
+        mean_[c] = c < s_.c ? running_mean_[c] : 0.f;
+        invstd_[c] = c < s_.c ? 1.f / std::sqrt(running_var_[c] + kEps) : 0.f;
+      }
+    }
+    for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
+      const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
+      float* q = y + (size_t(n) * CB + blk) * plane(s_);
+      float a[16], b[16];
+      for (int l = 0; l < 16; ++l) {
+        const int c = blk * 16 + l;
+        a[l] = gamma_[c] * invstd_[c];
+        b[l] = beta_[c] - mean_[c] * a[l];
+      }
+      for (size_t i = 0; i < hw; ++i)
+        for (int l = 0; l < 16; ++l) q[i * 16 + l] = p[i * 16 + l] * a[l] + b[l];
+    });
+  }
+  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                const std::vector<float*>& dx, const StepInfo& st) override {
+    const int CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    const double m = double(s_.n) * hw;
+    ctx.parallel_for(CB, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        double sdy[16] = {}, sdyx[16] = {};
+        float mean[16], inv[16];
+        for (int l = 0; l < 16; ++l) { mean[l] = mean_[blk * 16 + l]; inv[l] = invstd_[blk * 16 + l]; }
+        for (int n = 0; n < s_.n; ++n) {
+          const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          for (size_t i = 0; i < hw; ++i)
+            for (int l = 0; l < 16; ++l) {
+              const float g = dy[off + i * 16 + l];
+              sdy[l] += g;
+              sdyx[l] += g * (x[0][off + i * 16 + l] - mean[l]) * inv[l];
+            }
+        }
+        float k1[16], k2[16], k3[16];
+        for (int l = 0; l < 16; ++l) {
+          const int c = int(blk) * 16 + l;
+          ggamma_[c] = c < s_.c ? static_cast<float>(sdyx[l]) : 0.f;
+          gbeta_[c] = c < s_.c ? static_cast<float>(sdy[l]) : 0.f;
+          // dx = gamma*inv/m * (m*dy - sum(dy) - xhat*sum(dy*xhat))
+          k1[l] = gamma_[c] * inv[l];
+          k2[l] = static_cast<float>(sdy[l] / m);
+          k3[l] = static_cast<float>(sdyx[l] / m);
+        }
+        if (!dx[0]) continue;
+        for (int n = 0; n < s_.n; ++n) {
+          const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          for (size_t i = 0; i < hw; ++i)
+            for (int l = 0; l < 16; ++l) {
+              const float xhat = (x[0][off + i * 16 + l] - mean[l]) * inv[l];
+              dx[0][off + i * 16 + l] = k1[l] * (dy[off + i * 16 + l] - k2[l] - xhat * k3[l]);
+            }
+        }
+      }
+    });
+  }
+  void parameters(std::vector<Parameter>& out) override {
+    // The padded lanes are part of the storage; their gradient is always 0, so they stay 0.
+    out.push_back({name + ".weight", gamma_.data(), ggamma_.data(), gamma_.size(), true});
+    out.push_back({name + ".bias", beta_.data(), gbeta_.data(), beta_.size(), true});
+  }
+  size_t count_parameters(const std::vector<TensorShape>& in) const override { return 2 * size_t(in[0].c); }
+  void buffers(std::vector<std::pair<std::string, std::vector<float>*>>& out) override {
+    out.push_back({name + ".running_mean", &running_mean_});
+    out.push_back({name + ".running_var", &running_var_});
+  }
+
+ private:
+  static constexpr double kEps = 1e-5, kMomentum = 0.1;
+  TensorShape s_;
+  std::vector<float> gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_, mean_, invstd_;
+};
+
+// ---- ReLU ---------------------------------------------------------------------------------
+
+class Relu final : public Layer {
+ public:
+  TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    const size_t n = n_elems_;
+    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
+      for (size_t i = size_t(b) * kChunk; i < std::min(n, size_t(e) * kChunk); ++i) y[i] = std::max(x[0][i], 0.f);
+    });
+  }
+  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                const std::vector<float*>& dx, const StepInfo&) override {
+    if (!dx[0]) return;
+    const size_t n = n_elems_;
+    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
+      for (size_t i = size_t(b) * kChunk; i < std::min(n, size_t(e) * kChunk); ++i)
+        dx[0][i] = y[i] > 0.f ? dy[i] : 0.f;
+    });
+  }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    n_elems_ = in[0].blocked_elements();
+  }
+
+ private:
+  static constexpr size_t kChunk = 1 << 15;
+  size_t n_elems_ = 0;
+};
+
+// ---- pooling ------------------------------------------------------------------------------
+
+class Pool final : public Layer {
+ public:
+  Pool(bool max, int k, int s, int p, bool ceil_mode) : max_(max), k_(k), s_(s), p_(p), ceil_(ceil_mode) {}
+  int out_dim(int in) const {
+    int o = ceil_ ? (in + 2 * p_ - k_ + s_ - 1) / s_ + 1 : (in + 2 * p_ - k_) / s_ + 1;
+    if (ceil_ && (o - 1) * s_ >= in + p_) --o;  // PyTorch: the last window must start inside
+    return o;
+  }
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    DFP_CHECK(in[0].h + 2 * p_ >= k_ && in[0].w + 2 * p_ >= k_, Status::invalid_argument,
+              "pool '" + name + "': window larger than the padded input");
+    return {in[0].n, in[0].c, out_dim(in[0].h), out_dim(in[0].w)};
+  }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    in_ = in[0];
+    out_ = out;
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    for_blocks(ctx, in_.n, cb_of(in_), [&](int n, int blk) {
+      const float* p = x[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
+      float* q = y + (size_t(n) * cb_of(out_) + blk) * plane(out_);
+      for (int oh = 0; oh < out_.h; ++oh)
+        for (int ow = 0; ow < out_.w; ++ow) {
+          float acc[16];
+          for (int l = 0; l < 16; ++l) acc[l] = max_ ? -std::numeric_limits<float>::infinity() : 0.f;
+          for (int r = 0; r < k_; ++r) {
+            const int ih = oh * s_ + r - p_;
+            if (ih < 0 || ih >= in_.h) continue;
+            for (int c = 0; c < k_; ++c) {
+              const int iw = ow * s_ + c - p_;
+              if (iw < 0 || iw >= in_.w) continue;
+              const float* v = p + (size_t(ih) * in_.w + iw) * 16;
+              for (int l = 0; l < 16; ++l) acc[l] = max_ ? std::max(acc[l], v[l]) : acc[l] + v[l];
+            }
+          }
+          float* o = q + (size_t(oh) * out_.w + ow) * 16;
+          const float inv = 1.f / float(k_ * k_);  // count_include_pad, as PyTorch's default
+          for (int l = 0; l < 16; ++l) o[l] = max_ ? acc[l] : acc[l] * inv;
+        }
+    });
+  }
+  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                const std::vector<float*>& dx, const StepInfo&) override {
+    if (!dx[0]) return;
+    for_blocks(ctx, in_.n, cb_of(in_), [&](int n, int blk) {
+      const float* p = x[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
+      float* d = dx[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
+      const float* g = dy + (size_t(n) * cb_of(out_) + blk) * plane(out_);
+      const float* q = y + (size_t(n) * cb_of(out_) + blk) * plane(out_);
+      std::fill(d, d + plane(in_), 0.f);
+      const float inv = 1.f / float(k_ * k_);
+      for (int oh = 0; oh < out_.h; ++oh)
+        for (int ow = 0; ow < out_.w; ++ow) {
+          const float* go = g + (size_t(oh) * out_.w + ow) * 16;
+          const float* yo = q + (size_t(oh) * out_.w + ow) * 16;
+          bool taken[16] = {};  // max: the first maximum in window order gets the gradient
+          for (int r = 0; r < k_; ++r) {
+            const int ih = oh * s_ + r - p_;
+            if (ih < 0 || ih >= in_.h) continue;
+            for (int c = 0; c < k_; ++c) {
+              const int iw = ow * s_ + c - p_;
+              if (iw < 0 || iw >= in_.w) continue;
+              const size_t off = (size_t(ih) * in_.w + iw) * 16;
+              for (int l = 0; l < 16; ++l) {
+                if (max_) {
+                  if (!taken[l] && p[off + l] == yo[l]) { d[off + l] += go[l]; taken[l] = true; }
+                } else {
+                  d[off + l] += go[l] * inv;
+                }
+              }
+            }
+          }
+        }
+    });
+  }
+
+ private:
+  bool max_;
+  int k_, s_, p_;
+  bool ceil_;
+  TensorShape in_, out_;
+};
+
+class GlobalAvgPool final : public Layer {
+ public:
+  TensorShape infer(const std::vector<TensorShape>& in) const override { return {in[0].n, in[0].c, 1, 1}; }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    in_ = in[0];
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    const size_t hw = size_t(in_.h) * in_.w;
+    for_blocks(ctx, in_.n, cb_of(in_), [&](int n, int blk) {
+      const float* p = x[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
+      float acc[16] = {};
+      for (size_t i = 0; i < hw; ++i)
+        for (int l = 0; l < 16; ++l) acc[l] += p[i * 16 + l];
+      for (int l = 0; l < 16; ++l) y[(size_t(n) * cb_of(in_) + blk) * 16 + l] = acc[l] / float(hw);
+    });
+  }
+  void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
+                const std::vector<float*>& dx, const StepInfo&) override {
+    if (!dx[0]) return;
+    const size_t hw = size_t(in_.h) * in_.w;
+    for_blocks(ctx, in_.n, cb_of(in_), [&](int n, int blk) {
+      float* d = dx[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
+      const float* g = dy + (size_t(n) * cb_of(in_) + blk) * 16;
+      for (size_t i = 0; i < hw; ++i)
+        for (int l = 0; l < 16; ++l) d[i * 16 + l] = g[l] / float(hw);
+    });
+  }
+
+ private:
+  TensorShape in_;
+};
+
+// ---- shape and routing layers ---------------------------------------------------------------
+
+// (N, C, H, W) -> (N, C*H*W, 1, 1), features in (c, h, w) order as torch.flatten.
+class Flatten final : public Layer {
+ public:
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    return {in[0].n, in[0].c * in[0].h * in[0].w, 1, 1};
+  }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    in_ = in[0];
+    out_ = out;
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    ctx.parallel_for(in_.n, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n) {
+        float* row = y + size_t(n) * channel_blocks(out_.c) * 16;
+        std::fill(row, row + channel_blocks(out_.c) * 16, 0.f);
+        for (int c = 0; c < in_.c; ++c)
+          for (int h = 0; h < in_.h; ++h)
+            for (int w = 0; w < in_.w; ++w) row[(size_t(c) * in_.h + h) * in_.w + w] = x[0][bidx(in_, int(n), c, h, w)];
+      }
+    });
+  }
+  void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
+                const std::vector<float*>& dx, const StepInfo&) override {
+    if (!dx[0]) return;
+    ctx.parallel_for(in_.n, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n) {
+        const float* row = dy + size_t(n) * channel_blocks(out_.c) * 16;
+        float* d = dx[0] + size_t(n) * cb_of(in_) * plane(in_);
+        std::fill(d, d + cb_of(in_) * plane(in_), 0.f);
+        for (int c = 0; c < in_.c; ++c)
+          for (int h = 0; h < in_.h; ++h)
+            for (int w = 0; w < in_.w; ++w) dx[0][bidx(in_, int(n), c, h, w)] = row[(size_t(c) * in_.h + h) * in_.w + w];
+      }
+    });
+  }
+
+ private:
+  TensorShape in_, out_;
+};
+
+class Add final : public Layer {
+ public:
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    DFP_CHECK(in[0].c == in[1].c && in[0].h == in[1].h && in[0].w == in[1].w, Status::invalid_argument,
+              "add '" + name + "': input shapes differ (" + std::to_string(in[0].c) + "x" + std::to_string(in[0].h) +
+                  "x" + std::to_string(in[0].w) + " vs " + std::to_string(in[1].c) + "x" + std::to_string(in[1].h) +
+                  "x" + std::to_string(in[1].w) + ")");
+    return in[0];
+  }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    n_ = in[0].blocked_elements();
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    ctx.parallel_for(int64_t((n_ + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
+      for (size_t i = size_t(b) * kChunk; i < std::min(n_, size_t(e) * kChunk); ++i) y[i] = x[0][i] + x[1][i];
+    });
+  }
+  void backward(const Context&, const std::vector<const float*>&, const float*, const float* dy,
+                const std::vector<float*>& dx, const StepInfo&) override {
+    for (float* d : dx)
+      if (d) std::memcpy(d, dy, n_ * sizeof(float));
+  }
+
+ private:
+  static constexpr size_t kChunk = 1 << 15;
+  size_t n_ = 0;
+};
+
+class Concat final : public Layer {
+ public:
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    TensorShape o = in[0];
+    o.c = 0;
+    for (const auto& s : in) {
+      DFP_CHECK(s.h == in[0].h && s.w == in[0].w, Status::invalid_argument,
+                "concat '" + name + "': inputs differ in spatial size");
+      o.c += s.c;
+    }
+    return o;
+  }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    in_ = in;
+    out_ = out;
+  }
+  // Copies channel c of input i to channel off+c of the output (or back); whole blocks when the
+  // offset is block-aligned (every Inception block in GoogLeNet), lane by lane otherwise.
+  template <bool Fwd>
+  void route(const Context& ctx, const float* const* src, float* const* dst) {
+    for_blocks(ctx, out_.n, 1, [&](int n, int) {
+      int off = 0;
+      for (size_t i = 0; i < in_.size(); ++i) {
+        const TensorShape& s = in_[i];
+        if (Fwd || dst[i]) {
+          for (int c = 0; c < s.c; ++c)
+            for (int h = 0; h < s.h; ++h)
+              for (int w = 0; w < s.w; ++w) {
+                if constexpr (Fwd) dst[0][bidx(out_, n, off + c, h, w)] = src[i][bidx(s, n, c, h, w)];
+                else dst[i][bidx(s, n, c, h, w)] = src[0][bidx(out_, n, off + c, h, w)];
+              }
+        }
+        off += s.c;
+      }
+    });
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    float* dst[1] = {y};
+    route<true>(ctx, x.data(), dst);
+  }
+  void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
+                const std::vector<float*>& dx, const StepInfo&) override {
+    const float* src[1] = {dy};
+    route<false>(ctx, src, dx.data());
+  }
+
+ private:
+  std::vector<TensorShape> in_;
+  TensorShape out_;
+};
+
+// Inverted dropout; the mask is a function of (seed, step, element), recomputed in backward.
+class Dropout final : public Layer {
+ public:
+  explicit Dropout(float p) : p_(p) {}
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    DFP_CHECK(p_ >= 0.f && p_ < 1.f, Status::invalid_argument,
+              "dropout '" + name + "': p expected in [0, 1), got " + std::to_string(p_));
+    return in[0];
+  }
+  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+             std::mt19937_64& rng) override {
+    n_ = in[0].blocked_elements();
+    seed_ = rng();
+  }
+  bool keep(uint64_t step, size_t i) const {
+    const uint32_t key = simd::stochastic_key(seed_ ^ (step * 0x9e3779b97f4a7c15ULL));
+    return float(simd::stochastic_rand24(key, i)) * 0x1p-24f >= p_;
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
+    const float scale = 1.f / (1.f - p_);
+    for (size_t i = 0; i < n_; ++i) y[i] = (!st.train || p_ == 0.f) ? x[0][i] : (keep(st.step, i) ? x[0][i] * scale : 0.f);
+  }
+  void backward(const Context&, const std::vector<const float*>&, const float*, const float* dy,
+                const std::vector<float*>& dx, const StepInfo& st) override {
+    if (!dx[0]) return;
+    const float scale = 1.f / (1.f - p_);
+    for (size_t i = 0; i < n_; ++i) dx[0][i] = keep(st.step, i) ? dy[i] * scale : 0.f;
+  }
+
+ private:
+  float p_;
+  size_t n_ = 0;
+  uint64_t seed_ = 0;
+};
+
+// Local response normalisation across channels (AlexNet, GoogLeNet-v1), as torch.nn.LocalResponseNorm:
+// y_c = x_c / (k + alpha/size * sum_{c' in window(c)} x_c'^2)^beta.
+class Lrn final : public Layer {
+ public:
+  Lrn(int size, float alpha, float beta, float k) : size_(size), alpha_(alpha), beta_(beta), k_(k) {}
+  TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    s_ = in[0];
+    scale_ = AlignedBuffer<float>(s_.blocked_elements());
+  }
+  int lo(int c) const { return std::max(0, c - size_ / 2); }
+  int hi(int c) const { return std::min(s_.c - 1, c + (size_ - 1) / 2); }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    ctx.parallel_for(s_.n, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n)
+        for (int h = 0; h < s_.h; ++h)
+          for (int w = 0; w < s_.w; ++w)
+            for (int c = 0; c < s_.c; ++c) {
+              double sum = 0;
+              for (int j = lo(c); j <= hi(c); ++j) {
+                const float v = x[0][bidx(s_, int(n), j, h, w)];
+                sum += double(v) * v;
+              }
+              const size_t i = bidx(s_, int(n), c, h, w);
+              scale_[i] = static_cast<float>(k_ + alpha_ / size_ * sum);
+              y[i] = x[0][i] * std::pow(scale_[i], -beta_);
+            }
+    });
+  }
+  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                const std::vector<float*>& dx, const StepInfo&) override {
+    if (!dx[0]) return;
+    ctx.parallel_for(s_.n, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n)
+        for (int h = 0; h < s_.h; ++h)
+          for (int w = 0; w < s_.w; ++w)
+            for (int c = 0; c < s_.c; ++c) {
+              // Output j's window contains c exactly when c's window contains j (symmetric ranges
+              // up to the odd/even split, handled by testing membership explicitly).
+              double acc = 0;
+              for (int j = std::max(0, c - size_); j <= std::min(s_.c - 1, c + size_); ++j) {
+                if (c < lo(j) || c > hi(j)) continue;
+                const size_t ij = bidx(s_, int(n), j, h, w);
+                acc += double(dy[ij]) * y[ij] / scale_[ij];
+              }
+              const size_t i = bidx(s_, int(n), c, h, w);
+              dx[0][i] = static_cast<float>(dy[i] * std::pow(scale_[i], -beta_) -
+                                            2.0 * alpha_ * beta_ / size_ * x[0][i] * acc);
+            }
+    });
+  }
+
+ private:
+  int size_;
+  float alpha_, beta_, k_;
+  TensorShape s_;
+  AlignedBuffer<float> scale_;
+};
+
+// ResNet option-A shortcut (He et al. 2016, CIFAR): x[:, :, ::s, ::s] with (out_c - c)/2 zero
+// channels on each side.
+class ShortcutPad final : public Layer {
+ public:
+  ShortcutPad(int out_c, int stride) : out_c_(out_c), stride_(stride) {}
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    DFP_CHECK(out_c_ >= in[0].c && (out_c_ - in[0].c) % 2 == 0, Status::invalid_argument,
+              "shortcut '" + name + "': output channels must exceed input channels by an even number");
+    return {in[0].n, out_c_, (in[0].h + stride_ - 1) / stride_, (in[0].w + stride_ - 1) / stride_};
+  }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const PrecisionPolicy&,
+             std::mt19937_64&) override {
+    in_ = in[0];
+    out_ = out;
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    const int off = (out_c_ - in_.c) / 2;
+    ctx.parallel_for(in_.n, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n) {
+        float* q = y + size_t(n) * cb_of(out_) * plane(out_);
+        std::fill(q, q + cb_of(out_) * plane(out_), 0.f);
+        for (int c = 0; c < in_.c; ++c)
+          for (int h = 0; h < out_.h; ++h)
+            for (int w = 0; w < out_.w; ++w)
+              y[bidx(out_, int(n), c + off, h, w)] = x[0][bidx(in_, int(n), c, h * stride_, w * stride_)];
+      }
+    });
+  }
+  void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
+                const std::vector<float*>& dx, const StepInfo&) override {
+    if (!dx[0]) return;
+    const int off = (out_c_ - in_.c) / 2;
+    ctx.parallel_for(in_.n, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n) {
+        float* d = dx[0] + size_t(n) * cb_of(in_) * plane(in_);
+        std::fill(d, d + cb_of(in_) * plane(in_), 0.f);
+        for (int c = 0; c < in_.c; ++c)
+          for (int h = 0; h < out_.h; ++h)
+            for (int w = 0; w < out_.w; ++w)
+              dx[0][bidx(in_, int(n), c, h * stride_, w * stride_)] = dy[bidx(out_, int(n), c + off, h, w)];
+      }
+    });
+  }
+
+ private:
+  int out_c_, stride_;
+  TensorShape in_, out_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_conv(int k, int r, int s, int p, bool b) { return std::make_unique<Conv2d>(k, r, s, p, b); }
+std::unique_ptr<Layer> make_batchnorm() { return std::make_unique<BatchNorm>(); }
+std::unique_ptr<Layer> make_relu() { return std::make_unique<Relu>(); }
+std::unique_ptr<Layer> make_pool(bool max, int k, int s, int p, bool c) { return std::make_unique<Pool>(max, k, s, p, c); }
+std::unique_ptr<Layer> make_global_avgpool() { return std::make_unique<GlobalAvgPool>(); }
+std::unique_ptr<Layer> make_flatten() { return std::make_unique<Flatten>(); }
+std::unique_ptr<Layer> make_linear(int k, bool b) { return std::make_unique<Linear>(k, b); }
+std::unique_ptr<Layer> make_add() { return std::make_unique<Add>(); }
+std::unique_ptr<Layer> make_concat() { return std::make_unique<Concat>(); }
+std::unique_ptr<Layer> make_dropout(float p) { return std::make_unique<Dropout>(p); }
+std::unique_ptr<Layer> make_lrn(int size, float a, float b, float k) { return std::make_unique<Lrn>(size, a, b, k); }
+std::unique_ptr<Layer> make_shortcut_pad(int c, int s) { return std::make_unique<ShortcutPad>(c, s); }
+
+}  // namespace dfp::model

@@ -1,0 +1,370 @@
+// The model graph: construction with shape inference, one-time planning of every buffer, and the
+// forward / loss / backward passes of a training step.
+//
+// Gradients at nodes read by several layers (residual branch points, Inception inputs) are sums:
+// backward runs in reverse construction order; the first consumer writes a node's gradient, later
+// ones write into that node's own accumulation buffer, which is then added in. Nodes with one
+// consumer need no extra buffer or pass.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "dfp/context.hpp"
+#include "dfp/model.hpp"
+#include "dfp/status.hpp"
+#include "src/aligned_buffer.hpp"
+#include "src/model/layer.hpp"
+
+namespace dfp {
+
+const char* precision_name(Precision p) noexcept { return p == Precision::int16 ? "int16" : "fp32"; }
+
+Precision parse_precision(const std::string& text, const std::string& origin) {
+  if (text == "fp32") return Precision::fp32;
+  if (text == "int16") return Precision::int16;
+  fail(Status::invalid_argument, origin + ": unknown precision '" + text + "'; expected fp32 or int16");
+}
+
+namespace {
+bool glob_match(const char* p, const char* s) {
+  for (; *p; ++p, ++s) {
+    if (*p == '*') {
+      for (; *s; ++s)
+        if (glob_match(p + 1, s)) return true;
+      return glob_match(p + 1, s);
+    }
+    if (!*s || (*p != '?' && *p != *s)) return false;
+  }
+  return !*s;
+}
+}  // namespace
+
+Precision PrecisionPolicy::resolve(const std::string& layer) const {
+  for (const auto& [pattern, p] : overrides)
+    if (glob_match(pattern.c_str(), layer.c_str())) return p;
+  return precision;
+}
+
+std::string PrecisionPolicy::describe() const {
+  std::ostringstream o;
+  o << "precision=" << precision_name(precision);
+  for (const auto& [pattern, p] : overrides) o << " override[" << pattern << "]=" << precision_name(p);
+  auto q = [&](const char* what, const QuantOptions& x) {
+    o << " " << what << "{headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding) << "}";
+  };
+  q("weights", dfp.weights);
+  q("activations", dfp.activations);
+  q("gradients", dfp.gradients);
+  return o.str();
+}
+
+std::vector<std::pair<std::string, Precision>> PrecisionPolicy::parse_overrides(const std::string& text,
+                                                                               const std::string& origin) {
+  std::vector<std::pair<std::string, Precision>> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    DFP_CHECK(eq != std::string::npos && eq > 0, Status::invalid_argument,
+              origin + ": expected PATTERN=PRECISION items separated by commas, got '" + item + "'");
+    out.emplace_back(item.substr(0, eq), parse_precision(item.substr(eq + 1), origin));
+  }
+  return out;
+}
+
+struct Model::Impl {
+  struct NodeInfo {
+    std::unique_ptr<model::Layer> layer;  // null for the input
+    std::vector<int> inputs;
+    TensorShape shape;
+    int consumers = 0;
+    AlignedBuffer<float> act, grad, acc;  // acc: second-consumer gradient (fan-out nodes only)
+    bool grad_written = false;
+  };
+  const Context& ctx;
+  std::string name;
+  std::vector<NodeInfo> nodes;
+  std::vector<int> counts;  // per kind, for default names
+  int loss_node = -1;
+  float label_smoothing = 0.f;
+  bool built = false;
+  int batch = 0;
+  std::vector<Parameter> params;
+  std::vector<int32_t> labels;
+  AlignedBuffer<float> probs;  // softmax of the logits, [batch][classes]
+  int last_count = 0;
+  uint64_t step = 0;
+
+  Impl(const Context& c, std::string n) : ctx(c), name(std::move(n)) {}
+
+  Node add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname, const char* kind) {
+    DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': layers cannot be added after build()");
+    DFP_CHECK(!nodes.empty(), Status::invalid_argument, "model '" + name + "': call input() first");
+    for (int i : inputs)
+      DFP_CHECK(i >= 0 && i < int(nodes.size()), Status::invalid_argument,
+                "model '" + name + "': " + kind + " layer refers to unknown node " + std::to_string(i));
+    if (lname.empty()) lname = std::string(kind) + std::to_string(nodes.size());
+    for (const NodeInfo& n : nodes)
+      DFP_CHECK(!n.layer || n.layer->name != lname, Status::invalid_argument,
+                "model '" + name + "': duplicate layer name '" + lname + "'");
+    layer->name = lname;
+    layer->kind = kind;
+    std::vector<TensorShape> in;
+    for (int i : inputs) {
+      in.push_back(nodes[i].shape);
+      ++nodes[i].consumers;
+    }
+    NodeInfo n;
+    n.shape = layer->infer(in);
+    n.layer = std::move(layer);
+    n.inputs = std::move(inputs);
+    nodes.push_back(std::move(n));
+    return int(nodes.size()) - 1;
+  }
+
+  std::vector<TensorShape> in_shapes(const NodeInfo& n) const {
+    std::vector<TensorShape> v;
+    for (int i : n.inputs) v.push_back(nodes[i].shape);
+    return v;
+  }
+
+  void build(int b, const PrecisionPolicy& policy) {
+    DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': build() called twice");
+    DFP_CHECK(b >= 1, Status::invalid_argument, "model '" + name + "': batch expected >= 1, got " + std::to_string(b));
+    DFP_CHECK(loss_node >= 0, Status::invalid_argument, "model '" + name + "': no loss; call softmax_cross_entropy()");
+    batch = b;
+    std::mt19937_64 rng(ctx.seed() * 0x9e3779b97f4a7c15ULL + 12345);
+    for (NodeInfo& n : nodes) n.shape.n = b;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      NodeInfo& n = nodes[i];
+      n.act = AlignedBuffer<float>(n.shape.blocked_elements());
+      if (i > 0) n.grad = AlignedBuffer<float>(n.shape.blocked_elements());
+      if (i > 0 && n.consumers > 1) n.acc = AlignedBuffer<float>(n.shape.blocked_elements());
+      if (n.layer) {
+        n.layer->build(ctx, in_shapes(n), n.shape, policy, rng);
+        n.layer->parameters(params);
+      }
+    }
+    const TensorShape& ls = nodes[loss_node].shape;
+    labels.assign(b, 0);
+    probs = AlignedBuffer<float>(size_t(b) * ls.c);
+    built = true;
+    weights_updated();
+  }
+
+  void weights_updated() {
+    for (NodeInfo& n : nodes)
+      if (n.layer) n.layer->weights_updated(step);
+  }
+
+  StepResult forward(const float* images, const int32_t* lab, int count, bool train) {
+    DFP_CHECK(built, Status::invalid_argument, "model '" + name + "': forward() before build()");
+    DFP_CHECK(count >= 1 && count <= batch, Status::invalid_argument,
+              "model '" + name + "': batch of " + std::to_string(count) + " images, planned for 1.." + std::to_string(batch));
+    DFP_CHECK(!train || count == batch, Status::invalid_argument,
+              "model '" + name + "': training batches must be full (" + std::to_string(batch) +
+                  " images; BatchNorm statistics would include padding), got " + std::to_string(count));
+    const TensorShape& is = nodes[0].shape;
+    const size_t per_image = is.blocked_elements() / size_t(batch);
+    std::memcpy(nodes[0].act.data(), images, per_image * count * sizeof(float));
+    std::memset(nodes[0].act.data() + per_image * count, 0, per_image * (batch - count) * sizeof(float));
+    model::StepInfo st{count, train, step};
+    std::vector<const float*> xs;
+    for (size_t i = 1; i < nodes.size(); ++i) {
+      NodeInfo& n = nodes[i];
+      xs.clear();
+      for (int j : n.inputs) xs.push_back(nodes[j].act.data());
+      n.layer->forward(ctx, xs, n.act.data(), st);
+    }
+    // Softmax cross-entropy in double, per image.
+    const TensorShape& ls = nodes[loss_node].shape;
+    const int K = ls.c, KP = channel_blocks(K) * 16;
+    const float* logits = nodes[loss_node].act.data();
+    StepResult r;
+    r.count = count;
+    double loss = 0;
+    for (int n = 0; n < count; ++n) {
+      const int y = lab[n];
+      DFP_CHECK(y >= 0 && y < K, Status::invalid_argument,
+                "model '" + name + "': label " + std::to_string(y) + " of image " + std::to_string(n) +
+                    " outside [0, " + std::to_string(K) + ")");
+      labels[n] = y;
+      const float* z = logits + size_t(n) * KP;
+      DFP_CHECK(std::isfinite(z[0]), Status::numerical_error,
+                "model '" + name + "': non-finite logits for image " + std::to_string(n) + " (training diverged)");
+      const float zmax = *std::max_element(z, z + K);
+      double sum = 0;
+      for (int k = 0; k < K; ++k) sum += std::exp(double(z[k]) - zmax);
+      const double lse = zmax + std::log(sum);
+      double l = 0;
+      for (int k = 0; k < K; ++k) {
+        const double logp = z[k] - lse;
+        probs[size_t(n) * K + k] = static_cast<float>(std::exp(logp));
+        const double target = (k == y ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
+        l -= target * logp;
+      }
+      loss += l;
+      int rank = 0;  // how many logits beat the label's
+      for (int k = 0; k < K; ++k) rank += (z[k] > z[y]) || (z[k] == z[y] && k < y);
+      r.correct1 += rank < 1;
+      r.correct5 += rank < 5;
+    }
+    r.loss = loss / count;
+    last_count = count;
+    return r;
+  }
+
+  void backward() {
+    DFP_CHECK(built && last_count == batch, Status::invalid_argument,
+              "model '" + name + "': backward() needs a training forward() first");
+    for (NodeInfo& n : nodes) n.grad_written = false;
+    // d(mean loss)/d(logits) = (p - target) / batch
+    NodeInfo& ln = nodes[loss_node];
+    const int K = ln.shape.c, KP = channel_blocks(K) * 16;
+    std::memset(ln.grad.data(), 0, ln.grad.size() * sizeof(float));
+    for (int n = 0; n < batch; ++n)
+      for (int k = 0; k < K; ++k) {
+        const double target = (k == labels[n] ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
+        ln.grad[size_t(n) * KP + k] = static_cast<float>((probs[size_t(n) * K + k] - target) / batch);
+      }
+    ln.grad_written = true;
+    model::StepInfo st{batch, true, step};
+    std::vector<const float*> xs;
+    std::vector<float*> dxs;
+    for (size_t i = nodes.size() - 1; i >= 1; --i) {
+      NodeInfo& n = nodes[i];
+      if (!n.grad_written) continue;  // does not reach the loss
+      xs.clear();
+      dxs.clear();
+      for (int j : n.inputs) {
+        xs.push_back(nodes[j].act.data());
+        if (j == 0) dxs.push_back(nullptr);  // no gradient for the data
+        else dxs.push_back(nodes[j].grad_written ? nodes[j].acc.data() : nodes[j].grad.data());
+      }
+      n.layer->backward(ctx, xs, n.act.data(), n.grad.data(), dxs, st);
+      for (int j : n.inputs) {
+        if (j == 0) continue;
+        NodeInfo& in = nodes[j];
+        if (in.grad_written) {
+          float* g = in.grad.data();
+          const float* a = in.acc.data();
+          const size_t sz = in.grad.size();
+          ctx.parallel_for(int64_t((sz + 32767) / 32768), [&](int64_t b, int64_t e) {
+            for (size_t q = size_t(b) * 32768; q < std::min(sz, size_t(e) * 32768); ++q) g[q] += a[q];
+          });
+        }
+        in.grad_written = true;
+      }
+    }
+    ++step;
+  }
+};
+
+Model::Model(const Context& ctx, std::string name) : impl_(std::make_unique<Impl>(ctx, std::move(name))) {}
+Model::~Model() = default;
+
+Model::Node Model::input(int c, int h, int w) {
+  DFP_CHECK(impl_->nodes.empty(), Status::invalid_argument, "model '" + impl_->name + "': input() called twice");
+  DFP_CHECK(c >= 1 && h >= 1 && w >= 1, Status::invalid_argument,
+            "model '" + impl_->name + "': input shape must be positive, got " + std::to_string(c) + "x" +
+                std::to_string(h) + "x" + std::to_string(w));
+  Impl::NodeInfo n;
+  n.shape = {0, c, h, w};
+  impl_->nodes.push_back(std::move(n));
+  return 0;
+}
+Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string n) {
+  return impl_->add(model::make_conv(k, r, s, p, b), {x}, std::move(n), "conv");
+}
+Model::Node Model::batchnorm(Node x, std::string n) { return impl_->add(model::make_batchnorm(), {x}, std::move(n), "bn"); }
+Model::Node Model::relu(Node x, std::string n) { return impl_->add(model::make_relu(), {x}, std::move(n), "relu"); }
+Model::Node Model::maxpool(Node x, int k, int s, int p, bool c, std::string n) {
+  return impl_->add(model::make_pool(true, k, s, p, c), {x}, std::move(n), "maxpool");
+}
+Model::Node Model::avgpool(Node x, int k, int s, int p, std::string n) {
+  return impl_->add(model::make_pool(false, k, s, p, false), {x}, std::move(n), "avgpool");
+}
+Model::Node Model::global_avgpool(Node x, std::string n) {
+  return impl_->add(model::make_global_avgpool(), {x}, std::move(n), "gap");
+}
+Model::Node Model::flatten(Node x, std::string n) { return impl_->add(model::make_flatten(), {x}, std::move(n), "flatten"); }
+Model::Node Model::linear(Node x, int k, bool b, std::string n) {
+  return impl_->add(model::make_linear(k, b), {x}, std::move(n), "fc");
+}
+Model::Node Model::add(Node a, Node b, std::string n) { return impl_->add(model::make_add(), {a, b}, std::move(n), "add"); }
+Model::Node Model::concat(const std::vector<Node>& xs, std::string n) {
+  return impl_->add(model::make_concat(), xs, std::move(n), "concat");
+}
+Model::Node Model::dropout(Node x, float p, std::string n) {
+  return impl_->add(model::make_dropout(p), {x}, std::move(n), "dropout");
+}
+Model::Node Model::lrn(Node x, int size, float a, float b, float k, std::string n) {
+  return impl_->add(model::make_lrn(size, a, b, k), {x}, std::move(n), "lrn");
+}
+Model::Node Model::shortcut_pad(Node x, int c, int s, std::string n) {
+  return impl_->add(model::make_shortcut_pad(c, s), {x}, std::move(n), "shortcut");
+}
+void Model::softmax_cross_entropy(Node x, float smoothing) {
+  DFP_CHECK(x > 0 && x < int(impl_->nodes.size()), Status::invalid_argument, "model '" + impl_->name + "': bad loss node");
+  const TensorShape& s = impl_->nodes[x].shape;
+  DFP_CHECK(s.h == 1 && s.w == 1, Status::invalid_argument,
+            "model '" + impl_->name + "': the loss needs N x classes x 1 x 1 logits");
+  DFP_CHECK(smoothing >= 0.f && smoothing < 1.f, Status::invalid_argument,
+            "model '" + impl_->name + "': label smoothing expected in [0, 1)");
+  impl_->loss_node = x;
+  impl_->label_smoothing = smoothing;
+}
+
+TensorShape Model::shape(Node n) const { return impl_->nodes.at(n).shape; }
+const std::string& Model::name() const noexcept { return impl_->name; }
+void Model::build(int batch, const PrecisionPolicy& p) { impl_->build(batch, p); }
+bool Model::built() const noexcept { return impl_->built; }
+int Model::batch() const noexcept { return impl_->batch; }
+StepResult Model::forward(const float* x, const int32_t* y, int count, bool train) {
+  return impl_->forward(x, y, count, train);
+}
+void Model::backward() { impl_->backward(); }
+void Model::weights_updated() { impl_->weights_updated(); }
+uint64_t Model::step() const noexcept { return impl_->step; }
+void Model::set_step(uint64_t step) { impl_->step = step; }
+std::vector<Parameter>& Model::parameters() { return impl_->params; }
+
+size_t Model::parameter_count() const {
+  size_t total = 0;
+  for (const auto& n : impl_->nodes)
+    if (n.layer) total += n.layer->count_parameters(impl_->in_shapes(n));
+  return total;
+}
+
+std::vector<std::pair<std::string, std::vector<float>*>> Model::buffers() {
+  std::vector<std::pair<std::string, std::vector<float>*>> out;
+  for (auto& n : impl_->nodes)
+    if (n.layer) n.layer->buffers(out);
+  return out;
+}
+
+std::vector<LayerNumerics> Model::numerics() const {
+  std::vector<LayerNumerics> out;
+  for (const auto& n : impl_->nodes) {
+    LayerNumerics ln;
+    if (n.layer && n.layer->numerics(ln)) out.push_back(ln);
+  }
+  return out;
+}
+
+std::string Model::summary() const {
+  std::ostringstream o;
+  for (size_t i = 0; i < impl_->nodes.size(); ++i) {
+    const auto& n = impl_->nodes[i];
+    const TensorShape& s = n.shape;
+    char line[200];
+    std::snprintf(line, sizeof line, "%-24s %-9s %5d x %3d x %3d  %s\n", n.layer ? n.layer->name.c_str() : "input",
+                  n.layer ? n.layer->kind.c_str() : "input", s.c, s.h, s.w, n.layer ? n.layer->precision() : "");
+    o << line;
+  }
+  return o.str();
+}
+
+}  // namespace dfp

@@ -1,0 +1,72 @@
+// SGD with momentum / Nesterov / weight decay on FP32 master weights, and LR schedules.
+#include "dfp/optim.hpp"
+
+#include <cmath>
+#include <numbers>
+
+#include "dfp/context.hpp"
+#include "dfp/status.hpp"
+
+namespace dfp {
+
+Sgd::Sgd(const Context& ctx, Model& model, const SgdOptions& o) : ctx_(ctx), model_(model), opt_(o) {
+  DFP_CHECK(model.built(), Status::invalid_argument, "Sgd: model '" + model.name() + "' is not built");
+  DFP_CHECK(o.momentum >= 0.f && o.weight_decay >= 0.f, Status::invalid_argument,
+            "Sgd: momentum and weight decay must be >= 0");
+  for (const Parameter& p : model.parameters()) velocity_.emplace_back(p.size, 0.f);
+}
+
+void Sgd::step(float lr) {
+  auto& params = model_.parameters();
+  ctx_.parallel_for(int64_t(params.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Parameter& p = params[i];
+      float* v = velocity_[i].data();
+      const float wd = p.decay ? opt_.weight_decay : 0.f, m = opt_.momentum;
+      for (size_t j = 0; j < p.size; ++j) {
+        const float g = p.grad[j] + wd * p.value[j];
+        v[j] = m * v[j] + g;
+        p.value[j] -= lr * (opt_.nesterov ? g + m * v[j] : v[j]);
+      }
+    }
+  });
+  model_.weights_updated();
+}
+
+ScheduleKind parse_schedule(const std::string& t, const std::string& origin) {
+  for (ScheduleKind k : {ScheduleKind::constant, ScheduleKind::step, ScheduleKind::multistep, ScheduleKind::cosine})
+    if (t == schedule_name(k)) return k;
+  fail(Status::invalid_argument, origin + ": unknown schedule '" + t + "'; expected constant, step, multistep or cosine");
+}
+
+const char* schedule_name(ScheduleKind k) noexcept {
+  switch (k) {
+    case ScheduleKind::constant: return "constant";
+    case ScheduleKind::step: return "step";
+    case ScheduleKind::multistep: return "multistep";
+    case ScheduleKind::cosine: return "cosine";
+  }
+  return "?";
+}
+
+float LrSchedule::at(int step) const {
+  if (step < warmup_steps) return base * float(step + 1) / float(warmup_steps);
+  const int epoch = step / std::max(1, steps_per_epoch);
+  switch (kind) {
+    case ScheduleKind::constant: return base;
+    case ScheduleKind::step: return base * std::pow(gamma, float(epoch / std::max(1, step_epochs)));
+    case ScheduleKind::multistep: {
+      int passed = 0;
+      for (int m : milestones) passed += epoch >= m;
+      return base * std::pow(gamma, float(passed));
+    }
+    case ScheduleKind::cosine: {
+      const int span = std::max(1, total_steps - warmup_steps);
+      const double t = std::min(1.0, double(step - warmup_steps) / span);
+      return static_cast<float>(base * 0.5 * (1.0 + std::cos(std::numbers::pi * t)));
+    }
+  }
+  return base;
+}
+
+}  // namespace dfp

@@ -1,0 +1,389 @@
+// The training loop, metrics, and checkpoints.
+#include "dfp/trainer.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "dfp/context.hpp"
+#include "dfp/data.hpp"
+#include "dfp/models.hpp"
+#include "dfp/optim.hpp"
+#include "dfp/status.hpp"
+
+namespace dfp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+long peak_rss_kib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+// Layout: "DFPCKPT1", then records [u32 name length][name][u64 float count][floats], the first
+// record being "meta" (its floats encode the meta text's bytes one per float), and finally a u32
+// CRC-32 of everything before it.
+constexpr char kMagic[8] = {'D', 'F', 'P', 'C', 'K', 'P', 'T', '1'};
+
+struct Checkpoint {
+  std::map<std::string, std::string> meta;
+  std::map<std::string, std::vector<float>> tensors;
+};
+
+void put(std::string& buf, const void* p, size_t n) { buf.append(static_cast<const char*>(p), n); }
+
+void write_checkpoint(const std::string& path, const Checkpoint& ck) {
+  std::string buf(kMagic, 8);
+  std::string meta;
+  for (const auto& [k, v] : ck.meta) meta += k + "=" + v + "\n";
+  auto record = [&](const std::string& name, const float* data, uint64_t n) {
+    const uint32_t len = uint32_t(name.size());
+    put(buf, &len, 4);
+    put(buf, name.data(), len);
+    put(buf, &n, 8);
+    put(buf, data, n * sizeof(float));
+  };
+  std::vector<float> meta_f(meta.begin(), meta.end());
+  record("meta", meta_f.data(), meta_f.size());
+  for (const auto& [name, v] : ck.tensors) record(name, v.data(), v.size());
+  const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size())));
+  put(buf, &crc, 4);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + tmp + "': cannot open for writing");
+    f.write(buf.data(), std::streamsize(buf.size()));
+    f.flush();
+    DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + tmp + "': write failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);  // atomic on POSIX: a crash leaves the old file intact
+  DFP_CHECK(!ec, Status::io_error, "checkpoint '" + path + "': rename from temporary file failed: " + ec.message());
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + path + "': cannot open");
+  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  DFP_CHECK(buf.size() >= 12 && std::memcmp(buf.data(), kMagic, 8) == 0, Status::corrupt_data,
+            "checkpoint '" + path + "': not a dfp checkpoint (expected magic DFPCKPT1 at offset 0)");
+  uint32_t stored;
+  std::memcpy(&stored, buf.data() + buf.size() - 4, 4);
+  const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size() - 4)));
+  DFP_CHECK(crc == stored, Status::corrupt_data,
+            "checkpoint '" + path + "': CRC-32 mismatch (stored " + std::to_string(stored) + ", computed " +
+                std::to_string(crc) + "): the file is corrupt or truncated");
+  Checkpoint ck;
+  size_t pos = 8;
+  const size_t end = buf.size() - 4;
+  auto need = [&](size_t n, const char* what) {
+    DFP_CHECK(pos + n <= end, Status::corrupt_data,
+              "checkpoint '" + path + "': truncated record (" + what + " at byte " + std::to_string(pos) + ")");
+  };
+  while (pos < end) {
+    uint32_t len;
+    need(4, "name length");
+    std::memcpy(&len, buf.data() + pos, 4);
+    pos += 4;
+    need(len, "name");
+    std::string name(buf.data() + pos, len);
+    pos += len;
+    uint64_t n;
+    need(8, "element count");
+    std::memcpy(&n, buf.data() + pos, 8);
+    pos += 8;
+    need(n * sizeof(float), "data");
+    std::vector<float> v(n);
+    std::memcpy(v.data(), buf.data() + pos, n * sizeof(float));
+    pos += n * sizeof(float);
+    if (name == "meta") {
+      std::string text(v.begin(), v.end());
+      std::istringstream ss(text);
+      std::string line;
+      while (std::getline(ss, line)) {
+        const size_t eq = line.find('=');
+        if (eq != std::string::npos) ck.meta[line.substr(0, eq)] = line.substr(eq + 1);
+      }
+    } else {
+      ck.tensors[name] = std::move(v);
+    }
+  }
+  return ck;
+}
+
+// Model state <-> checkpoint tensors, with every mismatch named.
+void save_model(Model& m, Sgd* sgd, Checkpoint& ck) {
+  auto& ps = m.parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ck.tensors[ps[i].name] = std::vector<float>(ps[i].value, ps[i].value + ps[i].size);
+    if (sgd) ck.tensors[ps[i].name + "@momentum"] = sgd->momentum_buffers()[i];
+  }
+  for (auto& [name, v] : m.buffers()) ck.tensors[name] = *v;
+}
+
+void load_model(Model& m, Sgd* sgd, const Checkpoint& ck, const std::string& path) {
+  auto take = [&](const std::string& name, size_t size) -> const std::vector<float>& {
+    auto it = ck.tensors.find(name);
+    DFP_CHECK(it != ck.tensors.end(), Status::corrupt_data,
+              "checkpoint '" + path + "': tensor '" + name + "' missing (checkpoint of another model?)");
+    DFP_CHECK(it->second.size() == size, Status::corrupt_data,
+              "checkpoint '" + path + "': tensor '" + name + "' has " + std::to_string(it->second.size()) +
+                  " values, the model expects " + std::to_string(size));
+    return it->second;
+  };
+  auto& ps = m.parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const auto& v = take(ps[i].name, ps[i].size);
+    std::memcpy(ps[i].value, v.data(), v.size() * sizeof(float));
+    if (sgd) sgd->momentum_buffers()[i] = take(ps[i].name + "@momentum", ps[i].size);
+  }
+  for (auto& [name, v] : m.buffers()) *v = take(name, v->size());
+  m.weights_updated();
+}
+
+std::string meta_get(const Checkpoint& ck, const std::string& key, const std::string& path) {
+  auto it = ck.meta.find(key);
+  DFP_CHECK(it != ck.meta.end(), Status::corrupt_data, "checkpoint '" + path + "': meta field '" + key + "' missing");
+  return it->second;
+}
+
+AugmentOptions augment_for(const Dataset& d, bool train, bool augment) {
+  AugmentOptions a;
+  if (d.channels == 3) {  // CIFAR statistics
+    a.mean = {0.4914f, 0.4822f, 0.4465f};
+    a.stddev = {0.2470f, 0.2435f, 0.2616f};
+    if (train && augment) { a.pad = 4; a.hflip = true; }
+  } else {
+    const bool fashion = d.name.find("fashion") != std::string::npos;
+    a.mean.assign(d.channels, fashion ? 0.2860f : 0.1307f);
+    a.stddev.assign(d.channels, fashion ? 0.3530f : 0.3081f);
+  }
+  return a;
+}
+
+void truncate(Dataset& d, int limit) {
+  if (limit <= 0 || limit >= d.count) return;
+  d.count = limit;
+  d.pixels.resize(size_t(limit) * d.image_bytes());
+  d.labels.resize(limit);
+}
+
+struct Totals {
+  double loss = 0;
+  long c1 = 0, c5 = 0, n = 0;
+  void add(const StepResult& r) { loss += r.loss * r.count; c1 += r.correct1; c5 += r.correct5; n += r.count; }
+};
+
+Totals run_eval(Model& m, Loader& loader) {
+  Totals t;
+  loader.start_epoch(0);
+  Batch b;
+  while (loader.next(b)) t.add(m.forward(b.images, b.labels, b.size, false));
+  return t;
+}
+
+}  // namespace
+
+std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log) {
+  auto say = [&](const std::string& s) { if (log) log(s); };
+  DFP_CHECK(cfg.epochs >= 1, Status::invalid_argument, "flag --epochs: expected >= 1, got " + std::to_string(cfg.epochs));
+  DFP_CHECK(cfg.batch_size >= 1, Status::invalid_argument, "flag --batch-size: expected >= 1");
+  DFP_CHECK(cfg.lr > 0 && std::isfinite(cfg.lr), Status::invalid_argument, "flag --lr: expected a positive number");
+  ContextOptions co;
+  co.threads = cfg.threads;
+  co.isa = cfg.isa;
+  co.seed = cfg.seed;
+  Context ctx(co);
+
+  Dataset train_set = load_dataset(cfg.dataset, cfg.data, true);
+  Dataset test_set = load_dataset(cfg.dataset, cfg.data, false);
+  truncate(train_set, cfg.limit_train);
+  truncate(test_set, cfg.limit_test);
+  DFP_CHECK(train_set.count >= cfg.batch_size, Status::invalid_argument,
+            "training set of " + std::to_string(train_set.count) + " images is smaller than one batch (" +
+                std::to_string(cfg.batch_size) + ")");
+
+  Model m(ctx, cfg.model);
+  build_model(m, cfg.model, train_set.channels, train_set.height, train_set.width, train_set.classes);
+  m.build(cfg.batch_size, cfg.policy);
+  Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
+  Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed);
+  Loader test_loader(ctx, test_set, cfg.batch_size, false, false, augment_for(test_set, false, false), cfg.seed);
+
+  LrSchedule sched;
+  sched.kind = parse_schedule(cfg.schedule, "flag --schedule");
+  sched.base = cfg.lr;
+  sched.steps_per_epoch = train_loader.batches_per_epoch();
+  sched.total_steps = cfg.epochs * sched.steps_per_epoch;
+  sched.warmup_steps = cfg.warmup_epochs * sched.steps_per_epoch;
+  sched.gamma = cfg.gamma;
+  sched.milestones = cfg.milestones;
+  sched.step_epochs = cfg.step_epochs;
+
+  int start_epoch = 0;
+  if (!cfg.resume.empty()) {
+    const Checkpoint ck = read_checkpoint(cfg.resume);
+    for (const auto& [key, want] : std::vector<std::pair<std::string, std::string>>{
+             {"model", cfg.model}, {"dataset", cfg.dataset}, {"policy", cfg.policy.describe()},
+             {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)}}) {
+      const std::string got = meta_get(ck, key, cfg.resume);
+      DFP_CHECK(got == want, Status::invalid_argument,
+                "checkpoint '" + cfg.resume + "': field '" + key + "' is '" + got + "' but this run has '" + want +
+                    "'; resume with the same configuration");
+    }
+    m.set_step(std::stoull(meta_get(ck, "step", cfg.resume)));
+    load_model(m, &sgd, ck, cfg.resume);
+    start_epoch = std::stoi(meta_get(ck, "epochs_done", cfg.resume));
+    say("resumed from " + cfg.resume + " after epoch " + std::to_string(start_epoch));
+  }
+
+  std::ofstream metrics;
+  if (!cfg.out.empty()) {
+    std::filesystem::create_directories(cfg.out);
+    std::ofstream c(cfg.out + "/config.json");
+    c << "{\"model\":\"" << cfg.model << "\",\"dataset\":\"" << cfg.dataset << "\",\"precision_policy\":\""
+      << json_escape(cfg.policy.describe()) << "\",\"epochs\":" << cfg.epochs << ",\"batch_size\":" << cfg.batch_size
+      << ",\"lr\":" << cfg.lr << ",\"momentum\":" << cfg.momentum << ",\"weight_decay\":" << cfg.weight_decay
+      << ",\"nesterov\":" << (cfg.nesterov ? "true" : "false") << ",\"schedule\":\"" << cfg.schedule
+      << "\",\"warmup_epochs\":" << cfg.warmup_epochs << ",\"label_smoothing\":" << cfg.label_smoothing
+      << ",\"threads\":" << ctx.threads() << ",\"isa\":\"" << isa_name(ctx.isa()) << "\",\"seed\":" << cfg.seed
+      << ",\"train_images\":" << train_set.count << ",\"test_images\":" << test_set.count
+      << ",\"parameters\":" << m.parameter_count() << "}\n";
+    metrics.open(cfg.out + "/metrics.jsonl", start_epoch > 0 ? std::ios::app : std::ios::trunc);
+    DFP_CHECK(metrics.good(), Status::io_error, "cannot write '" + cfg.out + "/metrics.jsonl'");
+  }
+  say("model " + cfg.model + ": " + std::to_string(m.parameter_count()) + " parameters; " + cfg.policy.describe());
+  say("data " + train_set.name + ": " + std::to_string(train_set.count) + " train / " + std::to_string(test_set.count) +
+      " test images; " + std::to_string(ctx.threads()) + " threads; kernels " + isa_name(ctx.isa()));
+
+  const bool tty = isatty(STDOUT_FILENO);
+  std::vector<EpochMetrics> all;
+  int step = start_epoch * sched.steps_per_epoch;
+  for (int epoch = start_epoch; epoch < cfg.epochs; ++epoch) {
+    train_loader.start_epoch(epoch);
+    const auto t0 = Clock::now();
+    Totals tr;
+    Batch b;
+    int i = 0;
+    float lr = sched.at(step);
+    while (train_loader.next(b)) {
+      lr = sched.at(step);
+      tr.add(m.forward(b.images, b.labels, b.size, true));
+      m.backward();
+      sgd.step(lr);
+      ++step;
+      ++i;
+      if (log && (tty || i % cfg.print_every == 0 || i == sched.steps_per_epoch)) {
+        const double el = seconds_since(t0), ips = double(tr.n) / el;
+        const double eta = (sched.steps_per_epoch - i) * el / i;
+        char line[256];
+        const int bar = 24 * i / sched.steps_per_epoch;
+        std::snprintf(line, sizeof line, "epoch %d/%d [%-24s] %d/%d loss %.4f top1 %.2f%% %.0f img/s eta %.0fs",
+                      epoch + 1, cfg.epochs, std::string(bar, '=').c_str(), i, sched.steps_per_epoch, tr.loss / tr.n,
+                      100.0 * tr.c1 / tr.n, ips, eta);
+        if (tty) { std::printf("\r%s", line); std::fflush(stdout); }
+        else say(line);
+      }
+    }
+    if (tty && log) std::printf("\n");
+    EpochMetrics em;
+    em.epoch = epoch + 1;
+    em.epoch_seconds = seconds_since(t0);
+    em.data_wait_seconds = train_loader.data_wait_seconds();
+    em.images_per_second = double(tr.n) / em.epoch_seconds;
+    em.train_loss = tr.loss / tr.n;
+    em.train_top1 = 100.0 * tr.c1 / tr.n;
+    em.lr = lr;
+    const Totals te = run_eval(m, test_loader);
+    em.test_loss = te.loss / te.n;
+    em.test_top1 = 100.0 * te.c1 / te.n;
+    em.test_top5 = 100.0 * te.c5 / te.n;
+    em.peak_rss_kib = peak_rss_kib();
+    all.push_back(em);
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "epoch %d/%d done: train loss %.4f top1 %.2f%% | test loss %.4f top1 %.2f%% top5 %.2f%% | %.0f img/s, "
+                  "data wait %.2fs, peak RSS %.0f MiB",
+                  em.epoch, cfg.epochs, em.train_loss, em.train_top1, em.test_loss, em.test_top1, em.test_top5,
+                  em.images_per_second, em.data_wait_seconds, em.peak_rss_kib / 1024.0);
+    say(line);
+    if (metrics.is_open()) {
+      metrics << "{\"epoch\":" << em.epoch << ",\"lr\":" << em.lr << ",\"train_loss\":" << em.train_loss
+              << ",\"train_top1\":" << em.train_top1 << ",\"test_loss\":" << em.test_loss << ",\"test_top1\":"
+              << em.test_top1 << ",\"test_top5\":" << em.test_top5 << ",\"images_per_second\":" << em.images_per_second
+              << ",\"epoch_seconds\":" << em.epoch_seconds << ",\"data_wait_seconds\":" << em.data_wait_seconds
+              << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"precision_policy\":\""
+              << json_escape(cfg.policy.describe()) << "\",\"layers\":[";
+      bool first = true;
+      for (const LayerNumerics& n : m.numerics()) {
+        metrics << (first ? "" : ",") << "{\"layer\":\"" << n.layer << "\",\"exp_x\":" << n.exp_x
+                << ",\"exp_w\":" << n.exp_w << ",\"exp_dy\":" << n.exp_dy << ",\"chain_fwd\":" << n.chain_fwd
+                << ",\"chain_bwd\":" << n.chain_bwd << ",\"chain_wgrad\":" << n.chain_wgrad
+                << ",\"saturated\":" << n.saturated << ",\"overflow_events\":" << n.overflow_events << "}";
+        first = false;
+      }
+      metrics << "]}\n";
+      metrics.flush();
+      Checkpoint ck;
+      ck.meta = {{"model", cfg.model}, {"dataset", cfg.dataset}, {"data", cfg.data},
+                 {"policy", cfg.policy.describe()}, {"precision", precision_name(cfg.policy.precision)},
+                 {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)},
+                 {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)},
+                 {"channels", std::to_string(train_set.channels)}, {"height", std::to_string(train_set.height)},
+                 {"width", std::to_string(train_set.width)}, {"classes", std::to_string(train_set.classes)}};
+      save_model(m, &sgd, ck);
+      write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
+    }
+    if (cfg.stop_after > 0 && epoch + 1 >= cfg.stop_after) break;
+  }
+  return all;
+}
+
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir, int threads,
+                               const std::function<void(const std::string&)>& log) {
+  const Checkpoint ck = read_checkpoint(path);
+  ContextOptions co;
+  co.threads = threads;
+  Context ctx(co);
+  const std::string dataset = meta_get(ck, "dataset", path);
+  Dataset test_set = load_dataset(dataset, data_dir.empty() ? meta_get(ck, "data", path) : data_dir, false);
+  Model m(ctx, meta_get(ck, "model", path));
+  build_model(m, meta_get(ck, "model", path), test_set.channels, test_set.height, test_set.width, test_set.classes);
+  PrecisionPolicy p;
+  p.precision = parse_precision(meta_get(ck, "precision", path), "checkpoint '" + path + "' field precision");
+  m.build(std::stoi(meta_get(ck, "batch_size", path)), p);
+  load_model(m, nullptr, ck, path);
+  Loader loader(ctx, test_set, m.batch(), false, false, augment_for(test_set, false, false), 1);
+  const Totals t = run_eval(m, loader);
+  EvalResult r;
+  r.images = int(t.n);
+  r.loss = t.loss / t.n;
+  r.top1 = 100.0 * t.c1 / t.n;
+  r.top5 = 100.0 * t.c5 / t.n;
+  if (log) log("evaluated " + path + " on " + std::to_string(r.images) + " test images");
+  return r;
+}
+
+}  // namespace dfp

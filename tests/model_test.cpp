@@ -1,0 +1,356 @@
+// Model graph, layers, optimizer, trainer: published parameter counts, FP32 backward of every
+// layer against finite differences, INT16 against FP32, determinism, training on Fashion-MNIST,
+// checkpoints and resume.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/models.hpp"
+#include "dfp/optim.hpp"
+#include "dfp/status.hpp"
+#include "dfp/trainer.hpp"
+#include "tests/common/tolerance.hpp"
+
+using namespace dfp;
+
+namespace {
+
+const Context& ctx2() {
+  static Context c(ContextOptions{.threads = 2});
+  return c;
+}
+
+size_t count(const std::string& name, int c, int h, int w, int classes) {
+  Model m(ctx2(), name);
+  build_model(m, name, c, h, w, classes);
+  return m.parameter_count();
+}
+
+std::vector<float> batch_images(const Model& m, uint32_t seed) {
+  const TensorShape s = m.shape(0);
+  std::vector<float> nchw(size_t(m.batch()) * s.c * s.h * s.w);
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& v : nchw) v = nd(g);
+  std::vector<float> b(blocked_size(m.batch(), s.c, s.h, s.w));
+  to_blocked(nchw.data(), b.data(), m.batch(), s.c, s.h, s.w);
+  return b;
+}
+
+// Checks d(loss)/d(param) of every parameter tensor of a model against central differences on a
+// few entries. The loss is computed in double from FP32 activations; h balances truncation and
+// FP32 rounding.
+void check_gradients(Model& m, const std::vector<float>& x, const std::vector<int32_t>& y) {
+  m.forward(x.data(), y.data(), m.batch(), true);
+  m.backward();
+  m.set_step(m.step() - 1);  // the finite differences must see the same dropout mask
+  std::mt19937 g(7);
+  auto loss_at = [&](Parameter& p, size_t i, float v) {
+    const float w0 = p.value[i];
+    p.value[i] = v;
+    m.weights_updated();
+    const double l = m.forward(x.data(), y.data(), m.batch(), true).loss;
+    p.value[i] = w0;
+    m.weights_updated();
+    return l;
+  };
+  int checked = 0, kinks = 0;
+  for (Parameter& p : m.parameters()) {
+    const std::vector<float> analytic(p.grad, p.grad + p.size);
+    for (int t = 0; t < 10; ++t) {
+      const size_t i = std::uniform_int_distribution<size_t>(0, p.size - 1)(g);
+      if (p.name.find(".bn") != std::string::npos && analytic[i] == 0.f) continue;  // padding lane
+      const float w0 = p.value[i];
+      const float h = 2e-3f * std::max(1.f, std::fabs(w0));
+      const double n1 = (loss_at(p, i, w0 + h) - loss_at(p, i, w0 - h)) / (2.0 * h);
+      const double n2 = (loss_at(p, i, w0 + h / 2) - loss_at(p, i, w0 - h / 2)) / double(h);
+      // A ReLU or max-pool switch inside [w0-h, w0+h] makes the two estimates disagree: the loss
+      // is not differentiable there, so the entry says nothing about the backward pass.
+      if (std::fabs(n1 - n2) > 2e-4 + 0.02 * std::fabs(n1)) { ++kinks; continue; }
+      ++checked;
+      EXPECT_NEAR(analytic[i], n2, 1e-3 + 2e-2 * std::fabs(n2)) << p.name << "[" << i << "]";
+    }
+  }
+  EXPECT_LE(kinks, checked / 4) << "too many non-differentiable points to trust the check";
+}
+
+}  // namespace
+
+TEST(Models, PublishedParameterCounts) {
+  EXPECT_EQ(count("lenet", 1, 28, 28, 10), 61706u);         // LeCun et al. 1998 (LeNet-5)
+  EXPECT_EQ(count("resnet20", 3, 32, 32, 10), 269722u);     // He et al. 2016: 0.27M
+  EXPECT_EQ(count("resnet32", 3, 32, 32, 10), 464154u);     // 0.46M
+  EXPECT_EQ(count("resnet44", 3, 32, 32, 10), 658586u);     // 0.66M
+  EXPECT_EQ(count("resnet56", 3, 32, 32, 10), 853018u);     // 0.85M
+  EXPECT_EQ(count("resnet110", 3, 32, 32, 10), 1727962u);   // 1.7M
+  EXPECT_EQ(count("resnet18", 3, 224, 224, 1000), 11689512u);  // torchvision
+  EXPECT_EQ(count("resnet34", 3, 224, 224, 1000), 21797672u);
+  EXPECT_EQ(count("resnet50", 3, 224, 224, 1000), 25557032u);
+  EXPECT_EQ(count("vgg11", 3, 224, 224, 1000), 132863336u);
+  EXPECT_EQ(count("vgg13", 3, 224, 224, 1000), 133047848u);
+  EXPECT_EQ(count("vgg16", 3, 224, 224, 1000), 138357544u);
+  EXPECT_EQ(count("vgg19", 3, 224, 224, 1000), 143667240u);
+  EXPECT_EQ(count("vgg11bn", 3, 224, 224, 1000), 132868840u);
+  EXPECT_EQ(count("vgg16bn", 3, 224, 224, 1000), 138365992u);
+  EXPECT_EQ(count("alexnet", 3, 224, 224, 1000), 62378344u);   // Krizhevsky et al. 2012, one tower
+  EXPECT_EQ(count("googlenet", 3, 224, 224, 1000), 6624904u);  // torchvision, no aux classifiers
+}
+
+TEST(Models, AcceptSmallAndGrayscaleInputs) {
+  for (const std::string& name : model_names()) {
+    if (name == "alexnet") continue;  // needs >= 63 pixels by design
+    Model m(ctx2(), name);
+    EXPECT_NO_THROW(build_model(m, name, 1, 28, 28, 10)) << name;
+  }
+  Model m(ctx2(), "alexnet");
+  EXPECT_THROW(build_model(m, "alexnet", 1, 28, 28, 10), Error);
+  Model u(ctx2(), "x");
+  EXPECT_THROW(build_model(u, "resnet21", 3, 32, 32, 10), Error);
+}
+
+TEST(Layers, Fp32BackwardMatchesFiniteDifferences) {
+  // conv(+bias), BN, ReLU, max and average pooling, flatten, linear.
+  {
+    Model m(ctx2(), "a");
+    auto x = m.input(3, 8, 8);
+    x = m.relu(m.batchnorm(m.conv(x, 5, 3, 1, 1, true, "c1"), "bn1"), "r1");
+    x = m.maxpool(x, 2, 2, 0, false, "mp");
+    x = m.conv(x, 6, 3, 2, 1, false, "c2");
+    x = m.avgpool(x, 2, 1, 0, "ap");
+    x = m.linear(m.flatten(x, "fl"), 4, true, "fc");
+    m.softmax_cross_entropy(x, 0.1f);
+    m.build(3, {});
+    check_gradients(m, batch_images(m, 1), {0, 3, 1});
+  }
+  // Residual add with fan-out, option-A shortcut, global average pool.
+  {
+    Model m(ctx2(), "b");
+    auto x = m.input(2, 6, 6);
+    auto a = m.conv(x, 4, 3, 1, 1, false, "c1");
+    auto y = m.relu(m.conv(a, 4, 3, 1, 1, false, "c2"), "r");
+    auto s = m.add(y, a, "add");  // a feeds c2 and the add: gradient accumulation
+    auto z = m.conv(s, 6, 3, 2, 1, false, "c3");
+    auto t = m.add(z, m.shortcut_pad(s, 6, 2, "sc"), "add2");
+    m.softmax_cross_entropy(m.linear(m.global_avgpool(t, "gap"), 3, true, "fc"));
+    m.build(2, {});
+    check_gradients(m, batch_images(m, 2), {2, 0});
+  }
+  // Concat (unaligned channel offsets), LRN, dropout.
+  {
+    Model m(ctx2(), "c");
+    auto x = m.input(3, 5, 5);
+    auto a = m.conv(x, 5, 1, 1, 0, true, "a");
+    auto b = m.conv(x, 7, 3, 1, 1, true, "b");
+    auto c = m.concat({a, b}, "cat");
+    c = m.lrn(c, 5, 1e-1f, 0.75f, 2.f, "lrn");
+    c = m.dropout(c, 0.3f, "drop");
+    m.softmax_cross_entropy(m.linear(m.flatten(c, "fl"), 3, true, "fc"));
+    m.build(2, {});
+    check_gradients(m, batch_images(m, 3), {1, 2});
+  }
+}
+
+namespace {
+// Parameter gradients of one batch in fp32 and int16 (same seed, same data).
+void int16_vs_fp32(const std::function<void(Model&)>& make, int batch, std::vector<std::vector<float>> (&grads)[2],
+                   double (&loss)[2]) {
+  for (int p = 0; p < 2; ++p) {
+    Model m(ctx2(), "r");
+    make(m);
+    PrecisionPolicy pol;
+    pol.precision = p ? Precision::int16 : Precision::fp32;
+    m.build(batch, pol);
+    const auto x = batch_images(m, 5);
+    std::vector<int32_t> y(batch);
+    for (int i = 0; i < batch; ++i) y[i] = i % 10;
+    loss[p] = m.forward(x.data(), y.data(), batch, true).loss;
+    m.backward();
+    for (const Parameter& q : m.parameters()) grads[p].emplace_back(q.grad, q.grad + q.size);
+  }
+}
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(a[i]) * a[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : 0.0;
+}
+}  // namespace
+
+// Without kinks (conv, BN, average pooling, linear) every gradient tensor follows FP32 closely.
+TEST(Layers, Int16GradientsTrackFp32WithoutKinks) {
+  std::vector<std::vector<float>> g[2];
+  double loss[2];
+  int16_vs_fp32(
+      [](Model& m) {
+        auto x = m.input(3, 16, 16);
+        x = m.batchnorm(m.conv(x, 16, 3, 1, 1, false, "c1"), "bn1");
+        x = m.conv(x, 32, 3, 2, 1, true, "c2");
+        m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 10, true, "fc"));
+      },
+      8, g, loss);
+  EXPECT_NEAR(loss[0], loss[1], 1e-4 * loss[0]);
+  for (size_t t = 0; t < g[0].size(); ++t) EXPECT_LT(rel_l2(g[0][t], g[1][t]), test::kInt16GradRelL2Smooth) << t;
+}
+
+// Through ReLUs, a pre-activation within one quantization step of zero can switch sides, and
+// BatchNorm's backward (which leaves a small residual of large cancelling terms) amplifies such
+// switches in single tensors; the gradient as a whole must still point the same way.
+TEST(Layers, Int16GradientsTrackFp32ResNet20) {
+  std::vector<std::vector<float>> g[2];
+  double loss[2];
+  int16_vs_fp32([](Model& m) { build_model(m, "resnet20", 3, 16, 16, 10); }, 8, g, loss);
+  EXPECT_NEAR(loss[0], loss[1], 1e-3 * loss[0]);
+  double dot = 0, n0 = 0, n1 = 0;
+  for (size_t t = 0; t < g[0].size(); ++t)
+    for (size_t i = 0; i < g[0][t].size(); ++i) {
+      dot += double(g[0][t][i]) * g[1][t][i];
+      n0 += double(g[0][t][i]) * g[0][t][i];
+      n1 += double(g[1][t][i]) * g[1][t][i];
+    }
+  EXPECT_GT(dot / std::sqrt(n0 * n1), test::kInt16GradCosineNetwork);
+}
+
+TEST(Training, SameSeedSameBits) {
+  std::vector<float> w[2];
+  for (int r = 0; r < 2; ++r) {
+    Model m(ctx2(), "d");
+    build_model(m, "resnet20", 3, 16, 16, 10);
+    PrecisionPolicy pol;
+    pol.precision = Precision::int16;
+    pol.dfp.gradients.rounding = Rounding::stochastic;
+    m.build(4, pol);
+    Sgd sgd(ctx2(), m, {0.9f, 5e-4f, true});
+    const auto x = batch_images(m, 9);
+    const std::vector<int32_t> y = {1, 2, 3, 4};
+    for (int s = 0; s < 3; ++s) {
+      m.forward(x.data(), y.data(), 4, true);
+      m.backward();
+      sgd.step(0.05f);
+    }
+    for (const Parameter& p : m.parameters()) w[r].insert(w[r].end(), p.value, p.value + p.size);
+  }
+  ASSERT_EQ(w[0].size(), w[1].size());
+  EXPECT_EQ(0, std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float)));
+}
+
+TEST(Schedule, WarmupCosineStepMultistep) {
+  LrSchedule s;
+  s.base = 0.1f; s.steps_per_epoch = 10; s.total_steps = 100; s.warmup_steps = 10;
+  EXPECT_FLOAT_EQ(s.at(0), 0.01f);
+  EXPECT_FLOAT_EQ(s.at(9), 0.1f);
+  EXPECT_FLOAT_EQ(s.at(10), 0.1f);
+  EXPECT_NEAR(s.at(55), 0.05f, 1e-6);
+  EXPECT_NEAR(s.at(100), 0.f, 1e-7);
+  s.kind = ScheduleKind::multistep; s.warmup_steps = 0; s.milestones = {3, 6};
+  EXPECT_FLOAT_EQ(s.at(29), 0.1f);
+  EXPECT_NEAR(s.at(30), 0.01f, 1e-8);
+  EXPECT_NEAR(s.at(65), 0.001f, 1e-9);
+  s.kind = ScheduleKind::step; s.step_epochs = 2;
+  EXPECT_NEAR(s.at(45), 0.001f, 1e-9);
+  EXPECT_THROW(parse_schedule("linear", "flag --schedule"), Error);
+}
+
+namespace {
+bool have_fashion_mnist() { return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
+std::string temp_dir(const std::string& tag) {
+  auto d = std::filesystem::temp_directory_path() / ("dfp_test_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  return d.string();
+}
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+// Fashion-MNIST subset: both precisions learn (a stated threshold), and INT16 stays close to FP32.
+TEST(Training, FashionMnistSmokeFp32AndInt16) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  double top1[2] = {};
+  for (int p = 0; p < 2; ++p) {
+    TrainConfig c;
+    c.model = "lenet";
+    c.policy.precision = p ? Precision::int16 : Precision::fp32;
+    c.epochs = 2;
+    c.batch_size = 64;
+    c.lr = 0.05f;
+    c.limit_train = 6400;
+    c.limit_test = 2000;
+    c.threads = 2;
+    const auto m = train(c, nullptr);
+    top1[p] = m.back().test_top1;
+  }
+  EXPECT_GT(top1[0], 75.0);  // LeNet after 2 epochs on 6400 images reaches ~80%
+  EXPECT_GT(top1[1], 75.0);
+  EXPECT_NEAR(top1[0], top1[1], 3.0);
+}
+
+TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TrainConfig c;
+  c.model = "lenet";
+  c.policy.precision = Precision::int16;
+  c.policy.dfp.gradients.rounding = Rounding::stochastic;
+  c.epochs = 3;
+  c.batch_size = 32;
+  c.lr = 0.05f;
+  c.limit_train = 640;
+  c.limit_test = 128;
+  c.threads = 2;
+  const std::string a = temp_dir("a"), b = temp_dir("b");
+  c.out = a;
+  train(c, nullptr);
+  c.out = b;
+  c.stop_after = 2;
+  train(c, nullptr);
+  c.stop_after = 0;
+  c.resume = b + "/checkpoint.dfp";
+  train(c, nullptr);
+  EXPECT_EQ(slurp(a + "/checkpoint.dfp"), slurp(b + "/checkpoint.dfp"));
+  // Metrics: one line per epoch, also across the resume.
+  std::ifstream mf(b + "/metrics.jsonl");
+  int lines = 0;
+  for (std::string l; std::getline(mf, l);) ++lines;
+  EXPECT_EQ(lines, 3);
+
+  // A flipped byte is caught by the checksum; the message names the file.
+  std::string bytes = slurp(a + "/checkpoint.dfp");
+  bytes[bytes.size() / 2] ^= 0x5a;
+  const std::string bad = a + "/corrupt.dfp";
+  std::ofstream(bad, std::ios::binary) << bytes;
+  c.resume = bad;
+  try {
+    train(c, nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::corrupt_data);
+    EXPECT_NE(std::string(e.what()).find("corrupt.dfp"), std::string::npos) << e.what();
+  }
+  // A checkpoint of another configuration is refused, naming the field.
+  c.resume = a + "/checkpoint.dfp";
+  c.batch_size = 16;
+  try {
+    train(c, nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("batch_size"), std::string::npos) << e.what();
+  }
+  const EvalResult r = evaluate_checkpoint(a + "/checkpoint.dfp", "", 2, nullptr);
+  EXPECT_EQ(r.images, 10000);  // eval uses the whole test split
+  EXPECT_GT(r.top1, 40.0);
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
+}
