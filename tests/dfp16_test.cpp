@@ -71,9 +71,12 @@ TEST(Dfp16Quantize, SingleHugeOutlierFlushesSmallValues) {
   EXPECT_GE(q[37], 4096);
   EXPECT_LT(q[37], 8192);
   EXPECT_EQ(st.max_abs_int, q[37]);
+  // 1.0 is ~2^-100 of the outlier: below one step.
   for (size_t i = 0; i < x.size(); ++i) {
-    if (i != 37) EXPECT_EQ(q[i], 0) << i;
-  }  // 1.0 is ~2^-100 of the outlier: below one step
+    if (i != 37) {
+      EXPECT_EQ(q[i], 0) << i;
+    }
+  }
 }
 
 TEST(Dfp16Quantize, DenormalsRoundTrip) {
