@@ -13,11 +13,17 @@ KernelTable make_kernel_table(Isa isa) {
   t.interleave = {&ref::interleave, "interleave_s16__ref"};
   t.conv_s16_pixel = {&ref::conv_s16_pixel, "conv_s16s16f32_pixel__ref"};
   t.conv_s16_pair = {&ref::conv_s16_pair, "conv_s16s16f32_pair__ref"};
+  t.relu_fwd = {&ref::relu_fwd, "relu_fwd_f32__ref"};
+  t.relu_bwd = {&ref::relu_bwd, "relu_bwd_f32__ref"};
+  t.add = {&ref::add, "add_f32__ref"};
   if (isa >= Isa::avx512bw) {
     t.max_abs = {&avx512::max_abs, "max_abs_f32__avx512"};
     t.quantize = {&avx512::quantize, "quantize_f32_dfp16__avx512"};
     t.dequantize = {&avx512::dequantize, "dequantize_dfp16_f32__avx512"};
     t.interleave = {&avx512::interleave, "interleave_s16__avx512"};
+    t.relu_fwd = {&avx512::relu_fwd, "relu_fwd_f32__avx512"};
+    t.relu_bwd = {&avx512::relu_bwd, "relu_bwd_f32__avx512"};
+    t.add = {&avx512::add, "add_f32__avx512"};
     t.conv_s16_pixel = {&avx512::conv_s16_pixel_bw, "conv_s16s16f32_pixel_28acc__avx512bw_vpmaddwd"};
     t.conv_s16_pair = {&avx512::conv_s16_pair_bw, "conv_s16s16f32_pair_16acc__avx512bw_vpmaddwd"};
   }

@@ -109,6 +109,11 @@ struct PairKernelArgs {
   int64_t* overflow_events;  // verification (reference only), or null
 };
 
+// ---- element-wise FP32 (ReLU, residual add) ---------------------------------------------------
+using ReluFwdFn = void (*)(const float* x, float* y, size_t n);                    // y = max(x, 0)
+using ReluBwdFn = void (*)(const float* y, const float* dy, float* dx, size_t n);  // dx = y > 0 ? dy : 0
+using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);        // y = a + b
+
 using PixelKernelFn = void (*)(const PixelKernelArgs&);
 using PairKernelFn = void (*)(const PairKernelArgs&);
 
@@ -126,6 +131,9 @@ struct KernelTable {
   Entry<InterleaveFn> interleave;
   Entry<PixelKernelFn> conv_s16_pixel;
   Entry<PairKernelFn> conv_s16_pair;
+  Entry<ReluFwdFn> relu_fwd;
+  Entry<ReluBwdFn> relu_bwd;
+  Entry<AddFn> add;
 };
 
 // Fills a table for `isa` (which the caller has checked the CPU supports).
@@ -140,6 +148,9 @@ void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
 void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
 void conv_s16_pixel(const PixelKernelArgs& a);
 void conv_s16_pair(const PairKernelArgs& a);
+void relu_fwd(const float* x, float* y, size_t n);
+void relu_bwd(const float* y, const float* dy, float* dx, size_t n);
+void add(const float* a, const float* b, float* y, size_t n);
 }  // namespace ref
 namespace avx512 {
 float max_abs(const float* x, size_t n, uint64_t* nonfinite);
@@ -147,6 +158,9 @@ void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding r
               uint64_t index_base, QuantCounters* counters);
 void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
 void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
+void relu_fwd(const float* x, float* y, size_t n);
+void relu_bwd(const float* y, const float* dy, float* dx, size_t n);
+void add(const float* a, const float* b, float* y, size_t n);
 void conv_s16_pixel_bw(const PixelKernelArgs& a);
 void conv_s16_pair_bw(const PairKernelArgs& a);
 }  // namespace avx512

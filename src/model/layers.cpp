@@ -359,11 +359,13 @@ class BatchNorm final : public Layer {
         for (int l = 0; l < 16; ++l) { mean[l] = mean_[blk * 16 + l]; inv[l] = invstd_[blk * 16 + l]; }
         for (int n = 0; n < s_.n; ++n) {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          const float* __restrict gp = dy + off;
+          const float* __restrict xp = x[0] + off;
           for (size_t i = 0; i < hw; ++i)
             for (int l = 0; l < 16; ++l) {
-              const float g = dy[off + i * 16 + l];
+              const float g = gp[i * 16 + l];
               sdy[l] += g;
-              sdyx[l] += g * (x[0][off + i * 16 + l] - mean[l]) * inv[l];
+              sdyx[l] += g * (xp[i * 16 + l] - mean[l]) * inv[l];
             }
         }
         float k1[16], k2[16], k3[16];
@@ -379,10 +381,13 @@ class BatchNorm final : public Layer {
         if (!dx[0]) continue;
         for (int n = 0; n < s_.n; ++n) {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          const float* __restrict gp = dy + off;
+          const float* __restrict xp = x[0] + off;
+          float* __restrict dp = dx[0] + off;
           for (size_t i = 0; i < hw; ++i)
             for (int l = 0; l < 16; ++l) {
-              const float xhat = (x[0][off + i * 16 + l] - mean[l]) * inv[l];
-              dx[0][off + i * 16 + l] = k1[l] * (dy[off + i * 16 + l] - k2[l] - xhat * k3[l]);
+              const float xhat = (xp[i * 16 + l] - mean[l]) * inv[l];
+              dp[i * 16 + l] = k1[l] * (gp[i * 16 + l] - k2[l] - xhat * k3[l]);
             }
         }
       }
@@ -412,17 +417,22 @@ class Relu final : public Layer {
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const size_t n = n_elems_;
-    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
-      for (size_t i = size_t(b) * kChunk; i < std::min(n, size_t(e) * kChunk); ++i) y[i] = std::max(x[0][i], 0.f);
+    const auto fn = ctx.kernels().relu_fwd.fn;
+    const float* src = x[0];
+    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
+      const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
+      fn(src + begin, y + begin, end - begin);
     });
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     if (!dx[0]) return;
     const size_t n = n_elems_;
-    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
-      for (size_t i = size_t(b) * kChunk; i < std::min(n, size_t(e) * kChunk); ++i)
-        dx[0][i] = y[i] > 0.f ? dy[i] : 0.f;
+    const auto fn = ctx.kernels().relu_bwd.fn;
+    float* d = dx[0];
+    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
+      const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
+      fn(y + begin, dy + begin, d + begin, end - begin);
     });
   }
   void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
@@ -611,8 +621,12 @@ class Add final : public Layer {
     n_ = in[0].blocked_elements();
   }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
-    ctx.parallel_for(int64_t((n_ + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
-      for (size_t i = size_t(b) * kChunk; i < std::min(n_, size_t(e) * kChunk); ++i) y[i] = x[0][i] + x[1][i];
+    const auto fn = ctx.kernels().add.fn;
+    const float *a = x[0], *c = x[1];
+    const size_t n = n_;
+    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
+      const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
+      fn(a + begin, c + begin, y + begin, end - begin);
     });
   }
   void backward(const Context&, const std::vector<const float*>&, const float*, const float* dy,
