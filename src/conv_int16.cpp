@@ -151,6 +151,10 @@ struct ConvInt16::Impl {
   }
 
   int slices() const { return std::min(kWgradSlices, NP); }
+  // Weight-gradient parallelisation, chosen from the shape alone so results never depend on the
+  // thread count: by 16-row output blocks of dW when there are at least 4, else by fixed slices
+  // of the image pairs with one FP32 partial each, summed in slice order.
+  bool by_output_block() const { return KB >= 4; }
 
   // Phases, their taps, and the zero border of dyq that makes every tap read in bounds.
   void plan_backward_data() {
@@ -509,63 +513,82 @@ struct ConvInt16::Impl {
     stats.chain_wgrad = chain;
     const float scale = pow2(stats.x.exponent + stats.dy.exponent, "convolution '" + name + "' backward_weights");
     const auto fn = pair_fn();
-    const int ns = slices();
+    const int ns = by_output_block() ? 1 : slices();
     const size_t part = size_t(KB) * 16 * T * CB * 16;  // [K16][T][C16]
     const int64_t dw_k = int64_t(T) * CB * 16;
     // Rows of positions per call: enough positions to amortise the flush, few enough to stay in L2.
     const int chunk_rows = std::max(1, std::min(OH, 128 / std::max(1, OW)));
     std::atomic<int64_t> events{0};
-    ctx.parallel_for(ns, [&](int64_t s0, int64_t s1) {
-      int64_t ev = 0;
-      simd::PairKernelArgs a{};
-      a.dw_k = dw_k;
-      a.nk = 16;
-      a.x_row = int64_t(sh.stride_h) * Wp * 32;
-      a.x_col = int64_t(sh.stride_w) * 32;
-      a.dy_row = int64_t(OW) * 32;
-      a.dy_col = 32;
-      a.chain = chain;
-      a.scale = scale;
-      a.overflow_events = opt.verify ? &ev : nullptr;
-      for (int64_t sl = s0; sl < s1; ++sl) {
-        float* acc = dw_part.data() + size_t(sl) * part;
-        std::memset(acc, 0, part * sizeof(float));
-        const int p0 = static_cast<int>(sl * NP / ns), p1 = static_cast<int>((sl + 1) * NP / ns);
-        if (gemm) {
-          // Fully connected: positions are the slice's image pairs.
-          simd::PairKernelArgs g = a;
-          g.rows = p1 - p0;
-          g.cols = 1;
-          g.x_row = int64_t(CB) * 32;
-          g.dy_row = int64_t(KB) * 32;
-          g.x_col = g.dy_col = 0;
-          for (int kb = 0; kb < KB; ++kb)
-            for (int cb = 0; cb < CB; ++cb) {
-              g.x = xp.data() + (size_t(p0) * CB + cb) * 32;
-              g.dy = dyp.data() + (size_t(p0) * KB + kb) * 32;
-              g.dw = acc + size_t(kb) * 16 * dw_k + size_t(cb) * 16;
-              fn(g);
-            }
-          continue;
-        }
-        for (int p = p0; p < p1; ++p)
-          for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows) {
-            a.rows = std::min(chunk_rows, OH - oh0);
-            a.cols = OW;
-            for (int kb = 0; kb < KB; ++kb) {
-              a.dy = dyp.data() + ((size_t(p) * KB + kb) * OH + oh0) * OW * 32;
-              for (int cb = 0; cb < CB; ++cb)
-                for (int t = 0; t < T; ++t) {
-                  const int r = t / sh.S, s2 = t % sh.S;
-                  a.x = xp.data() + (((size_t(p) * CB + cb) * Hp + size_t(oh0) * sh.stride_h + r) * Wp + s2) * 32;
-                  a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
-                  fn(a);
-                }
-            }
+    simd::PairKernelArgs base{};
+    base.dw_k = dw_k;
+    base.nk = 16;
+    base.x_row = int64_t(sh.stride_h) * Wp * 32;
+    base.x_col = int64_t(sh.stride_w) * 32;
+    base.dy_row = int64_t(OW) * 32;
+    base.dy_col = 32;
+    base.chain = chain;
+    base.scale = scale;
+    // All reduction work for image pairs [p0, p1) and output blocks [kb0, kb1), into acc.
+    auto reduce = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
+      if (gemm) {  // fully connected: positions are the image pairs
+        simd::PairKernelArgs g = a;
+        g.rows = p1 - p0;
+        g.cols = 1;
+        g.x_row = int64_t(CB) * 32;
+        g.dy_row = int64_t(KB) * 32;
+        g.x_col = g.dy_col = 0;
+        for (int kb = kb0; kb < kb1; ++kb)
+          for (int cb = 0; cb < CB; ++cb) {
+            g.x = xp.data() + (size_t(p0) * CB + cb) * 32;
+            g.dy = dyp.data() + (size_t(p0) * KB + kb) * 32;
+            g.dw = acc + size_t(kb) * 16 * dw_k + size_t(cb) * 16;
+            fn(g);
           }
+        return;
       }
-      events += ev;
-    });
+      for (int p = p0; p < p1; ++p)
+        for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows) {
+          a.rows = std::min(chunk_rows, OH - oh0);
+          a.cols = OW;
+          for (int kb = kb0; kb < kb1; ++kb) {
+            a.dy = dyp.data() + ((size_t(p) * KB + kb) * OH + oh0) * OW * 32;
+            for (int cb = 0; cb < CB; ++cb)
+              for (int t = 0; t < T; ++t) {
+                const int r = t / sh.S, s2 = t % sh.S;
+                a.x = xp.data() + (((size_t(p) * CB + cb) * Hp + size_t(oh0) * sh.stride_h + r) * Wp + s2) * 32;
+                a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
+                fn(a);
+              }
+          }
+        }
+    };
+    if (by_output_block()) {
+      // Enough output blocks to share out: each task owns 16 rows of dW over all positions, so
+      // there are no partial sums to store or add (large layers would make them memory-bound).
+      ctx.parallel_for(KB, [&](int64_t k0, int64_t k1) {
+        int64_t ev = 0;
+        simd::PairKernelArgs a = base;
+        a.overflow_events = opt.verify ? &ev : nullptr;
+        for (int64_t kb = k0; kb < k1; ++kb) {
+          float* acc = dw_part.data();
+          std::memset(acc + size_t(kb) * 16 * dw_k, 0, size_t(16) * dw_k * sizeof(float));
+          reduce(a, acc, 0, NP, int(kb), int(kb) + 1);
+        }
+        events += ev;
+      });
+    } else {
+      ctx.parallel_for(ns, [&](int64_t s0, int64_t s1) {
+        int64_t ev = 0;
+        simd::PairKernelArgs a = base;
+        a.overflow_events = opt.verify ? &ev : nullptr;
+        for (int64_t sl = s0; sl < s1; ++sl) {
+          float* acc = dw_part.data() + size_t(sl) * part;
+          std::memset(acc, 0, part * sizeof(float));
+          reduce(a, acc, int(sl * NP / ns), int((sl + 1) * NP / ns), 0, KB);
+        }
+        events += ev;
+      });
+    }
     stats.overflow_events += events.load();
     // Sum the slices in a fixed order into [K][C][R][S].
     ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {

@@ -37,6 +37,8 @@ const std::vector<ConvShape>& edge_shapes() {
       make(2, 16, 8, 8, 32, 1, 1, 2, 0),  make(1, 3, 15, 13, 8, 7, 7, 2, 3),  make(2, 8, 19, 19, 16, 11, 11, 4, 2),
       make(2, 32, 9, 9, 16, 5, 5, 1, 2),  make(3, 64, 4, 30, 48, 3, 3, 1, 1), make(5, 40, 1, 1, 24, 1, 1, 1, 0),
       make(2, 1, 28, 28, 6, 5, 5, 1, 2),
+      // >= 4 output blocks: the weight gradient is split by output block instead of by slices.
+      make(3, 20, 7, 9, 70, 3, 3, 1, 1),  make(5, 40, 1, 1, 80, 1, 1, 1, 0),
   };
   return v;
 }

@@ -48,6 +48,26 @@ void bias_grad(const float* dy, const TensorShape& s, std::vector<float>& gb) {
   }
 }
 
+// The DFP16 options of one Conv2d/Linear: the policy's, with names for error messages and a
+// distinct stochastic stream per layer and tensor class.
+DfpConvOptions layer_dfp_options(const PrecisionPolicy& policy, const std::string& name) {
+  DfpConvOptions o = policy.dfp;
+  for (QuantOptions* q : {&o.weights, &o.activations, &o.gradients}) {
+    q->name = name + "." + q->name;
+    q->seed ^= std::hash<std::string>{}(q->name);
+  }
+  return o;
+}
+
+bool report_numerics(const ConvStats& s, const std::string& name, LayerNumerics& n) {
+  n.layer = name;
+  n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
+  n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
+  n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
+  n.overflow_events = s.overflow_events;
+  return true;
+}
+
 // ---- Conv2d -------------------------------------------------------------------------------
 
 class Conv2d final : public Layer {
@@ -76,15 +96,7 @@ class Conv2d final : public Layer {
     if (has_bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
     prec_ = policy.resolve(name);
     if (prec_ == Precision::int16) {
-      DfpConvOptions o = policy.dfp;
-      o.weights.name = name + ".weights";
-      o.activations.name = name + ".activations";
-      o.gradients.name = name + ".gradients";
-      // Distinct stochastic streams per layer and tensor class.
-      o.weights.seed ^= std::hash<std::string>{}(o.weights.name);
-      o.activations.seed ^= std::hash<std::string>{}(o.activations.name);
-      o.gradients.seed ^= std::hash<std::string>{}(o.gradients.name);
-      q_ = std::make_unique<ConvInt16>(ctx, shape_, o, name);
+      q_ = std::make_unique<ConvInt16>(ctx, shape_, layer_dfp_options(policy, name), name);
     } else {
       f_ = std::make_unique<ConvF32>(ctx, shape_, name);
     }
@@ -127,16 +139,7 @@ class Conv2d final : public Layer {
     }
   }
   const char* precision() const override { return precision_name(prec_); }
-  bool numerics(LayerNumerics& n) const override {
-    if (!q_) return false;
-    const ConvStats& s = q_->stats();
-    n.layer = name;
-    n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
-    n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
-    n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
-    n.overflow_events = s.overflow_events;
-    return true;
-  }
+  bool numerics(LayerNumerics& n) const override { return q_ && report_numerics(q_->stats(), name, n); }
 
  private:
   int k_, r_, stride_, pad_;
@@ -180,12 +183,7 @@ class Linear final : public Layer {
     rows_dx_ = AlignedBuffer<float>(size_t(n_) * f_in_);
     prec_ = policy.resolve(name);
     if (prec_ == Precision::int16) {
-      DfpConvOptions o = policy.dfp;
-      o.weights.name = name + ".weights";
-      o.activations.name = name + ".activations";
-      o.gradients.name = name + ".gradients";
-      o.gradients.seed ^= std::hash<std::string>{}(o.gradients.name);
-      q_ = std::make_unique<LinearInt16>(ctx, n_, f_in_, k_, o, name);
+      q_ = std::make_unique<LinearInt16>(ctx, n_, f_in_, k_, layer_dfp_options(policy, name), name);
     } else {
       f_ = std::make_unique<LinearF32>(ctx, n_, f_in_, k_, name);
     }
@@ -251,16 +249,7 @@ class Linear final : public Layer {
     }
   }
   const char* precision() const override { return precision_name(prec_); }
-  bool numerics(LayerNumerics& n) const override {
-    if (!q_) return false;
-    const ConvStats& s = q_->stats();
-    n.layer = name;
-    n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
-    n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
-    n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
-    n.overflow_events = s.overflow_events;
-    return true;
-  }
+  bool numerics(LayerNumerics& n) const override { return q_ && report_numerics(q_->stats(), name, n); }
 
  private:
   int k_;
