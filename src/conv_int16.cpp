@@ -100,6 +100,13 @@ struct ConvInt16::Impl {
   // FPROP taps
   std::vector<int64_t> fwd_tap_src;
   std::vector<int32_t> fwd_tap_wei;
+  // Pixel blocks of an output row (for 1 or 2 output-lane blocks), planned once: FPROP over OW,
+  // BPROP per phase over its columns.
+  struct RowBlocks {
+    std::vector<int> start1, len1, start2, len2;
+  };
+  RowBlocks fwd_blocks;
+  std::vector<RowBlocks> phase_blocks;
 
   AlignedBuffer<int16_t> xq, xp, dyq, dyp, wq, wf, wb;
   AlignedBuffer<float> dw_part;
@@ -139,6 +146,16 @@ struct ConvInt16::Impl {
         fwd_tap_wei.push_back(r * sh.S + s2);
       }
     plan_backward_data();
+    split_blocks(OW, simd::max_pixels(1), fwd_blocks.start1, fwd_blocks.len1);
+    split_blocks(OW, simd::max_pixels(2), fwd_blocks.start2, fwd_blocks.len2);
+    for (const Phase& p : phases) {
+      RowBlocks rb;
+      if (p.nj > 0) {
+        split_blocks(p.nj, simd::max_pixels(1), rb.start1, rb.len1);
+        split_blocks(p.nj, simd::max_pixels(2), rb.start2, rb.len2);
+      }
+      phase_blocks.push_back(std::move(rb));
+    }
 
     xq = AlignedBuffer<int16_t>(size_t(sh.N) * CB * Hp * Wp * 16);
     xp = AlignedBuffer<int16_t>(size_t(NP) * CB * Hp * Wp * 32);
@@ -386,9 +403,6 @@ struct ConvInt16::Impl {
       base.src_pix = int64_t(sh.stride_w) * 16;
       base.dst_ob = int64_t(OH) * OW * 16;
       base.dst_pix = 16;
-      std::vector<int> bstart1, blen1, bstart2, blen2;
-      split_blocks(OW, simd::max_pixels(1), bstart1, blen1);
-      split_blocks(OW, simd::max_pixels(2), bstart2, blen2);
       ctx.parallel_for(int64_t(sh.N) * OH, [&](int64_t r0, int64_t r1) {
         int64_t ev = 0;
         simd::PixelKernelArgs a = base;
@@ -398,8 +412,8 @@ struct ConvInt16::Impl {
           const int16_t* src_row = xq.data() + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
           for (int g = 0; g < ngroups; ++g) {
             a.nob = std::min(2, KB - 2 * g);
-            const auto& bs = a.nob == 2 ? bstart2 : bstart1;
-            const auto& bl = a.nob == 2 ? blen2 : blen1;
+            const auto& bs = a.nob == 2 ? fwd_blocks.start2 : fwd_blocks.start1;
+            const auto& bl = a.nob == 2 ? fwd_blocks.len2 : fwd_blocks.len1;
             a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
             for (size_t b = 0; b < bs.size(); ++b) {
               a.npix = bl[b];
@@ -464,13 +478,6 @@ struct ConvInt16::Impl {
     base.src_pix = 16;
     base.dst_ob = int64_t(sh.H) * sh.W * 16;
     base.dst_pix = int64_t(sh.stride_w) * 16;
-    // Block splits per distinct phase width.
-    std::vector<std::vector<int>> bs1(phases.size()), bl1(phases.size()), bs2(phases.size()), bl2(phases.size());
-    for (size_t q = 0; q < phases.size(); ++q) {
-      if (phases[q].nj == 0) continue;
-      split_blocks(phases[q].nj, simd::max_pixels(1), bs1[q], bl1[q]);
-      split_blocks(phases[q].nj, simd::max_pixels(2), bs2[q], bl2[q]);
-    }
     const int64_t total_rows = phase_row_begin.back();
     ctx.parallel_for(total_rows, [&](int64_t r0, int64_t r1) {
       int64_t ev = 0;
@@ -489,8 +496,8 @@ struct ConvInt16::Impl {
         const int ih = p.ph + i * sh.stride_h;
         for (int g = 0; g < ngroups; ++g) {
           a.nob = std::min(2, CB - 2 * g);
-          const auto& bs = a.nob == 2 ? bs2[q] : bs1[q];
-          const auto& bl = a.nob == 2 ? bl2[q] : bl1[q];
+          const auto& bs = a.nob == 2 ? phase_blocks[q].start2 : phase_blocks[q].start1;
+          const auto& bl = a.nob == 2 ? phase_blocks[q].len2 : phase_blocks[q].len1;
           a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
           for (size_t b = 0; b < bs.size(); ++b) {
             a.npix = bl[b];

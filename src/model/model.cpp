@@ -96,6 +96,8 @@ struct Model::Impl {
   AlignedBuffer<float> probs;  // softmax of the logits, [batch][classes]
   int last_count = 0;
   uint64_t step = 0;
+  std::vector<const float*> xs;  // per-layer input pointers, reused every step (no allocation)
+  std::vector<float*> dxs;
 
   Impl(const Context& c, std::string n) : ctx(c), name(std::move(n)) {}
 
@@ -135,6 +137,10 @@ struct Model::Impl {
     DFP_CHECK(b >= 1, Status::invalid_argument, "model '" + name + "': batch expected >= 1, got " + std::to_string(b));
     DFP_CHECK(loss_node >= 0, Status::invalid_argument, "model '" + name + "': no loss; call softmax_cross_entropy()");
     batch = b;
+    size_t max_inputs = 1;
+    for (const NodeInfo& n : nodes) max_inputs = std::max(max_inputs, n.inputs.size());
+    xs.reserve(max_inputs);
+    dxs.reserve(max_inputs);
     std::mt19937_64 rng(ctx.seed() * 0x9e3779b97f4a7c15ULL + 12345);
     for (NodeInfo& n : nodes) n.shape.n = b;
     for (size_t i = 0; i < nodes.size(); ++i) {
@@ -171,7 +177,6 @@ struct Model::Impl {
     std::memcpy(nodes[0].act.data(), images, per_image * count * sizeof(float));
     std::memset(nodes[0].act.data() + per_image * count, 0, per_image * (batch - count) * sizeof(float));
     model::StepInfo st{count, train, step};
-    std::vector<const float*> xs;
     for (size_t i = 1; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
       xs.clear();
@@ -231,8 +236,6 @@ struct Model::Impl {
       }
     ln.grad_written = true;
     model::StepInfo st{batch, true, step};
-    std::vector<const float*> xs;
-    std::vector<float*> dxs;
     for (size_t i = nodes.size() - 1; i >= 1; --i) {
       NodeInfo& n = nodes[i];
       if (!n.grad_written) continue;  // does not reach the loss
