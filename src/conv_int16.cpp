@@ -164,7 +164,7 @@ struct ConvInt16::Impl {
     wq = AlignedBuffer<int16_t>(size_t(sh.K) * sh.C * T);
     wf = AlignedBuffer<int16_t>(size_t(KB) * CB * T * 256);
     wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
-    dw_part = AlignedBuffer<float>(size_t(slices()) * KB * 16 * T * CB * 16);
+    dw_part = AlignedBuffer<float>(size_t(wgrad_partials()) * KB * 16 * T * CB * 16);
   }
 
   int slices() const { return std::min(kWgradSlices, NP); }
@@ -172,6 +172,8 @@ struct ConvInt16::Impl {
   // thread count: by 16-row output blocks of dW when there are at least 4, else by fixed slices
   // of the image pairs with one FP32 partial each, summed in slice order.
   bool by_output_block() const { return KB >= 4; }
+  // FP32 partial buffers of dW: one per slice, or one shared by the output blocks.
+  int wgrad_partials() const { return by_output_block() ? 1 : slices(); }
 
   // Phases, their taps, and the zero border of dyq that makes every tap read in bounds.
   void plan_backward_data() {
@@ -520,7 +522,7 @@ struct ConvInt16::Impl {
     stats.chain_wgrad = chain;
     const float scale = pow2(stats.x.exponent + stats.dy.exponent, "convolution '" + name + "' backward_weights");
     const auto fn = pair_fn();
-    const int ns = by_output_block() ? 1 : slices();
+    const int ns = wgrad_partials();
     const size_t part = size_t(KB) * 16 * T * CB * 16;  // [K16][T][C16]
     const int64_t dw_k = int64_t(T) * CB * 16;
     // Rows of positions per call: enough positions to amortise the flush, few enough to stay in L2.

@@ -274,6 +274,19 @@ std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
+// LeNet on the first train_images / test_images of Fashion-MNIST.
+TrainConfig lenet_config(Precision p, int epochs, int batch, int train_images, int test_images) {
+  TrainConfig c;
+  c.model = "lenet";
+  c.policy.precision = p;
+  c.epochs = epochs;
+  c.batch_size = batch;
+  c.lr = 0.05f;
+  c.limit_train = train_images;
+  c.limit_test = test_images;
+  c.threads = 2;
+  return c;
+}
 }  // namespace
 
 // Fashion-MNIST subset: both precisions learn (a stated threshold), and INT16 stays close to FP32.
@@ -281,16 +294,7 @@ TEST(Training, FashionMnistSmokeFp32AndInt16) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   double top1[2] = {};
   for (int p = 0; p < 2; ++p) {
-    TrainConfig c;
-    c.model = "lenet";
-    c.policy.precision = p ? Precision::int16 : Precision::fp32;
-    c.epochs = 2;
-    c.batch_size = 64;
-    c.lr = 0.05f;
-    c.limit_train = 6400;
-    c.limit_test = 2000;
-    c.threads = 2;
-    const auto m = train(c, nullptr);
+    const auto m = train(lenet_config(p ? Precision::int16 : Precision::fp32, 2, 64, 6400, 2000), nullptr);
     top1[p] = m.back().test_top1;
   }
   EXPECT_GT(top1[0], 75.0);  // LeNet after 2 epochs on 6400 images reaches ~80%
@@ -300,16 +304,8 @@ TEST(Training, FashionMnistSmokeFp32AndInt16) {
 
 TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
-  TrainConfig c;
-  c.model = "lenet";
-  c.policy.precision = Precision::int16;
+  TrainConfig c = lenet_config(Precision::int16, 3, 32, 640, 128);
   c.policy.dfp.gradients.rounding = Rounding::stochastic;
-  c.epochs = 3;
-  c.batch_size = 32;
-  c.lr = 0.05f;
-  c.limit_train = 640;
-  c.limit_test = 128;
-  c.threads = 2;
   const std::string a = temp_dir("a"), b = temp_dir("b");
   c.out = a;
   train(c, nullptr);

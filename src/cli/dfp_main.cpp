@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dfp/context.hpp"
@@ -35,15 +36,21 @@ struct Args {
   }
 };
 
-int to_int(const std::string& flag, const std::string& v) {
+// Parses a whole flag value as T (int or float); anything left over or unparsable is an error
+// naming the flag.
+template <class T>
+T parse_number(const std::string& flag, const std::string& v) {
   try {
     size_t used = 0;
-    const int x = std::stoi(v, &used);
+    const T x = std::is_same_v<T, int> ? T(std::stoi(v, &used)) : T(std::stof(v, &used));
     if (used == v.size()) return x;
   } catch (const std::exception&) {
   }
-  dfp::fail(dfp::Status::invalid_argument, "flag " + flag + ": expected an integer, got '" + v + "'");
+  dfp::fail(dfp::Status::invalid_argument, "flag " + flag + ": expected " +
+                                               (std::is_same_v<T, int> ? "an integer" : "a number") + ", got '" + v + "'");
 }
+int to_int(const std::string& flag, const std::string& v) { return parse_number<int>(flag, v); }
+float to_float(const std::string& flag, const std::string& v) { return parse_number<float>(flag, v); }
 
 int cmd_info(Args& args) {
   dfp::ContextOptions opt;
@@ -156,15 +163,6 @@ int cmd_bench(Args& args) {
   return 0;
 }
 
-float to_float(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const float x = std::stof(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  dfp::fail(dfp::Status::invalid_argument, "flag " + flag + ": expected a number, got '" + v + "'");
-}
 
 void print_line(const std::string& s) {
   std::printf("%s\n", s.c_str());

@@ -68,46 +68,21 @@ bool report_numerics(const ConvStats& s, const std::string& name, LayerNumerics&
   return true;
 }
 
-// ---- Conv2d -------------------------------------------------------------------------------
+// ---- Conv2d and Linear ------------------------------------------------------------------------
+// Both hold FP32 master weights (and an optional bias) and run one operator chosen by the precision
+// policy: ConvInt16 (DFP16 operands, all three passes) or an FP32 one. A Linear layer's input
+// (N, F, 1, 1) is already blocked as rows of F features padded to 16, which is exactly what
+// ConvInt16 reads for a 1x1 convolution over a 1x1 image, so in INT16 it needs no re-layout.
 
-class Conv2d final : public Layer {
+class WeightedLayer : public Layer {
  public:
-  Conv2d(int k, int r, int stride, int pad, bool bias) : k_(k), r_(r), stride_(stride), pad_(pad), has_bias_(bias) {}
-  TensorShape infer(const std::vector<TensorShape>& in) const override {
-    const TensorShape& x = in[0];
-    DFP_CHECK(x.h + 2 * pad_ >= r_ && x.w + 2 * pad_ >= r_, Status::invalid_argument,
-              "conv '" + name + "': kernel " + std::to_string(r_) + " larger than padded input " +
-                  std::to_string(x.h) + "x" + std::to_string(x.w));
-    return {x.n, k_, (x.h + 2 * pad_ - r_) / stride_ + 1, (x.w + 2 * pad_ - r_) / stride_ + 1};
-  }
-  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
-             const PrecisionPolicy& policy, std::mt19937_64& rng) override {
-    shape_.N = in[0].n; shape_.C = in[0].c; shape_.H = in[0].h; shape_.W = in[0].w;
-    shape_.K = k_; shape_.R = shape_.S = r_;
-    shape_.stride_h = shape_.stride_w = stride_;
-    shape_.pad_h = shape_.pad_w = pad_;
-    out_ = out;
-    const size_t nw = size_t(k_) * shape_.C * r_ * r_;
-    w_.resize(nw);
-    gw_.assign(nw, 0.f);
-    // Kaiming normal, fan_out, for ReLU networks (torchvision's ResNet/VGG initialisation).
-    std::normal_distribution<float> nd(0.f, std::sqrt(2.f / float(k_ * r_ * r_)));
-    for (auto& v : w_) v = nd(rng);
-    if (has_bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
-    prec_ = policy.resolve(name);
-    if (prec_ == Precision::int16) {
-      q_ = std::make_unique<ConvInt16>(ctx, shape_, layer_dfp_options(policy, name), name);
-    } else {
-      f_ = std::make_unique<ConvF32>(ctx, shape_, name);
-    }
-  }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     if (q_) {
       q_->set_step(st.step);
       q_->quantize_input(x[0]);
       q_->forward(y);
     } else {
-      f_->forward(x[0], y);
+      forward_f32(x[0], y);
     }
     if (has_bias_) add_bias(ctx, y, out_, b_);
   }
@@ -118,8 +93,7 @@ class Conv2d final : public Layer {
       if (dx[0]) q_->backward_data(dx[0]);
       q_->backward_weights(gw_.data());
     } else {
-      if (dx[0]) f_->backward_data(dy, dx[0]);
-      f_->backward_weights(x[0], dy, gw_.data());
+      backward_f32(x[0], dy, dx[0]);
     }
     if (has_bias_) bias_grad(dy, out_, gb_);
   }
@@ -127,67 +101,112 @@ class Conv2d final : public Layer {
     out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
     if (has_bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
   }
-  size_t count_parameters(const std::vector<TensorShape>& in) const override {
-    return size_t(k_) * in[0].c * r_ * r_ + (has_bias_ ? k_ : 0);
-  }
   void weights_updated(uint64_t step) override {
     if (q_) {
       q_->set_step(step);
       q_->set_weights(w_.data());
     } else {
-      f_->set_weights(w_.data());
+      set_weights_f32(w_.data());
     }
   }
   const char* precision() const override { return precision_name(prec_); }
   bool numerics(LayerNumerics& n) const override { return q_ && report_numerics(q_->stats(), name, n); }
 
- private:
-  int k_, r_, stride_, pad_;
+ protected:
+  WeightedLayer(int k, bool bias) : k_(k), has_bias_(bias) {}
+  // Allocates weights and gradients, and the INT16 operator if the policy asks for it; returns
+  // true when the subclass must create its FP32 operator instead.
+  bool plan(const Context& ctx, const ConvShape& shape, const TensorShape& out, const PrecisionPolicy& policy) {
+    out_ = out;
+    w_.resize(size_t(shape.K) * shape.C * shape.R * shape.S);
+    gw_.assign(w_.size(), 0.f);
+    if (has_bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
+    prec_ = policy.resolve(name);
+    if (prec_ == Precision::int16) q_ = std::make_unique<ConvInt16>(ctx, shape, layer_dfp_options(policy, name), name);
+    return !q_;
+  }
+  virtual void forward_f32(const float* x, float* y) = 0;
+  virtual void backward_f32(const float* x, const float* dy, float* dx) = 0;  // dx may be null
+  virtual void set_weights_f32(const float* w) = 0;
+
+  int k_;
   bool has_bias_;
-  ConvShape shape_;
   TensorShape out_;
   Precision prec_ = Precision::fp32;
   std::vector<float> w_, gw_, b_, gb_;
   std::unique_ptr<ConvInt16> q_;
+};
+
+class Conv2d final : public WeightedLayer {
+ public:
+  Conv2d(int k, int r, int stride, int pad, bool bias) : WeightedLayer(k, bias), r_(r), stride_(stride), pad_(pad) {}
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    const TensorShape& x = in[0];
+    DFP_CHECK(x.h + 2 * pad_ >= r_ && x.w + 2 * pad_ >= r_, Status::invalid_argument,
+              "conv '" + name + "': kernel " + std::to_string(r_) + " larger than padded input " +
+                  std::to_string(x.h) + "x" + std::to_string(x.w));
+    return {x.n, k_, (x.h + 2 * pad_ - r_) / stride_ + 1, (x.w + 2 * pad_ - r_) / stride_ + 1};
+  }
+  size_t count_parameters(const std::vector<TensorShape>& in) const override {
+    return size_t(k_) * in[0].c * r_ * r_ + (has_bias_ ? k_ : 0);
+  }
+  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
+             const PrecisionPolicy& policy, std::mt19937_64& rng) override {
+    ConvShape s;
+    s.N = in[0].n; s.C = in[0].c; s.H = in[0].h; s.W = in[0].w;
+    s.K = k_; s.R = s.S = r_;
+    s.stride_h = s.stride_w = stride_;
+    s.pad_h = s.pad_w = pad_;
+    if (plan(ctx, s, out, policy)) f_ = std::make_unique<ConvF32>(ctx, s, name);
+    // Kaiming normal, fan_out, for ReLU networks (torchvision's ResNet/VGG initialisation).
+    std::normal_distribution<float> nd(0.f, std::sqrt(2.f / float(k_ * r_ * r_)));
+    for (auto& v : w_) v = nd(rng);
+  }
+
+ private:
+  void forward_f32(const float* x, float* y) override { f_->forward(x, y); }
+  void backward_f32(const float* x, const float* dy, float* dx) override {
+    if (dx) f_->backward_data(dy, dx);
+    f_->backward_weights(x, dy, gw_.data());
+  }
+  void set_weights_f32(const float* w) override { f_->set_weights(w); }
+
+  int r_, stride_, pad_;
   std::unique_ptr<ConvF32> f_;
 };
 
-// ---- Linear -------------------------------------------------------------------------------
-// Input (N, F, 1, 1) blocked = rows of F features padded to 16; output (N, K, 1, 1).
-
-class Linear final : public Layer {
+class Linear final : public WeightedLayer {
  public:
-  Linear(int k, bool bias) : k_(k), has_bias_(bias) {}
+  Linear(int k, bool bias) : WeightedLayer(k, bias) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override {
     DFP_CHECK(in[0].h == 1 && in[0].w == 1, Status::invalid_argument,
               "linear '" + name + "': input must be flat (N x F x 1 x 1); add flatten() or global_avgpool() first");
     return {in[0].n, k_, 1, 1};
   }
+  size_t count_parameters(const std::vector<TensorShape>& in) const override {
+    return size_t(k_) * in[0].c + (has_bias_ ? k_ : 0);
+  }
   void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
              const PrecisionPolicy& policy, std::mt19937_64& rng) override {
     n_ = in[0].n;
     f_in_ = in[0].c;
-    w_.resize(size_t(k_) * f_in_);
-    gw_.assign(w_.size(), 0.f);
+    ConvShape s;
+    s.N = n_; s.C = f_in_; s.K = k_;  // 1x1 kernel over a 1x1 image
+    if (plan(ctx, s, out, policy)) {
+      // oneDNN's inner product reads dense rows; the blocked rows are padded to 16 features.
+      f_ = std::make_unique<LinearF32>(ctx, n_, f_in_, k_, name);
+      rows_x_ = AlignedBuffer<float>(size_t(n_) * f_in_);
+      rows_y_ = AlignedBuffer<float>(size_t(n_) * k_);
+      rows_dx_ = AlignedBuffer<float>(size_t(n_) * f_in_);
+    }
     // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and bias.
     const float bound = 1.f / std::sqrt(float(f_in_));
     std::uniform_real_distribution<float> ud(-bound, bound);
     for (auto& v : w_) v = ud(rng);
-    if (has_bias_) {
-      b_.resize(k_);
-      for (auto& v : b_) v = ud(rng);
-      gb_.assign(k_, 0.f);
-    }
-    rows_x_ = AlignedBuffer<float>(size_t(n_) * f_in_);
-    rows_y_ = AlignedBuffer<float>(size_t(n_) * k_);
-    rows_dx_ = AlignedBuffer<float>(size_t(n_) * f_in_);
-    prec_ = policy.resolve(name);
-    if (prec_ == Precision::int16) {
-      q_ = std::make_unique<LinearInt16>(ctx, n_, f_in_, k_, layer_dfp_options(policy, name), name);
-    } else {
-      f_ = std::make_unique<LinearF32>(ctx, n_, f_in_, k_, name);
-    }
+    for (auto& v : b_) v = ud(rng);
   }
+
+ private:
   static void to_rows(const float* blk, float* rows, int n, int f) {
     const int fp = channel_blocks(f) * 16;
     for (int i = 0; i < n; ++i) std::memcpy(rows + size_t(i) * f, blk + size_t(i) * fp, sizeof(float) * f);
@@ -199,66 +218,23 @@ class Linear final : public Layer {
       std::fill(blk + size_t(i) * fp + f, blk + size_t(i + 1) * fp, 0.f);
     }
   }
-  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
-    to_rows(x[0], rows_x_.data(), n_, f_in_);
-    if (q_) {
-      q_->set_step(st.step);
-      q_->quantize_input(rows_x_.data());
-      q_->forward(rows_y_.data());
-    } else {
-      f_->forward(rows_x_.data(), rows_y_.data());
-    }
-    if (has_bias_)
-      for (int i = 0; i < n_; ++i)
-        for (int j = 0; j < k_; ++j) rows_y_[size_t(i) * k_ + j] += b_[j];
+  void forward_f32(const float* x, float* y) override {
+    to_rows(x, rows_x_.data(), n_, f_in_);
+    f_->forward(rows_x_.data(), rows_y_.data());
     from_rows(rows_y_.data(), y, n_, k_);
   }
-  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
-                const std::vector<float*>& dx, const StepInfo& st) override {
-    to_rows(dy, rows_y_.data(), n_, k_);
-    if (q_) {
-      q_->quantize_grad_output(rows_y_.data());
-      if (dx[0]) q_->backward_data(rows_dx_.data());
-      q_->backward_weights(gw_.data());
-    } else {
-      if (dx[0]) f_->backward_data(rows_y_.data(), rows_dx_.data());
-      f_->backward_weights(rows_x_.data(), rows_y_.data(), gw_.data());
+  void backward_f32(const float* x, const float* dy, float* dx) override {
+    to_rows(dy, rows_y_.data(), n_, k_);  // rows_x_ still holds this step's input
+    if (dx) {
+      f_->backward_data(rows_y_.data(), rows_dx_.data());
+      from_rows(rows_dx_.data(), dx, n_, f_in_);
     }
-    if (dx[0]) from_rows(rows_dx_.data(), dx[0], n_, f_in_);
-    if (has_bias_) {
-      for (int j = 0; j < k_; ++j) {
-        double s = 0;
-        for (int i = 0; i < n_; ++i) s += rows_y_[size_t(i) * k_ + j];
-        gb_[j] = static_cast<float>(s);
-      }
-    }
+    f_->backward_weights(rows_x_.data(), rows_y_.data(), gw_.data());
   }
-  void parameters(std::vector<Parameter>& out) override {
-    out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
-    if (has_bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
-  }
-  size_t count_parameters(const std::vector<TensorShape>& in) const override {
-    return size_t(k_) * in[0].c + (has_bias_ ? k_ : 0);
-  }
-  void weights_updated(uint64_t step) override {
-    if (q_) {
-      q_->set_step(step);
-      q_->set_weights(w_.data());
-    } else {
-      f_->set_weights(w_.data());
-    }
-  }
-  const char* precision() const override { return precision_name(prec_); }
-  bool numerics(LayerNumerics& n) const override { return q_ && report_numerics(q_->stats(), name, n); }
+  void set_weights_f32(const float* w) override { f_->set_weights(w); }
 
- private:
-  int k_;
-  bool has_bias_;
   int n_ = 0, f_in_ = 0;
-  Precision prec_ = Precision::fp32;
-  std::vector<float> w_, gw_, b_, gb_;
   AlignedBuffer<float> rows_x_, rows_y_, rows_dx_;
-  std::unique_ptr<LinearInt16> q_;
   std::unique_ptr<LinearF32> f_;
 };
 
