@@ -119,6 +119,27 @@ TEST(Models, AcceptSmallAndGrayscaleInputs) {
   EXPECT_THROW(build_model(u, "resnet21", 3, 32, 32, 10), Error);
 }
 
+TEST(Models, GraphDescribesEveryNode) {
+  Model m(ctx2(), "resnet20");
+  build_model(m, "resnet20", 3, 32, 32, 10);
+  const std::vector<LayerSpec> g = m.graph();
+  int convs = 0, adds = 0, fcs = 0;
+  for (const LayerSpec& s : g) {
+    convs += s.kind == "conv";
+    adds += s.kind == "add";
+    fcs += s.kind == "fc";
+    for (int i : s.inputs) EXPECT_LT(i, &s - g.data());  // inputs come first
+  }
+  EXPECT_EQ(g.front().kind, "input");
+  EXPECT_EQ(convs, 19);  // 1 stem + 9 blocks x 2 (option-A shortcuts have no conv)
+  EXPECT_EQ(adds, 9);
+  EXPECT_EQ(fcs, 1);
+  EXPECT_EQ(g[m.loss_node()].kind, "fc");
+  EXPECT_EQ(g[m.loss_node()].shape.c, 10);
+  EXPECT_EQ(g[1].kernel, 3);
+  EXPECT_EQ(g[1].out_channels, 16);
+}
+
 TEST(Layers, Fp32BackwardMatchesFiniteDifferences) {
   // conv(+bias), BN, ReLU, max and average pooling, flatten, linear.
   {

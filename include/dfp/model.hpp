@@ -66,6 +66,24 @@ struct LayerNumerics {
   int64_t overflow_events = 0;
 };
 
+// A read-only description of one graph node, so that another back end (the CUDA device) can run
+// the same model: the hyper-parameters the node was built with and its output shape. Fields that
+// do not apply to a kind stay at their defaults.
+struct LayerSpec {
+  // input, conv, bn, relu, maxpool, avgpool, gap, flatten, fc, add, concat, dropout, lrn, shortcut
+  std::string kind;
+  std::string name;
+  std::vector<int> inputs;       // node indices
+  TensorShape shape;             // output (n = the planned batch once built, else 0)
+  int out_channels = 0;          // conv, fc, shortcut
+  int kernel = 0, stride = 1, pad = 0;  // conv, pools; shortcut: stride
+  bool bias = false;             // conv, fc
+  bool ceil_mode = false;        // maxpool
+  float p = 0.f;                 // dropout
+  int lrn_size = 0;              // lrn: across-channel window, alpha, beta, k as in PyTorch
+  float lrn_alpha = 0.f, lrn_beta = 0.f, lrn_k = 0.f;
+};
+
 struct StepResult {
   double loss = 0;     // mean over the batch
   int correct1 = 0;    // top-1 hits
@@ -133,6 +151,11 @@ class Model {
   std::vector<LayerNumerics> numerics() const;
   // One line per layer: name, kind, output shape, precision.
   std::string summary() const;
+  // Every node in construction order (node 0 is the input), the node the loss reads, and its
+  // label smoothing.
+  std::vector<LayerSpec> graph() const;
+  int loss_node() const noexcept;
+  float label_smoothing() const noexcept;
 
   struct Impl;
 

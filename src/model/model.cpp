@@ -79,6 +79,7 @@ struct Model::Impl {
     std::unique_ptr<model::Layer> layer;  // null for the input
     std::vector<int> inputs;
     TensorShape shape;
+    LayerSpec spec;
     int consumers = 0;
     AlignedBuffer<float> act, grad, acc;  // acc: second-consumer gradient (fan-out nodes only)
     bool grad_written = false;
@@ -101,7 +102,8 @@ struct Model::Impl {
 
   Impl(const Context& c, std::string n) : ctx(c), name(std::move(n)) {}
 
-  Node add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname, const char* kind) {
+  Node add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname, const char* kind,
+           LayerSpec spec = {}) {
     DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': layers cannot be added after build()");
     DFP_CHECK(!nodes.empty(), Status::invalid_argument, "model '" + name + "': call input() first");
     for (int i : inputs)
@@ -120,6 +122,10 @@ struct Model::Impl {
     }
     NodeInfo n;
     n.shape = layer->infer(in);
+    spec.kind = kind;
+    spec.name = lname;
+    spec.inputs = inputs;
+    n.spec = std::move(spec);
     n.layer = std::move(layer);
     n.inputs = std::move(inputs);
     nodes.push_back(std::move(n));
@@ -275,39 +281,55 @@ Model::Node Model::input(int c, int h, int w) {
                 std::to_string(h) + "x" + std::to_string(w));
   Impl::NodeInfo n;
   n.shape = {0, c, h, w};
+  n.spec.kind = "input";
+  n.spec.name = "input";
   impl_->nodes.push_back(std::move(n));
   return 0;
 }
 Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string n) {
-  return impl_->add(model::make_conv(k, r, s, p, b), {x}, std::move(n), "conv");
+  LayerSpec sp;
+  sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b;
+  return impl_->add(model::make_conv(k, r, s, p, b), {x}, std::move(n), "conv", sp);
 }
 Model::Node Model::batchnorm(Node x, std::string n) { return impl_->add(model::make_batchnorm(), {x}, std::move(n), "bn"); }
 Model::Node Model::relu(Node x, std::string n) { return impl_->add(model::make_relu(), {x}, std::move(n), "relu"); }
 Model::Node Model::maxpool(Node x, int k, int s, int p, bool c, std::string n) {
-  return impl_->add(model::make_pool(true, k, s, p, c), {x}, std::move(n), "maxpool");
+  LayerSpec sp;
+  sp.kernel = k; sp.stride = s; sp.pad = p; sp.ceil_mode = c;
+  return impl_->add(model::make_pool(true, k, s, p, c), {x}, std::move(n), "maxpool", sp);
 }
 Model::Node Model::avgpool(Node x, int k, int s, int p, std::string n) {
-  return impl_->add(model::make_pool(false, k, s, p, false), {x}, std::move(n), "avgpool");
+  LayerSpec sp;
+  sp.kernel = k; sp.stride = s; sp.pad = p;
+  return impl_->add(model::make_pool(false, k, s, p, false), {x}, std::move(n), "avgpool", sp);
 }
 Model::Node Model::global_avgpool(Node x, std::string n) {
   return impl_->add(model::make_global_avgpool(), {x}, std::move(n), "gap");
 }
 Model::Node Model::flatten(Node x, std::string n) { return impl_->add(model::make_flatten(), {x}, std::move(n), "flatten"); }
 Model::Node Model::linear(Node x, int k, bool b, std::string n) {
-  return impl_->add(model::make_linear(k, b), {x}, std::move(n), "fc");
+  LayerSpec sp;
+  sp.out_channels = k; sp.bias = b;
+  return impl_->add(model::make_linear(k, b), {x}, std::move(n), "fc", sp);
 }
 Model::Node Model::add(Node a, Node b, std::string n) { return impl_->add(model::make_add(), {a, b}, std::move(n), "add"); }
 Model::Node Model::concat(const std::vector<Node>& xs, std::string n) {
   return impl_->add(model::make_concat(), xs, std::move(n), "concat");
 }
 Model::Node Model::dropout(Node x, float p, std::string n) {
-  return impl_->add(model::make_dropout(p), {x}, std::move(n), "dropout");
+  LayerSpec sp;
+  sp.p = p;
+  return impl_->add(model::make_dropout(p), {x}, std::move(n), "dropout", sp);
 }
 Model::Node Model::lrn(Node x, int size, float a, float b, float k, std::string n) {
-  return impl_->add(model::make_lrn(size, a, b, k), {x}, std::move(n), "lrn");
+  LayerSpec sp;
+  sp.lrn_size = size; sp.lrn_alpha = a; sp.lrn_beta = b; sp.lrn_k = k;
+  return impl_->add(model::make_lrn(size, a, b, k), {x}, std::move(n), "lrn", sp);
 }
 Model::Node Model::shortcut_pad(Node x, int c, int s, std::string n) {
-  return impl_->add(model::make_shortcut_pad(c, s), {x}, std::move(n), "shortcut");
+  LayerSpec sp;
+  sp.out_channels = c; sp.stride = s;
+  return impl_->add(model::make_shortcut_pad(c, s), {x}, std::move(n), "shortcut", sp);
 }
 void Model::softmax_cross_entropy(Node x, float smoothing) {
   DFP_CHECK(x > 0 && x < int(impl_->nodes.size()), Status::invalid_argument, "model '" + impl_->name + "': bad loss node");
@@ -356,6 +378,17 @@ std::vector<LayerNumerics> Model::numerics() const {
   }
   return out;
 }
+
+std::vector<LayerSpec> Model::graph() const {
+  std::vector<LayerSpec> out;
+  for (const auto& n : impl_->nodes) {
+    out.push_back(n.spec);
+    out.back().shape = n.shape;
+  }
+  return out;
+}
+int Model::loss_node() const noexcept { return impl_->loss_node; }
+float Model::label_smoothing() const noexcept { return impl_->label_smoothing; }
 
 std::string Model::summary() const {
   std::ostringstream o;
