@@ -16,6 +16,12 @@ KernelTable make_kernel_table(Isa isa) {
   t.relu_fwd = {&ref::relu_fwd, "relu_fwd_f32__ref"};
   t.relu_bwd = {&ref::relu_bwd, "relu_bwd_f32__ref"};
   t.add = {&ref::add, "add_f32__ref"};
+  t.to_bf16 = {&ref::to_bf16, "cvt_f32_bf16__ref"};
+  t.to_fp16 = {&ref::to_fp16, "cvt_f32_fp16__ref"};
+  t.bf16_to_f32 = {&ref::bf16_to_f32, "cvt_bf16_f32__ref"};
+  t.fp16_to_f32 = {&ref::fp16_to_f32, "cvt_fp16_f32__ref"};
+  t.round_bf16 = {&ref::round_bf16, "round_f32_bf16__ref"};
+  t.round_fp16 = {&ref::round_fp16, "round_f32_fp16__ref"};
   if (isa >= Isa::avx512bw) {
     t.max_abs = {&avx512::max_abs, "max_abs_f32__avx512"};
     t.quantize = {&avx512::quantize, "quantize_f32_dfp16__avx512"};
@@ -24,6 +30,12 @@ KernelTable make_kernel_table(Isa isa) {
     t.relu_fwd = {&avx512::relu_fwd, "relu_fwd_f32__avx512"};
     t.relu_bwd = {&avx512::relu_bwd, "relu_bwd_f32__avx512"};
     t.add = {&avx512::add, "add_f32__avx512"};
+    t.to_bf16 = {&avx512::to_bf16, "cvt_f32_bf16__avx512"};
+    t.to_fp16 = {&avx512::to_fp16, "cvt_f32_fp16__avx512_vcvtps2ph"};
+    t.bf16_to_f32 = {&avx512::bf16_to_f32, "cvt_bf16_f32__avx512"};
+    t.fp16_to_f32 = {&avx512::fp16_to_f32, "cvt_fp16_f32__avx512_vcvtph2ps"};
+    t.round_bf16 = {&avx512::round_bf16, "round_f32_bf16__avx512"};
+    t.round_fp16 = {&avx512::round_fp16, "round_f32_fp16__avx512_vcvtps2ph"};
     t.conv_s16_pixel = {&avx512::conv_s16_pixel_bw, "conv_s16s16f32_pixel_28acc__avx512bw_vpmaddwd"};
     t.conv_s16_pair = {&avx512::conv_s16_pair_bw, "conv_s16s16f32_pair_16acc__avx512bw_vpmaddwd"};
   }

@@ -114,6 +114,16 @@ using ReluFwdFn = void (*)(const float* x, float* y, size_t n);                 
 using ReluBwdFn = void (*)(const float* y, const float* dy, float* dx, size_t n);  // dx = y > 0 ? dy : 0
 using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);        // y = a + b
 
+// ---- BF16 / FP16 storage (include/dfp/float16.hpp is the specification) -----------------------
+// dst[i] = the 16-bit pattern of src[i] in the format; stochastic rounding draws element i's
+// random number as stochastic_rand24(key, index_base + i).
+using ToHalfFn = void (*)(const float* src, uint16_t* dst, size_t n, Rounding rounding, uint32_t key,
+                          uint64_t index_base);
+using HalfToF32Fn = void (*)(const uint16_t* src, float* dst, size_t n);
+// dst[i] = src[i] rounded to the format and widened back to FP32 (src == dst allowed).
+using RoundToFn = void (*)(const float* src, float* dst, size_t n, Rounding rounding, uint32_t key,
+                           uint64_t index_base);
+
 using PixelKernelFn = void (*)(const PixelKernelArgs&);
 using PairKernelFn = void (*)(const PairKernelArgs&);
 
@@ -134,6 +144,9 @@ struct KernelTable {
   Entry<ReluFwdFn> relu_fwd;
   Entry<ReluBwdFn> relu_bwd;
   Entry<AddFn> add;
+  Entry<ToHalfFn> to_bf16, to_fp16;
+  Entry<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
+  Entry<RoundToFn> round_bf16, round_fp16;
 };
 
 // Fills a table for `isa` (which the caller has checked the CPU supports).
@@ -151,6 +164,12 @@ void conv_s16_pair(const PairKernelArgs& a);
 void relu_fwd(const float* x, float* y, size_t n);
 void relu_bwd(const float* y, const float* dy, float* dx, size_t n);
 void add(const float* a, const float* b, float* y, size_t n);
+void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
+void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
+void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
+void fp16_to_f32(const uint16_t* src, float* dst, size_t n);
+void round_bf16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
+void round_fp16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 }  // namespace ref
 namespace avx512 {
 float max_abs(const float* x, size_t n, uint64_t* nonfinite);
@@ -161,6 +180,12 @@ void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
 void relu_fwd(const float* x, float* y, size_t n);
 void relu_bwd(const float* y, const float* dy, float* dx, size_t n);
 void add(const float* a, const float* b, float* y, size_t n);
+void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
+void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
+void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
+void fp16_to_f32(const uint16_t* src, float* dst, size_t n);
+void round_bf16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
+void round_fp16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void conv_s16_pixel_bw(const PixelKernelArgs& a);
 void conv_s16_pair_bw(const PairKernelArgs& a);
 }  // namespace avx512

@@ -1,0 +1,41 @@
+// Scalar BF16/FP16 conversion kernels: loops over the scalar specification (src/float16.cpp).
+#include "dfp/float16.hpp"
+#include "simd/kernel_table.hpp"
+
+namespace dfp::simd::ref {
+namespace {
+template <class Nearest, class Stochastic>
+void convert(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base, Nearest nearest,
+             Stochastic stochastic) {
+  if (r == Rounding::stochastic) {
+    for (size_t i = 0; i < n; ++i) dst[i] = stochastic(src[i], stochastic_rand24(key, base + i));
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = nearest(src[i]);
+  }
+}
+}  // namespace
+
+void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base) {
+  convert(src, dst, n, r, key, base, f32_to_bf16, f32_to_bf16_stochastic);
+}
+void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base) {
+  convert(src, dst, n, r, key, base, f32_to_fp16, f32_to_fp16_stochastic);
+}
+void bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = dfp::bf16_to_f32(src[i]);
+}
+void fp16_to_f32(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = dfp::fp16_to_f32(src[i]);
+}
+void round_bf16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base) {
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = dfp::bf16_to_f32(r == Rounding::stochastic ? f32_to_bf16_stochastic(src[i], stochastic_rand24(key, base + i))
+                                                        : f32_to_bf16(src[i]));
+}
+void round_fp16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base) {
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = dfp::fp16_to_f32(r == Rounding::stochastic ? f32_to_fp16_stochastic(src[i], stochastic_rand24(key, base + i))
+                                                        : f32_to_fp16(src[i]));
+}
+
+}  // namespace dfp::simd::ref
