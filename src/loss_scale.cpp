@@ -1,6 +1,7 @@
 // The loss-scaling state machine (see include/dfp/loss_scale.hpp).
 #include "dfp/loss_scale.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -68,6 +69,22 @@ void LossScaler::restore(double scale, int tracker, uint64_t skipped) {
   scale_ = scale;
   tracker_ = tracker;
   skipped_ = skipped;
+}
+
+double adaptive_layer_factor(const AdaptiveInputs& in, FloatFormat f, double max_factor, double max_scale) noexcept {
+  double u_min, u_max;
+  if (f == FloatFormat::fp16) { u_min = 6e-8; u_max = 6e4; }
+  else if (f == FloatFormat::bf16) { u_min = 9.2e-41; u_max = 3.3e38; }
+  else return 1;
+  const double sigma_o = std::sqrt(in.g_mean_sq * in.w_mean_sq) * std::sqrt(0.5 * in.fan_in);
+  if (!(sigma_o > 0) || !std::isfinite(sigma_o)) return 1;
+  const double T = 1.2533469508069276e-3;  // sqrt(2) * erfinv(1e-3)
+  double alpha = std::max(u_min / (T * sigma_o), 1.0);
+  const double o_max = in.g_max_abs * in.w_max_abs;
+  if (o_max > 0) alpha = std::min(alpha, (u_max / in.fan_in) / o_max);
+  alpha = std::min({alpha, max_scale / in.scale_so_far, max_factor});
+  if (!(alpha > 0)) return 1;
+  return std::exp2(std::floor(std::log2(alpha)));
 }
 
 }  // namespace dfp

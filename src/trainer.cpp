@@ -32,6 +32,20 @@ long peak_rss_kib() {
   return u.ru_maxrss;
 }
 
+std::string fmt_g(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+// Round-trips exactly (checkpointed loss scale).
+std::string fmt_exact(double v) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  return b;
+}
+// JSON has no inf/NaN: an unmeasurable SQNR (no noise, or no signal) is null.
+std::string json_number(double v) { return std::isfinite(v) ? fmt_exact(v) : "null"; }
+
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -163,6 +177,54 @@ void load_model(Model& m, Sgd* sgd, const Checkpoint& ck, const std::string& pat
   m.weights_updated();
 }
 
+// The precision policy as checkpoint meta fields, and back (dfp eval rebuilds the same policy).
+void put_policy(Checkpoint& ck, const PrecisionPolicy& p) {
+  ck.meta["precision"] = precision_name(p.precision);
+  std::string ov;
+  for (const auto& [pattern, prec] : p.overrides) ov += (ov.empty() ? "" : ",") + pattern + "=" + precision_name(prec);
+  ck.meta["overrides"] = ov;
+  auto fmt = [](const std::optional<FloatFormat>& f) { return f ? std::string(float_format_name(*f)) : std::string(); };
+  ck.meta["formats"] = fmt(p.weights_format) + "," + fmt(p.activations_format) + "," + fmt(p.gradients_format);
+  const QuantOptions* q[3] = {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients};
+  ck.meta["headroom"] = std::to_string(q[0]->headroom) + "," + std::to_string(q[1]->headroom) + "," + std::to_string(q[2]->headroom);
+  ck.meta["rounding"] = std::string(rounding_name(q[0]->rounding)) + "," + rounding_name(q[1]->rounding) + "," +
+                        rounding_name(q[2]->rounding);
+}
+
+std::string meta_get(const Checkpoint& ck, const std::string& key, const std::string& path);
+
+PrecisionPolicy get_policy(const Checkpoint& ck, const std::string& path) {
+  PrecisionPolicy p;
+  const std::string where = "checkpoint '" + path + "' field ";
+  p.precision = parse_precision(meta_get(ck, "precision", path), where + "precision");
+  if (ck.meta.count("overrides")) p.overrides = PrecisionPolicy::parse_overrides(ck.meta.at("overrides"), where + "overrides");
+  auto split3 = [&](const std::string& key) {
+    std::vector<std::string> v;
+    if (!ck.meta.count(key)) return v;
+    std::stringstream ss(ck.meta.at(key));
+    std::string item;
+    while (std::getline(ss, item, ',')) v.push_back(item);
+    while (v.size() < 3) v.emplace_back();
+    DFP_CHECK(v.size() == 3, Status::corrupt_data, where + key + ": expected 3 comma-separated values");
+    return v;
+  };
+  const std::vector<std::string> f = split3("formats"), h = split3("headroom"), r = split3("rounding");
+  std::optional<FloatFormat>* fs[3] = {&p.weights_format, &p.activations_format, &p.gradients_format};
+  QuantOptions* q[3] = {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients};
+  for (int i = 0; i < 3; ++i) {
+    if (!f.empty() && !f[i].empty()) *fs[i] = parse_float_format(f[i], where + "formats");
+    if (!h.empty()) {
+      char* end = nullptr;
+      const long v = std::strtol(h[i].c_str(), &end, 10);
+      DFP_CHECK(end && *end == 0 && !h[i].empty() && v >= 0 && v <= kDfpMaxHeadroom, Status::corrupt_data,
+                where + "headroom: expected integers 0.." + std::to_string(kDfpMaxHeadroom) + ", got '" + h[i] + "'");
+      q[i]->headroom = int(v);
+    }
+    if (!r.empty()) q[i]->rounding = parse_rounding(r[i], where + "rounding");
+  }
+  return p;
+}
+
 std::string meta_get(const Checkpoint& ck, const std::string& key, const std::string& path) {
   auto it = ck.meta.find(key);
   DFP_CHECK(it != ck.meta.end(), Status::corrupt_data, "checkpoint '" + path + "': meta field '" + key + "' missing");
@@ -228,7 +290,9 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   Model m(ctx, cfg.model);
   build_model(m, cfg.model, train_set.channels, train_set.height, train_set.width, train_set.classes);
   m.build(cfg.batch_size, cfg.policy);
+  m.set_numerics_interval(cfg.numerics_interval);
   Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
+  LossScaler scaler(cfg.loss_scale);
   Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed);
   Loader test_loader(ctx, test_set, cfg.batch_size, false, false, augment_for(test_set, false, false), cfg.seed);
 
@@ -247,6 +311,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     const Checkpoint ck = read_checkpoint(cfg.resume);
     for (const auto& [key, want] : std::vector<std::pair<std::string, std::string>>{
              {"model", cfg.model}, {"dataset", cfg.dataset}, {"policy", cfg.policy.describe()},
+             {"loss_scaling", cfg.loss_scale.describe()},
              {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)}}) {
       const std::string got = meta_get(ck, key, cfg.resume);
       DFP_CHECK(got == want, Status::invalid_argument,
@@ -255,6 +320,9 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     }
     m.set_step(std::stoull(meta_get(ck, "step", cfg.resume)));
     load_model(m, &sgd, ck, cfg.resume);
+    if (ck.meta.count("loss_scale"))
+      scaler.restore(std::stod(ck.meta.at("loss_scale")), std::stoi(meta_get(ck, "loss_scale_tracker", cfg.resume)),
+                     std::stoull(meta_get(ck, "skipped_steps", cfg.resume)));
     start_epoch = std::stoi(meta_get(ck, "epochs_done", cfg.resume));
     say("resumed from " + cfg.resume + " after epoch " + std::to_string(start_epoch));
   }
@@ -269,12 +337,17 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       << ",\"nesterov\":" << (cfg.nesterov ? "true" : "false") << ",\"schedule\":\"" << cfg.schedule
       << "\",\"warmup_epochs\":" << cfg.warmup_epochs << ",\"label_smoothing\":" << cfg.label_smoothing
       << ",\"threads\":" << ctx.threads() << ",\"isa\":\"" << isa_name(ctx.isa()) << "\",\"seed\":" << cfg.seed
-      << ",\"train_images\":" << train_set.count << ",\"test_images\":" << test_set.count
+      << ",\"label\":\"" << json_escape(cfg.label.empty() ? precision_name(cfg.policy.precision) : cfg.label)
+      << "\",\"device\":\"cpu\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
+      << "\",\"loss_scaling_config\":\"" << json_escape(cfg.loss_scale.describe())
+      << "\",\"train_images\":" << train_set.count << ",\"test_images\":" << test_set.count
       << ",\"parameters\":" << m.parameter_count() << "}\n";
     metrics.open(cfg.out + "/metrics.jsonl", start_epoch > 0 ? std::ios::app : std::ios::trunc);
     DFP_CHECK(metrics.good(), Status::io_error, "cannot write '" + cfg.out + "/metrics.jsonl'");
   }
-  say("model " + cfg.model + ": " + std::to_string(m.parameter_count()) + " parameters; " + cfg.policy.describe());
+  say("model " + cfg.model + ": " + std::to_string(m.parameter_count()) + " parameters; " + cfg.policy.describe() +
+      "; " + cfg.loss_scale.describe());
+  for (const std::string& note : precision_notes(cfg.policy, ctx)) say(note);
   say("data " + train_set.name + ": " + std::to_string(train_set.count) + " train / " + std::to_string(test_set.count) +
       " test images; " + std::to_string(ctx.threads()) + " threads; kernels " + isa_name(ctx.isa()));
 
@@ -291,8 +364,18 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     while (train_loader.next(b)) {
       lr = sched.at(step);
       tr.add(m.forward(b.images, b.labels, b.size, true));
-      m.backward();
-      sgd.step(lr);
+      m.set_loss_scale(scaler.scale(), cfg.loss_scale.mode == LossScaleMode::adaptive,
+                       cfg.loss_scale.adaptive_max_factor, cfg.loss_scale.adaptive_max_scale);
+      const double used_scale = scaler.scale();
+      if (scaler.update(m.backward())) {
+        sgd.step(lr);
+      } else {
+        char line[200];
+        std::snprintf(line, sizeof line, "step %d: non-finite gradients at loss scale %g: step skipped (%llu so far); scale now %g",
+                      step + 1, used_scale, static_cast<unsigned long long>(scaler.skipped_steps()), scaler.scale());
+        if (tty) std::printf("\n");
+        say(line);
+      }
       ++step;
       ++i;
       if (log && (tty || i % cfg.print_every == 0 || i == sched.steps_per_epoch)) {
@@ -300,9 +383,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
         const double eta = (sched.steps_per_epoch - i) * el / i;
         char line[256];
         const int bar = 24 * i / sched.steps_per_epoch;
-        std::snprintf(line, sizeof line, "epoch %d/%d [%-24s] %d/%d loss %.4f top1 %.2f%% %.0f img/s eta %.0fs",
+        std::snprintf(line, sizeof line, "epoch %d/%d [%-24s] %d/%d loss %.4f top1 %.2f%% %.0f img/s eta %.0fs%s",
                       epoch + 1, cfg.epochs, std::string(bar, '=').c_str(), i, sched.steps_per_epoch, tr.loss / tr.n,
-                      100.0 * tr.c1 / tr.n, ips, eta);
+                      100.0 * tr.c1 / tr.n, ips, eta,
+                      cfg.loss_scale.mode == LossScaleMode::none ? "" : (" scale " + fmt_g(scaler.scale())).c_str());
         if (tty) { std::printf("\r%s", line); std::fflush(stdout); }
         else say(line);
       }
@@ -321,38 +405,54 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     em.test_top1 = 100.0 * te.c1 / te.n;
     em.test_top5 = 100.0 * te.c5 / te.n;
     em.peak_rss_kib = peak_rss_kib();
+    em.loss_scale = scaler.scale();
+    em.skipped_steps = scaler.skipped_steps();
     all.push_back(em);
     char line[320];
     std::snprintf(line, sizeof line,
                   "epoch %d/%d done: train loss %.4f top1 %.2f%% | test loss %.4f top1 %.2f%% top5 %.2f%% | %.0f img/s, "
-                  "data wait %.2fs, peak RSS %.0f MiB",
+                  "data wait %.2fs, peak RSS %.0f MiB%s",
                   em.epoch, cfg.epochs, em.train_loss, em.train_top1, em.test_loss, em.test_top1, em.test_top5,
-                  em.images_per_second, em.data_wait_seconds, em.peak_rss_kib / 1024.0);
+                  em.images_per_second, em.data_wait_seconds, em.peak_rss_kib / 1024.0,
+                  cfg.loss_scale.mode == LossScaleMode::none && em.skipped_steps == 0
+                      ? ""
+                      : (", loss scale " + fmt_g(em.loss_scale) + ", skipped " + std::to_string(em.skipped_steps)).c_str());
     say(line);
     if (metrics.is_open()) {
       metrics << "{\"epoch\":" << em.epoch << ",\"lr\":" << em.lr << ",\"train_loss\":" << em.train_loss
               << ",\"train_top1\":" << em.train_top1 << ",\"test_loss\":" << em.test_loss << ",\"test_top1\":"
               << em.test_top1 << ",\"test_top5\":" << em.test_top5 << ",\"images_per_second\":" << em.images_per_second
               << ",\"epoch_seconds\":" << em.epoch_seconds << ",\"data_wait_seconds\":" << em.data_wait_seconds
-              << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"precision_policy\":\""
+              << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"loss_scale\":" << em.loss_scale
+              << ",\"skipped_steps\":" << em.skipped_steps << ",\"precision_policy\":\""
               << json_escape(cfg.policy.describe()) << "\",\"layers\":[";
       bool first = true;
       for (const LayerNumerics& n : m.numerics()) {
-        metrics << (first ? "" : ",") << "{\"layer\":\"" << n.layer << "\",\"exp_x\":" << n.exp_x
-                << ",\"exp_w\":" << n.exp_w << ",\"exp_dy\":" << n.exp_dy << ",\"chain_fwd\":" << n.chain_fwd
-                << ",\"chain_bwd\":" << n.chain_bwd << ",\"chain_wgrad\":" << n.chain_wgrad
-                << ",\"saturated\":" << n.saturated << ",\"overflow_events\":" << n.overflow_events << "}";
+        metrics << (first ? "" : ",") << "{\"layer\":\"" << n.layer << "\",\"format\":\"" << n.format << "\"";
+        if (n.format == "int16")
+          metrics << ",\"exp_x\":" << n.exp_x << ",\"exp_w\":" << n.exp_w << ",\"exp_dy\":" << n.exp_dy
+                  << ",\"chain_fwd\":" << n.chain_fwd << ",\"chain_bwd\":" << n.chain_bwd
+                  << ",\"chain_wgrad\":" << n.chain_wgrad << ",\"saturated\":" << n.saturated
+                  << ",\"overflow_events\":" << n.overflow_events;
+        if (n.sampled)
+          metrics << ",\"sqnr_x_db\":" << json_number(n.sqnr_x_db) << ",\"sqnr_w_db\":" << json_number(n.sqnr_w_db)
+                  << ",\"sqnr_dy_db\":" << json_number(n.sqnr_dy_db) << ",\"overflow\":" << n.overflow
+                  << ",\"underflow\":" << n.underflow << ",\"nonzero\":" << n.nonzero;
+        metrics << "}";
         first = false;
       }
       metrics << "]}\n";
       metrics.flush();
       Checkpoint ck;
       ck.meta = {{"model", cfg.model}, {"dataset", cfg.dataset}, {"data", cfg.data},
-                 {"policy", cfg.policy.describe()}, {"precision", precision_name(cfg.policy.precision)},
+                 {"policy", cfg.policy.describe()}, {"loss_scaling", cfg.loss_scale.describe()},
+                 {"loss_scale", fmt_exact(scaler.scale())}, {"loss_scale_tracker", std::to_string(scaler.growth_tracker())},
+                 {"skipped_steps", std::to_string(scaler.skipped_steps())},
                  {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)},
                  {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)},
                  {"channels", std::to_string(train_set.channels)}, {"height", std::to_string(train_set.height)},
                  {"width", std::to_string(train_set.width)}, {"classes", std::to_string(train_set.classes)}};
+      put_policy(ck, cfg.policy);
       save_model(m, &sgd, ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
     }
@@ -371,9 +471,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_
   Dataset test_set = load_dataset(dataset, data_dir.empty() ? meta_get(ck, "data", path) : data_dir, false);
   Model m(ctx, meta_get(ck, "model", path));
   build_model(m, meta_get(ck, "model", path), test_set.channels, test_set.height, test_set.width, test_set.classes);
-  PrecisionPolicy p;
-  p.precision = parse_precision(meta_get(ck, "precision", path), "checkpoint '" + path + "' field precision");
-  m.build(std::stoi(meta_get(ck, "batch_size", path)), p);
+  m.build(std::stoi(meta_get(ck, "batch_size", path)), get_policy(ck, path));
   load_model(m, nullptr, ck, path);
   Loader loader(ctx, test_set, m.batch(), false, false, augment_for(test_set, false, false), 1);
   const Totals t = run_eval(m, loader);

@@ -13,9 +13,11 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dfp/context.hpp"
+#include "dfp/loss_scale.hpp"
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
@@ -183,22 +185,38 @@ TEST(Layers, Fp32BackwardMatchesFiniteDifferences) {
 }
 
 namespace {
-// Parameter gradients of one batch in fp32 and int16 (same seed, same data).
-void int16_vs_fp32(const std::function<void(Model&)>& make, int batch, std::vector<std::vector<float>> (&grads)[2],
-                   double (&loss)[2]) {
+// Parameter gradients of one batch in fp32 and in `low` (same seed, same data).
+void lowp_vs_fp32(const std::function<void(Model&)>& make, int batch, std::vector<std::vector<float>> (&grads)[2],
+                  double (&loss)[2], Precision low = Precision::int16, double loss_scale = 1, bool adaptive = false) {
   for (int p = 0; p < 2; ++p) {
     Model m(ctx2(), "r");
     make(m);
     PrecisionPolicy pol;
-    pol.precision = p ? Precision::int16 : Precision::fp32;
+    pol.precision = p ? low : Precision::fp32;
     m.build(batch, pol);
+    if (p) m.set_loss_scale(loss_scale, adaptive);
     const auto x = batch_images(m, 5);
     std::vector<int32_t> y(batch);
     for (int i = 0; i < batch; ++i) y[i] = i % 10;
     loss[p] = m.forward(x.data(), y.data(), batch, true).loss;
-    m.backward();
+    EXPECT_TRUE(m.backward());
     for (const Parameter& q : m.parameters()) grads[p].emplace_back(q.grad, q.grad + q.size);
   }
+}
+void int16_vs_fp32(const std::function<void(Model&)>& make, int batch, std::vector<std::vector<float>> (&grads)[2],
+                   double (&loss)[2]) {
+  lowp_vs_fp32(make, batch, grads, loss);
+}
+// Cosine similarity of two whole-network gradients (all tensors as one vector).
+double cosine(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double dot = 0, n0 = 0, n1 = 0;
+  for (size_t t = 0; t < a.size(); ++t)
+    for (size_t i = 0; i < a[t].size(); ++i) {
+      dot += double(a[t][i]) * b[t][i];
+      n0 += double(a[t][i]) * a[t][i];
+      n1 += double(b[t][i]) * b[t][i];
+    }
+  return dot / std::sqrt(n0 * n1);
 }
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
@@ -234,14 +252,151 @@ TEST(Layers, Int16GradientsTrackFp32ResNet20) {
   double loss[2];
   int16_vs_fp32([](Model& m) { build_model(m, "resnet20", 3, 16, 16, 10); }, 8, g, loss);
   EXPECT_NEAR(loss[0], loss[1], 1e-3 * loss[0]);
-  double dot = 0, n0 = 0, n1 = 0;
-  for (size_t t = 0; t < g[0].size(); ++t)
-    for (size_t i = 0; i < g[0][t].size(); ++i) {
-      dot += double(g[0][t][i]) * g[1][t][i];
-      n0 += double(g[0][t][i]) * g[0][t][i];
-      n1 += double(g[1][t][i]) * g[1][t][i];
-    }
-  EXPECT_GT(dot / std::sqrt(n0 * n1), test::kInt16GradCosineNetwork);
+  EXPECT_GT(cosine(g[0], g[1]), test::kInt16GradCosineNetwork);
+}
+
+// BF16 and FP16 operands with FP32 accumulation: every gradient tensor follows FP32 within the
+// formats' precision (FP16 with a loss scale, so that small gradients stay normal).
+TEST(Layers, Bf16AndFp16GradientsTrackFp32WithoutKinks) {
+  auto make = [](Model& m) {
+    auto x = m.input(3, 16, 16);
+    x = m.batchnorm(m.conv(x, 16, 3, 1, 1, false, "c1"), "bn1");
+    x = m.conv(x, 32, 3, 2, 1, true, "c2");
+    m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 10, true, "fc"));
+  };
+  for (auto [p, scale, tol] : {std::tuple{Precision::bf16, 1.0, test::kBf16GradRelL2Smooth},
+                               std::tuple{Precision::fp16, 1024.0, test::kFp16GradRelL2Smooth}}) {
+    std::vector<std::vector<float>> g[2];
+    double loss[2];
+    lowp_vs_fp32(make, 8, g, loss, p, scale);
+    EXPECT_NEAR(loss[0], loss[1], 1e-2 * loss[0]) << precision_name(p);
+    for (size_t t = 0; t < g[0].size(); ++t) EXPECT_LT(rel_l2(g[0][t], g[1][t]), tol) << precision_name(p) << " " << t;
+  }
+}
+
+// A case built to underflow: a classifier with tiny weights makes the gradient reaching the conv
+// ~1e-9, below FP16's smallest subnormal (6e-8). Without loss scaling FP16 loses it entirely;
+// with GradScaler's initial scale 2^16 it is representable and matches FP32.
+TEST(LossScaling, Fp16UnderflowLosesTheGradientUnlessScaled) {
+  auto run = [](Precision p, double scale) {
+    Model m(ctx2(), "u");
+    auto x = m.input(3, 8, 8);
+    x = m.conv(x, 16, 3, 1, 1, false, "c1");
+    m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 10, false, "fc"));
+    PrecisionPolicy pol;
+    pol.precision = p;
+    pol.overrides = {{"fc", Precision::fp32}};
+    m.build(8, pol);
+    for (Parameter& q : m.parameters())
+      if (q.name == "fc.weight")
+        for (size_t i = 0; i < q.size; ++i) q.value[i] = 1e-7f * float(int(i % 7) - 3);
+    m.weights_updated();
+    m.set_loss_scale(scale);
+    const auto xs = batch_images(m, 3);
+    const std::vector<int32_t> y = {0, 1, 2, 3, 4, 5, 6, 7};
+    m.forward(xs.data(), y.data(), 8, true);
+    EXPECT_TRUE(m.backward());
+    for (Parameter& q : m.parameters())
+      if (q.name == "c1.weight") return std::vector<float>(q.grad, q.grad + q.size);
+    return std::vector<float>{};
+  };
+  const std::vector<float> ref = run(Precision::fp32, 1);
+  const std::vector<float> lost = run(Precision::fp16, 1);
+  const std::vector<float> scaled = run(Precision::fp16, LossScaleOptions{}.init_scale);
+  double ref_norm = 0;
+  for (float v : ref) ref_norm += double(v) * v;
+  ASSERT_GT(ref_norm, 0);
+  for (float v : lost) ASSERT_EQ(v, 0.f) << "the FP16 gradient was expected to underflow to zero";
+  EXPECT_LT(rel_l2(ref, scaled), test::kFp16GradRelL2Smooth);
+}
+
+// Gradients that overflow FP16 under too large a scale are reported, never applied silently.
+TEST(LossScaling, Fp16OverflowIsReportedAsNonFinite) {
+  Model m(ctx2(), "o");
+  build_model(m, "lenet", 1, 28, 28, 10);
+  PrecisionPolicy pol;
+  pol.precision = Precision::fp16;
+  m.build(4, pol);
+  m.set_loss_scale(0x1p40);
+  const auto xs = batch_images(m, 3);
+  const std::vector<int32_t> y = {0, 1, 2, 3};
+  m.forward(xs.data(), y.data(), 4, true);
+  EXPECT_FALSE(m.backward());
+  m.set_loss_scale(256);
+  m.forward(xs.data(), y.data(), 4, true);
+  EXPECT_TRUE(m.backward());
+}
+
+// Adaptive loss scaling multiplies gradients by per-layer powers of two and divides them out
+// again: the parameter gradients match FP32 like plain FP16 with a good static scale.
+TEST(LossScaling, AdaptiveFp16TracksFp32) {
+  std::vector<std::vector<float>> g[2];
+  double loss[2];
+  lowp_vs_fp32([](Model& m) { build_model(m, "resnet20", 3, 16, 16, 10); }, 8, g, loss, Precision::fp16, 1, true);
+  EXPECT_GT(cosine(g[0], g[1]), test::kInt16GradCosineNetwork);
+}
+
+TEST(LossScaling, AdaptiveFactorMatchesHandComputedCase) {
+  // E[g^2] = 1e-12, E[w^2] = 1e-2, fan_in 144: sigma_o = sqrt(1e-14) * sqrt(72) = 8.485e-7;
+  // alpha_lo = 6e-8 / (1.2533e-3 * 8.485e-7) = 56.4; the overflow bound (6e4/144)/(1e-5*0.3)
+  // = 1.4e8 does not bind; capped at 16 -> 16; with cap 64 -> 32 (power of two below 56.4);
+  // with 512 already accumulated and max_scale 1024 -> 2.
+  AdaptiveInputs in;
+  in.g_mean_sq = 1e-12; in.w_mean_sq = 1e-2; in.g_max_abs = 1e-5; in.w_max_abs = 0.3; in.fan_in = 144;
+  EXPECT_EQ(adaptive_layer_factor(in, FloatFormat::fp16, 16, 1024), 16.0);
+  EXPECT_EQ(adaptive_layer_factor(in, FloatFormat::fp16, 64, 1024), 32.0);
+  in.scale_so_far = 512;
+  EXPECT_EQ(adaptive_layer_factor(in, FloatFormat::fp16, 64, 1024), 2.0);
+  // Large gradients: alpha_lo < 1, so no scaling; the overflow bound can push below 1.
+  in.scale_so_far = 1;
+  in.g_mean_sq = 1; in.g_max_abs = 100; in.w_max_abs = 10;
+  EXPECT_EQ(adaptive_layer_factor(in, FloatFormat::fp16, 16, 1024), 0.25);  // (6e4/144)/1000 = 0.417
+  EXPECT_EQ(adaptive_layer_factor(in, FloatFormat::fp32, 16, 1024), 1.0);
+}
+
+// BF16 runs oneDNN's BF16 primitives: on a CPU with AVX512_BF16 natively, without it in oneDNN's
+// emulation. The emulated path must give the same bits. The test re-runs this binary with
+// ONEDNN_MAX_CPU_ISA=AVX512_CORE (no AVX512_BF16) and compares a training step's gradients.
+TEST(Bf16, WriteOneStep) {
+  const char* out = std::getenv("DFP_TEST_BF16_OUT");
+  if (!out) GTEST_SKIP() << "helper of Bf16.EmulationGivesTheSameBits";
+  Model m(ctx2(), "b");
+  build_model(m, "resnet20", 3, 16, 16, 10);
+  PrecisionPolicy pol;
+  pol.precision = Precision::bf16;
+  m.build(8, pol);
+  const auto xs = batch_images(m, 5);
+  std::vector<int32_t> y(8);
+  for (int i = 0; i < 8; ++i) y[i] = i;
+  m.forward(xs.data(), y.data(), 8, true);
+  m.backward();
+  std::ofstream f(out, std::ios::binary);
+  for (const Parameter& q : m.parameters()) f.write(reinterpret_cast<const char*>(q.grad), q.size * sizeof(float));
+}
+
+TEST(Bf16, EmulationGivesTheSameBits) {
+  if (!detect_cpu_features().avx512bf16) GTEST_SKIP() << "CPU lacks AVX512_BF16: both runs would be emulated";
+  const std::string dir = std::filesystem::temp_directory_path() / ("dfp_bf16_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  auto run = [&](const std::string& isa, const std::string& file) {
+    const std::string cmd = (isa.empty() ? "" : "ONEDNN_MAX_CPU_ISA=" + isa + " ") + "ONEDNN_VERBOSE=1 DFP_TEST_BF16_OUT='" +
+                            file + "' '" + self + "' --gtest_filter=Bf16.WriteOneStep > '" + file + ".log' 2>&1";
+    return std::system(cmd.c_str());
+  };
+  ASSERT_EQ(run("", dir + "/native"), 0);
+  ASSERT_EQ(run("AVX512_CORE", dir + "/emulated"), 0);
+  auto slurp = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string native_log = slurp(dir + "/native.log"), emulated_log = slurp(dir + "/emulated.log");
+  EXPECT_NE(native_log.find("avx512_core_bf16"), std::string::npos) << "native run did not use VDPBF16PS";
+  EXPECT_EQ(emulated_log.find("avx512_core_bf16"), std::string::npos) << "emulated run used VDPBF16PS";
+  const std::string a = slurp(dir + "/native"), b = slurp(dir + "/emulated");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "BF16 gradients differ between native and emulated runs";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Training, SameSeedSameBits) {

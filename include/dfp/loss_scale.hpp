@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <string>
 
+#include "dfp/float16.hpp"
+
 namespace dfp {
 
 enum class LossScaleMode { none, fixed, dynamic, adaptive };
@@ -61,5 +63,22 @@ class LossScaler {
   int tracker_ = 0;
   uint64_t skipped_ = 0;
 };
+
+// Adaptive loss scaling: the factor one layer applies to the gradient it receives (Zhao, Vogel,
+// Ahmed 2019, method "approx_range"):
+//   sigma_o  = sqrt(E[g^2] E[w^2]) * sqrt(0.5 fan_in)        (expected |dx|; 0.5 assumes ReLU)
+//   alpha_lo = u_min / (T sigma_o),  T = sqrt(2) erfinv(1e-3) (0.1% of values may underflow)
+//   alpha    = max(alpha_lo, 1), then min(alpha, (u_max / fan_in) / (max|g| max|w|))
+//   alpha    = min(alpha, max_scale / scale_so_far, max_factor), rounded down to a power of two.
+// u_min/u_max: fp16 6e-8 / 6e4; bf16 9.2e-41 / 3.3e38; other formats: 1 (no scaling).
+struct AdaptiveInputs {
+  double g_mean_sq = 0;   // E[g^2] over the incoming gradient
+  double w_mean_sq = 0;   // E[w^2] over the layer's weights
+  double g_max_abs = 0, w_max_abs = 0;
+  double fan_in = 1;      // C*R*S of the layer
+  double scale_so_far = 1;  // product of the factors applied downstream
+};
+double adaptive_layer_factor(const AdaptiveInputs& in, FloatFormat gradient_format, double max_factor,
+                             double max_scale) noexcept;
 
 }  // namespace dfp

@@ -7,17 +7,20 @@
 //
 // Activations are FP32 in the blocked layout of conv.hpp ([N][ceil(C/16)][H][W][16]).
 // Precision is a runtime policy over this one set of layers: Conv2d and Linear run on DFP16
-// operands (all three passes, FP32 outputs) or in FP32; BatchNorm, ReLU, pooling, the loss, the
-// master weights and the optimizer are FP32 in every policy.
+// operands (all three passes, FP32 outputs), on BF16 or FP16 operands with FP32 accumulation,
+// or in FP32; BatchNorm, ReLU, pooling, the loss, the master weights and the optimizer are FP32
+// in every policy.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "dfp/conv.hpp"
+#include "dfp/float16.hpp"
 
 namespace dfp {
 
@@ -28,7 +31,13 @@ struct TensorShape {
   size_t blocked_elements() const noexcept { return blocked_size(n, c, h, w); }
 };
 
-enum class Precision { fp32, int16 };
+// int16: DFP16 operands, INT32 chains flushed into FP32 (VPDPWSSD).
+// bf16:  BF16 operands (x, w, dy), FP32 accumulation and outputs: oneDNN's BF16 primitives
+//        (VDPBF16PS, or oneDNN's bit-identical emulation on AVX-512 CPUs without AVX512_BF16).
+// fp16:  IEEE half operands (F16C rounding: overflow to inf, subnormals), FP32 accumulation as
+//        on tensor cores; weight gradients stored as FP16. This CPU class has no FP16
+//        arithmetic: the numerics are emulated exactly (products of halves are exact in FP32).
+enum class Precision { fp32, int16, bf16, fp16 };
 const char* precision_name(Precision p) noexcept;
 Precision parse_precision(const std::string& text, const std::string& origin);
 
@@ -40,13 +49,32 @@ struct PrecisionPolicy {
   std::vector<std::pair<std::string, Precision>> overrides;
   DfpConvOptions dfp;  // headroom and rounding per tensor class (weights, activations, gradients)
 
+  // Float precisions (bf16, fp16): the storage format of each tensor class; unset = the
+  // layer's precision. Rounding per class is dfp.{weights,activations,gradients}.rounding
+  // (nearest_even or stochastic; biased is DFP16-only).
+  std::optional<FloatFormat> weights_format, activations_format, gradients_format;
+
   Precision resolve(const std::string& layer_name) const;
+  // The formats a layer of precision p (bf16 or fp16) stores its weights, activations and
+  // gradients in.
+  struct ClassFormats {
+    FloatFormat weights, activations, gradients;
+  };
+  ClassFormats class_formats(Precision p) const;
+  // Throws naming `origin` when a setting does not fit its precision (biased rounding on a float
+  // format, a class format under an fp32/int16-only policy).
+  void validate(const std::string& origin) const;
   // One line per setting, for logs and metrics.
   std::string describe() const;
   // Parses "conv1=fp32,fc=fp32" style override lists; throws naming `origin` on bad syntax.
   static std::vector<std::pair<std::string, Precision>> parse_overrides(const std::string& text,
                                                                          const std::string& origin);
 };
+
+// How each precision a policy uses runs on this context's CPU, one line each: the kernels, and
+// whether the format is native or emulated (BF16 without AVX512_BF16, FP16 on any CPU without
+// AVX512_FP16 arithmetic). Printed once at the start of training and by `dfp info --precision`.
+std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx);
 
 // A trainable tensor: FP32 master values and gradient, owned by the model.
 struct Parameter {
@@ -57,13 +85,21 @@ struct Parameter {
   bool decay = true;  // weight decay applies (PyTorch applies it to every parameter by default)
 };
 
-// Per-layer numerics observed on the last step (INT16 layers only).
+// Per-layer numerics of the reduced-precision Conv2d/Linear layers. Exponents, chains and
+// saturation are those of the last step (INT16); the rounding statistics (SQNR of each operand
+// against its FP32 value, overflow/underflow counts) are from the last sampled step (see
+// Model::set_numerics_interval), NaN/0 before the first sample. For INT16 the SQNR is that of
+// round-to-nearest at the step's exponent.
 struct LayerNumerics {
   std::string layer;
+  std::string format;  // int16, bf16, fp16, or "w/x/dy" formats when they differ
   int exp_x = 0, exp_w = 0, exp_dy = 0;
   int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;
   uint64_t saturated = 0;
   int64_t overflow_events = 0;
+  bool sampled = false;
+  double sqnr_x_db = 0, sqnr_w_db = 0, sqnr_dy_db = 0;
+  uint64_t overflow = 0, underflow = 0, nonzero = 0;  // summed over x, w, dy of the sample
 };
 
 // A read-only description of one graph node, so that another back end (the CUDA device) can run
@@ -133,8 +169,17 @@ class Model {
   // labels. In training mode BatchNorm uses batch statistics (and updates its running ones)
   // and dropout is active; `count` must equal batch() then.
   StepResult forward(const float* images, const int32_t* labels, int count, bool train);
-  // Gradients of the last training forward into every Parameter::grad.
-  void backward();
+  // Gradients of the last training forward into every Parameter::grad, unscaled (see
+  // set_loss_scale). Returns false when any parameter gradient is not finite (the optimizer step
+  // must then be skipped; with loss scaling this is the overflow signal).
+  bool backward();
+  // Loss scaling: the loss gradient is multiplied by `scale` before the backward pass and every
+  // parameter gradient divided by the scale its layer saw. adaptive: each Conv/Linear backward
+  // multiplies the gradient it passes on by its own power-of-two factor (Zhao et al. 2019;
+  // include/dfp/loss_scale.hpp), bounded by max_factor per layer and max_scale accumulated.
+  void set_loss_scale(double scale, bool adaptive = false, double max_factor = 16, double max_scale = 1024);
+  // Sample rounding statistics every `interval` training steps (0: never).
+  void set_numerics_interval(int interval);
   // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed
   // them (INT16: DFP16 + VNNI layouts; FP32: oneDNN's layout). Once per optimizer step.
   void weights_updated();

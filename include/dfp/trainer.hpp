@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dfp/loss_scale.hpp"
 #include "dfp/model.hpp"
 
 namespace dfp {
@@ -20,6 +21,9 @@ struct TrainConfig {
   std::string dataset = "fashion-mnist";
   std::string data;                 // dataset directory ("" = the dataset's default)
   PrecisionPolicy policy;
+  LossScaleOptions loss_scale;      // mode none by default; fp16 runs usually want dynamic
+  int numerics_interval = 50;       // sample per-layer rounding statistics every N steps (0: never)
+  std::string label;                // name of this run in comparisons ("" = the precision)
   int epochs = 10;
   int batch_size = 128;
   float lr = 0.1f;
@@ -51,6 +55,8 @@ struct EpochMetrics {
   double images_per_second = 0, data_wait_seconds = 0, epoch_seconds = 0;
   double lr = 0;
   long peak_rss_kib = 0;
+  double loss_scale = 1;       // at the end of the epoch
+  uint64_t skipped_steps = 0;  // since the start of the run (non-finite gradients)
 };
 
 // Trains as configured; returns the metrics of every epoch run. `log` receives progress text

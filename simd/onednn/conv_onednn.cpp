@@ -120,9 +120,11 @@ Step make_step(const Pd& pd) {
 
 // Fills everything in `t` from the three primitive descriptors. `user_src`/`user_dst` are the
 // user layouts of the pass inputs/outputs (x, dx / y, dy), `user_wei` of the weights.
+// The pass inputs (x, dy) and outputs (y, dx) may differ in data type (BF16 operands, FP32 results).
 template <class FwdPd, class BdPd, class BwPd>
-void build(Training& t, const FwdPd& fpd, const BdPd& bdpd, const BwPd& bwpd, const memory::desc& user_src,
-           const memory::desc& user_dst, const memory::desc& user_wei) {
+void build(Training& t, const FwdPd& fpd, const BdPd& bdpd, const BwPd& bwpd, const memory::desc& user_src_in,
+           const memory::desc& user_src_out, const memory::desc& user_dst_in, const memory::desc& user_dst_out,
+           const memory::desc& user_wei) {
   t.impl_fwd = fpd.impl_info_str();
   t.impl_bd = bdpd.impl_info_str();
   t.impl_bw = bwpd.impl_info_str();
@@ -131,12 +133,12 @@ void build(Training& t, const FwdPd& fpd, const BdPd& bdpd, const BwPd& bwpd, co
   t.bd = make_step(bdpd);
   t.bw = make_step(bwpd);
 
-  t.fwd_src = make_port(t, user_src, fpd.src_desc(), true);
-  t.fwd_dst = make_port(t, user_dst, fpd.dst_desc(), false);
-  t.bd_diff_dst = make_port(t, user_dst, bdpd.diff_dst_desc(), true);
-  t.bd_diff_src = make_port(t, user_src, bdpd.diff_src_desc(), false);
-  t.bw_src = make_port(t, user_src, bwpd.src_desc(), true);
-  t.bw_diff_dst = make_port(t, user_dst, bwpd.diff_dst_desc(), true);
+  t.fwd_src = make_port(t, user_src_in, fpd.src_desc(), true);
+  t.fwd_dst = make_port(t, user_dst_out, fpd.dst_desc(), false);
+  t.bd_diff_dst = make_port(t, user_dst_in, bdpd.diff_dst_desc(), true);
+  t.bd_diff_src = make_port(t, user_src_out, bdpd.diff_src_desc(), false);
+  t.bw_src = make_port(t, user_src_in, bwpd.src_desc(), true);
+  t.bw_diff_dst = make_port(t, user_dst_in, bwpd.diff_dst_desc(), true);
   t.bw_diff_wei = make_port(t, user_wei, bwpd.diff_weights_desc(), false);
 
   t.user_wei = memory(user_wei, t.eng, DNNL_MEMORY_NONE);
@@ -165,6 +167,12 @@ void build(Training& t, const FwdPd& fpd, const BdPd& bdpd, const BwPd& bwpd, co
       s->scratch = memory(s->scratch_md, t.eng, t.scratch_buf.get_data_handle());
 }
 
+template <class FwdPd, class BdPd, class BwPd>
+void build(Training& t, const FwdPd& fpd, const BdPd& bdpd, const BwPd& bwpd, const memory::desc& user_src,
+           const memory::desc& user_dst, const memory::desc& user_wei) {
+  build(t, fpd, bdpd, bwpd, user_src, user_src, user_dst, user_dst, user_wei);
+}
+
 // Runs one step through the C API with a fixed argument array: the C++ execute() builds an
 // std::unordered_map per call, which we do not want in a hot loop.
 void execute(const Training& t, const Step& s, const char* what, std::initializer_list<dnnl_exec_arg_t> args) {
@@ -186,7 +194,7 @@ void attach(const memory& m, const void* p) {
   m.set_data_handle(const_cast<void*>(p));
 }
 
-void prepare_input(const Training& t, Port& p, const float* data, const char* what) {
+void prepare_input(const Training& t, Port& p, const void* data, const char* what) {
   attach(p.user, data);
   if (!p.direct) reorder(t, p.convert, p.user, p.inner, what);
 }
@@ -210,7 +218,7 @@ void set_weights(Training& t, const float* w) {
   t.weights_set = true;
 }
 
-void forward(Training& t, const float* x, float* y) {
+void forward(Training& t, const void* x, float* y) {
   DFP_CHECK(t.weights_set, Status::invalid_argument, t.name + ": forward called before set_weights");
   t.ctx->bind_openmp();
   prepare_input(t, t.fwd_src, x, "input reorder (forward)");
@@ -222,7 +230,7 @@ void forward(Training& t, const float* x, float* y) {
   wait(t);
 }
 
-void backward_data(Training& t, const float* dy, float* dx) {
+void backward_data(Training& t, const void* dy, float* dx) {
   DFP_CHECK(t.weights_set, Status::invalid_argument, t.name + ": backward_data called before set_weights");
   t.ctx->bind_openmp();
   prepare_input(t, t.bd_diff_dst, dy, "gradient reorder (backward data)");
@@ -234,7 +242,7 @@ void backward_data(Training& t, const float* dy, float* dx) {
   wait(t);
 }
 
-void backward_weights(Training& t, const float* x, const float* dy, float* dw) {
+void backward_weights(Training& t, const void* x, const void* dy, float* dw) {
   t.ctx->bind_openmp();
   prepare_input(t, t.bw_src, x, "input reorder (backward weights)");
   prepare_input(t, t.bw_diff_dst, dy, "gradient reorder (backward weights)");
@@ -261,7 +269,7 @@ struct ConvPrimitives::Impl {
   Training t;
 };
 
-ConvPrimitives::ConvPrimitives(const Context& ctx, const ConvShape& s, const std::string& name)
+ConvPrimitives::ConvPrimitives(const Context& ctx, const ConvShape& s, const std::string& name, bool bf16_operands)
     : impl_(std::make_unique<Impl>()) {
   Training& t = impl_->t;
   t.ctx = &ctx;
@@ -277,12 +285,17 @@ ConvPrimitives::ConvPrimitives(const Context& ctx, const ConvShape& s, const std
     const memory::dims strides = {s.stride_h, s.stride_w};
     // Right padding equal to the left: (H + 2p - R) / stride + 1 == OH holds by definition of OH().
     const memory::dims pad = {s.pad_h, s.pad_w};
-    const memory::desc user_src(src_d, dt::f32, tag::nChw16c);
-    const memory::desc user_dst(dst_d, dt::f32, tag::nChw16c);
+    // BF16 mode: x, w and dy are BF16 (products exact, accumulation FP32 in VDPBF16PS or oneDNN's
+    // emulation of it), y, dx and dw are FP32.
+    const dt op = bf16_operands ? dt::bf16 : dt::f32;
+    const memory::desc user_src(src_d, op, tag::nChw16c);
+    const memory::desc user_dst(dst_d, op, tag::nChw16c);
+    const memory::desc user_src_out(src_d, dt::f32, tag::nChw16c);
+    const memory::desc user_dst_out(dst_d, dt::f32, tag::nChw16c);
     const memory::desc user_wei(wei_d, dt::f32, tag::oihw);
-    const memory::desc wei_any(wei_d, dt::f32, tag::any);
+    const memory::desc wei_any(wei_d, op, tag::any);
     auto act = [](const memory::desc& user, const memory::dims& d, bool user_layout) {
-      return user_layout ? user : memory::desc(d, dt::f32, tag::any);
+      return user_layout ? user : memory::desc(d, user.data_type(), tag::any);
     };
     const dnnl::primitive_attr attr = user_scratchpad_attr();
     const auto algo = dnnl::algorithm::convolution_direct;
@@ -292,22 +305,24 @@ ConvPrimitives::ConvPrimitives(const Context& ctx, const ConvShape& s, const std
     using Bw = dnnl::convolution_backward_weights;
     const auto fpd = choose_pd<Fwd::primitive_desc>([&](bool u) {
       return Fwd::primitive_desc(Fwd::desc(dnnl::prop_kind::forward_training, algo, act(user_src, src_d, u),
-                                           wei_any, act(user_dst, dst_d, u), strides, pad, pad),
+                                           wei_any, act(user_dst_out, dst_d, u), strides, pad, pad),
                                  attr, t.eng);
     });
     const auto bdpd = choose_pd<Bd::primitive_desc>([&](bool u) {
       return Bd::primitive_desc(
-          Bd::desc(algo, act(user_src, src_d, u), wei_any, act(user_dst, dst_d, u), strides, pad, pad), attr, t.eng,
+          Bd::desc(algo, act(user_src_out, src_d, u), wei_any, act(user_dst, dst_d, u), strides, pad, pad), attr, t.eng,
           fpd);
     });
     const auto bwpd = choose_pd<Bw::primitive_desc>([&](bool u) {
       return Bw::primitive_desc(
-          Bw::desc(algo, act(user_src, src_d, u), wei_any, act(user_dst, dst_d, u), strides, pad, pad), attr, t.eng,
-          fpd);
+          Bw::desc(algo, act(user_src, src_d, u), memory::desc(wei_d, dt::f32, tag::any), act(user_dst, dst_d, u),
+                   strides, pad, pad),
+          attr, t.eng, fpd);
     });
-    build(t, fpd, bdpd, bwpd, user_src, user_dst, user_wei);
+    build(t, fpd, bdpd, bwpd, user_src, user_src_out, user_dst, user_dst_out, user_wei);
   } catch (const dnnl::error& e) {
-    fail(Status::unsupported, name + ": oneDNN cannot create the FP32 convolution primitives for " +
+    fail(Status::unsupported, name + ": oneDNN cannot create the " + (bf16_operands ? "BF16" : "FP32") +
+                                  " convolution primitives for " +
                                   conv_shape_text(s) + ": " + e.what());
   }
 }
@@ -321,9 +336,9 @@ const std::string& ConvPrimitives::impl_backward_data() const noexcept { return 
 const std::string& ConvPrimitives::impl_backward_weights() const noexcept { return impl_->t.impl_bw; }
 
 void ConvPrimitives::set_weights(const float* w) { onednn::set_weights(impl_->t, w); }
-void ConvPrimitives::forward(const float* x, float* y) { onednn::forward(impl_->t, x, y); }
-void ConvPrimitives::backward_data(const float* dy, float* dx) { onednn::backward_data(impl_->t, dy, dx); }
-void ConvPrimitives::backward_weights(const float* x, const float* dy, float* dw) {
+void ConvPrimitives::forward(const void* x, float* y) { onednn::forward(impl_->t, x, y); }
+void ConvPrimitives::backward_data(const void* dy, float* dx) { onednn::backward_data(impl_->t, dy, dx); }
+void ConvPrimitives::backward_weights(const void* x, const void* dy, float* dw) {
   onednn::backward_weights(impl_->t, x, dy, dw);
 }
 

@@ -31,7 +31,10 @@ class ConvPrimitives {
  public:
   // Throws dfp::Error(unsupported) naming `name` if oneDNN cannot create a primitive. `ctx` must
   // outlive the object.
-  ConvPrimitives(const Context& ctx, const ConvShape& shape, const std::string& name);
+  // bf16_operands: x, dy (and the packed weights) are BF16 in the same layouts (x, dy passed as
+  // uint16_t bit patterns); y, dx and dw stay FP32. set_weights still takes FP32 (oneDNN's
+  // reorder rounds to nearest even; pass values already rounded to BF16 to control rounding).
+  ConvPrimitives(const Context& ctx, const ConvShape& shape, const std::string& name, bool bf16_operands = false);
   ~ConvPrimitives();
   ConvPrimitives(ConvPrimitives&&) noexcept;
   ConvPrimitives& operator=(ConvPrimitives&&) noexcept;
@@ -42,9 +45,9 @@ class ConvPrimitives {
   const std::string& impl_backward_weights() const noexcept;
 
   void set_weights(const float* w_kcrs);                                    // OIHW
-  void forward(const float* x, float* y);                                   // nChw16c -> nChw16c
-  void backward_data(const float* dy, float* dx);                           // nChw16c -> nChw16c
-  void backward_weights(const float* x, const float* dy, float* dw_kcrs);   // -> OIHW
+  void forward(const void* x, float* y);                                   // nChw16c -> nChw16c
+  void backward_data(const void* dy, float* dx);                           // nChw16c -> nChw16c
+  void backward_weights(const void* x, const void* dy, float* dw_kcrs);   // -> OIHW
 
  private:
   struct Impl;

@@ -52,14 +52,76 @@ T parse_number(const std::string& flag, const std::string& v) {
 int to_int(const std::string& flag, const std::string& v) { return parse_number<int>(flag, v); }
 float to_float(const std::string& flag, const std::string& v) { return parse_number<float>(flag, v); }
 
+// The numerics knobs shared by train, compare and info: precision, per-layer overrides, per
+// tensor class formats, rounding and headroom, the INT16 chain policy, loss scaling. Returns
+// false when `a` is not one of them. `keep_fp32` collects --keep-fp32 lists (applied by
+// finish_policy, so that the order of flags does not matter).
+struct ScaleFlags {
+  bool mode_set = false, value_set = false;
+};
+
+bool policy_flag(const std::string& a, Args& args, dfp::TrainConfig& c, std::string& keep_fp32, ScaleFlags& scale_set) {
+  dfp::PrecisionPolicy& p = c.policy;
+  dfp::QuantOptions* cls[3] = {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients};
+  if (a == "--precision") p.precision = dfp::parse_precision(args.value(a), "flag --precision");
+  else if (a == "--keep-fp32") keep_fp32 += (keep_fp32.empty() ? "" : ",") + args.value(a);
+  else if (a == "--override") {
+    const auto more = dfp::PrecisionPolicy::parse_overrides(args.value(a), "flag --override");
+    p.overrides.insert(p.overrides.end(), more.begin(), more.end());
+  } else if (a == "--headroom") {
+    const int h = to_int(a, args.value(a));
+    for (auto* q : cls) q->headroom = h;
+  } else if (a == "--round-weights" || a == "--weights-rounding") p.dfp.weights.rounding = dfp::parse_rounding(args.value(a), a);
+  else if (a == "--round-activations" || a == "--activations-rounding")
+    p.dfp.activations.rounding = dfp::parse_rounding(args.value(a), a);
+  else if (a == "--round-gradients" || a == "--gradients-rounding")
+    p.dfp.gradients.rounding = dfp::parse_rounding(args.value(a), a);
+  else if (a == "--rounding") {
+    const dfp::Rounding r = dfp::parse_rounding(args.value(a), a);
+    for (auto* q : cls) q->rounding = r;
+  } else if (a == "--weights-format") p.weights_format = dfp::parse_float_format(args.value(a), a);
+  else if (a == "--activations-format") p.activations_format = dfp::parse_float_format(args.value(a), a);
+  else if (a == "--gradients-format") p.gradients_format = dfp::parse_float_format(args.value(a), a);
+  else if (a == "--int16-chain") {
+    const std::string v = args.value(a);
+    p.dfp.chain_override = v == "bound" ? 0 : to_int(a, v);
+    DFP_CHECK(p.dfp.chain_override >= 0, dfp::Status::invalid_argument, "flag --int16-chain: expected 'bound' or N >= 1");
+  } else if (a == "--verify-overflow") p.dfp.verify = true;
+  else if (a == "--loss-scaling") {
+    c.loss_scale.mode = dfp::parse_loss_scale_mode(args.value(a), a);
+    scale_set.mode_set = true;
+  } else if (a == "--loss-scale") {
+    c.loss_scale.init_scale = to_float(a, args.value(a));
+    scale_set.value_set = true;
+    if (!scale_set.mode_set) c.loss_scale.mode = dfp::LossScaleMode::fixed;  // apex: a number means static
+  } else if (a == "--scale-growth-interval") c.loss_scale.growth_interval = to_int(a, args.value(a));
+  else return false;
+  return true;
+}
+
+void finish_policy(dfp::TrainConfig& c, const std::string& keep_fp32, const ScaleFlags& scale) {
+  std::stringstream ss(keep_fp32);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) c.policy.overrides.emplace_back(item, dfp::Precision::fp32);
+  // Adaptive scaling starts from 1 unless a scale was given (its per-layer factors do the work).
+  if (c.loss_scale.mode == dfp::LossScaleMode::adaptive && !scale.value_set) c.loss_scale.init_scale = 1;
+  c.policy.validate("flags");
+}
+
 int cmd_info(Args& args) {
   dfp::ContextOptions opt;
-  std::string a;
+  dfp::TrainConfig pc;
+  std::string a, keep;
+  bool policy_given = false;
+  ScaleFlags scale_set;
   while (args.next(a)) {
     if (a == "--threads") opt.threads = to_int(a, args.value(a));
     else if (a == "--isa") opt.isa = args.value(a);
-    else dfp::fail(dfp::Status::invalid_argument, "dfp info: unknown flag '" + a + "' (known: --threads, --isa)");
+    else if (policy_flag(a, args, pc, keep, scale_set)) policy_given = true;
+    else dfp::fail(dfp::Status::invalid_argument, "dfp info: unknown flag '" + a + "' (known: --threads, --isa, --precision and the numerics flags of dfp train)");
   }
+  finish_policy(pc, keep, scale_set);
   dfp::Context ctx(opt);
   const dfp::CpuFeatures& f = ctx.cpu();
   auto yn = [](bool b) { return b ? "yes" : "no"; };
@@ -84,9 +146,16 @@ int cmd_info(Args& args) {
   probe.N = 2; probe.C = 16; probe.H = 8; probe.W = 8; probe.K = 16; probe.R = 3; probe.S = 3; probe.pad_h = 1; probe.pad_w = 1;
   dfp::ConvF32 f32(ctx, probe, "probe");
   std::printf("conv all passes              fp32   %s\n", f32.kernel_name());
+  std::printf("bf16/fp16 operand rounding    bf16   %s\n", k.round_bf16.name);
+  std::printf("                             fp16   %s\n", k.round_fp16.name);
   const dnnl_version_t* v = dnnl_version();
   std::printf("\nlibraries      oneDNN %d.%d.%d (%s runtime)\n", v->major, v->minor, v->patch,
               v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other");
+  if (policy_given) {
+    std::printf("\npolicy         %s\n", pc.policy.describe().c_str());
+    std::printf("loss scaling   %s\n", pc.loss_scale.describe().c_str());
+    for (const std::string& n : dfp::precision_notes(pc.policy, ctx)) std::printf("               %s\n", n.c_str());
+  }
   return 0;
 }
 
@@ -169,52 +238,50 @@ void print_line(const std::string& s) {
   std::fflush(stdout);
 }
 
+// The flags of one training run (shared by train and compare). Returns false for unknown flags.
+bool train_flag(const std::string& a, Args& args, dfp::TrainConfig& c) {
+  if (a == "--model" || a == "-a" || a == "--arch") c.model = args.value(a);
+  else if (a == "--dataset") c.dataset = args.value(a);
+  else if (a == "--data") c.data = args.value(a);
+  else if (a == "--epochs") c.epochs = to_int(a, args.value(a));
+  else if (a == "--batch-size" || a == "-b") c.batch_size = to_int(a, args.value(a));
+  else if (a == "--lr") c.lr = to_float(a, args.value(a));
+  else if (a == "--momentum") c.momentum = to_float(a, args.value(a));
+  else if (a == "--wd" || a == "--weight-decay") c.weight_decay = to_float(a, args.value(a));
+  else if (a == "--nesterov") c.nesterov = true;
+  else if (a == "--schedule") c.schedule = args.value(a);
+  else if (a == "--warmup-epochs") c.warmup_epochs = to_int(a, args.value(a));
+  else if (a == "--milestones") {
+    std::string v = args.value(a), item;
+    std::stringstream ss(v);
+    while (std::getline(ss, item, ',')) c.milestones.push_back(to_int(a, item));
+  } else if (a == "--gamma") c.gamma = to_float(a, args.value(a));
+  else if (a == "--step-epochs") c.step_epochs = to_int(a, args.value(a));
+  else if (a == "--label-smoothing") c.label_smoothing = to_float(a, args.value(a));
+  else if (a == "--no-augment") c.augment = false;
+  else if (a == "--threads") c.threads = to_int(a, args.value(a));
+  else if (a == "--isa") c.isa = args.value(a);
+  else if (a == "--seed") c.seed = static_cast<uint64_t>(to_int(a, args.value(a)));
+  else if (a == "--out") c.out = args.value(a);
+  else if (a == "--limit-train") c.limit_train = to_int(a, args.value(a));
+  else if (a == "--limit-test") c.limit_test = to_int(a, args.value(a));
+  else if (a == "--print-every") c.print_every = std::max(1, to_int(a, args.value(a)));
+  else if (a == "--numerics-every") c.numerics_interval = std::max(0, to_int(a, args.value(a)));
+  else return false;
+  return true;
+}
+
 int cmd_train(Args& args) {
   dfp::TrainConfig c;
-  std::string a, overrides;
+  std::string a, keep;
+  ScaleFlags scale_set;
   while (args.next(a)) {
-    if (a == "--model" || a == "-a" || a == "--arch") c.model = args.value(a);
-    else if (a == "--dataset") c.dataset = args.value(a);
-    else if (a == "--data") c.data = args.value(a);
-    else if (a == "--precision") c.policy.precision = dfp::parse_precision(args.value(a), "flag --precision");
-    else if (a == "--keep-fp32") overrides = args.value(a);
-    else if (a == "--headroom") {
-      const int h = to_int(a, args.value(a));
-      c.policy.dfp.weights.headroom = c.policy.dfp.activations.headroom = c.policy.dfp.gradients.headroom = h;
-    } else if (a == "--round-weights") c.policy.dfp.weights.rounding = dfp::parse_rounding(args.value(a), a);
-    else if (a == "--round-activations") c.policy.dfp.activations.rounding = dfp::parse_rounding(args.value(a), a);
-    else if (a == "--round-gradients") c.policy.dfp.gradients.rounding = dfp::parse_rounding(args.value(a), a);
-    else if (a == "--epochs") c.epochs = to_int(a, args.value(a));
-    else if (a == "--batch-size" || a == "-b") c.batch_size = to_int(a, args.value(a));
-    else if (a == "--lr") c.lr = to_float(a, args.value(a));
-    else if (a == "--momentum") c.momentum = to_float(a, args.value(a));
-    else if (a == "--wd" || a == "--weight-decay") c.weight_decay = to_float(a, args.value(a));
-    else if (a == "--nesterov") c.nesterov = true;
-    else if (a == "--schedule") c.schedule = args.value(a);
-    else if (a == "--warmup-epochs") c.warmup_epochs = to_int(a, args.value(a));
-    else if (a == "--milestones") {
-      std::string v = args.value(a), item;
-      std::stringstream ss(v);
-      while (std::getline(ss, item, ',')) c.milestones.push_back(to_int(a, item));
-    } else if (a == "--gamma") c.gamma = to_float(a, args.value(a));
-    else if (a == "--step-epochs") c.step_epochs = to_int(a, args.value(a));
-    else if (a == "--label-smoothing") c.label_smoothing = to_float(a, args.value(a));
-    else if (a == "--no-augment") c.augment = false;
-    else if (a == "--threads") c.threads = to_int(a, args.value(a));
-    else if (a == "--isa") c.isa = args.value(a);
-    else if (a == "--seed") c.seed = static_cast<uint64_t>(to_int(a, args.value(a)));
-    else if (a == "--out") c.out = args.value(a);
-    else if (a == "--resume") c.resume = args.value(a);
-    else if (a == "--limit-train") c.limit_train = to_int(a, args.value(a));
-    else if (a == "--limit-test") c.limit_test = to_int(a, args.value(a));
-    else if (a == "--print-every") c.print_every = std::max(1, to_int(a, args.value(a)));
+    if (train_flag(a, args, c) || policy_flag(a, args, c, keep, scale_set)) continue;
+    if (a == "--resume") c.resume = args.value(a);
+    else if (a == "--label") c.label = args.value(a);
     else dfp::fail(dfp::Status::invalid_argument, "dfp train: unknown flag '" + a + "' (see dfp --help)");
   }
-  // --keep-fp32 conv1,fc  ==  overrides conv1=fp32,fc=fp32
-  std::stringstream ss(overrides);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) c.policy.overrides.emplace_back(item, dfp::Precision::fp32);
+  finish_policy(c, keep, scale_set);
   dfp::train(c, print_line);
   return 0;
 }
@@ -239,11 +306,16 @@ void usage() {
       "usage: dfp <command> [flags]\n"
       "commands:\n"
       "  info     CPU features, kernels chosen per op and precision, library versions\n"
-      "           flags: --threads N, --isa ref|avx512bw|avx512vnni\n"
+      "           flags: --threads N, --isa ref|avx512bw|avx512vnni, --precision P and the numerics flags\n"
+      "           of train: prints what that policy resolves to on this machine\n"
       "  bench    short INT16 vs oneDNN FP32 convolution summary (full tables: bench/)\n"
       "           flags: --threads N, --isa LEVEL, --reps N\n"
       "  train    train a model: --model resnet20 --dataset fashion-mnist|mnist|cifar10|cifar100 [--data DIR]\n"
-      "           --precision fp32|int16 [--keep-fp32 conv1,fc] [--headroom N] [--round-gradients stochastic]\n"
+      "           --precision fp32|int16|bf16|fp16 [--keep-fp32 conv1,fc] [--override 'layer*=bf16']\n"
+      "           numerics: [--weights-format|--activations-format|--gradients-format fp32|bf16|fp16]\n"
+      "           [--rounding|--weights-rounding|--activations-rounding|--gradients-rounding nearest|stochastic|biased]\n"
+      "           [--headroom N] [--int16-chain bound|N] [--verify-overflow] [--numerics-every N]\n"
+      "           loss scaling: [--loss-scaling none|static|dynamic|adaptive] [--loss-scale S] [--scale-growth-interval N]\n"
       "           --epochs N --batch-size N --lr F [--momentum F --wd F --nesterov] --schedule cosine|step|multistep|constant\n"
       "           [--warmup-epochs N --milestones 30,60 --gamma F] --threads N --seed N --out DIR [--resume FILE]\n"
       "           [--limit-train N --limit-test N --label-smoothing F --no-augment]\n"

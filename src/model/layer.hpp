@@ -18,6 +18,13 @@ struct StepInfo {
   int count = 0;       // images in the batch (the rest of the planned batch is zero padding)
   bool train = false;  // batch statistics, dropout, saving what backward needs
   uint64_t step = 0;   // training step index: seeds per-step randomness (dropout)
+  bool sample = false; // measure rounding statistics on this step (LayerNumerics)
+};
+
+// Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.
+struct AdaptiveScaling {
+  double max_factor = 16;   // per layer
+  double max_scale = 1024;  // accumulated product of the factors
 };
 
 // Blocked-layout index of (n, c, h, w).
@@ -47,6 +54,11 @@ class Layer {
   // The optimizer changed the parameters; `step` is the next training step (rounding streams).
   virtual void weights_updated(uint64_t step) {}
   virtual const char* precision() const { return "fp32"; }
+  // Adaptive loss scaling: the power-of-two factor this layer applies to its incoming gradient dy
+  // (whose accumulated adaptive scale is `scale_so_far`). 1 for layers without low-precision
+  // gradients.
+  virtual double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
+                                 const AdaptiveScaling& opts) const { return 1; }
   virtual bool numerics(LayerNumerics& out) const { return false; }
 };
 

@@ -6,8 +6,13 @@
 #include <cstring>
 #include <limits>
 
+#include <optional>
+
+#include "dfp/float16.hpp"
+#include "dfp/loss_scale.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "simd/onednn/conv_onednn.hpp"
 #include "src/aligned_buffer.hpp"
 #include "src/model/layer.hpp"
 
@@ -59,8 +64,85 @@ DfpConvOptions layer_dfp_options(const PrecisionPolicy& policy, const std::strin
   return o;
 }
 
+// ---- reduced-precision operands ----------------------------------------------------------------
+
+constexpr size_t kChunk = size_t(1) << 15;  // elements per parallel task; also the stochastic stream offset unit
+
+// Per-step stochastic key of one tensor class of one layer.
+uint32_t step_key(uint64_t seed, uint64_t step) { return simd::stochastic_key(seed ^ (step * 0x9E3779B97F4A7C15ULL)); }
+
+// dst = src rounded to `f` (FP32 values) on the context's threads. Chunked stream indices keep
+// stochastic results independent of the thread count.
+void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* dst, size_t n, Rounding r, uint32_t key) {
+  const simd::RoundToFn fn = f == FloatFormat::bf16 ? ctx.kernels().round_bf16.fn : ctx.kernels().round_fp16.fn;
+  ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const size_t i = size_t(c) * kChunk;
+      fn(src + i, dst + i, std::min(kChunk, n - i), r, key, i);
+    }
+  });
+}
+void to_bf16_tensor(const Context& ctx, const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key) {
+  const simd::ToHalfFn fn = ctx.kernels().to_bf16.fn;
+  ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const size_t i = size_t(c) * kChunk;
+      fn(src + i, dst + i, std::min(kChunk, n - i), r, key, i);
+    }
+  });
+}
+
+// Rounding statistics of x against its BF16 bit patterns.
+FormatStats measure_bf16(const float* x, const uint16_t* q, size_t n) {
+  FormatStats s;
+  float buf[256];
+  for (size_t i = 0; i < n; i += 256) {
+    const size_t m = std::min<size_t>(256, n - i);
+    for (size_t j = 0; j < m; ++j) buf[j] = bf16_to_f32(q[i + j]);
+    s.add(measure_rounding(x + i, buf, m));
+  }
+  return s;
+}
+
+// Rounding statistics of DFP16 round-to-nearest at exponent e (saturation counts as overflow).
+FormatStats measure_dfp16(const float* x, size_t n, int e) {
+  FormatStats s;
+  s.elements = n;
+  const double down = std::ldexp(1.0, -e), up = std::ldexp(1.0, e);
+  for (size_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    if (!std::isfinite(v)) { ++s.nonfinite; continue; }
+    s.signal += v * v;
+    s.nonzero += v != 0;
+    double q = std::nearbyint(v * down);
+    if (std::fabs(q) > 32767) { ++s.overflow; q = q > 0 ? 32767 : -32767; }
+    const double r = q * up;
+    s.underflow += v != 0 && r == 0;
+    s.noise += (v - r) * (v - r);
+  }
+  return s;
+}
+
+// Per-tensor-class statistics of the last sampled step.
+struct SampledNumerics {
+  bool sampled = false;
+  FormatStats x, w, dy;
+};
+
+void report_sample(const SampledNumerics& s, LayerNumerics& n) {
+  n.sampled = s.sampled;
+  if (!s.sampled) return;
+  n.sqnr_x_db = s.x.sqnr_db();
+  n.sqnr_w_db = s.w.sqnr_db();
+  n.sqnr_dy_db = s.dy.sqnr_db();
+  n.overflow = s.x.overflow + s.w.overflow + s.dy.overflow;
+  n.underflow = s.x.underflow + s.w.underflow + s.dy.underflow;
+  n.nonzero = s.x.nonzero + s.w.nonzero + s.dy.nonzero;
+}
+
 bool report_numerics(const ConvStats& s, const std::string& name, LayerNumerics& n) {
   n.layer = name;
+  n.format = "int16";
   n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
   n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
   n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
@@ -70,9 +152,18 @@ bool report_numerics(const ConvStats& s, const std::string& name, LayerNumerics&
 
 // ---- Conv2d and Linear ------------------------------------------------------------------------
 // Both hold FP32 master weights (and an optional bias) and run one operator chosen by the precision
-// policy: ConvInt16 (DFP16 operands, all three passes) or an FP32 one. A Linear layer's input
-// (N, F, 1, 1) is already blocked as rows of F features padded to 16, which is exactly what
-// ConvInt16 reads for a 1x1 convolution over a 1x1 image, so in INT16 it needs no re-layout.
+// policy:
+//   int16: ConvInt16 (DFP16 operands, all three passes).
+//   bf16/fp16: the operands x, w, dy are rounded to their class formats, then the FP32 operator
+//     runs on them: products of 16-bit floats are exact in FP32, so this is FP32 accumulation of
+//     exact products, the numerics of VDPBF16PS and of tensor cores. A Conv2d whose three
+//     classes are all BF16 runs oneDNN's BF16 primitives instead (VDPBF16PS, BF16 operands in
+//     memory, half the bytes), with FP32 outputs. FP16 weight gradients are stored as FP16
+//     (rounded, overflow to inf), as a half-precision wgrad output would be.
+//   fp32: the FP32 operator.
+// A Linear layer's input (N, F, 1, 1) is already blocked as rows of F features padded to 16,
+// which is exactly what ConvInt16 reads for a 1x1 convolution over a 1x1 image, so in INT16 it
+// needs no re-layout.
 
 class WeightedLayer : public Layer {
  public:
@@ -81,6 +172,28 @@ class WeightedLayer : public Layer {
       q_->set_step(st.step);
       q_->quantize_input(x[0]);
       q_->forward(y);
+      if (st.sample) sample_int16_forward(x[0]);
+    } else if (native_bf16_) {
+      to_bf16_tensor(ctx, x[0], xb_.data(), in_size_, cls_.activations.rounding, step_key(cls_.activations.seed, st.step));
+      forward_bf16(xb_.data(), y);
+      if (st.sample) {
+        sample_.sampled = true;
+        sample_.x = measure_bf16(x[0], xb_.data(), in_size_);
+        sample_.w = measure_rounding(w_.data(), wr_.data(), w_.size());
+      }
+    } else if (float_) {
+      const float* xr = x[0];
+      if (fmt_.activations != FloatFormat::fp32) {
+        round_tensor(ctx, fmt_.activations, x[0], xr_.data(), in_size_, cls_.activations.rounding,
+                     step_key(cls_.activations.seed, st.step));
+        xr = xr_.data();
+      }
+      forward_f32(xr, y);
+      if (st.sample) {
+        sample_.sampled = true;
+        sample_.x = measure_rounding(x[0], xr, in_size_);
+        sample_.w = fmt_.weights != FloatFormat::fp32 ? measure_rounding(w_.data(), wr_.data(), w_.size()) : FormatStats{};
+      }
     } else {
       forward_f32(x[0], y);
     }
@@ -92,10 +205,29 @@ class WeightedLayer : public Layer {
       q_->quantize_grad_output(dy);
       if (dx[0]) q_->backward_data(dx[0]);
       q_->backward_weights(gw_.data());
+      if (st.sample) sample_.dy = measure_dfp16(dy, out_size_, q_->stats().dy.exponent);
+    } else if (native_bf16_) {
+      to_bf16_tensor(ctx, dy, dyb_.data(), out_size_, cls_.gradients.rounding, step_key(cls_.gradients.seed, st.step));
+      backward_bf16(dyb_.data(), dx[0]);
+      if (st.sample) sample_.dy = measure_bf16(dy, dyb_.data(), out_size_);
+    } else if (float_) {
+      const float* dyr = dy;
+      if (fmt_.gradients != FloatFormat::fp32) {
+        round_tensor(ctx, fmt_.gradients, dy, dyr_.data(), out_size_, cls_.gradients.rounding,
+                     step_key(cls_.gradients.seed, st.step));
+        dyr = dyr_.data();
+      }
+      backward_f32(fmt_.activations != FloatFormat::fp32 ? xr_.data() : x[0], dyr, dx[0]);
+      if (st.sample) sample_.dy = measure_rounding(dy, dyr, out_size_);
     } else {
       backward_f32(x[0], dy, dx[0]);
     }
     if (has_bias_) bias_grad(dy, out_, gb_);
+    if (float_ && fmt_.gradients == FloatFormat::fp16) {
+      // Half-precision weight-gradient output: rounded, overflowing to inf (the loss scaler's signal).
+      round_tensor(ctx, FloatFormat::fp16, gw_.data(), gw_.data(), gw_.size(), Rounding::nearest_even, 0);
+      if (has_bias_) round_tensor(ctx, FloatFormat::fp16, gb_.data(), gb_.data(), gb_.size(), Rounding::nearest_even, 0);
+    }
   }
   void parameters(std::vector<Parameter>& out) override {
     out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
@@ -105,36 +237,131 @@ class WeightedLayer : public Layer {
     if (q_) {
       q_->set_step(step);
       q_->set_weights(w_.data());
+    } else if (float_) {
+      const float* w = w_.data();
+      if (fmt_.weights != FloatFormat::fp32) {
+        round_tensor(*ctx_, fmt_.weights, w_.data(), wr_.data(), w_.size(), cls_.weights.rounding,
+                     step_key(cls_.weights.seed, step));
+        w = wr_.data();
+      }
+      if (native_bf16_) set_weights_bf16(w);  // already BF16 values: oneDNN's reorder is exact
+      else set_weights_f32(w);
     } else {
       set_weights_f32(w_.data());
     }
   }
   const char* precision() const override { return precision_name(prec_); }
-  bool numerics(LayerNumerics& n) const override { return q_ && report_numerics(q_->stats(), name, n); }
+  bool numerics(LayerNumerics& n) const override {
+    if (q_) {
+      report_numerics(q_->stats(), name, n);
+    } else if (float_) {
+      n.layer = name;
+      n.format = fmt_.weights == fmt_.activations && fmt_.weights == fmt_.gradients
+                     ? std::string(float_format_name(fmt_.weights))
+                     : std::string(float_format_name(fmt_.weights)) + "/" + float_format_name(fmt_.activations) + "/" +
+                           float_format_name(fmt_.gradients);
+    } else {
+      return false;
+    }
+    report_sample(sample_, n);
+    return true;
+  }
+  double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
+                         const AdaptiveScaling& opts) const override {
+    // Zhao, Vogel, Ahmed 2019: keep the expected magnitude of the gradient this layer passes on
+    // above the format's underflow threshold without letting its largest product overflow.
+    if (!float_ || (fmt_.gradients != FloatFormat::fp16 && fmt_.gradients != FloatFormat::bf16)) return 1;
+    AdaptiveInputs in;
+    const double count = double(out_.n) * out_.c * out_.h * out_.w;  // padding lanes are zero
+    for (size_t i = 0; i < out_size_; ++i) {
+      const double v = dy[i];
+      in.g_mean_sq += v * v;
+      in.g_max_abs = std::max(in.g_max_abs, std::fabs(v));
+    }
+    in.g_mean_sq /= count;
+    for (float v : w_) {
+      in.w_mean_sq += double(v) * v;
+      in.w_max_abs = std::max(in.w_max_abs, double(std::fabs(v)));
+    }
+    in.w_mean_sq /= double(w_.size());
+    in.fan_in = fan_in_;
+    in.scale_so_far = scale_so_far;
+    return adaptive_layer_factor(in, fmt_.gradients, opts.max_factor, opts.max_scale);
+  }
 
  protected:
   WeightedLayer(int k, bool bias) : k_(k), has_bias_(bias) {}
-  // Allocates weights and gradients, and the INT16 operator if the policy asks for it; returns
-  // true when the subclass must create its FP32 operator instead.
-  bool plan(const Context& ctx, const ConvShape& shape, const TensorShape& out, const PrecisionPolicy& policy) {
+  // Allocates weights, gradients and the buffers of the policy's operator; creates the INT16
+  // operator itself. Returns true when the subclass must create an FP32 operator (fp32, and the
+  // bf16/fp16 layers that run it on rounded operands); a subclass that can run BF16 natively
+  // sets native_bf16_ in its build() via try_native_bf16().
+  bool plan(const Context& ctx, const ConvShape& shape, const TensorShape& in, const TensorShape& out,
+            const PrecisionPolicy& policy) {
+    ctx_ = &ctx;
     out_ = out;
+    in_size_ = in.blocked_elements();
+    out_size_ = out.blocked_elements();
+    fan_in_ = double(shape.C) * shape.R * shape.S;
     w_.resize(size_t(shape.K) * shape.C * shape.R * shape.S);
     gw_.assign(w_.size(), 0.f);
     if (has_bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
     prec_ = policy.resolve(name);
-    if (prec_ == Precision::int16) q_ = std::make_unique<ConvInt16>(ctx, shape, layer_dfp_options(policy, name), name);
-    return !q_;
+    if (prec_ == Precision::int16) {
+      q_ = std::make_unique<ConvInt16>(ctx, shape, layer_dfp_options(policy, name), name);
+      return false;
+    }
+    if (prec_ == Precision::bf16 || prec_ == Precision::fp16) {
+      float_ = true;
+      fmt_ = policy.class_formats(prec_);
+      cls_ = layer_dfp_options(policy, name);
+      if (fmt_.weights != FloatFormat::fp32) wr_ = AlignedBuffer<float>(w_.size());
+    }
+    return true;
+  }
+  // BF16 in all three classes: use BF16 operands in memory when the subclass supports it.
+  bool wants_native_bf16(const Context& ctx) const {
+    return float_ && ctx.isa() != Isa::ref && fmt_.weights == FloatFormat::bf16 &&
+           fmt_.activations == FloatFormat::bf16 && fmt_.gradients == FloatFormat::bf16;
+  }
+  // Buffers of the rounded-operand path (or of the native BF16 one).
+  void allocate_operand_buffers() {
+    if (!float_) return;
+    if (native_bf16_) {
+      xb_ = AlignedBuffer<uint16_t>(in_size_);
+      dyb_ = AlignedBuffer<uint16_t>(out_size_);
+      return;
+    }
+    if (fmt_.activations != FloatFormat::fp32) xr_ = AlignedBuffer<float>(in_size_);
+    if (fmt_.gradients != FloatFormat::fp32) dyr_ = AlignedBuffer<float>(out_size_);
   }
   virtual void forward_f32(const float* x, float* y) = 0;
   virtual void backward_f32(const float* x, const float* dy, float* dx) = 0;  // dx may be null
   virtual void set_weights_f32(const float* w) = 0;
+  virtual void forward_bf16(const uint16_t* x, float* y) {}
+  virtual void backward_bf16(const uint16_t* dy, float* dx) {}  // dx may be null; uses the saved xb_
+  virtual void set_weights_bf16(const float* w) {}
 
+  void sample_int16_forward(const float* x) {
+    sample_.sampled = true;
+    sample_.x = measure_dfp16(x, in_size_, q_->stats().x.exponent);
+    sample_.w = measure_dfp16(w_.data(), w_.size(), q_->stats().w.exponent);
+  }
+
+  const Context* ctx_ = nullptr;
   int k_;
   bool has_bias_;
   TensorShape out_;
+  size_t in_size_ = 0, out_size_ = 0;
+  double fan_in_ = 1;
   Precision prec_ = Precision::fp32;
   std::vector<float> w_, gw_, b_, gb_;
   std::unique_ptr<ConvInt16> q_;
+  bool float_ = false, native_bf16_ = false;
+  PrecisionPolicy::ClassFormats fmt_{};
+  DfpConvOptions cls_;                         // rounding and stochastic seeds per class
+  AlignedBuffer<float> wr_, xr_, dyr_;         // rounded operands (xr_ is kept for the weight gradient)
+  AlignedBuffer<uint16_t> xb_, dyb_;           // native BF16 operands
+  SampledNumerics sample_;
 };
 
 class Conv2d final : public WeightedLayer {
@@ -157,7 +384,18 @@ class Conv2d final : public WeightedLayer {
     s.K = k_; s.R = s.S = r_;
     s.stride_h = s.stride_w = stride_;
     s.pad_h = s.pad_w = pad_;
-    if (plan(ctx, s, out, policy)) f_ = std::make_unique<ConvF32>(ctx, s, name);
+    if (plan(ctx, s, in[0], out, policy)) {
+      if (wants_native_bf16(ctx)) {
+        try {
+          bf_.emplace(ctx, s, name, true);
+          native_bf16_ = true;
+        } catch (const Error&) {
+          // No BF16 primitive for this shape: the rounded-operand path gives the same numerics.
+        }
+      }
+      if (!native_bf16_) f_ = std::make_unique<ConvF32>(ctx, s, name);
+      allocate_operand_buffers();
+    }
     // Kaiming normal, fan_out, for ReLU networks (torchvision's ResNet/VGG initialisation).
     std::normal_distribution<float> nd(0.f, std::sqrt(2.f / float(k_ * r_ * r_)));
     for (auto& v : w_) v = nd(rng);
@@ -170,9 +408,16 @@ class Conv2d final : public WeightedLayer {
     f_->backward_weights(x, dy, gw_.data());
   }
   void set_weights_f32(const float* w) override { f_->set_weights(w); }
+  void forward_bf16(const uint16_t* x, float* y) override { bf_->forward(x, y); }
+  void backward_bf16(const uint16_t* dy, float* dx) override {
+    if (dx) bf_->backward_data(dy, dx);
+    bf_->backward_weights(xb_.data(), dy, gw_.data());
+  }
+  void set_weights_bf16(const float* w) override { bf_->set_weights(w); }
 
   int r_, stride_, pad_;
   std::unique_ptr<ConvF32> f_;
+  std::optional<simd::onednn::ConvPrimitives> bf_;
 };
 
 class Linear final : public WeightedLayer {
@@ -192,12 +437,13 @@ class Linear final : public WeightedLayer {
     f_in_ = in[0].c;
     ConvShape s;
     s.N = n_; s.C = f_in_; s.K = k_;  // 1x1 kernel over a 1x1 image
-    if (plan(ctx, s, out, policy)) {
+    if (plan(ctx, s, in[0], out, policy)) {
       // oneDNN's inner product reads dense rows; the blocked rows are padded to 16 features.
       f_ = std::make_unique<LinearF32>(ctx, n_, f_in_, k_, name);
       rows_x_ = AlignedBuffer<float>(size_t(n_) * f_in_);
       rows_y_ = AlignedBuffer<float>(size_t(n_) * k_);
       rows_dx_ = AlignedBuffer<float>(size_t(n_) * f_in_);
+      allocate_operand_buffers();  // BF16 too runs on rounded operands here: the layer is small
     }
     // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and bias.
     const float bound = 1.f / std::sqrt(float(f_in_));

@@ -13,17 +13,28 @@
 #include "dfp/context.hpp"
 #include "dfp/model.hpp"
 #include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
 #include "src/aligned_buffer.hpp"
 #include "src/model/layer.hpp"
 
 namespace dfp {
 
-const char* precision_name(Precision p) noexcept { return p == Precision::int16 ? "int16" : "fp32"; }
+const char* precision_name(Precision p) noexcept {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::int16: return "int16";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
 
 Precision parse_precision(const std::string& text, const std::string& origin) {
   if (text == "fp32") return Precision::fp32;
   if (text == "int16") return Precision::int16;
-  fail(Status::invalid_argument, origin + ": unknown precision '" + text + "'; expected fp32 or int16");
+  if (text == "bf16") return Precision::bf16;
+  if (text == "fp16") return Precision::fp16;
+  fail(Status::invalid_argument, origin + ": unknown precision '" + text + "'; expected fp32, int16, bf16 or fp16");
 }
 
 namespace {
@@ -46,16 +57,38 @@ Precision PrecisionPolicy::resolve(const std::string& layer) const {
   return precision;
 }
 
+PrecisionPolicy::ClassFormats PrecisionPolicy::class_formats(Precision p) const {
+  const FloatFormat own = p == Precision::fp16 ? FloatFormat::fp16 : p == Precision::bf16 ? FloatFormat::bf16 : FloatFormat::fp32;
+  return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own)};
+}
+
+void PrecisionPolicy::validate(const std::string& origin) const {
+  bool any_float = precision == Precision::bf16 || precision == Precision::fp16;
+  for (const auto& o : overrides) any_float |= o.second == Precision::bf16 || o.second == Precision::fp16;
+  const bool class_formats_set = weights_format || activations_format || gradients_format;
+  DFP_CHECK(!class_formats_set || any_float, Status::invalid_argument,
+            origin + ": per-class formats (weights/activations/gradients) apply to bf16/fp16 layers, but the policy "
+                     "has none (precision " + precision_name(precision) + ")");
+  if (any_float)
+    for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients})
+      DFP_CHECK(q->rounding != Rounding::biased || (precision == Precision::int16 && !class_formats_set), Status::invalid_argument,
+                origin + ": " + q->name + " rounding 'biased' is defined for DFP16 only; bf16/fp16 take nearest or stochastic");
+}
+
 std::string PrecisionPolicy::describe() const {
   std::ostringstream o;
   o << "precision=" << precision_name(precision);
   for (const auto& [pattern, p] : overrides) o << " override[" << pattern << "]=" << precision_name(p);
-  auto q = [&](const char* what, const QuantOptions& x) {
-    o << " " << what << "{headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding) << "}";
+  auto q = [&](const char* what, const QuantOptions& x, const std::optional<FloatFormat>& f) {
+    o << " " << what << "{";
+    if (f) o << "format=" << float_format_name(*f) << ",";
+    o << "headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding) << "}";
   };
-  q("weights", dfp.weights);
-  q("activations", dfp.activations);
-  q("gradients", dfp.gradients);
+  q("weights", dfp.weights, weights_format);
+  q("activations", dfp.activations, activations_format);
+  q("gradients", dfp.gradients, gradients_format);
+  if (dfp.chain_override > 0) o << " chain=" << dfp.chain_override;
+  if (dfp.verify) o << " verify";
   return o.str();
 }
 
@@ -74,6 +107,54 @@ std::vector<std::pair<std::string, Precision>> PrecisionPolicy::parse_overrides(
   return out;
 }
 
+std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx) {
+  std::vector<Precision> used = {policy.precision};
+  for (const auto& o : policy.overrides)
+    if (std::find(used.begin(), used.end(), o.second) == used.end()) used.push_back(o.second);
+  std::vector<std::string> out;
+  const CpuFeatures& cpu = ctx.cpu();
+  const bool jit = ctx.isa() != Isa::ref;
+  for (Precision p : used) {
+    switch (p) {
+      case Precision::fp32:
+        out.push_back(std::string("fp32: ") + (jit ? "oneDNN FP32 primitives" : "scalar reference (DFP_ISA=ref)"));
+        break;
+      case Precision::int16:
+        out.push_back(std::string("int16: DFP16 operands, INT32 chains flushed into FP32; kernels ") +
+                      ctx.kernels().conv_s16_pixel.name + ", " + ctx.kernels().conv_s16_pair.name);
+        break;
+      case Precision::bf16: {
+        const auto f = policy.class_formats(p);
+        const bool all_bf16 = f.weights == FloatFormat::bf16 && f.activations == FloatFormat::bf16 &&
+                              f.gradients == FloatFormat::bf16;
+        std::string line = "bf16: formats w/x/dy " + std::string(float_format_name(f.weights)) + "/" +
+                           float_format_name(f.activations) + "/" + float_format_name(f.gradients) + "; ";
+        if (!jit)
+          line += "EMULATED: operands rounded to BF16, products accumulated in FP32 by the scalar reference (slow)";
+        else if (!all_bf16)
+          line += "mixed formats: operands rounded, FP32 oneDNN convolutions (exact products, FP32 accumulation)";
+        else if (cpu.avx512bf16)
+          line += "native: oneDNN BF16 convolutions (VDPBF16PS), FP32 accumulation and outputs";
+        else
+          line += "EMULATED: this CPU has no AVX512_BF16; oneDNN emulates VDPBF16PS bit for bit, several times slower";
+        out.push_back(line);
+        break;
+      }
+      case Precision::fp16: {
+        const auto f = policy.class_formats(p);
+        out.push_back("fp16: formats w/x/dy " + std::string(float_format_name(f.weights)) + "/" +
+                      float_format_name(f.activations) + "/" + float_format_name(f.gradients) +
+                      "; EMULATED: " + (cpu.avx512fp16 ? "" : "this CPU has no FP16 arithmetic; ") +
+                      "operands rounded to IEEE half (" + ctx.kernels().round_fp16.name +
+                      "), exact products accumulated in FP32 as on tensor cores" +
+                      (f.gradients == FloatFormat::fp16 ? "; weight gradients stored as FP16" : ""));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 struct Model::Impl {
   struct NodeInfo {
     std::unique_ptr<model::Layer> layer;  // null for the input
@@ -83,6 +164,9 @@ struct Model::Impl {
     int consumers = 0;
     AlignedBuffer<float> act, grad, acc;  // acc: second-consumer gradient (fan-out nodes only)
     bool grad_written = false;
+    size_t param_begin = 0, param_end = 0;  // this layer's entries in params
+    double grad_scale = 1;   // loss scale carried by this node's gradient
+    double adapt_scale = 1;  // the adaptive part of it (product of per-layer factors)
   };
   const Context& ctx;
   std::string name;
@@ -99,6 +183,12 @@ struct Model::Impl {
   uint64_t step = 0;
   std::vector<const float*> xs;  // per-layer input pointers, reused every step (no allocation)
   std::vector<float*> dxs;
+  double loss_scale = 1;
+  bool adaptive = false;
+  model::AdaptiveScaling adaptive_opts;
+  int numerics_interval = 0;
+
+  bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
 
   Impl(const Context& c, std::string n) : ctx(c), name(std::move(n)) {}
 
@@ -142,6 +232,7 @@ struct Model::Impl {
     DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': build() called twice");
     DFP_CHECK(b >= 1, Status::invalid_argument, "model '" + name + "': batch expected >= 1, got " + std::to_string(b));
     DFP_CHECK(loss_node >= 0, Status::invalid_argument, "model '" + name + "': no loss; call softmax_cross_entropy()");
+    policy.validate("model '" + name + "'");
     batch = b;
     size_t max_inputs = 1;
     for (const NodeInfo& n : nodes) max_inputs = std::max(max_inputs, n.inputs.size());
@@ -156,7 +247,9 @@ struct Model::Impl {
       if (i > 0 && n.consumers > 1) n.acc = AlignedBuffer<float>(n.shape.blocked_elements());
       if (n.layer) {
         n.layer->build(ctx, in_shapes(n), n.shape, policy, rng);
+        n.param_begin = params.size();
         n.layer->parameters(params);
+        n.param_end = params.size();
       }
     }
     const TensorShape& ls = nodes[loss_node].shape;
@@ -182,7 +275,7 @@ struct Model::Impl {
     const size_t per_image = is.blocked_elements() / size_t(batch);
     std::memcpy(nodes[0].act.data(), images, per_image * count * sizeof(float));
     std::memset(nodes[0].act.data() + per_image * count, 0, per_image * (batch - count) * sizeof(float));
-    model::StepInfo st{count, train, step};
+    model::StepInfo st{count, train, step, train && sample_step()};
     for (size_t i = 1; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
       xs.clear();
@@ -227,24 +320,67 @@ struct Model::Impl {
     return r;
   }
 
-  void backward() {
+  // Parallel y = y * a + x * b over n floats (b == 0: x unused).
+  void scale_add(float* y, float a, const float* x, float b, size_t n) const {
+    ctx.parallel_for(int64_t((n + 32767) / 32768), [&](int64_t lo, int64_t hi) {
+      const size_t e = std::min(n, size_t(hi) * 32768);
+      if (x) {
+        for (size_t q = size_t(lo) * 32768; q < e; ++q) y[q] = y[q] * a + x[q] * b;
+      } else {
+        for (size_t q = size_t(lo) * 32768; q < e; ++q) y[q] *= a;
+      }
+    });
+  }
+
+  // Divides a layer's parameter gradients by the scale its output gradient carried; returns
+  // whether all of them are finite (x * 0 is NaN exactly for NaN and inf, and NaN poisons the sum).
+  bool unscale_params(const NodeInfo& n) {
+    bool finite = true;
+    const float inv = static_cast<float>(1.0 / n.grad_scale);
+    for (size_t p = n.param_begin; p < n.param_end; ++p) {
+      float* g = params[p].grad;
+      float poison = 0.f;
+      if (inv != 1.f) {
+        for (size_t q = 0; q < params[p].size; ++q) { g[q] *= inv; poison += g[q] * 0.f; }
+      } else {
+        for (size_t q = 0; q < params[p].size; ++q) poison += g[q] * 0.f;
+      }
+      finite &= poison == 0.f;
+    }
+    return finite;
+  }
+
+  bool backward() {
     DFP_CHECK(built && last_count == batch, Status::invalid_argument,
               "model '" + name + "': backward() needs a training forward() first");
     for (NodeInfo& n : nodes) n.grad_written = false;
-    // d(mean loss)/d(logits) = (p - target) / batch
+    // d(scale * mean loss)/d(logits) = scale * (p - target) / batch
     NodeInfo& ln = nodes[loss_node];
     const int K = ln.shape.c, KP = channel_blocks(K) * 16;
     std::memset(ln.grad.data(), 0, ln.grad.size() * sizeof(float));
     for (int n = 0; n < batch; ++n)
       for (int k = 0; k < K; ++k) {
         const double target = (k == labels[n] ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
-        ln.grad[size_t(n) * KP + k] = static_cast<float>((probs[size_t(n) * K + k] - target) / batch);
+        ln.grad[size_t(n) * KP + k] = static_cast<float>(loss_scale * (probs[size_t(n) * K + k] - target) / batch);
       }
     ln.grad_written = true;
-    model::StepInfo st{batch, true, step};
+    ln.grad_scale = loss_scale;
+    ln.adapt_scale = 1;
+    bool finite = true;
+    model::StepInfo st{batch, true, step, sample_step()};
     for (size_t i = nodes.size() - 1; i >= 1; --i) {
       NodeInfo& n = nodes[i];
       if (!n.grad_written) continue;  // does not reach the loss
+      if (adaptive) {
+        // Zhao et al.: this layer's own factor, applied to the gradient it receives (so to its
+        // own rounding of dy, its weight gradient and everything it passes on).
+        const double alpha = n.layer->adaptive_factor(ctx, n.grad.data(), n.adapt_scale, adaptive_opts);
+        if (alpha != 1) {
+          scale_add(n.grad.data(), static_cast<float>(alpha), nullptr, 0.f, n.grad.size());
+          n.grad_scale *= alpha;
+          n.adapt_scale *= alpha;
+        }
+      }
       xs.clear();
       dxs.clear();
       for (int j : n.inputs) {
@@ -253,21 +389,26 @@ struct Model::Impl {
         else dxs.push_back(nodes[j].grad_written ? nodes[j].acc.data() : nodes[j].grad.data());
       }
       n.layer->backward(ctx, xs, n.act.data(), n.grad.data(), dxs, st);
+      finite &= unscale_params(n);
       for (int j : n.inputs) {
         if (j == 0) continue;
         NodeInfo& in = nodes[j];
         if (in.grad_written) {
-          float* g = in.grad.data();
-          const float* a = in.acc.data();
-          const size_t sz = in.grad.size();
-          ctx.parallel_for(int64_t((sz + 32767) / 32768), [&](int64_t b, int64_t e) {
-            for (size_t q = size_t(b) * 32768; q < std::min(sz, size_t(e) * 32768); ++q) g[q] += a[q];
-          });
+          // Second consumer: sum at the smaller of the two scales, so neither part can overflow.
+          const double target = std::min(in.grad_scale, n.grad_scale);
+          scale_add(in.grad.data(), static_cast<float>(target / in.grad_scale), in.acc.data(),
+                    static_cast<float>(target / n.grad_scale), in.grad.size());
+          in.adapt_scale = in.grad_scale == target ? in.adapt_scale : n.adapt_scale;
+          in.grad_scale = target;
+        } else {
+          in.grad_scale = n.grad_scale;
+          in.adapt_scale = n.adapt_scale;
         }
         in.grad_written = true;
       }
     }
     ++step;
+    return finite;
   }
 };
 
@@ -350,7 +491,16 @@ int Model::batch() const noexcept { return impl_->batch; }
 StepResult Model::forward(const float* x, const int32_t* y, int count, bool train) {
   return impl_->forward(x, y, count, train);
 }
-void Model::backward() { impl_->backward(); }
+bool Model::backward() { return impl_->backward(); }
+void Model::set_loss_scale(double scale, bool adaptive, double max_factor, double max_scale) {
+  DFP_CHECK(std::isfinite(scale) && scale > 0, Status::invalid_argument,
+            "model '" + impl_->name + "': loss scale expected positive and finite, got " + std::to_string(scale));
+  impl_->loss_scale = scale;
+  impl_->adaptive = adaptive;
+  impl_->adaptive_opts.max_factor = max_factor;
+  impl_->adaptive_opts.max_scale = max_scale;
+}
+void Model::set_numerics_interval(int interval) { impl_->numerics_interval = std::max(0, interval); }
 void Model::weights_updated() { impl_->weights_updated(); }
 uint64_t Model::step() const noexcept { return impl_->step; }
 void Model::set_step(uint64_t step) { impl_->step = step; }
