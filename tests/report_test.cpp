@@ -494,3 +494,21 @@ TEST(Report, RejectsDuplicateLabels) {
   ScopedEnv env("DFP_GNUPLOT", "");
   expect_error([&] { write_report(t.file("out"), {r, r}, nullptr); }, Status::invalid_argument, {"'fp32'"});
 }
+
+TEST(Report, RunsWithOnlyTheRequiredFieldsStillPlot) {
+  TempDir t;
+  const std::string dir = t.file("cmp/minimal");
+  write(dir + "/config.json", "{}");
+  write(dir + "/metrics.jsonl",
+        "{\"epoch\":1,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1.5}\n"
+        "{\"epoch\":2,\"train_loss\":0.8,\"test_top1\":60,\"epoch_seconds\":1.5,\"layers\":[{\"layer\":\"conv1\"}]}\n");
+  const std::vector<RunSummary> runs = {read_run(dir), read_run(write_runs(t)[0])};
+  const ReportFiles f = write_report(t.file("cmp"), runs, nullptr);
+  for (const auto& p : {f.csv, f.markdown_table, f.html, f.markdown}) EXPECT_TRUE(non_empty(p)) << p;
+  EXPECT_EQ(read_csv(f.csv).at("minimal").at("train_seconds"), "3");
+  if (!f.plots_skipped) {
+    EXPECT_EQ(f.plots_note, "");  // gnuplot drew every plot it was given
+    EXPECT_GE(f.plots.size(), 3u);  // loss, top-1, performance
+  }
+  EXPECT_NE(format_table(runs).find("minimal"), std::string::npos);
+}

@@ -1,6 +1,7 @@
 // The JSON reader (see json.hpp).
 #include "src/report/json.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -97,10 +98,14 @@ class Parser {
   int first_line_;
   size_t pos_ = 0;
 
+  // Line numbers are counted incrementally: parsing only moves forward.
+  mutable size_t counted_pos_ = 0;
+  mutable int counted_lines_ = 0;
   int line_at(size_t p) const {
-    int line = first_line_;
-    for (size_t i = 0; i < p && i < s_.size(); ++i) line += s_[i] == '\n';
-    return line;
+    p = std::min(p, s_.size());
+    if (p < counted_pos_) counted_pos_ = 0, counted_lines_ = 0;
+    for (; counted_pos_ < p; ++counted_pos_) counted_lines_ += s_[counted_pos_] == '\n';
+    return first_line_ + counted_lines_;
   }
 
   // What stands at the current position, for messages.

@@ -345,32 +345,37 @@ void curve_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<
 }
 
 void performance_plot(Ctx& c, const std::vector<RunSummary>& runs) {
-  bool any = false;
+  bool any_ips = false, any_rss = false;
   {
     Writer w(c.plots_dir, "summary.dat", *c.written);
     w << "# index label images_per_second peak_rss_mib colour(0xRRGGBB)\n";
     for (size_t r = 0; r < runs.size(); ++r) {
       w << r << " " << ds(runs[r].label) << " " << d(runs[r].images_per_second) << " " << d(runs[r].peak_rss_mib) << " "
         << kColors[r % (sizeof kColors / sizeof kColors[0])] << "\n";
-      any |= finite(runs[r].images_per_second) || finite(runs[r].peak_rss_mib);
+      any_ips |= finite(runs[r].images_per_second);
+      any_rss |= finite(runs[r].peak_rss_mib);
     }
   }
-  if (!any) return;
+  if (!any_ips && !any_rss) return;
   const size_t n = runs.size();
   size_t label_chars = 0;  // tic labels side by side under one panel (half the width)
   for (const auto& r : runs) label_chars += r.label.size() + 2;
   std::ostringstream o;
-  o << preamble(c, "performance." + c.ext, 900, 500) << "set multiplot layout 1,2 title 'Throughput and memory per precision'\n"
+  o << preamble(c, "performance." + c.ext, 900, 500) << "set multiplot layout 1," << (any_ips && any_rss ? 2 : 1)
+    << " title 'Throughput and memory per precision'\n"
     << "set style fill solid 0.85 border lc rgb '#303030'\nset boxwidth 0.6\nset yrange [0:*]\n"
     << "set offsets 0, 0, graph 0.12, 0\nset xrange [-0.6:" << double(n) - 0.4 << "]\nunset key\nset grid noxtics ytics\n"
-    << (label_chars > 36 ? "set xtics rotate by 30 right\n" : "") << "set xtics scale 0\n"
-    << "set title 'training throughput (mean over epochs)'\nset ylabel 'images / s'\n"
-    << "plot 'summary.dat' using 1:3:5:xtic(2) with boxes lc rgb variable, \\\n"
-    << "     '' using 1:3:(sprintf('%.0f', $3)) with labels offset 0,0.8\n"
-    << "set title 'peak resident memory (RSS)'\nset ylabel 'MiB'\n"
-    << "plot 'summary.dat' using 1:4:5:xtic(2) with boxes lc rgb variable, \\\n"
-    << "     '' using 1:4:(sprintf('%.0f', $4)) with labels offset 0,0.8\n"
-    << "unset multiplot\n";
+    << (label_chars > 36 ? "set xtics rotate by 30 right\n" : "")
+    << "set xtics scale 0\n";
+  if (any_ips)
+    o << "set title 'training throughput (mean over epochs)'\nset ylabel 'images / s'\n"
+      << "plot 'summary.dat' using 1:3:5:xtic(2) with boxes lc rgb variable, \\\n"
+      << "     '' using 1:3:(sprintf('%.0f', $3)) with labels offset 0,0.8\n";
+  if (any_rss)
+    o << "set title 'peak resident memory (RSS)'\nset ylabel 'MiB'\n"
+      << "plot 'summary.dat' using 1:4:5:xtic(2) with boxes lc rgb variable, \\\n"
+      << "     '' using 1:4:(sprintf('%.0f', $4)) with labels offset 0,0.8\n";
+  o << "unset multiplot\n";
   add_plot(c, "performance", "performance", "Throughput and peak memory",
            "Left: training images per second (mean of the epochs), higher is better; right: the process's peak "
            "resident memory, lower is better. Bars share the colours of the curves above.",
