@@ -19,6 +19,7 @@ struct Config {
   int batch, c, h, w, classes;
 };
 
+// FP16 runs with GradScaler's dynamic loss scale (as torch.amp users train), the others unscaled.
 void train_step(benchmark::State& state, Config cfg, dfp::Precision precision, int threads) {
   dfp::ContextOptions o;
   o.threads = threads;
@@ -29,6 +30,7 @@ void train_step(benchmark::State& state, Config cfg, dfp::Precision precision, i
   p.precision = precision;
   m.build(cfg.batch, p);
   dfp::Sgd sgd(ctx, m, {0.9f, 5e-4f, false});
+  if (precision == dfp::Precision::fp16) m.set_loss_scale(65536);
   std::vector<float> nchw(size_t(cfg.batch) * cfg.c * cfg.h * cfg.w);
   std::mt19937 g(1);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -62,7 +64,7 @@ int main(int argc, char** argv) {
       {"vgg11bn", 64, 3, 32, 32, 10},
   };
   for (const Config& c : configs)
-    for (dfp::Precision p : {dfp::Precision::fp32, dfp::Precision::int16})
+    for (dfp::Precision p : {dfp::Precision::fp32, dfp::Precision::int16, dfp::Precision::bf16, dfp::Precision::fp16})
       for (int t : {2})
         benchmark::RegisterBenchmark(("train/" + std::string(c.model) + "_" + std::to_string(c.c) + "x" +
                                       std::to_string(c.h) + "/" + dfp::precision_name(p) + "/threads:" + std::to_string(t))

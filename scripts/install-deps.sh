@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what dfp needs from Debian 12's own packages (nothing else is downloaded).
-# Runs apt-get only when something is missing.
+# Runs apt-get only when something is missing. gnuplot-nox draws the report plots (without it the
+# report still writes its tables, data and HTML).
 set -euo pipefail
 pkgs=(cmake g++ make libdnnl-dev libtbb-dev libxsimd-dev libgtest-dev libbenchmark-dev zlib1g-dev
-      dataset-fashion-mnist)
+      dataset-fashion-mnist gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

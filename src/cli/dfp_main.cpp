@@ -2,8 +2,15 @@
 //   dfp info [--threads N] [--isa LEVEL]   CPU features, the kernel chosen per op, versions
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -18,6 +25,7 @@
 #include "dfp/models.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
+#include "src/report/report.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace {
@@ -286,6 +294,133 @@ int cmd_train(Args& args) {
   return 0;
 }
 
+// ---- dfp compare ------------------------------------------------------------------------------
+// Trains one run per precision spec, each in its own process (so that peak memory, oneDNN's
+// caches and the thread pools are those of that run alone), with identical flags, seed and data
+// order, into OUT/<spec>/, then writes the comparison report from the runs' metrics files.
+
+struct RunSpec {
+  std::string label;      // as given: fp32, bf16, fp16, fp16-static, int16, ...
+  std::string precision;  // fp32 | int16 | bf16 | fp16
+  std::string scaling;    // none | static | dynamic | adaptive
+};
+
+// "<precision>[-<scaling>]"; fp16 alone means dynamic scaling (what torch.amp users run).
+RunSpec parse_spec(const std::string& spec) {
+  RunSpec r;
+  r.label = spec;
+  const size_t dash = spec.find('-');
+  r.precision = spec.substr(0, dash);
+  dfp::parse_precision(r.precision, "flag --precisions item '" + spec + "'");
+  r.scaling = dash == std::string::npos ? (r.precision == "fp16" ? "dynamic" : "none") : spec.substr(dash + 1);
+  dfp::parse_loss_scale_mode(r.scaling, "flag --precisions item '" + spec + "'");
+  return r;
+}
+
+// Runs argv (argv[0] = program path) with stdout+stderr into `log_path`, echoing each line to our
+// stdout prefixed with "[label] ". Returns the exit status (128+signal when killed).
+int run_logged(const std::vector<std::string>& argv, const std::string& log_path, const std::string& label) {
+  int fds[2];
+  DFP_CHECK(pipe(fds) == 0, dfp::Status::io_error, std::string("dfp compare: pipe failed: ") + std::strerror(errno));
+  const pid_t pid = fork();
+  DFP_CHECK(pid >= 0, dfp::Status::io_error, std::string("dfp compare: fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> a;
+    for (const std::string& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execv(a[0], a.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", a[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::ofstream log(log_path);
+  DFP_CHECK(log.good(), dfp::Status::io_error, "dfp compare: cannot write '" + log_path + "'");
+  std::string line;
+  char buf[4096];
+  ssize_t got;
+  while ((got = read(fds[0], buf, sizeof buf)) > 0 || (got < 0 && errno == EINTR)) {
+    for (ssize_t i = 0; i < got; ++i) {
+      if (buf[i] != '\n') { line += buf[i]; continue; }
+      log << line << '\n';
+      std::printf("[%s] %s\n", label.c_str(), line.c_str());
+      std::fflush(stdout);
+      line.clear();
+    }
+  }
+  if (!line.empty()) { log << line << '\n'; std::printf("[%s] %s\n", label.c_str(), line.c_str()); }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int cmd_compare(Args& args) {
+  std::vector<std::string> pass;  // flags handed to every `dfp train` unchanged
+  std::string a, out = "runs/compare", specs_text = "fp32,bf16,fp16,int16";
+  dfp::TrainConfig probe;  // validates the shared flags here, before hours of training
+  std::string keep;
+  ScaleFlags scale_set;
+  while (args.next(a)) {
+    if (a == "--precisions") { specs_text = args.value(a); continue; }
+    if (a == "--out") { out = args.value(a); continue; }
+    DFP_CHECK(a != "--precision" && a != "--loss-scaling" && a != "--label" && a != "--resume",
+              dfp::Status::invalid_argument,
+              "dfp compare: flag " + a + " is set per run by --precisions (e.g. --precisions fp32,fp16-static,int16)");
+    const size_t before = args.pos;
+    if (!train_flag(a, args, probe) && !policy_flag(a, args, probe, keep, scale_set))
+      dfp::fail(dfp::Status::invalid_argument, "dfp compare: unknown flag '" + a + "' (see dfp --help)");
+    pass.push_back(a);
+    for (size_t i = before; i < args.pos; ++i) pass.push_back(args.items[i]);
+  }
+  std::vector<RunSpec> specs;
+  std::stringstream ss(specs_text);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) {
+      specs.push_back(parse_spec(item));
+      for (size_t i = 0; i + 1 < specs.size(); ++i)
+        DFP_CHECK(specs[i].label != item, dfp::Status::invalid_argument, "flag --precisions: '" + item + "' given twice");
+    }
+  DFP_CHECK(!specs.empty(), dfp::Status::invalid_argument, "flag --precisions: expected a list like fp32,bf16,fp16,int16");
+  std::filesystem::create_directories(out);
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::vector<std::string> done, failed;
+  for (const RunSpec& r : specs) {
+    const std::string dir = out + "/" + r.label;
+    std::filesystem::create_directories(dir);
+    std::vector<std::string> argv = {self, "train"};
+    argv.insert(argv.end(), pass.begin(), pass.end());
+    argv.insert(argv.end(), {"--precision", r.precision, "--loss-scaling", r.scaling, "--label", r.label, "--out", dir});
+    std::printf("== %s: dfp train ... --precision %s --loss-scaling %s --out %s\n", r.label.c_str(), r.precision.c_str(),
+                r.scaling.c_str(), dir.c_str());
+    std::fflush(stdout);
+    const int rc = run_logged(argv, dir + "/train.log", r.label);
+    if (rc == 0) done.push_back(dir);
+    else {
+      failed.push_back(r.label);
+      std::printf("== %s failed (exit %d); see %s/train.log; continuing with the other precisions\n", r.label.c_str(), rc,
+                  dir.c_str());
+    }
+  }
+  std::vector<dfp::RunSummary> runs;
+  for (const std::string& d : done) runs.push_back(dfp::read_run(d));
+  if (!runs.empty()) {
+    std::printf("\n%s", dfp::format_table(runs).c_str());
+    dfp::write_report(out, runs, print_line);
+  }
+  if (!failed.empty()) {
+    std::string f;
+    for (const auto& x : failed) f += (f.empty() ? "" : ", ") + x;
+    std::fprintf(stderr, "dfp compare: %zu run(s) failed: %s\n", failed.size(), f.c_str());
+    return 1;
+  }
+  return 0;
+}
+
 int cmd_eval(Args& args) {
   std::string a, ckpt, data;
   int threads = 0;
@@ -319,7 +454,10 @@ void usage() {
       "           --epochs N --batch-size N --lr F [--momentum F --wd F --nesterov] --schedule cosine|step|multistep|constant\n"
       "           [--warmup-epochs N --milestones 30,60 --gamma F] --threads N --seed N --out DIR [--resume FILE]\n"
       "           [--limit-train N --limit-test N --label-smoothing F --no-augment]\n"
-      "  eval     --checkpoint FILE [--data DIR]: test loss, top-1, top-5");
+      "  eval     --checkpoint FILE [--data DIR]: test loss, top-1, top-5\n"
+      "  compare  train one run per precision with the same seed, data order and flags, then tabulate and plot:\n"
+      "           --precisions fp32,bf16,fp16,int16 (items PRECISION[-none|-static|-dynamic|-adaptive]; fp16 alone =\n"
+      "           fp16-dynamic) --out DIR, plus any flag of train (model, data, epochs, numerics, --loss-scale S)");
 }
 
 }  // namespace
@@ -337,6 +475,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(args);
     if (cmd == "train") return cmd_train(args);
     if (cmd == "eval") return cmd_eval(args);
+    if (cmd == "compare") return cmd_compare(args);
     std::fprintf(stderr, "dfp: unknown command '%s'\n", cmd.c_str());
     usage();
     return 2;

@@ -1,0 +1,514 @@
+// The report behind `dfp compare`: the JSON reader (escapes, numbers, errors that name file, line
+// and column), read_run on synthetic run directories (fp32; int16 with per-layer exponents and
+// SQNR; fp16 with skipped steps and a dynamic loss scale), the summary figures equal to the
+// metrics files' numbers exactly, every artifact written (plots when gnuplot is installed, a
+// "skipped" note when it is not), and malformed metrics rejected with the file and line named.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dfp/status.hpp"
+#include "src/report/json.hpp"
+#include "src/report/report.hpp"
+
+using namespace dfp;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory (with a space in its name, as users' paths may have) removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            ("dfp report test " + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Sets an environment variable for one scope and restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, old_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+void write(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string config(const std::string& label_member) {
+  return "{" + label_member +
+         "\"model\":\"resnet20\",\"dataset\":\"fashion-mnist\",\"precision_policy\":\"precision=x\",\"epochs\":3,"
+         "\"batch_size\":128,\"lr\":0.1,\"threads\":2,\"seed\":1}\n";
+}
+
+// fp32: no layers, scale 1, nothing skipped.
+const char* kFp32Metrics =
+    "{\"epoch\":1,\"lr\":0.1,\"train_loss\":0.61,\"train_top1\":77.9,\"test_loss\":0.45,\"test_top1\":83.6,"
+    "\"test_top5\":99.1,\"images_per_second\":912.3,\"epoch_seconds\":65.7123,\"data_wait_seconds\":0.02,"
+    "\"peak_rss_kib\":812345,\"loss_scale\":1,\"skipped_steps\":0,\"precision_policy\":\"precision=fp32\",\"layers\":[]}\n"
+    "{\"epoch\":2,\"lr\":0.05,\"train_loss\":0.41,\"train_top1\":85.2,\"test_loss\":0.38,\"test_top1\":86.25,"
+    "\"test_top5\":99.5,\"images_per_second\":930.1,\"epoch_seconds\":64.25,\"data_wait_seconds\":0.02,"
+    "\"peak_rss_kib\":813000,\"loss_scale\":1,\"skipped_steps\":0,\"precision_policy\":\"precision=fp32\",\"layers\":[]}\n"
+    "{\"epoch\":3,\"lr\":0.0,\"train_loss\":0.352134,\"train_top1\":87.4,\"test_loss\":0.33,\"test_top1\":88.7167,"
+    "\"test_top5\":99.61,\"images_per_second\":925.7,\"epoch_seconds\":66.1,\"data_wait_seconds\":0.02,"
+    "\"peak_rss_kib\":812999,\"loss_scale\":1,\"skipped_steps\":0,\"precision_policy\":\"precision=fp32\",\"layers\":[]}\n";
+
+const char* kLayerNames[] = {"conv1", "layer1.0.conv1", "layer1.0.conv2", "layer2.0.conv1", "fc"};
+
+std::string int16_line(int epoch, double loss, double top1, double seconds, long rss) {
+  std::ostringstream o;
+  o << "{\"epoch\":" << epoch << ",\"lr\":0.1,\"train_loss\":" << loss << ",\"train_top1\":70,\"test_loss\":0.5,"
+    << "\"test_top1\":" << top1 << ",\"test_top5\":98.75,\"images_per_second\":" << 400 + epoch
+    << ",\"epoch_seconds\":" << seconds << ",\"data_wait_seconds\":0.1,\"peak_rss_kib\":" << rss
+    << ",\"precision_policy\":\"precision=int16\",\"layers\":[";
+  for (int i = 0; i < 5; ++i) {
+    o << (i ? "," : "") << "{\"layer\":\"" << kLayerNames[i] << "\",\"format\":\"int16\",\"exp_x\":" << -12 + (i % 3)
+      << ",\"exp_w\":" << -15 - i << ",\"exp_dy\":" << -20 - i - (epoch > 2 ? 1 : 0)
+      << ",\"chain_fwd\":64,\"chain_bwd\":64,\"chain_wgrad\":32,\"saturated\":" << i
+      << ",\"overflow_events\":0,\"sqnr_x_db\":" << (epoch == 2 ? "null" : std::to_string(70.5 - i))
+      << ",\"sqnr_w_db\":" << 75 + i << ",\"sqnr_dy_db\":" << 60 - 2 * i - epoch << ",\"overflow\":0,\"underflow\":" << 10 * i
+      << ",\"nonzero\":123456}";
+  }
+  o << "]}\n";
+  return o.str();
+}
+
+std::string fp16_line(int epoch, double scale, int skipped, const std::string& top1) {
+  std::ostringstream o;
+  o << "{\"epoch\":" << epoch << ",\"lr\":0.1,\"train_loss\":0." << 7 - epoch << "5,\"test_top1\":" << top1
+    << ",\"test_top5\":99,\"images_per_second\":" << 600.5 + epoch << ",\"epoch_seconds\":40.125"
+    << ",\"peak_rss_kib\":700000,\"loss_scale\":" << scale << ",\"skipped_steps\":" << skipped << ",\"layers\":[";
+  for (int i = 0; i < 5; ++i)
+    o << (i ? "," : "") << "{\"layer\":\"" << kLayerNames[i] << "\",\"format\":\"fp16\",\"sqnr_x_db\":" << 55 - i
+      << ",\"sqnr_w_db\":null,\"sqnr_dy_db\":" << 40 - 3 * i + epoch << ",\"overflow\":" << (i == 4 ? 2 : 0)
+      << ",\"underflow\":" << 100 * i << ",\"nonzero\":5000}";
+  o << "]}\n";
+  return o.str();
+}
+
+// Three runs under <root>/cmp/<label>/ (the layout `dfp compare` writes).
+std::vector<std::string> write_runs(const TempDir& t) {
+  const std::string fp32 = t.file("cmp/fp32"), int16 = t.file("cmp/int16"), fp16 = t.file("cmp/fp16-dynamic");
+  write(fp32 + "/config.json", config("\"label\":\"fp32\",\"device\":\"cpu\","));
+  write(fp32 + "/metrics.jsonl", kFp32Metrics);
+  // No label or device: the directory's name and "cpu".
+  write(int16 + "/config.json", config(""));
+  write(int16 + "/metrics.jsonl", int16_line(1, 0.9, 70.25, 120.5, 900000) + int16_line(2, 0.6, 80.5, 118.25, 901024) +
+                                      int16_line(3, 0.45, 84.125, 119.0, 901000));
+  write(fp16 + "/config.json", config("\"label\":\"fp16-dynamic\",\"device\":\"cpu\",\"loss_scaling\":\"dynamic\","));
+  write(fp16 + "/metrics.jsonl",
+        fp16_line(1, 65536, 0, "81.5") + fp16_line(2, 32768, 3, "84.0") + fp16_line(3, 32768, 5, "86.8833"));
+  return {fp32, int16, fp16};
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(' '), b = s.find_last_not_of(' ');
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+// summary.csv as label -> column -> text (the test's values have no commas or quotes).
+std::map<std::string, std::map<std::string, std::string>> read_csv(const std::string& path) {
+  std::map<std::string, std::map<std::string, std::string>> rows;
+  std::istringstream in(read(path));
+  std::string line;
+  std::getline(in, line);
+  const auto header = split(line, ',');
+  EXPECT_EQ(header, summary_columns());
+  while (std::getline(in, line)) {
+    const auto cells = split(line, ',');
+    EXPECT_EQ(cells.size(), header.size()) << line;
+    for (size_t i = 0; i < cells.size() && i < header.size(); ++i) rows[cells[0]][header[i]] = cells[i];
+  }
+  return rows;
+}
+
+// summary.md's data rows as label -> cells ("-" marks an empty CSV field).
+std::map<std::string, std::vector<std::string>> read_md(const std::string& path) {
+  std::map<std::string, std::vector<std::string>> rows;
+  std::istringstream in(read(path));
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '|' || n++ < 2) continue;  // header and separator
+    auto cells = split(line.substr(1, line.size() - 2), '|');
+    for (auto& c : cells) c = trim(c);
+    rows[cells[0]] = cells;
+  }
+  return rows;
+}
+
+void expect_error(const std::function<void()>& f, Status status, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no dfp::Error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
+  }
+}
+
+bool non_empty(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0;
+}
+
+}  // namespace
+
+// ---- JSON reader -----------------------------------------------------------------------------
+
+TEST(Json, ReadsEveryKindOfValue) {
+  const json::Value v = json::parse(
+      " {\"a\": [1, -0.5e3, 2E+2, 0, -0], \"s\": \"q\\\"b\\\\s\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\", \"t\": true,"
+      " \"f\": false, \"n\": null, \"o\": {\"x\": {}}, \"e\": [], \"nan\": nan, \"ninf\": -inf, \"a\": 7}\n",
+      "x.json");
+  ASSERT_TRUE(v.is_object());
+  ASSERT_EQ(v.members.size(), 10u);
+  const json::Value* a = &v.members[0].second;
+  ASSERT_TRUE(a->is_array());
+  ASSERT_EQ(a->items.size(), 5u);
+  EXPECT_EQ(a->items[0].number, 1);
+  EXPECT_EQ(a->items[1].number, -500);
+  EXPECT_EQ(a->items[1].text, "-0.5e3");
+  EXPECT_EQ(a->items[2].number, 200);
+  EXPECT_EQ(v.find("a")->number, 7);  // the last of a repeated key
+  EXPECT_EQ(v.find("s")->text, "q\"b\\s/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80");
+  EXPECT_TRUE(v.find("t")->boolean);
+  EXPECT_EQ(v.find("f")->type, json::Type::boolean);
+  EXPECT_FALSE(v.find("f")->boolean);
+  EXPECT_TRUE(v.find("n")->is_null());
+  EXPECT_TRUE(v.find("o")->find("x")->is_object());
+  EXPECT_TRUE(v.find("e")->items.empty());
+  EXPECT_TRUE(std::isnan(v.find("nan")->number));
+  EXPECT_EQ(v.find("ninf")->number, -INFINITY);
+  EXPECT_EQ(v.find("missing"), nullptr);
+  EXPECT_EQ(json::parse("[1,{\"k\":\"v\"},null]", "y").to_string(), "[1,{\"k\":\"v\"},null]");
+}
+
+TEST(Json, ErrorsNameSourceLineColumnAndExpectation) {
+  expect_error([] { json::parse("{\"a\":1,\"b\":", "m.jsonl", 7); }, Status::corrupt_data,
+               {"m.jsonl:7:12:", "expected a JSON value", "end of the line"});
+  expect_error([] { json::parse("{\"a\":1 \"b\":2}", "m.jsonl", 3); }, Status::corrupt_data,
+               {"m.jsonl:3:8:", "expected ',' or '}'", "\"a\""});
+  expect_error([] { json::parse("{\n \"a\": 01}", "c.json"); }, Status::corrupt_data, {"c.json:2:", "leading zero"});
+  expect_error([] { json::parse("[1] x", "c.json"); }, Status::corrupt_data, {"c.json:1:5:", "end of the JSON value"});
+  expect_error([] { json::parse("\"abc", "c.json"); }, Status::corrupt_data, {"c.json:1:1:", "closing '\"'"});
+  expect_error([] { json::parse("\"\\x\"", "c.json"); }, Status::corrupt_data, {"escape", "after '\\'"});
+  expect_error([] { json::parse("\"\\ud800\"", "c.json"); }, Status::corrupt_data, {"low surrogate"});
+  expect_error([] { json::parse("{1:2}", "c.json"); }, Status::corrupt_data, {"member name"});
+  expect_error([] { json::parse("tru", "c.json"); }, Status::corrupt_data, {"expected"});
+  expect_error([] { json::parse("1.", "c.json"); }, Status::corrupt_data, {"after the decimal point"});
+  expect_error([] { json::parse(std::string(1000, '['), "c.json"); }, Status::corrupt_data, {"nesting deeper"});
+}
+
+// ---- read_run --------------------------------------------------------------------------------
+
+TEST(Report, ReadRunSummarizesTheMetricsFiles) {
+  TempDir t;
+  const auto dirs = write_runs(t);
+  const RunSummary fp32 = read_run(dirs[0]);
+  EXPECT_EQ(fp32.label, "fp32");
+  EXPECT_EQ(fp32.model, "resnet20");
+  EXPECT_EQ(fp32.batch_size, 128);
+  EXPECT_EQ(fp32.epochs, 3);
+  EXPECT_EQ(fp32.epochs_planned, 3);
+  EXPECT_EQ(fp32.test_top1, 88.7167);
+  EXPECT_EQ(fp32.test_top5, 99.61);
+  EXPECT_EQ(fp32.final_train_loss, 0.352134);
+  EXPECT_EQ(fp32.train_seconds, 196.0623);  // 65.7123 + 64.25 + 66.1, the exact decimal sum
+  EXPECT_NEAR(fp32.train_seconds, 65.7123 + 64.25 + 66.1, 1e-9);
+  EXPECT_EQ(fp32.images_per_second, (912.3 + 930.1 + 925.7) / 3);
+  EXPECT_EQ(fp32.peak_rss_mib, 813000 / 1024.0);
+  EXPECT_EQ(fp32.skipped_steps, 0);
+  EXPECT_EQ(fp32.final_loss_scale, 1);
+  EXPECT_TRUE(fp32.layers.empty());
+  ASSERT_EQ(fp32.epochs_series.size(), 3u);
+  EXPECT_EQ(fp32.epochs_series[1].lr, 0.05);
+
+  const RunSummary int16 = read_run(dirs[1] + "/");  // a trailing slash still names the directory
+  EXPECT_EQ(int16.label, "int16");
+  EXPECT_EQ(int16.device, "cpu");
+  EXPECT_EQ(int16.skipped_steps, -1);  // not logged
+  EXPECT_TRUE(std::isnan(int16.final_loss_scale));
+  ASSERT_EQ(int16.layers.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(int16.layers[i].name, kLayerNames[i]);
+  EXPECT_EQ(int16.layers[1].format, "int16");
+  EXPECT_EQ(int16.layers[4].points[2].exp_dy, -25);
+  EXPECT_TRUE(std::isnan(int16.layers[0].points[1].sqnr_x_db));  // null: no sample
+  EXPECT_EQ(int16.layers[0].points[2].sqnr_x_db, 70.5);
+  EXPECT_EQ(int16.peak_rss_mib, 901024 / 1024.0);
+
+  const RunSummary fp16 = read_run(dirs[2]);
+  EXPECT_EQ(fp16.label, "fp16-dynamic");
+  EXPECT_EQ(fp16.loss_scaling, "dynamic");
+  EXPECT_EQ(fp16.skipped_steps, 5);
+  EXPECT_EQ(fp16.final_loss_scale, 32768);
+  EXPECT_EQ(fp16.test_top1, 86.8833);
+  EXPECT_TRUE(std::isnan(fp16.layers[0].points[0].exp_x));
+}
+
+TEST(Report, ResumedRunsReplaceRepeatedEpochs) {
+  TempDir t;
+  const std::string dir = t.file("r");
+  write(dir + "/config.json", "{}");
+  write(dir + "/metrics.jsonl",
+        "{\"epoch\":1,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1.5}\n"
+        "{\"epoch\":2,\"train_loss\":0.9,\"test_top1\":51,\"epoch_seconds\":2}\n\n"
+        "{\"epoch\":2,\"train_loss\":0.8,\"test_top1\":52,\"epoch_seconds\":2.25}\r\n"
+        "{\"epoch\":3,\"train_loss\":0.7,\"test_top1\":53,\"epoch_seconds\":3}\n");
+  const RunSummary r = read_run(dir);
+  EXPECT_EQ(r.label, "r");
+  ASSERT_EQ(r.epochs_series.size(), 3u);
+  EXPECT_EQ(r.epochs_series[1].train_loss, 0.8);
+  EXPECT_EQ(r.train_seconds, 6.75);
+  EXPECT_TRUE(std::isnan(r.test_top5));
+  EXPECT_TRUE(std::isnan(r.peak_rss_mib));
+  // Optional figures missing: empty CSV fields.
+  const auto row = summary_row(r);
+  EXPECT_EQ(row[8], "");   // test_top5
+  EXPECT_EQ(row[13], "");  // skipped_steps
+}
+
+TEST(Report, MalformedRunsNameTheFileAndLine) {
+  TempDir t;
+  const std::string dir = t.file("bad");
+  const std::string metrics = dir + "/metrics.jsonl";
+  write(dir + "/config.json", config("\"label\":\"bad\","));
+  const std::string good = "{\"epoch\":1,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1}\n";
+
+  // A truncated line (a run killed while writing).
+  write(metrics, good + "{\"epoch\":2,\"train_loss\":0.9,\"test_top1\":5");
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":2:", "expected ',' or '}'"});
+  // A missing required field.
+  write(metrics, good + good + "{\"epoch\":3,\"train_loss\":0.9,\"epoch_seconds\":1}\n");
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":3:", "required field 'test_top1' is missing"});
+  // Wrong types.
+  write(metrics, "{\"epoch\":\"one\",\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1}\n");
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":1:", "'epoch' is a string", "expected a number"});
+  write(metrics, "{\"epoch\":1,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1,\"layers\":[{\"layer\":\"c\",\"exp_x\":\"-3\"}]}\n");
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":1:", "layer 'c'", "'exp_x'"});
+  write(metrics, "{\"epoch\":1.5,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1}\n");
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":1:", "integer >= 1"});
+  write(metrics, "[1,2]\n");
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":1:", "expected one JSON object per line"});
+  write(metrics, "\n\n");
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics, "no epochs"});
+  // Missing and malformed config.json.
+  write(metrics, good);
+  write(dir + "/config.json", "{\"batch_size\":\"big\"}");
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {dir + "/config.json:1:", "'batch_size'"});
+  fs::remove(dir + "/config.json");
+  expect_error([&] { read_run(dir); }, Status::io_error, {dir + "/config.json"});
+  expect_error([&] { read_run(t.file("nowhere")); }, Status::io_error, {"nowhere"});
+}
+
+// ---- the report ------------------------------------------------------------------------------
+
+TEST(Report, WritesEveryArtifactWithTheMetricsFigures) {
+  TempDir t;
+  const auto dirs = write_runs(t);
+  std::vector<RunSummary> runs;
+  for (const auto& d : dirs) runs.push_back(read_run(d));
+  std::vector<std::string> logged;
+  const std::string out = t.file("cmp");
+  const ReportFiles f = write_report(out, runs, [&](const std::string& s) { logged.push_back(s); });
+
+  for (const auto& p : {f.csv, f.markdown_table, f.html, f.markdown}) EXPECT_TRUE(non_empty(p)) << p;
+  ASSERT_EQ(f.metrics.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(fs::path(f.metrics[i]), fs::path(dirs[i]) / "metrics.jsonl");
+  EXPECT_FALSE(f.scripts.empty());
+  for (const auto& p : f.scripts) EXPECT_TRUE(non_empty(p)) << p;
+  EXPECT_TRUE(non_empty(out + "/plots/loss.gp"));
+  EXPECT_TRUE(non_empty(out + "/plots/epochs_fp16-dynamic.dat"));
+
+  // The table's figures are the metrics files' numbers, exactly.
+  const auto csv = read_csv(f.csv);
+  ASSERT_EQ(csv.size(), 3u);
+  const auto& a = csv.at("fp32");
+  EXPECT_EQ(a.at("test_top1"), "88.7167");
+  EXPECT_EQ(a.at("test_top5"), "99.61");
+  EXPECT_EQ(a.at("final_train_loss"), "0.352134");
+  EXPECT_EQ(a.at("train_seconds"), "196.0623");
+  EXPECT_EQ(a.at("peak_rss_mib"), "793.9453125");  // 813000 KiB
+  EXPECT_EQ(a.at("skipped_steps"), "0");
+  EXPECT_EQ(a.at("final_loss_scale"), "1");
+  EXPECT_EQ(std::stod(a.at("images_per_second")), (912.3 + 930.1 + 925.7) / 3);
+  EXPECT_EQ(a.at("batch_size"), "128");
+  EXPECT_EQ(a.at("epochs"), "3");
+  const auto& b = csv.at("int16");
+  EXPECT_EQ(b.at("test_top1"), "84.125");
+  EXPECT_EQ(b.at("test_top5"), "98.75");
+  EXPECT_EQ(b.at("final_train_loss"), "0.45");
+  EXPECT_EQ(b.at("train_seconds"), "357.75");
+  EXPECT_EQ(b.at("peak_rss_mib"), "879.90625");  // 901024 KiB
+  EXPECT_EQ(b.at("skipped_steps"), "");
+  EXPECT_EQ(b.at("final_loss_scale"), "");
+  const auto& c = csv.at("fp16-dynamic");
+  EXPECT_EQ(c.at("test_top1"), "86.8833");
+  EXPECT_EQ(c.at("final_train_loss"), "0.45");
+  EXPECT_EQ(c.at("train_seconds"), "120.375");
+  EXPECT_EQ(c.at("peak_rss_mib"), "683.59375");
+  EXPECT_EQ(c.at("skipped_steps"), "5");
+  EXPECT_EQ(c.at("final_loss_scale"), "32768");
+  EXPECT_EQ(c.at("images_per_second"), "602.5");
+  // Every exact figure also parses back to the summary's double.
+  for (const auto& r : runs) {
+    const auto& row = csv.at(r.label);
+    EXPECT_EQ(std::stod(row.at("test_top1")), r.test_top1);
+    EXPECT_EQ(std::stod(row.at("train_seconds")), r.train_seconds);
+    EXPECT_EQ(std::stod(row.at("peak_rss_mib")), r.peak_rss_mib);
+  }
+
+  // summary.md holds the same strings.
+  const auto md = read_md(f.markdown_table);
+  ASSERT_EQ(md.size(), 3u);
+  const auto cols = summary_columns();
+  for (const auto& [label, row] : csv) {
+    ASSERT_EQ(md.at(label).size(), cols.size()) << label;
+    for (size_t i = 0; i < cols.size(); ++i)
+      EXPECT_EQ(md.at(label)[i], row.at(cols[i]).empty() ? "-" : row.at(cols[i])) << label << " " << cols[i];
+  }
+
+  // The terminal table.
+  const std::string table = format_table(runs);
+  for (const char* s : {"fp32", "int16", "fp16-dynamic", "88.72", "32768", "model resnet20, dataset fashion-mnist"})
+    EXPECT_NE(table.find(s), std::string::npos) << s << "\n" << table;
+
+  // Plots, or the note that says why there are none.
+  const std::string html = read(f.html), mdr = read(f.markdown);
+  EXPECT_NE(html.find("<table>"), std::string::npos);
+  EXPECT_NE(html.find("layer1.0.conv2"), std::string::npos);  // per-layer details
+  EXPECT_NE(html.find("Overflow, saturation and underflow"), std::string::npos);
+  EXPECT_NE(html.find("<th>loss_scaling</th><td>dynamic</td>"), std::string::npos);  // the runs' configuration
+  if (!f.plots_skipped) {
+    EXPECT_TRUE(f.plots_note.empty()) << f.plots_note;
+    const std::string ext = fs::path(f.plots.at(0)).extension().string();
+    for (const std::string stem : {"loss", "test_top1", "performance", "loss_scale", "exp_int16_x", "exp_int16_w",
+                                   "exp_int16_dy", "sqnr_layers_x", "sqnr_layers_dy", "sqnr_layers_w",
+                                   "sqnr_epochs_x", "sqnr_epochs_dy"}) {
+      const std::string img = out + "/plots/" + stem + ext;
+      EXPECT_TRUE(non_empty(img)) << img;
+      EXPECT_NE(html.find("<img src=\"plots/" + stem + ext + "\""), std::string::npos) << stem;
+      EXPECT_NE(mdr.find("](plots/" + stem + ext + ")"), std::string::npos) << stem;
+    }
+    for (const auto& p : f.plots) EXPECT_TRUE(non_empty(p)) << p;
+    // No exponent plot for runs without exponents.
+    EXPECT_FALSE(fs::exists(out + "/plots/exp_fp16-dynamic_x" + ext));
+  } else {
+    EXPECT_TRUE(f.plots.empty());
+    EXPECT_NE(html.find("gnuplot not found: plots skipped (CSV/JSON written)"), std::string::npos);
+    EXPECT_NE(std::find(logged.begin(), logged.end(), "gnuplot not found: plots skipped (CSV/JSON written)"),
+              logged.end());
+  }
+}
+
+TEST(Report, WithoutGnuplotEverythingElseIsWritten) {
+  TempDir t;
+  const auto dirs = write_runs(t);
+  std::vector<RunSummary> runs;
+  for (const auto& d : dirs) runs.push_back(read_run(d));
+  ScopedEnv env("DFP_GNUPLOT", "");
+  std::vector<std::string> logged;
+  // Runs kept outside the output directory: their metrics are copied in.
+  const std::string out = t.file("report");
+  const ReportFiles f = write_report(out, runs, [&](const std::string& s) { logged.push_back(s); });
+  EXPECT_TRUE(f.plots_skipped);
+  EXPECT_TRUE(f.plots.empty());
+  EXPECT_EQ(f.plots_note, "gnuplot not found: plots skipped (CSV/JSON written)");
+  ASSERT_FALSE(logged.empty());
+  EXPECT_EQ(logged[0], "gnuplot not found: plots skipped (CSV/JSON written)");
+  for (const auto& p : {f.csv, f.markdown_table, f.html, f.markdown}) EXPECT_TRUE(non_empty(p)) << p;
+  ASSERT_EQ(f.metrics.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(fs::path(f.metrics[i]), fs::path(out) / "metrics" / runs[i].label / "metrics.jsonl");
+    EXPECT_EQ(read(f.metrics[i]), read(dirs[i] + "/metrics.jsonl"));
+  }
+  EXPECT_TRUE(non_empty(out + "/plots/loss.gp"));  // the scripts are written for later
+  const std::string html = read(f.html);
+  EXPECT_NE(html.find("gnuplot not found: plots skipped (CSV/JSON written)"), std::string::npos);
+  EXPECT_EQ(html.find("<img"), std::string::npos);
+  EXPECT_NE(html.find("metrics/fp16-dynamic/metrics.jsonl"), std::string::npos);
+  EXPECT_EQ(read_csv(f.csv).at("fp16-dynamic").at("skipped_steps"), "5");
+}
+
+TEST(Report, RejectsDuplicateLabels) {
+  TempDir t;
+  const auto dirs = write_runs(t);
+  const RunSummary r = read_run(dirs[0]);
+  ScopedEnv env("DFP_GNUPLOT", "");
+  expect_error([&] { write_report(t.file("out"), {r, r}, nullptr); }, Status::invalid_argument, {"'fp32'"});
+}
+
+TEST(Report, RunsWithOnlyTheRequiredFieldsStillPlot) {
+  TempDir t;
+  const std::string dir = t.file("cmp/minimal");
+  write(dir + "/config.json", "{}");
+  write(dir + "/metrics.jsonl",
+        "{\"epoch\":1,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1.5}\n"
+        "{\"epoch\":2,\"train_loss\":0.8,\"test_top1\":60,\"epoch_seconds\":1.5,\"layers\":[{\"layer\":\"conv1\"}]}\n");
+  const std::vector<RunSummary> runs = {read_run(dir), read_run(write_runs(t)[0])};
+  const ReportFiles f = write_report(t.file("cmp"), runs, nullptr);
+  for (const auto& p : {f.csv, f.markdown_table, f.html, f.markdown}) EXPECT_TRUE(non_empty(p)) << p;
+  EXPECT_EQ(read_csv(f.csv).at("minimal").at("train_seconds"), "3");
+  if (!f.plots_skipped) {
+    EXPECT_EQ(f.plots_note, "");  // gnuplot drew every plot it was given
+    EXPECT_GE(f.plots.size(), 3u);  // loss, top-1, performance
+  }
+  EXPECT_NE(format_table(runs).find("minimal"), std::string::npos);
+}
