@@ -34,36 +34,13 @@
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
 #include "src/aligned_buffer.hpp"
+#include "src/counter_rng.hpp"
 
 namespace dfp {
 
 namespace {
 
 constexpr int kRing = 3;  // one batch held by the consumer, two being prefetched
-
-// SplitMix64's finaliser: a bijective mix with full avalanche, the basis of the counter-based
-// streams below.
-inline uint64_t mix64(uint64_t x) noexcept {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Distinct salts keep the shuffle and augmentation streams independent for the same seed.
-constexpr uint64_t kShuffleSalt = 0x53485546464C45ull;  // "SHUFFLE"
-constexpr uint64_t kAugmentSalt = 0x4155474D454E54ull;  // "AUGMENT"
-
-inline uint64_t stream_key(uint64_t seed, uint64_t salt, uint64_t epoch, uint64_t index) noexcept {
-  return mix64(mix64(mix64(seed ^ salt) ^ epoch) ^ index);
-}
-
-// Uniform in [0, n) by multiply-high (Lemire): the bias is below n / 2^64, far below anything a
-// training run could observe, and unlike std::uniform_int_distribution the result is the same
-// with every standard library.
-inline uint32_t uniform_below(uint64_t r, uint32_t n) noexcept {
-  return uint32_t((static_cast<unsigned __int128>(r) * n) >> 64);
-}
 
 }  // namespace
 
@@ -121,10 +98,10 @@ struct Loader::Impl {
     if (pad > 0 || aug.hflip) {
       const uint64_t key = stream_key(seed, kAugmentSalt, uint64_t(epoch), uint64_t(idx));
       if (pad > 0) {
-        oy = int(uniform_below(mix64(key + 1), uint32_t(2 * pad + 1)));
-        ox = int(uniform_below(mix64(key + 2), uint32_t(2 * pad + 1)));
+        oy = int(uniform_below(mix64(key + kDrawPadY), uint32_t(2 * pad + 1)));
+        ox = int(uniform_below(mix64(key + kDrawPadX), uint32_t(2 * pad + 1)));
       }
-      if (aug.hflip) flip = (mix64(key + 3) >> 63) != 0;
+      if (aug.hflip) flip = (mix64(key + kDrawFlip) >> 63) != 0;
     }
     const size_t plane_stride = size_t(H) * W * kChannelBlock;
     for (int c = 0; c < C; ++c) {
