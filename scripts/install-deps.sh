@@ -3,7 +3,7 @@
 # Runs apt-get only when something is missing.
 set -euo pipefail
 pkgs=(cmake g++ make libdnnl-dev libtbb-dev libxsimd-dev libgtest-dev libbenchmark-dev zlib1g-dev
-      dataset-fashion-mnist)
+      pkg-config libturbojpeg0-dev dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
