@@ -19,6 +19,7 @@ struct TrainConfig {
   std::string model = "resnet20";
   std::string dataset = "fashion-mnist";
   std::string data;                 // dataset directory ("" = the dataset's default)
+  int image_size = 0;               // imagenet-folder: side of the square input (0 = 224)
   PrecisionPolicy policy;
   int epochs = 10;
   int batch_size = 128;
@@ -32,7 +33,8 @@ struct TrainConfig {
   int step_epochs = 30;             // step
   float gamma = 0.1f;
   float label_smoothing = 0.f;
-  bool augment = true;              // pad+crop and flip for CIFAR; normalisation always
+  bool augment = true;              // pad+crop and flip for CIFAR, RandomResizedCrop and flip for
+                                    // imagenet-folder; normalisation always
   int threads = 0;
   std::string isa;
   uint64_t seed = 1;

@@ -176,6 +176,7 @@ int cmd_train(Args& args) {
     if (a == "--model" || a == "-a" || a == "--arch") c.model = args.value(a);
     else if (a == "--dataset") c.dataset = args.value(a);
     else if (a == "--data") c.data = args.value(a);
+    else if (a == "--image-size") c.image_size = to_int(a, args.value(a));
     else if (a == "--precision") c.policy.precision = dfp::parse_precision(args.value(a), "flag --precision");
     else if (a == "--keep-fp32") overrides = args.value(a);
     else if (a == "--headroom") {
@@ -243,6 +244,7 @@ void usage() {
       "  bench    short INT16 vs oneDNN FP32 convolution summary (full tables: bench/)\n"
       "           flags: --threads N, --isa LEVEL, --reps N\n"
       "  train    train a model: --model resnet20 --dataset fashion-mnist|mnist|cifar10|cifar100 [--data DIR]\n"
+      "           (or --dataset imagenet-folder --data DIR with DIR/train/<class>/*.jpg, DIR/val/... [--image-size 224])\n"
       "           --precision fp32|int16 [--keep-fp32 conv1,fc] [--headroom N] [--round-gradients stochastic]\n"
       "           --epochs N --batch-size N --lr F [--momentum F --wd F --nesterov] --schedule cosine|step|multistep|constant\n"
       "           [--warmup-epochs N --milestones 30,60 --gamma F] --threads N --seed N --out DIR [--resume FILE]\n"
