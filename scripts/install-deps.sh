@@ -4,7 +4,7 @@
 # report still writes its tables, data and HTML).
 set -euo pipefail
 pkgs=(cmake g++ make libdnnl-dev libtbb-dev libxsimd-dev libgtest-dev libbenchmark-dev zlib1g-dev
-      dataset-fashion-mnist gnuplot-nox)
+      pkg-config libturbojpeg0-dev dataset-fashion-mnist gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

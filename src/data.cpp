@@ -1,4 +1,5 @@
-// Dataset readers: IDX (plain or gzip, via zlib), CIFAR-10 and CIFAR-100 binary.
+// Dataset readers: IDX (plain or gzip, via zlib), CIFAR-10 and CIFAR-100 binary, and the
+// directory scan of an image folder (its JPEGs are decoded by the Loader: loader.cpp, jpeg.cpp).
 //
 // Every reader validates before it trusts: header fields are range-checked, counts must agree,
 // every label is checked against the class count, a short read names the record it cut, and
@@ -9,7 +10,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <iterator>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -312,7 +315,121 @@ Dataset read_cifar(const std::vector<std::string>& files, const CifarFormat& fmt
   return d;
 }
 
+// ---- image folder ------------------------------------------------------------------------
+
+bool hidden(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return !n.empty() && n[0] == '.';
+}
+
+bool jpeg_extension(const fs::path& p) {
+  std::string e = p.extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return e == ".jpg" || e == ".jpeg";
+}
+
+// Sorted names of the (non-hidden) subdirectories of dir, symlinks followed.
+std::vector<std::string> class_folders(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    std::error_code ec2;
+    if (!hidden(it->path()) && fs::is_directory(it->path(), ec2)) names.push_back(it->path().filename().string());
+  }
+  DFP_CHECK(!ec, Status::io_error, "image folder: cannot list directory " + in_quotes(dir.string()) + ": " + ec.message());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Every JPEG file under dir (recursively, symlinks followed), sorted by path.
+std::vector<std::string> jpeg_files(const fs::path& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  const auto opts = fs::directory_options::follow_directory_symlink;
+  for (fs::recursive_directory_iterator it(dir, opts, ec), end; !ec && it != end; it.increment(ec)) {
+    if (hidden(it->path())) {
+      std::error_code ec3;
+      if (it->is_directory(ec3)) it.disable_recursion_pending();
+      continue;
+    }
+    std::error_code ec2;
+    if (jpeg_extension(it->path()) && fs::is_regular_file(it->path(), ec2)) files.push_back(it->path().string());
+  }
+  DFP_CHECK(!ec, Status::io_error, "image folder: cannot list directory " + in_quotes(dir.string()) + ": " + ec.message());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string join(const std::vector<std::string>& v, size_t max_items) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < max_items; ++i) s += (i ? ", " : "") + in_quotes(v[i]);
+  if (v.size() > max_items) s += ", ... (" + std::to_string(v.size()) + " in all)";
+  return s;
+}
+
 }  // namespace
+
+Dataset load_image_folder(const std::string& dir, bool train, int image_size) {
+  DFP_CHECK(image_size >= 1 && image_size <= 8192, Status::invalid_argument,
+            "image folder " + in_quotes(dir) + ": image_size is " + std::to_string(image_size) + ", expected 1 .. 8192");
+  const std::string layout = "train/ and val/, each with one subdirectory of JPEG files per class";
+  require_dir(dir, "image folder", layout);
+  const fs::path train_dir = fs::path(dir) / "train";
+  const fs::path split_dir = fs::path(dir) / (train ? "train" : "val");
+  require_dir(train_dir.string(), "image folder", "one subdirectory of JPEG files per class");
+  if (!train) require_dir(split_dir.string(), "image folder", "one subdirectory of JPEG files per class, as in train/");
+
+  Dataset d;
+  d.name = "imagenet-folder";
+  d.class_names = class_folders(train_dir);
+  DFP_CHECK(!d.class_names.empty(), Status::io_error,
+            "image folder: no class folders in " + in_quotes(train_dir.string()) +
+                ", expected one subdirectory of JPEG files per class");
+  DFP_CHECK(d.class_names.size() <= 0x7FFFFFFFu, Status::invalid_argument, "image folder: too many classes");
+  if (!train) {
+    // The labels are the positions of the train/ class names: val/ must name the same classes.
+    const std::vector<std::string> val = class_folders(split_dir);
+    std::vector<std::string> extra, missing;
+    std::set_difference(val.begin(), val.end(), d.class_names.begin(), d.class_names.end(), std::back_inserter(extra));
+    std::set_difference(d.class_names.begin(), d.class_names.end(), val.begin(), val.end(), std::back_inserter(missing));
+    DFP_CHECK(extra.empty(), Status::io_error,
+              "image folder: class folder " + in_quotes((split_dir / extra[0]).string()) + " has no counterpart in " +
+                  in_quotes(train_dir.string()) + " (val classes not in train: " + join(extra, 5) +
+                  "); expected the same class folders in train/ and val/");
+    DFP_CHECK(missing.empty(), Status::io_error,
+              "image folder: " + in_quotes(split_dir.string()) + " has no folder for the train class " +
+                  in_quotes(missing[0]) + " (missing: " + join(missing, 5) +
+                  "); expected the same class folders in train/ and val/");
+  }
+  for (size_t c = 0; c < d.class_names.size(); ++c) {
+    const fs::path folder = split_dir / d.class_names[c];
+    std::vector<std::string> files = jpeg_files(folder);
+    DFP_CHECK(!files.empty(), Status::io_error,
+              "image folder: class folder " + in_quotes(folder.string()) +
+                  " has no JPEG file, expected at least one *.jpg or *.jpeg");
+    DFP_CHECK(d.files.size() + files.size() <= 0x7FFFFFFFu, Status::invalid_argument,
+              "image folder " + in_quotes(dir) + ": more than 2^31 - 1 images");
+    for (auto& f : files) {
+      d.files.push_back(std::move(f));
+      d.file_labels.push_back(int32_t(c));
+    }
+  }
+  d.count = int(d.files.size());
+  d.channels = 3;
+  d.height = d.width = image_size;
+  d.classes = int(d.class_names.size());
+  return d;
+}
+
+AugmentOptions image_folder_augment(bool train) {
+  AugmentOptions a;
+  a.mean = {0.485f, 0.456f, 0.406f};
+  a.stddev = {0.229f, 0.224f, 0.225f};
+  a.random_resized_crop = train;
+  a.hflip = train;
+  return a;
+}
 
 Dataset load_idx(const std::string& images_file, const std::string& labels_file, int classes) {
   DFP_CHECK(classes >= 1 && classes <= 256, Status::invalid_argument,
@@ -394,11 +511,20 @@ Dataset load_cifar100(const std::string& dir, bool train) {
   return read_cifar({path}, CifarFormat{"CIFAR-100", 2, 20, 100}, "cifar100");
 }
 
-Dataset load_dataset(const std::string& name, const std::string& path, bool train) {
-  static const char* const kKnown = "fashion-mnist, mnist, cifar10, cifar100";
-  const bool known = name == "fashion-mnist" || name == "mnist" || name == "cifar10" || name == "cifar100";
+Dataset load_dataset(const std::string& name, const std::string& path, bool train, int image_size) {
+  static const char* const kKnown = "fashion-mnist, mnist, cifar10, cifar100, imagenet-folder (or imagenet, folder)";
+  const bool folder = name == "imagenet-folder" || name == "imagenet" || name == "folder";
+  const bool known = folder || name == "fashion-mnist" || name == "mnist" || name == "cifar10" || name == "cifar100";
   DFP_CHECK(known, Status::invalid_argument,
             "dataset " + in_quotes(name) + " is unknown; expected one of: " + kKnown);
+  DFP_CHECK(folder || image_size == 0, Status::invalid_argument,
+            "dataset " + in_quotes(name) + ": image size " + std::to_string(image_size) +
+                " requested, but its images have a fixed size; expected 0 (image sizes apply to imagenet-folder)");
+  if (folder) {
+    DFP_CHECK(!path.empty(), Status::invalid_argument,
+              "dataset " + in_quotes(name) + ": expected the path of its directory (with train/ and val/), got an empty path");
+    return load_image_folder(path, train, image_size == 0 ? 224 : image_size);
+  }
   if (name == "fashion-mnist")
     return load_mnist_like(path.empty() ? "/usr/share/datasets/fashion-mnist" : path, train, name);
   DFP_CHECK(!path.empty(), Status::invalid_argument,

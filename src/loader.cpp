@@ -10,11 +10,16 @@
 // driven by a counter-based hash of (seed, epoch), and the crop/flip draws are hashes of
 // (seed, epoch, index). No random state is shared, so thread count and timing cannot matter.
 //
+// File-backed datasets. Each sample's JPEG is read and decoded by the task that writes it, in a
+// per-thread jpeg::Decoder whose buffers are reused; the crop window is drawn from the same
+// (seed, epoch, index) stream, so decoded batches are as thread-independent as in-memory ones.
+//
 // Synchronisation. Batch b of an epoch lives in slot b % kRing. The producer may fill batch b
 // once the consumer has released batch b - kRing; the consumer holds the batch it was last given
 // until its next call to next(). start_epoch() first waits for the producer to finish the batch it
 // is writing, so the permutation and epoch it rewrites are never read concurrently.
 #include <tbb/blocked_range.h>
+#include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -34,36 +39,14 @@
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
 #include "src/aligned_buffer.hpp"
+#include "src/counter_rng.hpp"
+#include "src/jpeg.hpp"
 
 namespace dfp {
 
 namespace {
 
 constexpr int kRing = 3;  // one batch held by the consumer, two being prefetched
-
-// SplitMix64's finaliser: a bijective mix with full avalanche, the basis of the counter-based
-// streams below.
-inline uint64_t mix64(uint64_t x) noexcept {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Distinct salts keep the shuffle and augmentation streams independent for the same seed.
-constexpr uint64_t kShuffleSalt = 0x53485546464C45ull;  // "SHUFFLE"
-constexpr uint64_t kAugmentSalt = 0x4155474D454E54ull;  // "AUGMENT"
-
-inline uint64_t stream_key(uint64_t seed, uint64_t salt, uint64_t epoch, uint64_t index) noexcept {
-  return mix64(mix64(mix64(seed ^ salt) ^ epoch) ^ index);
-}
-
-// Uniform in [0, n) by multiply-high (Lemire): the bias is below n / 2^64, far below anything a
-// training run could observe, and unlike std::uniform_int_distribution the result is the same
-// with every standard library.
-inline uint32_t uniform_below(uint64_t r, uint32_t n) noexcept {
-  return uint32_t((static_cast<unsigned __int128>(r) * n) >> 64);
-}
 
 }  // namespace
 
@@ -76,6 +59,8 @@ struct Loader::Impl {
   uint64_t seed = 0;
   int threads = 1;
   int C = 0, H = 0, W = 0;
+  bool files = false;          // file-backed dataset: decode JPEGs
+  int resize = 0;              // file-backed evaluation: shorter side before the center crop
   size_t image_floats = 0;     // one image in nChw16c
   std::vector<float> lut;      // [C][256]: pixel byte -> normalised value
   std::vector<int32_t> order;  // this epoch's sample order
@@ -86,6 +71,12 @@ struct Loader::Impl {
   };
   Slot slots[kRing];
   tbb::task_arena arena;
+  // File-backed: one decoder and one H x W RGB crop per thread that produces samples.
+  struct Scratch {
+    jpeg::Decoder decoder;
+    std::vector<uint8_t> rgb;
+  };
+  mutable tbb::enumerable_thread_specific<Scratch> scratch;
 
   // ---- shared between consumer and producer, guarded by m ----
   std::mutex m;
@@ -111,9 +102,45 @@ struct Loader::Impl {
     if (producer.joinable()) producer.join();
   }
 
+  // One image of a file-backed dataset: read and decode the JPEG into an H x W RGB crop, then
+  // flip and LUT into the image's lanes of dst.
+  void make_file_sample(int idx, float* dst) const {
+    Scratch& sc = scratch.local();
+    if (sc.rgb.size() != size_t(H) * W * 3) sc.rgb.resize(size_t(H) * W * 3);
+    const uint64_t key = stream_key(seed, kAugmentSalt, uint64_t(epoch), uint64_t(idx));
+    try {
+      jpeg::Decoder& dec = sc.decoder;
+      dec.read_file(data->files[size_t(idx)]);
+      const jpeg::Box box = aug.random_resized_crop ? jpeg::random_resized_crop(dec.height(), dec.width(), aug, key)
+                                                    : jpeg::resize_center_crop(dec.height(), dec.width(), resize, H, W);
+      dec.render(box, H, W, sc.rgb.data());
+    } catch (const Error& e) {
+      const int label = data->file_labels[size_t(idx)];
+      const std::string cls = size_t(label) < data->class_names.size()
+                                  ? "class '" + data->class_names[size_t(label)] + "'"
+                                  : "label " + std::to_string(label);
+      dfp::fail(e.status(), "dataset '" + data->name + "', sample " + std::to_string(idx) + " (" + cls + "): " + e.what());
+    }
+    const bool flip = aug.hflip && (mix64(key + kDrawFlip) >> 63) != 0;
+    // C = 3 < kChannelBlock: one channel block, a pixel's 3 values share its 16-float lane group.
+    const float *l0 = lut.data(), *l1 = l0 + 256, *l2 = l1 + 256;
+    for (int h = 0; h < H; ++h) {
+      float* row = dst + size_t(h) * W * kChannelBlock;
+      const uint8_t* srow = sc.rgb.data() + size_t(h) * W * 3;
+      for (int w = 0; w < W; ++w) {
+        const uint8_t* p = srow + size_t(flip ? W - 1 - w : w) * 3;
+        float* o = row + size_t(w) * kChannelBlock;
+        o[0] = l0[p[0]];
+        o[1] = l1[p[1]];
+        o[2] = l2[p[2]];
+      }
+    }
+  }
+
   // One image: crop/flip draws from (seed, epoch, idx), then the LUT, written at the image's
   // lanes of dst. Padding lanes are never written: they stay zero from the allocation.
   void make_sample(int idx, float* dst) const {
+    if (files) return make_file_sample(idx, dst);
     const uint8_t* src = data->image(idx);
     const int pad = aug.pad;
     int oy = pad, ox = pad;  // crop origin in the padded image; pad = no shift
@@ -121,10 +148,10 @@ struct Loader::Impl {
     if (pad > 0 || aug.hflip) {
       const uint64_t key = stream_key(seed, kAugmentSalt, uint64_t(epoch), uint64_t(idx));
       if (pad > 0) {
-        oy = int(uniform_below(mix64(key + 1), uint32_t(2 * pad + 1)));
-        ox = int(uniform_below(mix64(key + 2), uint32_t(2 * pad + 1)));
+        oy = int(uniform_below(mix64(key + kDrawPadY), uint32_t(2 * pad + 1)));
+        ox = int(uniform_below(mix64(key + kDrawPadX), uint32_t(2 * pad + 1)));
       }
-      if (aug.hflip) flip = (mix64(key + 3) >> 63) != 0;
+      if (aug.hflip) flip = (mix64(key + kDrawFlip) >> 63) != 0;
     }
     const size_t plane_stride = size_t(H) * W * kChannelBlock;
     for (int c = 0; c < C; ++c) {
@@ -156,7 +183,7 @@ struct Loader::Impl {
       for (int j = j0; j < j1; ++j) {
         const int idx = order[size_t(first + j)];
         make_sample(idx, s.images.data() + size_t(j) * image_floats);
-        s.labels[size_t(j)] = data->labels[size_t(idx)];
+        s.labels[size_t(j)] = data->label(idx);
       }
     };
     if (threads > 1 && n > 1) {
@@ -222,16 +249,44 @@ Loader::Loader(const Context& ctx, const Dataset& d, int batch, bool shuffle, bo
   need(d.channels >= 1 && d.height >= 1 && d.width >= 1,
        "image shape " + std::to_string(d.channels) + "x" + std::to_string(d.height) + "x" + std::to_string(d.width) +
            ", expected every dimension >= 1");
-  need(d.classes >= 1 && d.classes <= 256, "classes is " + std::to_string(d.classes) + ", expected 1 .. 256");
-  need(d.pixels.size() == size_t(d.count) * d.image_bytes(),
-       "pixels has " + std::to_string(d.pixels.size()) + " bytes, expected count*C*H*W = " +
-           std::to_string(size_t(d.count) * d.image_bytes()));
-  need(d.labels.size() == size_t(d.count),
-       "labels has " + std::to_string(d.labels.size()) + " entries, expected count = " + std::to_string(d.count));
-  for (size_t i = 0; i < d.labels.size(); ++i)
-    if (d.labels[i] >= d.classes)  // message built only on failure: this runs over every label
-      need(false, "label of record " + std::to_string(i) + " is " + std::to_string(d.labels[i]) +
-                      ", expected < classes = " + std::to_string(d.classes));
+  const bool files = d.file_backed();
+  if (files) {
+    need(d.classes >= 1, "classes is " + std::to_string(d.classes) + ", expected >= 1");
+    need(d.channels == 3, "channels is " + std::to_string(d.channels) + ", expected 3 (RGB) for a file-backed dataset");
+    need(d.files.size() == size_t(d.count),
+         "files has " + std::to_string(d.files.size()) + " entries, expected count = " + std::to_string(d.count));
+    need(d.file_labels.size() == size_t(d.count), "file_labels has " + std::to_string(d.file_labels.size()) +
+                                                      " entries, expected count = " + std::to_string(d.count));
+    for (size_t i = 0; i < d.file_labels.size(); ++i)
+      if (d.file_labels[i] < 0 || d.file_labels[i] >= d.classes)
+        need(false, "label of file " + std::to_string(i) + " ('" + d.files[i] + "') is " +
+                        std::to_string(d.file_labels[i]) + ", expected 0 .. classes - 1 = " + std::to_string(d.classes - 1));
+    need(aug.pad == 0, "AugmentOptions.pad is " + std::to_string(aug.pad) +
+                           ", expected 0 for a file-backed dataset (use random_resized_crop)");
+    need(std::isfinite(aug.scale_min) && std::isfinite(aug.scale_max) && aug.scale_min > 0 &&
+             aug.scale_min <= aug.scale_max && aug.scale_max <= 1,
+         "AugmentOptions.scale is (" + std::to_string(aug.scale_min) + ", " + std::to_string(aug.scale_max) +
+             "), expected 0 < scale_min <= scale_max <= 1");
+    need(std::isfinite(aug.ratio_min) && std::isfinite(aug.ratio_max) && aug.ratio_min > 0 &&
+             aug.ratio_min <= aug.ratio_max,
+         "AugmentOptions.ratio is (" + std::to_string(aug.ratio_min) + ", " + std::to_string(aug.ratio_max) +
+             "), expected 0 < ratio_min <= ratio_max");
+    need(aug.resize == 0 || (aug.resize >= std::max(d.height, d.width) && aug.resize <= 65536),
+         "AugmentOptions.resize is " + std::to_string(aug.resize) + ", expected 0 or max(height, width) = " +
+             std::to_string(std::max(d.height, d.width)) + " .. 65536");
+  } else {
+    need(d.classes >= 1 && d.classes <= 256, "classes is " + std::to_string(d.classes) + ", expected 1 .. 256");
+    need(d.pixels.size() == size_t(d.count) * d.image_bytes(),
+         "pixels has " + std::to_string(d.pixels.size()) + " bytes, expected count*C*H*W = " +
+             std::to_string(size_t(d.count) * d.image_bytes()));
+    need(d.labels.size() == size_t(d.count),
+         "labels has " + std::to_string(d.labels.size()) + " entries, expected count = " + std::to_string(d.count));
+    for (size_t i = 0; i < d.labels.size(); ++i)
+      if (d.labels[i] >= d.classes)  // message built only on failure: this runs over every label
+        need(false, "label of record " + std::to_string(i) + " is " + std::to_string(d.labels[i]) +
+                        ", expected < classes = " + std::to_string(d.classes));
+    need(!aug.random_resized_crop, "AugmentOptions.random_resized_crop needs a file-backed dataset (an image folder)");
+  }
   need(batch >= 1, "batch is " + std::to_string(batch) + ", expected >= 1");
   need(!drop_last || batch <= d.count, "batch " + std::to_string(batch) + " with drop_last leaves no batch of the " +
                                            std::to_string(d.count) + " samples; expected batch <= count");
@@ -261,6 +316,9 @@ Loader::Loader(const Context& ctx, const Dataset& d, int batch, bool shuffle, bo
   s.C = d.channels;
   s.H = d.height;
   s.W = d.width;
+  s.files = files;
+  s.resize = aug.resize > 0 ? aug.resize : std::min(s.H, s.W) * 256 / 224;
+  if (files && s.resize < std::max(s.H, s.W)) s.resize = std::max(s.H, s.W);  // non-square output
   s.image_floats = blocked_size(1, s.C, s.H, s.W);
   // Normalisation as a table: 256 values per channel, computed with the documented formula, so
   // the per-pixel cost is one load and the result is exactly (p/255 - mean) / stddev in float.

@@ -232,6 +232,7 @@ std::string meta_get(const Checkpoint& ck, const std::string& key, const std::st
 }
 
 AugmentOptions augment_for(const Dataset& d, bool train, bool augment) {
+  if (d.file_backed()) return image_folder_augment(train && augment);  // ImageNet recipe
   AugmentOptions a;
   if (d.channels == 3) {  // CIFAR statistics
     a.mean = {0.4914f, 0.4822f, 0.4465f};
@@ -247,6 +248,17 @@ AugmentOptions augment_for(const Dataset& d, bool train, bool augment) {
 
 void truncate(Dataset& d, int limit) {
   if (limit <= 0 || limit >= d.count) return;
+  if (d.file_backed()) {  // files are sorted by class: keep every (count/limit)-th, so all classes stay
+    for (int i = 0; i < limit; ++i) {
+      const size_t from = size_t(int64_t(i) * d.count / limit);
+      d.files[size_t(i)] = d.files[from];
+      d.file_labels[size_t(i)] = d.file_labels[from];
+    }
+    d.count = limit;
+    d.files.resize(size_t(limit));
+    d.file_labels.resize(size_t(limit));
+    return;
+  }
   d.count = limit;
   d.pixels.resize(size_t(limit) * d.image_bytes());
   d.labels.resize(limit);
@@ -279,8 +291,8 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   co.seed = cfg.seed;
   Context ctx(co);
 
-  Dataset train_set = load_dataset(cfg.dataset, cfg.data, true);
-  Dataset test_set = load_dataset(cfg.dataset, cfg.data, false);
+  Dataset train_set = load_dataset(cfg.dataset, cfg.data, true, cfg.image_size);
+  Dataset test_set = load_dataset(cfg.dataset, cfg.data, false, cfg.image_size);
   truncate(train_set, cfg.limit_train);
   truncate(test_set, cfg.limit_test);
   DFP_CHECK(train_set.count >= cfg.batch_size, Status::invalid_argument,
@@ -450,6 +462,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
                  {"skipped_steps", std::to_string(scaler.skipped_steps())},
                  {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)},
                  {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)},
+                 {"image_size", std::to_string(cfg.image_size)},
                  {"channels", std::to_string(train_set.channels)}, {"height", std::to_string(train_set.height)},
                  {"width", std::to_string(train_set.width)}, {"classes", std::to_string(train_set.classes)}};
       put_policy(ck, cfg.policy);
@@ -468,7 +481,8 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_
   co.threads = threads;
   Context ctx(co);
   const std::string dataset = meta_get(ck, "dataset", path);
-  Dataset test_set = load_dataset(dataset, data_dir.empty() ? meta_get(ck, "data", path) : data_dir, false);
+  const int image_size = ck.meta.count("image_size") ? std::stoi(ck.meta.at("image_size")) : 0;
+  Dataset test_set = load_dataset(dataset, data_dir.empty() ? meta_get(ck, "data", path) : data_dir, false, image_size);
   Model m(ctx, meta_get(ck, "model", path));
   build_model(m, meta_get(ck, "model", path), test_set.channels, test_set.height, test_set.width, test_set.classes);
   m.build(std::stoi(meta_get(ck, "batch_size", path)), get_policy(ck, path));

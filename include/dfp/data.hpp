@@ -7,6 +7,8 @@
 //     labels: big-endian uint32 magic 0x00000801, count, then count bytes.
 //   CIFAR-10 binary:  records of 1 label byte + 3072 pixel bytes (R, G, B planes of 32x32).
 //   CIFAR-100 binary: records of 1 coarse label byte + 1 fine label byte + 3072 pixel bytes.
+//   Image folder (ImageNet layout, as torchvision's ImageFolder): DIR/train/<class>/*.jpg and
+//     DIR/val/<class>/*.jpg, JPEG files decoded by the Loader as it builds each batch.
 //
 // Errors: every problem with a file (missing, truncated, corrupt, wrong magic number, label out
 // of range, counts that disagree, trailing bytes) throws dfp::Error naming the file, the record
@@ -27,14 +29,25 @@ namespace dfp {
 
 class Context;
 
-// A whole dataset in memory, as 8-bit pixels.
+// A dataset: either in memory as 8-bit pixels (IDX, CIFAR), or file-backed (an image folder):
+// one JPEG file per sample, decoded, cropped and resized to channels x height x width by the
+// Loader when it builds the batch, so the dataset never has to fit in memory.
 struct Dataset {
   std::string name;
   int count = 0, channels = 0, height = 0, width = 0, classes = 0;
+  // In memory (files empty):
   std::vector<uint8_t> pixels;  // count * channels * height * width; CHW per image
-  std::vector<uint8_t> labels;  // count, each < classes
+  std::vector<uint8_t> labels;  // count, each < classes (at most 256 classes)
+  // File-backed (files not empty; pixels and labels empty): channels = 3 (RGB; grayscale and
+  // CMYK JPEGs are converted), height x width = the Loader's output size.
+  std::vector<std::string> files;        // count paths
+  std::vector<int32_t> file_labels;      // count, each < classes (any number of classes)
+  std::vector<std::string> class_names;  // classes names, label i = class_names[i]
 
+  bool file_backed() const noexcept { return !files.empty(); }
+  int label(int i) const noexcept { return file_backed() ? file_labels[size_t(i)] : labels[size_t(i)]; }
   size_t image_bytes() const noexcept { return size_t(channels) * height * width; }
+  // In-memory datasets only.
   const uint8_t* image(int i) const noexcept { return pixels.data() + size_t(i) * image_bytes(); }
 };
 
@@ -55,14 +68,40 @@ Dataset load_cifar10(const std::string& dir, bool train);
 // (100 classes) is the label, the coarse label is checked (< 20) and dropped.
 Dataset load_cifar100(const std::string& dir, bool train);
 
+// Image folder in the layout of torchvision's ImageFolder and the PyTorch ImageNet example:
+//   dir/train/<class>/**/*.jpg   dir/val/<class>/**/*.jpg   (.jpg, .jpeg in any letter case)
+// The classes are the sorted names of the subdirectories of dir/train (label = position);
+// dir/val must have exactly the same class folders. Each class's files are found recursively
+// and sorted by path, so the sample order is deterministic. Names starting with '.' and files
+// with other extensions are ignored. Only the directories are read here: each JPEG is opened
+// when the Loader decodes it. image_size is the side of the square images the Loader produces
+// (height = width = image_size, channels = 3). No class folder, an empty class folder, or
+// differing train/val classes is Error(io_error) naming the folder.
+Dataset load_image_folder(const std::string& dir, bool train, int image_size = 224);
+
 // By name: "fashion-mnist" (path "" = /usr/share/datasets/fashion-mnist, the Debian package),
-// "mnist", "cifar10", "cifar100". An unknown name is Error(invalid_argument) listing the known
-// names; a missing directory or file is Error(io_error) naming what was looked for.
-Dataset load_dataset(const std::string& name, const std::string& path, bool train);
+// "mnist", "cifar10", "cifar100", "imagenet-folder" (also "imagenet" or "folder":
+// load_image_folder). image_size: the folder dataset's output size (0 = 224); any other
+// dataset has a fixed size and requires 0. An unknown name is Error(invalid_argument) listing
+// the known names; a missing directory or file is Error(io_error) naming what was looked for.
+Dataset load_dataset(const std::string& name, const std::string& path, bool train, int image_size = 0);
 
 // Augmentation applied to every image a Loader produces, in this order:
-//   1. pad > 0: zero-pad each side by `pad` pixels (value 0 in pixel space, as torchvision's
-//      RandomCrop(padding) does) and crop a random HxW window: offsets uniform in [0, 2*pad].
+//   1. In memory: pad > 0: zero-pad each side by `pad` pixels (value 0 in pixel space, as
+//      torchvision's RandomCrop(padding) does) and crop a random HxW window: offsets uniform in
+//      [0, 2*pad].
+//      File-backed (pad must be 0), the JPEG becomes an HxW RGB image (H, W = the dataset's
+//      height and width) by one of:
+//      - random_resized_crop: torchvision's RandomResizedCrop(size, scale, ratio): up to 10
+//        draws of an area fraction uniform in [scale_min, scale_max] and a log-uniform aspect
+//        ratio (width/height) in [ratio_min, ratio_max]; the first window that fits is placed
+//        uniformly; else the central crop with the ratio clamped to the range. The window is
+//        resized to HxW (bilinear).
+//      - otherwise (evaluation): Resize(resize) then CenterCrop(H, W): the shorter side is
+//        scaled to `resize` (0: min(H, W) * 256 / 224 rounded down, 256 for 224), the longer in
+//        proportion (rounded down), then the centre HxW window is taken.
+//      The JPEG is decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which the window
+//      still has at least HxW pixels, then the window is resampled bilinearly (no antialias).
 //   2. hflip: mirror the image left-right with probability 1/2.
 //   3. normalise: x = (pixel/255 - mean[c]) / stddev[c]. mean and stddev are per channel; each
 //      is either empty (mean 0, stddev 1: plain pixel/255) or has exactly `channels` entries.
@@ -70,7 +109,17 @@ struct AugmentOptions {
   int pad = 0;
   bool hflip = false;
   std::vector<float> mean, stddev;
+  // File-backed datasets only.
+  bool random_resized_crop = false;
+  float scale_min = 0.08f, scale_max = 1.0f;
+  float ratio_min = 3.0f / 4.0f, ratio_max = 4.0f / 3.0f;
+  int resize = 0;
 };
+
+// The torchvision ImageNet recipe for a file-backed dataset: train = RandomResizedCrop +
+// hflip, otherwise resize + center crop; both normalised with the ImageNet mean
+// (0.485, 0.456, 0.406) and stddev (0.229, 0.224, 0.225).
+AugmentOptions image_folder_augment(bool train);
 
 // One batch as produced by Loader::next().
 struct Batch {
@@ -89,7 +138,11 @@ struct Batch {
 // A background producer thread decodes and augments the batches ahead of the consumer, using
 // ctx.threads() threads (a oneTBB arena of its own, so that it never queues work inside the
 // training step's parallel loops), into a ring of preallocated buffers. Everything is allocated
-// in the constructor; producing a batch allocates nothing.
+// in the constructor; producing a batch of an in-memory dataset allocates nothing (a
+// file-backed one reads and decodes each JPEG into per-thread buffers that are reused; a file
+// that cannot be read or decoded, libjpeg warnings included (a truncated file is never padded
+// with grey), is Error(io_error or corrupt_data) naming the dataset, the sample index, its
+// class, the file and what was expected, rethrown by next()).
 //
 // Usage:  for (int e = 0; e < epochs; ++e) { loader.start_epoch(e); Batch b;
 //                                            while (loader.next(b)) train_step(b); }

@@ -20,6 +20,7 @@ struct TrainConfig {
   std::string model = "resnet20";
   std::string dataset = "fashion-mnist";
   std::string data;                 // dataset directory ("" = the dataset's default)
+  int image_size = 0;               // imagenet-folder: side of the square input (0 = 224)
   PrecisionPolicy policy;
   LossScaleOptions loss_scale;      // mode none by default; fp16 runs usually want dynamic
   int numerics_interval = 50;       // sample per-layer rounding statistics every N steps (0: never)
@@ -36,7 +37,8 @@ struct TrainConfig {
   int step_epochs = 30;             // step
   float gamma = 0.1f;
   float label_smoothing = 0.f;
-  bool augment = true;              // pad+crop and flip for CIFAR; normalisation always
+  bool augment = true;              // pad+crop and flip for CIFAR, RandomResizedCrop and flip for
+                                    // imagenet-folder; normalisation always
   int threads = 0;
   std::string isa;
   uint64_t seed = 1;

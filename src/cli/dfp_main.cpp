@@ -251,6 +251,7 @@ bool train_flag(const std::string& a, Args& args, dfp::TrainConfig& c) {
   if (a == "--model" || a == "-a" || a == "--arch") c.model = args.value(a);
   else if (a == "--dataset") c.dataset = args.value(a);
   else if (a == "--data") c.data = args.value(a);
+  else if (a == "--image-size") c.image_size = to_int(a, args.value(a));
   else if (a == "--epochs") c.epochs = to_int(a, args.value(a));
   else if (a == "--batch-size" || a == "-b") c.batch_size = to_int(a, args.value(a));
   else if (a == "--lr") c.lr = to_float(a, args.value(a));
@@ -446,6 +447,7 @@ void usage() {
       "  bench    short INT16 vs oneDNN FP32 convolution summary (full tables: bench/)\n"
       "           flags: --threads N, --isa LEVEL, --reps N\n"
       "  train    train a model: --model resnet20 --dataset fashion-mnist|mnist|cifar10|cifar100 [--data DIR]\n"
+      "           (or --dataset imagenet-folder --data DIR with DIR/train/<class>/*.jpg, DIR/val/... [--image-size 224])\n"
       "           --precision fp32|int16|bf16|fp16 [--keep-fp32 conv1,fc] [--override 'layer*=bf16']\n"
       "           numerics: [--weights-format|--activations-format|--gradients-format fp32|bf16|fp16]\n"
       "           [--rounding|--weights-rounding|--activations-rounding|--gradients-rounding nearest|stochastic|biased]\n"
