@@ -1,0 +1,96 @@
+// `dfp compare` end to end on a tiny Fashion-MNIST subset: every artifact is written, and the
+// summary table's figures are exactly those of the runs' metrics files.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "src/report/report.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string l;
+  while (std::getline(ss, l)) out.push_back(l);
+  return out;
+}
+// The value of "key": in the last line of a metrics.jsonl file, as written.
+std::string last_field(const fs::path& metrics, const std::string& key) {
+  const std::vector<std::string> ls = lines(slurp(metrics));
+  const std::string& l = ls.back();
+  const size_t p = l.find("\"" + key + "\":");
+  if (p == std::string::npos) return "";
+  const size_t b = p + key.size() + 3, e = l.find_first_of(",}", b);
+  return l.substr(b, e - b);
+}
+}  // namespace
+
+TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const fs::path out = fs::temp_directory_path() / ("dfp_compare_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  const std::string cmd = std::string("'") + DFP_CLI +
+                          "' compare --model lenet --epochs 2 --batch-size 32 --limit-train 256 --limit-test 64 "
+                          "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16 --out '" +
+                          out.string() + "' > '" + out.string() + ".log' 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(out.string() + ".log");
+  const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16"};
+  for (const std::string& l : labels) {
+    EXPECT_TRUE(fs::exists(out / l / "metrics.jsonl")) << l;
+    EXPECT_TRUE(fs::exists(out / l / "config.json")) << l;
+    EXPECT_TRUE(fs::exists(out / l / "checkpoint.dfp")) << l;
+    EXPECT_TRUE(fs::exists(out / l / "train.log")) << l;
+    EXPECT_EQ(lines(slurp(out / l / "metrics.jsonl")).size(), 2u) << l;
+  }
+  for (const char* f : {"summary.csv", "summary.md", "report.html"}) EXPECT_GT(fs::file_size(out / f), 100u) << f;
+  const bool gnuplot = std::system("command -v gnuplot > /dev/null 2>&1") == 0;
+  if (gnuplot) {
+    for (const char* p : {"loss", "test_top1", "performance", "sqnr_layers_x", "sqnr_layers_dy", "exp_int16_x", "loss_scale"}) {
+      const bool png = fs::exists(out / "plots" / (std::string(p) + ".png"));
+      const bool svg = fs::exists(out / "plots" / (std::string(p) + ".svg"));
+      EXPECT_TRUE(png || svg) << p;
+    }
+  }
+  // The CSV's figures are the metrics files' own: final top-1, top-5, train loss, loss scale.
+  const std::vector<std::string> csv = lines(slurp(out / "summary.csv"));
+  ASSERT_EQ(csv.size(), labels.size() + 1);
+  const std::vector<std::string> cols = dfp::summary_columns();
+  auto col = [&](const std::string& name) {
+    for (size_t i = 0; i < cols.size(); ++i)
+      if (cols[i] == name) return i;
+    ADD_FAILURE() << "no column " << name;
+    return size_t(0);
+  };
+  for (size_t r = 0; r < labels.size(); ++r) {
+    std::vector<std::string> cells;
+    std::stringstream ss(csv[r + 1]);
+    std::string c;
+    while (std::getline(ss, c, ',')) cells.push_back(c);
+    const fs::path m = out / labels[r] / "metrics.jsonl";
+    ASSERT_EQ(cells[col("label")], labels[r]);
+    for (auto [column, key] : std::vector<std::pair<std::string, std::string>>{
+             {"test_top1", "test_top1"}, {"test_top5", "test_top5"}, {"final_train_loss", "train_loss"},
+             {"final_loss_scale", "loss_scale"}, {"skipped_steps", "skipped_steps"}})
+      EXPECT_EQ(std::stod(cells[col(column)]), std::stod(last_field(m, key))) << labels[r] << " " << column;
+  }
+  // The FP16 run with dynamic scaling started at GradScaler's 2^16; the unscaled ones stay at 1.
+  EXPECT_EQ(std::stod(last_field(out / "fp16-none" / "metrics.jsonl", "loss_scale")), 1.0);
+  EXPECT_GE(std::stod(last_field(out / "fp16" / "metrics.jsonl", "loss_scale")), 1024.0);
+  fs::remove_all(out);
+  fs::remove(out.string() + ".log");
+}
