@@ -48,6 +48,8 @@ class Layer {
   virtual void weights_updated(uint64_t step) {}
   virtual const char* precision() const { return "fp32"; }
   virtual bool numerics(LayerNumerics& out) const { return false; }
+  // The seed of the layer's own random stream, drawn in build() (dropout), else 0.
+  virtual uint64_t random_seed() const { return 0; }
 };
 
 std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias);
