@@ -44,4 +44,11 @@ inline constexpr double kInt16GradRelL2Smooth = 3e-3;
 // by BatchNorm's backward, perturb single BN-parameter tensors by up to ~15%, so the check is on
 // the direction of the whole gradient vector (cosine similarity).
 inline constexpr double kInt16GradCosineNetwork = 0.99;
+
+// CUDA device (src/cuda/) against the CPU FP32 layers, on the small models of
+// tests/common/cuda_cases.hpp: relative error of the loss, relative L2 per tensor of parameter
+// gradients, SGD updates, momentum and BatchNorm running statistics.
+// - Host emulation (the device's kernels and runner on the CPU in FP32, reference convolutions
+//   and GEMMs in FP64): only summation order and FP64 accumulation differ from oneDNN FP32.
+inline constexpr double kCudaEmulationRel = 1e-4;
 }  // namespace dfp::test
