@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "dfp/context.hpp"
+#include "dfp/cuda.hpp"
 #include "dfp/data.hpp"
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
@@ -204,6 +206,21 @@ Totals run_eval(Model& m, Loader& loader) {
   return t;
 }
 
+Totals run_eval(CudaModel& m, Loader& loader) {
+  Totals t;
+  loader.start_epoch(0);
+  Batch b;
+  while (loader.next(b)) t.add(m.evaluate(b.images, b.labels, b.size));
+  return t;
+}
+
+std::string exact(double v) {  // a double that reads back bit for bit
+  std::ostringstream o;
+  o.precision(17);
+  o << v;
+  return o.str();
+}
+
 }  // namespace
 
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log) {
@@ -211,6 +228,19 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   DFP_CHECK(cfg.epochs >= 1, Status::invalid_argument, "flag --epochs: expected >= 1, got " + std::to_string(cfg.epochs));
   DFP_CHECK(cfg.batch_size >= 1, Status::invalid_argument, "flag --batch-size: expected >= 1");
   DFP_CHECK(cfg.lr > 0 && std::isfinite(cfg.lr), Status::invalid_argument, "flag --lr: expected a positive number");
+  // --device cuda: the same model, data and loop on the GPU (CudaModel); the host model keeps
+  // the FP32 parameters that checkpoints read, refreshed by CudaModel::download().
+  DFP_CHECK(cfg.device == "cpu" || cfg.device == "cuda", Status::invalid_argument,
+            "flag --device: expected cpu or cuda, got '" + cfg.device + "'");
+  const bool on_cuda = cfg.device == "cuda";
+  if (std::string why; on_cuda && !cuda_available(&why)) fail(Status::unsupported, "flag --device cuda: " + why);
+  const bool cuda_fp16 = on_cuda && cfg.cuda_precision == CudaPrecision::fp16;
+  const std::string policy_text = on_cuda ? "device=cuda precision=" + std::string(cuda_precision_name(cfg.cuda_precision)) +
+                                                (cuda_fp16 ? " " + cfg.loss_scale.describe() : "")
+                                          : cfg.policy.describe();
+  LossScaler scaler(cuda_fp16 ? cfg.loss_scale : LossScaleOptions{});
+  DFP_CHECK(!cuda_fp16 || cfg.loss_scale.mode != LossScaleMode::adaptive, Status::unsupported,
+            "flag --loss-scaling adaptive: layer-wise scaling runs on the CPU only; use dynamic or static with --device cuda");
   ContextOptions co;
   co.threads = cfg.threads;
   co.isa = cfg.isa;
@@ -246,7 +276,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   if (!cfg.resume.empty()) {
     const Checkpoint ck = read_checkpoint(cfg.resume);
     for (const auto& [key, want] : std::vector<std::pair<std::string, std::string>>{
-             {"model", cfg.model}, {"dataset", cfg.dataset}, {"policy", cfg.policy.describe()},
+             {"model", cfg.model}, {"dataset", cfg.dataset}, {"policy", policy_text},
              {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)}}) {
       const std::string got = meta_get(ck, key, cfg.resume);
       DFP_CHECK(got == want, Status::invalid_argument,
@@ -256,7 +286,17 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     m.set_step(std::stoull(meta_get(ck, "step", cfg.resume)));
     load_model(m, &sgd, ck, cfg.resume);
     start_epoch = std::stoi(meta_get(ck, "epochs_done", cfg.resume));
+    if (ck.meta.count("loss_scale"))
+      scaler.restore(std::stod(meta_get(ck, "loss_scale", cfg.resume)),
+                     std::stoi(meta_get(ck, "loss_scale_tracker", cfg.resume)),
+                     std::stoull(meta_get(ck, "loss_scale_skipped", cfg.resume)));
     say("resumed from " + cfg.resume + " after epoch " + std::to_string(start_epoch));
+  }
+  std::unique_ptr<CudaModel> cuda;
+  if (on_cuda) {
+    cuda = std::make_unique<CudaModel>(ctx, m, cfg.cuda_precision,
+                                       SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov}, &sgd.momentum_buffers());
+    say("device cuda: " + cuda->describe());
   }
 
   std::ofstream metrics;
@@ -264,7 +304,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     std::filesystem::create_directories(cfg.out);
     std::ofstream c(cfg.out + "/config.json");
     c << "{\"model\":\"" << cfg.model << "\",\"dataset\":\"" << cfg.dataset << "\",\"precision_policy\":\""
-      << json_escape(cfg.policy.describe()) << "\",\"epochs\":" << cfg.epochs << ",\"batch_size\":" << cfg.batch_size
+      << json_escape(policy_text) << "\",\"epochs\":" << cfg.epochs << ",\"batch_size\":" << cfg.batch_size
       << ",\"lr\":" << cfg.lr << ",\"momentum\":" << cfg.momentum << ",\"weight_decay\":" << cfg.weight_decay
       << ",\"nesterov\":" << (cfg.nesterov ? "true" : "false") << ",\"schedule\":\"" << cfg.schedule
       << "\",\"warmup_epochs\":" << cfg.warmup_epochs << ",\"label_smoothing\":" << cfg.label_smoothing
@@ -274,7 +314,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     metrics.open(cfg.out + "/metrics.jsonl", start_epoch > 0 ? std::ios::app : std::ios::trunc);
     DFP_CHECK(metrics.good(), Status::io_error, "cannot write '" + cfg.out + "/metrics.jsonl'");
   }
-  say("model " + cfg.model + ": " + std::to_string(m.parameter_count()) + " parameters; " + cfg.policy.describe());
+  say("model " + cfg.model + ": " + std::to_string(m.parameter_count()) + " parameters; " + policy_text);
   say("data " + train_set.name + ": " + std::to_string(train_set.count) + " train / " + std::to_string(test_set.count) +
       " test images; " + std::to_string(ctx.threads()) + " threads; kernels " + isa_name(ctx.isa()));
 
@@ -290,9 +330,13 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     float lr = sched.at(step);
     while (train_loader.next(b)) {
       lr = sched.at(step);
-      tr.add(m.forward(b.images, b.labels, b.size, true));
-      m.backward();
-      sgd.step(lr);
+      if (cuda) {
+        tr.add(cuda->train_step(b.images, b.labels, b.size, lr, scaler));
+      } else {
+        tr.add(m.forward(b.images, b.labels, b.size, true));
+        m.backward();
+        sgd.step(lr);
+      }
       ++step;
       ++i;
       if (log && (tty || i % cfg.print_every == 0 || i == sched.steps_per_epoch)) {
@@ -316,7 +360,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     em.train_loss = tr.loss / tr.n;
     em.train_top1 = 100.0 * tr.c1 / tr.n;
     em.lr = lr;
-    const Totals te = run_eval(m, test_loader);
+    const Totals te = cuda ? run_eval(*cuda, test_loader) : run_eval(m, test_loader);
     em.test_loss = te.loss / te.n;
     em.test_top1 = 100.0 * te.c1 / te.n;
     em.test_top5 = 100.0 * te.c5 / te.n;
@@ -335,7 +379,9 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
               << em.test_top1 << ",\"test_top5\":" << em.test_top5 << ",\"images_per_second\":" << em.images_per_second
               << ",\"epoch_seconds\":" << em.epoch_seconds << ",\"data_wait_seconds\":" << em.data_wait_seconds
               << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"precision_policy\":\""
-              << json_escape(cfg.policy.describe()) << "\",\"layers\":[";
+              << json_escape(policy_text) << "\"";
+      if (cuda_fp16) metrics << ",\"loss_scale\":" << scaler.scale() << ",\"skipped_steps\":" << scaler.skipped_steps();
+      metrics << ",\"layers\":[";
       bool first = true;
       for (const LayerNumerics& n : m.numerics()) {
         metrics << (first ? "" : ",") << "{\"layer\":\"" << n.layer << "\",\"exp_x\":" << n.exp_x
@@ -346,19 +392,37 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       }
       metrics << "]}\n";
       metrics.flush();
+      if (cuda) cuda->download(m, &sgd.momentum_buffers());
       Checkpoint ck;
       ck.meta = {{"model", cfg.model}, {"dataset", cfg.dataset}, {"data", cfg.data},
-                 {"policy", cfg.policy.describe()}, {"precision", precision_name(cfg.policy.precision)},
+                 {"policy", policy_text}, {"precision", precision_name(cfg.policy.precision)},
                  {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)},
                  {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)},
                  {"channels", std::to_string(train_set.channels)}, {"height", std::to_string(train_set.height)},
                  {"width", std::to_string(train_set.width)}, {"classes", std::to_string(train_set.classes)}};
+      if (cuda_fp16) {
+        ck.meta["loss_scale"] = exact(scaler.scale());
+        ck.meta["loss_scale_tracker"] = std::to_string(scaler.growth_tracker());
+        ck.meta["loss_scale_skipped"] = std::to_string(scaler.skipped_steps());
+      }
       save_model(m, &sgd, ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
     }
     if (cfg.stop_after > 0 && epoch + 1 >= cfg.stop_after) break;
   }
   return all;
+}
+
+bool apply_cuda_precision_name(TrainConfig& c, const std::string& name) {
+  if (name != "cuda-fp16" && name != "cuda-fp32") return false;
+  c.device = "cuda";
+  c.cuda_precision = name == "cuda-fp16" ? CudaPrecision::fp16 : CudaPrecision::fp32;
+  return true;
+}
+
+std::string precision_label(const TrainConfig& c) {
+  return c.device == "cuda" ? "cuda-" + std::string(cuda_precision_name(c.cuda_precision))
+                            : std::string(precision_name(c.policy.precision));
 }
 
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir, int threads,

@@ -15,6 +15,8 @@
 
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
+#include "dfp/cuda.hpp"
+#include "dfp/loss_scale.hpp"
 #include "dfp/models.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
@@ -72,6 +74,9 @@ int cmd_info(Args& args) {
   std::printf("kernel level   %s (best supported: %s; force with DFP_ISA=ref|avx512bw|avx512vnni)\n",
               dfp::isa_name(ctx.isa()), dfp::isa_name(f.best()));
   std::printf("threads        %d (oneTBB arena and OpenMP for oneDNN)\n", ctx.threads());
+  std::string why;
+  const bool gpu = dfp::cuda_available(&why);
+  std::printf("cuda device    %s\n", gpu ? "available (--device cuda)" : ("not available: " + why).c_str());
   const auto& k = ctx.kernels();
   std::printf("\nop / precision                      kernel\n");
   std::printf("max|x| (dfp16 exponent)      f32    %s\n", k.max_abs.name);
@@ -171,12 +176,15 @@ void print_line(const std::string& s) {
 
 int cmd_train(Args& args) {
   dfp::TrainConfig c;
-  std::string a, overrides;
+  std::string a, overrides, precision;
   while (args.next(a)) {
     if (a == "--model" || a == "-a" || a == "--arch") c.model = args.value(a);
     else if (a == "--dataset") c.dataset = args.value(a);
     else if (a == "--data") c.data = args.value(a);
-    else if (a == "--precision") c.policy.precision = dfp::parse_precision(args.value(a), "flag --precision");
+    else if (a == "--precision") precision = args.value(a);  // resolved below: its values depend on --device
+    else if (a == "--device") c.device = args.value(a);
+    else if (a == "--loss-scaling") c.loss_scale.mode = dfp::parse_loss_scale_mode(args.value(a), a);
+    else if (a == "--loss-scale") c.loss_scale.init_scale = to_float(a, args.value(a));
     else if (a == "--keep-fp32") overrides = args.value(a);
     else if (a == "--headroom") {
       const int h = to_int(a, args.value(a));
@@ -209,6 +217,13 @@ int cmd_train(Args& args) {
     else if (a == "--limit-test") c.limit_test = to_int(a, args.value(a));
     else if (a == "--print-every") c.print_every = std::max(1, to_int(a, args.value(a)));
     else dfp::fail(dfp::Status::invalid_argument, "dfp train: unknown flag '" + a + "' (see dfp --help)");
+  }
+  DFP_CHECK(c.device == "cpu" || c.device == "cuda", dfp::Status::invalid_argument,
+            "flag --device: expected cpu or cuda, got '" + c.device + "'");
+  if (c.device == "cuda") {
+    if (!precision.empty()) c.cuda_precision = dfp::parse_cuda_precision(precision, "flag --precision (with --device cuda)");
+  } else if (!precision.empty()) {
+    c.policy.precision = dfp::parse_precision(precision, "flag --precision");
   }
   // --keep-fp32 conv1,fc  ==  overrides conv1=fp32,fc=fp32
   std::stringstream ss(overrides);
@@ -247,6 +262,8 @@ void usage() {
       "           --epochs N --batch-size N --lr F [--momentum F --wd F --nesterov] --schedule cosine|step|multistep|constant\n"
       "           [--warmup-epochs N --milestones 30,60 --gamma F] --threads N --seed N --out DIR [--resume FILE]\n"
       "           [--limit-train N --limit-test N --label-smoothing F --no-augment]\n"
+      "           [--device cpu|cuda: on cuda --precision is fp16 (FP16 + FP32 master weights) or fp32]\n"
+      "           [--loss-scaling none|static|dynamic --loss-scale S: fp16 loss scaling, default dynamic from 65536]\n"
       "  eval     --checkpoint FILE [--data DIR]: test loss, top-1, top-5");
 }
 
