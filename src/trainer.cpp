@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "dfp/context.hpp"
+#include "dfp/cuda.hpp"
 #include "dfp/data.hpp"
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
@@ -278,6 +280,21 @@ Totals run_eval(Model& m, Loader& loader) {
   return t;
 }
 
+Totals run_eval(CudaModel& m, Loader& loader) {
+  Totals t;
+  loader.start_epoch(0);
+  Batch b;
+  while (loader.next(b)) t.add(m.evaluate(b.images, b.labels, b.size));
+  return t;
+}
+
+std::string exact(double v) {  // a double that reads back bit for bit
+  std::ostringstream o;
+  o.precision(17);
+  o << v;
+  return o.str();
+}
+
 }  // namespace
 
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log) {
@@ -285,6 +302,18 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   DFP_CHECK(cfg.epochs >= 1, Status::invalid_argument, "flag --epochs: expected >= 1, got " + std::to_string(cfg.epochs));
   DFP_CHECK(cfg.batch_size >= 1, Status::invalid_argument, "flag --batch-size: expected >= 1");
   DFP_CHECK(cfg.lr > 0 && std::isfinite(cfg.lr), Status::invalid_argument, "flag --lr: expected a positive number");
+  // --device cuda: the same model, data and loop on the GPU (CudaModel); the host model keeps
+  // the FP32 parameters that checkpoints read, refreshed by CudaModel::download().
+  DFP_CHECK(cfg.device == "cpu" || cfg.device == "cuda", Status::invalid_argument,
+            "flag --device: expected cpu or cuda, got '" + cfg.device + "'");
+  const bool on_cuda = cfg.device == "cuda";
+  if (std::string why; on_cuda && !cuda_available(&why)) fail(Status::unsupported, "flag --device cuda: " + why);
+  const bool cuda_fp16 = on_cuda && cfg.cuda_precision == CudaPrecision::fp16;
+  const std::string policy_text = on_cuda ? "device=cuda precision=" + std::string(cuda_precision_name(cfg.cuda_precision)) +
+                                                (cuda_fp16 ? " " + cfg.loss_scale.describe() : "")
+                                          : cfg.policy.describe();
+  DFP_CHECK(!cuda_fp16 || cfg.loss_scale.mode != LossScaleMode::adaptive, Status::unsupported,
+            "flag --loss-scaling adaptive: layer-wise scaling runs on the CPU only; use dynamic or static with --device cuda");
   ContextOptions co;
   co.threads = cfg.threads;
   co.isa = cfg.isa;
@@ -322,7 +351,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   if (!cfg.resume.empty()) {
     const Checkpoint ck = read_checkpoint(cfg.resume);
     for (const auto& [key, want] : std::vector<std::pair<std::string, std::string>>{
-             {"model", cfg.model}, {"dataset", cfg.dataset}, {"policy", cfg.policy.describe()},
+             {"model", cfg.model}, {"dataset", cfg.dataset}, {"policy", policy_text},
              {"loss_scaling", cfg.loss_scale.describe()},
              {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)}}) {
       const std::string got = meta_get(ck, key, cfg.resume);
@@ -338,28 +367,35 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     start_epoch = std::stoi(meta_get(ck, "epochs_done", cfg.resume));
     say("resumed from " + cfg.resume + " after epoch " + std::to_string(start_epoch));
   }
+  std::unique_ptr<CudaModel> cuda;
+  if (on_cuda) {
+    cuda = std::make_unique<CudaModel>(ctx, m, cfg.cuda_precision,
+                                       SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov}, &sgd.momentum_buffers());
+    say("device cuda: " + cuda->describe());
+  }
 
   std::ofstream metrics;
   if (!cfg.out.empty()) {
     std::filesystem::create_directories(cfg.out);
     std::ofstream c(cfg.out + "/config.json");
     c << "{\"model\":\"" << cfg.model << "\",\"dataset\":\"" << cfg.dataset << "\",\"precision_policy\":\""
-      << json_escape(cfg.policy.describe()) << "\",\"epochs\":" << cfg.epochs << ",\"batch_size\":" << cfg.batch_size
+      << json_escape(policy_text) << "\",\"epochs\":" << cfg.epochs << ",\"batch_size\":" << cfg.batch_size
       << ",\"lr\":" << cfg.lr << ",\"momentum\":" << cfg.momentum << ",\"weight_decay\":" << cfg.weight_decay
       << ",\"nesterov\":" << (cfg.nesterov ? "true" : "false") << ",\"schedule\":\"" << cfg.schedule
       << "\",\"warmup_epochs\":" << cfg.warmup_epochs << ",\"label_smoothing\":" << cfg.label_smoothing
       << ",\"threads\":" << ctx.threads() << ",\"isa\":\"" << isa_name(ctx.isa()) << "\",\"seed\":" << cfg.seed
-      << ",\"label\":\"" << json_escape(cfg.label.empty() ? precision_name(cfg.policy.precision) : cfg.label)
-      << "\",\"device\":\"cpu\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
+      << ",\"label\":\"" << json_escape(cfg.label.empty() ? precision_label(cfg) : cfg.label)
+      << "\",\"device\":\"" << cfg.device << "\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
       << "\",\"loss_scaling_config\":\"" << json_escape(cfg.loss_scale.describe())
       << "\",\"train_images\":" << train_set.count << ",\"test_images\":" << test_set.count
       << ",\"parameters\":" << m.parameter_count() << "}\n";
     metrics.open(cfg.out + "/metrics.jsonl", start_epoch > 0 ? std::ios::app : std::ios::trunc);
     DFP_CHECK(metrics.good(), Status::io_error, "cannot write '" + cfg.out + "/metrics.jsonl'");
   }
-  say("model " + cfg.model + ": " + std::to_string(m.parameter_count()) + " parameters; " + cfg.policy.describe() +
+  say("model " + cfg.model + ": " + std::to_string(m.parameter_count()) + " parameters; " + policy_text +
       "; " + cfg.loss_scale.describe());
-  for (const std::string& note : precision_notes(cfg.policy, ctx)) say(note);
+  if (!on_cuda)
+    for (const std::string& note : precision_notes(cfg.policy, ctx)) say(note);
   say("data " + train_set.name + ": " + std::to_string(train_set.count) + " train / " + std::to_string(test_set.count) +
       " test images; " + std::to_string(ctx.threads()) + " threads; kernels " + isa_name(ctx.isa()));
 
@@ -375,13 +411,17 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     float lr = sched.at(step);
     while (train_loader.next(b)) {
       lr = sched.at(step);
-      tr.add(m.forward(b.images, b.labels, b.size, true));
-      m.set_loss_scale(scaler.scale(), cfg.loss_scale.mode == LossScaleMode::adaptive,
-                       cfg.loss_scale.adaptive_max_factor, cfg.loss_scale.adaptive_max_scale);
       const double used_scale = scaler.scale();
-      if (scaler.update(m.backward())) {
-        sgd.step(lr);
+      const uint64_t skipped_before = scaler.skipped_steps();
+      if (cuda) {
+        tr.add(cuda->train_step(b.images, b.labels, b.size, lr, scaler));  // runs scaler.update
       } else {
+        tr.add(m.forward(b.images, b.labels, b.size, true));
+        m.set_loss_scale(used_scale, cfg.loss_scale.mode == LossScaleMode::adaptive, cfg.loss_scale.adaptive_max_factor,
+                         cfg.loss_scale.adaptive_max_scale);
+        if (scaler.update(m.backward())) sgd.step(lr);
+      }
+      if (scaler.skipped_steps() != skipped_before) {
         char line[200];
         std::snprintf(line, sizeof line, "step %d: non-finite gradients at loss scale %g: step skipped (%llu so far); scale now %g",
                       step + 1, used_scale, static_cast<unsigned long long>(scaler.skipped_steps()), scaler.scale());
@@ -412,7 +452,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     em.train_loss = tr.loss / tr.n;
     em.train_top1 = 100.0 * tr.c1 / tr.n;
     em.lr = lr;
-    const Totals te = run_eval(m, test_loader);
+    const Totals te = cuda ? run_eval(*cuda, test_loader) : run_eval(m, test_loader);
     em.test_loss = te.loss / te.n;
     em.test_top1 = 100.0 * te.c1 / te.n;
     em.test_top5 = 100.0 * te.c5 / te.n;
@@ -437,7 +477,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
               << ",\"epoch_seconds\":" << em.epoch_seconds << ",\"data_wait_seconds\":" << em.data_wait_seconds
               << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"loss_scale\":" << em.loss_scale
               << ",\"skipped_steps\":" << em.skipped_steps << ",\"precision_policy\":\""
-              << json_escape(cfg.policy.describe()) << "\",\"layers\":[";
+              << json_escape(policy_text) << "\",\"layers\":[";
       bool first = true;
       for (const LayerNumerics& n : m.numerics()) {
         metrics << (first ? "" : ",") << "{\"layer\":\"" << n.layer << "\",\"format\":\"" << n.format << "\"";
@@ -455,9 +495,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       }
       metrics << "]}\n";
       metrics.flush();
+      if (cuda) cuda->download(m, &sgd.momentum_buffers());
       Checkpoint ck;
       ck.meta = {{"model", cfg.model}, {"dataset", cfg.dataset}, {"data", cfg.data},
-                 {"policy", cfg.policy.describe()}, {"loss_scaling", cfg.loss_scale.describe()},
+                 {"policy", policy_text}, {"loss_scaling", cfg.loss_scale.describe()},
                  {"loss_scale", fmt_exact(scaler.scale())}, {"loss_scale_tracker", std::to_string(scaler.growth_tracker())},
                  {"skipped_steps", std::to_string(scaler.skipped_steps())},
                  {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)},
@@ -472,6 +513,18 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     if (cfg.stop_after > 0 && epoch + 1 >= cfg.stop_after) break;
   }
   return all;
+}
+
+bool apply_cuda_precision_name(TrainConfig& c, const std::string& name) {
+  if (name != "cuda-fp16" && name != "cuda-fp32") return false;
+  c.device = "cuda";
+  c.cuda_precision = name == "cuda-fp16" ? CudaPrecision::fp16 : CudaPrecision::fp32;
+  return true;
+}
+
+std::string precision_label(const TrainConfig& c) {
+  return c.device == "cuda" ? "cuda-" + std::string(cuda_precision_name(c.cuda_precision))
+                            : std::string(precision_name(c.policy.precision));
 }
 
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir, int threads,

@@ -118,6 +118,7 @@ struct LayerSpec {
   float p = 0.f;                 // dropout
   int lrn_size = 0;              // lrn: across-channel window, alpha, beta, k as in PyTorch
   float lrn_alpha = 0.f, lrn_beta = 0.f, lrn_k = 0.f;
+  uint64_t seed = 0;             // dropout: its random stream (set by build())
 };
 
 struct StepResult {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dfp/cuda.hpp"
 #include "dfp/loss_scale.hpp"
 #include "dfp/model.hpp"
 
@@ -22,7 +23,7 @@ struct TrainConfig {
   std::string data;                 // dataset directory ("" = the dataset's default)
   int image_size = 0;               // imagenet-folder: side of the square input (0 = 224)
   PrecisionPolicy policy;
-  LossScaleOptions loss_scale;      // mode none by default; fp16 runs usually want dynamic
+  LossScaleOptions loss_scale;      // mode none by default; fp16 runs (CPU or cuda) usually want dynamic
   int numerics_interval = 50;       // sample per-layer rounding statistics every N steps (0: never)
   std::string label;                // name of this run in comparisons ("" = the precision)
   int epochs = 10;
@@ -48,7 +49,18 @@ struct TrainConfig {
   int limit_test = 0;
   int print_every = 50;             // steps between plain progress lines (non-terminal output)
   int stop_after = 0;               // stop after this many epochs (0 = run all; simulates an interruption)
+  // Device: "cpu", or "cuda" (dfp/cuda.hpp; builds with CUDA and a GPU). On cuda the model runs
+  // in cuda_precision (fp16: FP16 tensors, FP32 master weights, loss scaling; fp32: the GPU
+  // baseline, TF32 off); `policy` then only describes the FP32 host copy used for checkpoints.
+  std::string device = "cpu";
+  CudaPrecision cuda_precision = CudaPrecision::fp32;
 };
+
+// "cuda-fp16" / "cuda-fp32" (the names `dfp compare` uses for the CUDA device): sets device and
+// cuda_precision and returns true; any other name is left alone (false).
+bool apply_cuda_precision_name(TrainConfig& config, const std::string& name);
+// The run's precision as a report label: the CPU policy's precision, or "cuda-fp16" / "cuda-fp32".
+std::string precision_label(const TrainConfig& config);
 
 struct EpochMetrics {
   int epoch = 0;

@@ -22,6 +22,8 @@
 
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
+#include "dfp/cuda.hpp"
+#include "dfp/loss_scale.hpp"
 #include "dfp/models.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
@@ -112,6 +114,16 @@ void finish_policy(dfp::TrainConfig& c, const std::string& keep_fp32, const Scal
   std::string item;
   while (std::getline(ss, item, ','))
     if (!item.empty()) c.policy.overrides.emplace_back(item, dfp::Precision::fp32);
+  DFP_CHECK(c.device == "cpu" || c.device == "cuda", dfp::Status::invalid_argument,
+            "flag --device: expected cpu or cuda, got '" + c.device + "'");
+  if (c.device == "cuda") {
+    // The GPU runs fp16 (FP16 tensors, FP32 master weights) or its fp32 baseline.
+    DFP_CHECK(c.policy.precision == dfp::Precision::fp16 || c.policy.precision == dfp::Precision::fp32,
+              dfp::Status::invalid_argument,
+              std::string("flag --precision with --device cuda: expected fp16 or fp32, got ") +
+                  dfp::precision_name(c.policy.precision));
+    c.cuda_precision = c.policy.precision == dfp::Precision::fp16 ? dfp::CudaPrecision::fp16 : dfp::CudaPrecision::fp32;
+  }
   // Adaptive scaling starts from 1 unless a scale was given (its per-layer factors do the work).
   if (c.loss_scale.mode == dfp::LossScaleMode::adaptive && !scale.value_set) c.loss_scale.init_scale = 1;
   c.policy.validate("flags");
@@ -142,6 +154,9 @@ int cmd_info(Args& args) {
   std::printf("kernel level   %s (best supported: %s; force with DFP_ISA=ref|avx512bw|avx512vnni)\n",
               dfp::isa_name(ctx.isa()), dfp::isa_name(f.best()));
   std::printf("threads        %d (oneTBB arena and OpenMP for oneDNN)\n", ctx.threads());
+  std::string why;
+  const bool gpu = dfp::cuda_available(&why);
+  std::printf("cuda device    %s\n", gpu ? "available (--device cuda)" : ("not available: " + why).c_str());
   const auto& k = ctx.kernels();
   std::printf("\nop / precision                      kernel\n");
   std::printf("max|x| (dfp16 exponent)      f32    %s\n", k.max_abs.name);
@@ -276,6 +291,7 @@ bool train_flag(const std::string& a, Args& args, dfp::TrainConfig& c) {
   else if (a == "--limit-test") c.limit_test = to_int(a, args.value(a));
   else if (a == "--print-every") c.print_every = std::max(1, to_int(a, args.value(a)));
   else if (a == "--numerics-every") c.numerics_interval = std::max(0, to_int(a, args.value(a)));
+  else if (a == "--device") c.device = args.value(a);
   else return false;
   return true;
 }
@@ -301,7 +317,8 @@ int cmd_train(Args& args) {
 // order, into OUT/<spec>/, then writes the comparison report from the runs' metrics files.
 
 struct RunSpec {
-  std::string label;      // as given: fp32, bf16, fp16, fp16-static, int16, ...
+  std::string label;      // as given: fp32, bf16, fp16, fp16-static, int16, cuda-fp16, ...
+  std::string device = "cpu";
   std::string precision;  // fp32 | int16 | bf16 | fp16
   std::string scaling;    // none | static | dynamic | adaptive
 };
@@ -310,10 +327,15 @@ struct RunSpec {
 RunSpec parse_spec(const std::string& spec) {
   RunSpec r;
   r.label = spec;
-  const size_t dash = spec.find('-');
-  r.precision = spec.substr(0, dash);
+  std::string rest = spec;
+  if (rest.rfind("cuda-", 0) == 0) {  // cuda-fp16, cuda-fp32: the GPU device
+    r.device = "cuda";
+    rest = rest.substr(5);
+  }
+  const size_t dash = rest.find('-');
+  r.precision = rest.substr(0, dash);
   dfp::parse_precision(r.precision, "flag --precisions item '" + spec + "'");
-  r.scaling = dash == std::string::npos ? (r.precision == "fp16" ? "dynamic" : "none") : spec.substr(dash + 1);
+  r.scaling = dash == std::string::npos ? (r.precision == "fp16" ? "dynamic" : "none") : rest.substr(dash + 1);
   dfp::parse_loss_scale_mode(r.scaling, "flag --precisions item '" + spec + "'");
   return r;
 }
@@ -368,7 +390,7 @@ int cmd_compare(Args& args) {
   while (args.next(a)) {
     if (a == "--precisions") { specs_text = args.value(a); continue; }
     if (a == "--out") { out = args.value(a); continue; }
-    DFP_CHECK(a != "--precision" && a != "--loss-scaling" && a != "--label" && a != "--resume",
+    DFP_CHECK(a != "--precision" && a != "--loss-scaling" && a != "--label" && a != "--resume" && a != "--device",
               dfp::Status::invalid_argument,
               "dfp compare: flag " + a + " is set per run by --precisions (e.g. --precisions fp32,fp16-static,int16)");
     const size_t before = args.pos;
@@ -395,7 +417,8 @@ int cmd_compare(Args& args) {
     std::filesystem::create_directories(dir);
     std::vector<std::string> argv = {self, "train"};
     argv.insert(argv.end(), pass.begin(), pass.end());
-    argv.insert(argv.end(), {"--precision", r.precision, "--loss-scaling", r.scaling, "--label", r.label, "--out", dir});
+    argv.insert(argv.end(), {"--device", r.device, "--precision", r.precision, "--loss-scaling", r.scaling, "--label", r.label,
+                             "--out", dir});
     std::printf("== %s: dfp train ... --precision %s --loss-scaling %s --out %s\n", r.label.c_str(), r.precision.c_str(),
                 r.scaling.c_str(), dir.c_str());
     std::fflush(stdout);
@@ -456,10 +479,11 @@ void usage() {
       "           --epochs N --batch-size N --lr F [--momentum F --wd F --nesterov] --schedule cosine|step|multistep|constant\n"
       "           [--warmup-epochs N --milestones 30,60 --gamma F] --threads N --seed N --out DIR [--resume FILE]\n"
       "           [--limit-train N --limit-test N --label-smoothing F --no-augment]\n"
+      "           [--device cpu|cuda: on cuda --precision is fp16 (FP16 + FP32 master weights, AMP-like) or fp32]\n"
       "  eval     --checkpoint FILE [--data DIR]: test loss, top-1, top-5\n"
       "  compare  train one run per precision with the same seed, data order and flags, then tabulate and plot:\n"
       "           --precisions fp32,bf16,fp16,int16 (items PRECISION[-none|-static|-dynamic|-adaptive]; fp16 alone =\n"
-      "           fp16-dynamic) --out DIR, plus any flag of train (model, data, epochs, numerics, --loss-scale S)");
+      "           fp16-dynamic; cuda-fp16, cuda-fp32 on the GPU) --out DIR, plus any flag of train (model, data, epochs, numerics, --loss-scale S)");
 }
 
 }  // namespace

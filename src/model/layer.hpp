@@ -60,6 +60,8 @@ class Layer {
   virtual double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
                                  const AdaptiveScaling& opts) const { return 1; }
   virtual bool numerics(LayerNumerics& out) const { return false; }
+  // The seed of the layer's own random stream, drawn in build() (dropout), else 0.
+  virtual uint64_t random_seed() const { return 0; }
 };
 
 std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias);

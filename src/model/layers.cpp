@@ -917,6 +917,7 @@ class Dropout final : public Layer {
     n_ = in[0].blocked_elements();
     seed_ = rng();
   }
+  uint64_t random_seed() const override { return seed_; }
   bool keep(uint64_t step, size_t i) const {
     const uint32_t key = simd::stochastic_key(seed_ ^ (step * 0x9e3779b97f4a7c15ULL));
     return float(simd::stochastic_rand24(key, i)) * 0x1p-24f >= p_;

@@ -534,6 +534,7 @@ std::vector<LayerSpec> Model::graph() const {
   for (const auto& n : impl_->nodes) {
     out.push_back(n.spec);
     out.back().shape = n.shape;
+    if (n.layer) out.back().seed = n.layer->random_seed();
   }
   return out;
 }
