@@ -11,6 +11,7 @@
 #include "dfp/context.hpp"
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
+#include "src/openmp_env.hpp"
 
 namespace {
 
@@ -57,6 +58,7 @@ void train_step(benchmark::State& state, Config cfg, dfp::Precision precision, i
 }  // namespace
 
 int main(int argc, char** argv) {
+  dfp::reexec_with_passive_openmp(argv);  // as the dfp program does (src/openmp_env.hpp)
   const std::vector<Config> configs = {
       {"resnet20", 128, 3, 32, 32, 10},
       {"resnet20", 128, 1, 28, 28, 10},

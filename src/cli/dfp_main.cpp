@@ -27,6 +27,7 @@
 #include "dfp/models.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
+#include "src/openmp_env.hpp"
 #include "src/report/report.hpp"
 #include "simd/kernel_table.hpp"
 
@@ -489,6 +490,7 @@ void usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dfp::reexec_with_passive_openmp(argv);
   Args args;
   for (int i = 1; i < argc; ++i) args.items.emplace_back(argv[i]);
   std::string cmd;
