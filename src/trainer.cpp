@@ -288,13 +288,6 @@ Totals run_eval(CudaModel& m, Loader& loader) {
   return t;
 }
 
-std::string exact(double v) {  // a double that reads back bit for bit
-  std::ostringstream o;
-  o.precision(17);
-  o << v;
-  return o.str();
-}
-
 }  // namespace
 
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log) {

@@ -5,17 +5,65 @@
 #include "dfp/status.hpp"
 #include "src/cuda/executor.hpp"
 
+#if DFP_HAVE_CUDA
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <filesystem>
+#endif
+
 namespace dfp {
 
 namespace {
 #if !DFP_HAVE_CUDA
 constexpr const char* kNoCuda = "this dfp was built without CUDA (nvcc/cuDNN not found at configure time)";
+#else
+// The GPU back end is a module of its own (libdfp_cuda_gpu.so, linked to cudart, cuBLAS and cuDNN),
+// loaded on first use: CPU-only runs never map those libraries. Looked up next to the running
+// program, then where the build put it, then on the loader's search path.
+struct GpuModule {
+  void* handle = nullptr;
+  std::string error;
+  bool (*available)(std::string*) = nullptr;
+  cuda::Backend* (*make)(bool) = nullptr;
+};
+
+GpuModule load_gpu_module() {
+  GpuModule m;
+  std::vector<std::string> candidates;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back((self.parent_path() / "libdfp_cuda_gpu.so").string());
+  candidates.push_back(DFP_CUDA_MODULE);
+  candidates.push_back("libdfp_cuda_gpu.so");
+  for (const std::string& c : candidates) {
+    if (c.find('/') != std::string::npos && !std::filesystem::exists(c, ec)) continue;
+    // dlopen keeps one reference per call and returns the same handle: the module is never
+    // unloaded (the CUDA runtime does not support it), so nothing is kept here between calls.
+    m.handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (m.handle) break;
+    m.error += std::string(m.error.empty() ? "" : "; ") + dlerror();
+  }
+  if (!m.handle) {
+    if (m.error.empty()) m.error = "libdfp_cuda_gpu.so not found next to the program or at " DFP_CUDA_MODULE;
+    return m;
+  }
+  m.available = reinterpret_cast<bool (*)(std::string*)>(dlsym(m.handle, "dfp_cuda_gpu_available"));
+  m.make = reinterpret_cast<cuda::Backend* (*)(bool)>(dlsym(m.handle, "dfp_cuda_make_backend"));
+  if (!m.available || !m.make) m.error = "libdfp_cuda_gpu.so lacks its entry points (a module of another dfp build?)";
+  return m;
+}
 #endif
 }  // namespace
 
 bool cuda_available(std::string* why) {
 #if DFP_HAVE_CUDA
-  return cuda::gpu_available(why);
+  const GpuModule m = load_gpu_module();
+  if (!m.error.empty()) {
+    if (why) *why = "cannot load the CUDA back end: " + m.error;
+    return false;
+  }
+  return m.available(why);
 #else
   if (why) *why = kNoCuda;
   return false;
@@ -40,9 +88,10 @@ CudaModel::CudaModel(const Context&, Model& host, CudaPrecision precision, const
                      const std::vector<std::vector<float>>* momentum) {
 #if DFP_HAVE_CUDA
   std::string why;
-  DFP_CHECK(cuda::gpu_available(&why), Status::unsupported, "CUDA device: " + why);
-  impl_.reset(new Impl{precision, cuda::Executor(cuda::make_gpu_backend(precision == CudaPrecision::fp16), host, sgd,
-                                                 momentum)});
+  DFP_CHECK(cuda_available(&why), Status::unsupported, "CUDA device: " + why);
+  const GpuModule m = load_gpu_module();
+  impl_.reset(new Impl{precision, cuda::Executor(std::unique_ptr<cuda::Backend>(m.make(precision == CudaPrecision::fp16)),
+                                                 host, sgd, momentum)});
 #else
   (void)host;
   (void)precision;

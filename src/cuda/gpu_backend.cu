@@ -490,3 +490,13 @@ bool gpu_available(std::string* why) {
 }
 
 }  // namespace dfp::cuda
+
+// The module's entry points (dlopen'ed by cuda_model.cpp, so that a CPU-only run of dfp never
+// loads the CUDA, cuBLAS and cuDNN libraries: mapping them costs ~150 MiB of resident memory).
+extern "C" __attribute__((visibility("default"))) bool dfp_cuda_gpu_available(std::string* why) {
+  return dfp::cuda::gpu_available(why);
+}
+extern "C" __attribute__((visibility("default"))) dfp::cuda::Backend* dfp_cuda_make_backend(bool fp16) {
+  return dfp::cuda::make_gpu_backend(fp16).release();
+}
+
