@@ -301,8 +301,12 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
             "flag --device: expected cpu or cuda, got '" + cfg.device + "'");
   const bool on_cuda = cfg.device == "cuda";
   if (std::string why; on_cuda && !cuda_available(&why)) fail(Status::unsupported, "flag --device cuda: " + why);
-  const bool cuda_fp16 = on_cuda && cfg.cuda_precision == CudaPrecision::fp16;
-  const std::string policy_text = on_cuda ? "device=cuda precision=" + std::string(cuda_precision_name(cfg.cuda_precision)) +
+  DFP_CHECK(!on_cuda || cfg.policy.precision == Precision::fp16 || cfg.policy.precision == Precision::fp32,
+            Status::invalid_argument,
+            std::string("flag --precision with --device cuda: expected fp16 or fp32, got ") +
+                precision_name(cfg.policy.precision));
+  const bool cuda_fp16 = on_cuda && cfg.policy.precision == Precision::fp16;
+  const std::string policy_text = on_cuda ? "device=cuda precision=" + std::string(precision_name(cfg.policy.precision)) +
                                                 (cuda_fp16 ? " " + cfg.loss_scale.describe() : "")
                                           : cfg.policy.describe();
   DFP_CHECK(!cuda_fp16 || cfg.loss_scale.mode != LossScaleMode::adaptive, Status::unsupported,
@@ -362,7 +366,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   }
   std::unique_ptr<CudaModel> cuda;
   if (on_cuda) {
-    cuda = std::make_unique<CudaModel>(ctx, m, cfg.cuda_precision,
+    cuda = std::make_unique<CudaModel>(ctx, m, cfg.policy.precision,
                                        SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov}, &sgd.momentum_buffers());
     say("device cuda: " + cuda->describe());
   }
@@ -508,16 +512,8 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   return all;
 }
 
-bool apply_cuda_precision_name(TrainConfig& c, const std::string& name) {
-  if (name != "cuda-fp16" && name != "cuda-fp32") return false;
-  c.device = "cuda";
-  c.cuda_precision = name == "cuda-fp16" ? CudaPrecision::fp16 : CudaPrecision::fp32;
-  return true;
-}
-
 std::string precision_label(const TrainConfig& c) {
-  return c.device == "cuda" ? "cuda-" + std::string(cuda_precision_name(c.cuda_precision))
-                            : std::string(precision_name(c.policy.precision));
+  return (c.device == "cuda" ? "cuda-" : "") + std::string(precision_name(c.policy.precision));
 }
 
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir, int threads,

@@ -35,7 +35,7 @@ const Context& ctx2() {
     if (!cuda_available(&why_)) GTEST_SKIP() << why_;   \
   } while (0)
 
-std::function<std::shared_ptr<cuda::Executor>(Model&, const SgdOptions&)> on_gpu(CudaPrecision p) {
+std::function<std::shared_ptr<cuda::Executor>(Model&, const SgdOptions&)> on_gpu(Precision p) {
   return [p](Model& host, const SgdOptions& so) {
     auto m = std::make_shared<CudaModel>(ctx2(), host, p, so);
     return std::shared_ptr<cuda::Executor>(m, &m->executor());  // keeps the CudaModel alive
@@ -55,7 +55,7 @@ TEST(Cuda, AvailabilityComesWithAReason) {
   m.softmax_cross_entropy(m.linear(m.input(4, 1, 1), 3, true, "fc"));
   m.build(2, PrecisionPolicy{});
   try {
-    CudaModel d(ctx2(), m, CudaPrecision::fp16, SgdOptions{});
+    CudaModel d(ctx2(), m, Precision::fp16, SgdOptions{});
     FAIL() << "a CudaModel was built without a usable GPU";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::unsupported);
@@ -69,7 +69,7 @@ TEST(Cuda, DeviceFlagWithoutAGpuIsAClearError) {
   TrainConfig c;
   c.model = "lenet";
   c.device = "cuda";
-  c.cuda_precision = CudaPrecision::fp16;
+  c.policy.precision = Precision::fp16;
   try {
     train(c, nullptr);
     FAIL();
@@ -85,20 +85,36 @@ TEST(Cuda, DeviceFlagWithoutAGpuIsAClearError) {
 TEST(Cuda, PrecisionNamesForCompare) {
   TrainConfig c;
   EXPECT_EQ(precision_label(c), "fp32");
-  EXPECT_FALSE(apply_cuda_precision_name(c, "int16"));
-  EXPECT_TRUE(apply_cuda_precision_name(c, "cuda-fp16"));
-  EXPECT_EQ(c.device, "cuda");
+  c.device = "cuda";
+  c.policy.precision = Precision::fp16;
   EXPECT_EQ(precision_label(c), "cuda-fp16");
-  EXPECT_TRUE(apply_cuda_precision_name(c, "cuda-fp32"));
-  EXPECT_EQ(precision_label(c), "cuda-fp32");
-  EXPECT_THROW(parse_cuda_precision("int16", "flag --precision"), Error);
+}
+
+// The GPU runs fp16 or fp32 only: any other precision is refused before the device is touched.
+TEST(Cuda, OnlyFp16AndFp32RunOnTheDevice) {
+  Model m(ctx2(), "linear");
+  m.softmax_cross_entropy(m.linear(m.input(4, 1, 1), 3, true, "fc"));
+  m.build(2, PrecisionPolicy{});
+  for (Precision p : {Precision::int16, Precision::bf16}) {
+    try {
+      CudaModel d(ctx2(), m, p, SgdOptions{});
+      FAIL() << precision_name(p);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
+    }
+  }
+  TrainConfig c;
+  c.device = "cuda";
+  c.policy.precision = Precision::int16;
+  std::string why;
+  if (cuda_available(&why)) EXPECT_THROW(train(c, nullptr), Error);
 }
 
 TEST(Cuda, EveryLayerKindMatchesTheCpuInFp32) {
   DFP_NEED_GPU();
   for (const test::CudaCase& c : test::cuda_cases()) {
     SCOPED_TRACE(c.name);
-    const test::CaseErrors e = test::compare_case(c, ctx2(), on_gpu(CudaPrecision::fp32), 1.0);
+    const test::CaseErrors e = test::compare_case(c, ctx2(), on_gpu(Precision::fp32), 1.0);
     test::print_errors("cuda-fp32 " + c.name, e);
     EXPECT_LE(e.loss, test::kCudaFp32Rel) << c.name;
     EXPECT_LE(e.grad, test::kCudaFp32Rel) << c.name << ": worst gradient " << e.grad_at;
@@ -112,7 +128,7 @@ TEST(Cuda, EveryLayerKindMatchesTheCpuInFp16) {
   DFP_NEED_GPU();
   for (const test::CudaCase& c : test::cuda_cases()) {
     SCOPED_TRACE(c.name);
-    const test::CaseErrors e = test::compare_case(c, ctx2(), on_gpu(CudaPrecision::fp16), 256.0);
+    const test::CaseErrors e = test::compare_case(c, ctx2(), on_gpu(Precision::fp16), 256.0);
     test::print_errors("cuda-fp16 " + c.name, e);
     EXPECT_LE(e.loss, test::kCudaFp16LossRel) << c.name;
     EXPECT_LE(e.grad, test::kCudaFp16GradRel) << c.name << ": worst gradient " << e.grad_at;
@@ -124,14 +140,14 @@ TEST(Cuda, EveryLayerKindMatchesTheCpuInFp16) {
 
 TEST(Cuda, LeNetLossFallsInBothPrecisions) {
   DFP_NEED_GPU();
-  for (CudaPrecision p : {CudaPrecision::fp16, CudaPrecision::fp32}) {
-    SCOPED_TRACE(cuda_precision_name(p));
+  for (Precision p : {Precision::fp16, Precision::fp32}) {
+    SCOPED_TRACE(precision_name(p));
     Model m(ctx2(), "lenet");
     build_model(m, "lenet", 1, 28, 28, 10);
     m.build(32, PrecisionPolicy{});
     CudaModel d(ctx2(), m, p, SgdOptions{});
     LossScaleOptions o;
-    o.mode = p == CudaPrecision::fp16 ? LossScaleMode::dynamic : LossScaleMode::none;
+    o.mode = p == Precision::fp16 ? LossScaleMode::dynamic : LossScaleMode::none;
     LossScaler scaler(o);
     std::mt19937 g(3);
     std::vector<float> x;
@@ -161,7 +177,7 @@ TEST(Cuda, Fp16LossScalerSkipsOverflowingStepsAndBacksOff) {
   Model m(ctx2(), "c");
   test::cuda_cases()[4].build(m);  // conv, BatchNorm, ReLU, pooling, linear
   m.build(8, PrecisionPolicy{});
-  CudaModel d(ctx2(), m, CudaPrecision::fp16, SgdOptions{});
+  CudaModel d(ctx2(), m, Precision::fp16, SgdOptions{});
   LossScaleOptions o;
   o.mode = LossScaleMode::dynamic;
   o.init_scale = std::ldexp(1.0, 40);
@@ -200,12 +216,12 @@ TEST(Cuda, TrainerRunsOnTheGpu) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("dfp_test_cuda_" + std::to_string(::getpid()))).string();
   std::filesystem::remove_all(dir);
-  for (CudaPrecision p : {CudaPrecision::fp16, CudaPrecision::fp32}) {
-    SCOPED_TRACE(cuda_precision_name(p));
+  for (Precision p : {Precision::fp16, Precision::fp32}) {
+    SCOPED_TRACE(precision_name(p));
     TrainConfig c;
     c.model = "lenet";
     c.device = "cuda";
-    c.cuda_precision = p;
+    c.policy.precision = p;
     c.epochs = 2;
     c.batch_size = 64;
     c.lr = 0.05f;

@@ -32,18 +32,14 @@ class Executor;  // src/cuda/executor.hpp
 // reason in *why (built without CUDA, no device, driver too old, GPU architecture not compiled).
 bool cuda_available(std::string* why = nullptr);
 
-enum class CudaPrecision { fp16, fp32 };
-const char* cuda_precision_name(CudaPrecision p) noexcept;  // "fp16", "fp32"
-// "fp16" or "fp32"; anything else throws naming `origin`.
-CudaPrecision parse_cuda_precision(const std::string& text, const std::string& origin);
-
 class CudaModel {
  public:
   // host: a built Model (its batch size is the device's). Copies the graph, the parameters, the
-  // BatchNorm running statistics and the step counter to the GPU; momentum: SGD momentum buffers
+  // BatchNorm running statistics and the step counter to the GPU. precision: Precision::fp16 or
+  // Precision::fp32 (the GPU runs no other; anything else is Error(invalid_argument)). momentum: SGD momentum buffers
   // in Model::parameters() order (null: zeros), e.g. from a resumed checkpoint. Allocates every
   // device buffer now; steps allocate nothing.
-  CudaModel(const Context& ctx, Model& host, CudaPrecision precision, const SgdOptions& sgd,
+  CudaModel(const Context& ctx, Model& host, Precision precision, const SgdOptions& sgd,
             const std::vector<std::vector<float>>* momentum = nullptr);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
@@ -61,7 +57,7 @@ class CudaModel {
   // momentum buffers back to `host`, e.g. before writing a checkpoint.
   void download(Model& host, std::vector<std::vector<float>>* momentum = nullptr);
 
-  CudaPrecision precision() const noexcept;
+  Precision precision() const noexcept;
   uint64_t step() const noexcept;
   // One line: GPU, compute capability, library versions, precision and math modes.
   std::string describe() const;

@@ -50,15 +50,11 @@ struct TrainConfig {
   int print_every = 50;             // steps between plain progress lines (non-terminal output)
   int stop_after = 0;               // stop after this many epochs (0 = run all; simulates an interruption)
   // Device: "cpu", or "cuda" (dfp/cuda.hpp; builds with CUDA and a GPU). On cuda the model runs
-  // in cuda_precision (fp16: FP16 tensors, FP32 master weights, loss scaling; fp32: the GPU
-  // baseline, TF32 off); `policy` then only describes the FP32 host copy used for checkpoints.
+  // in policy.precision, fp16 (FP16 tensors, FP32 master weights, loss scaling) or fp32 (the GPU
+  // baseline, TF32 off); the rest of the policy describes the FP32 host copy used for checkpoints.
   std::string device = "cpu";
-  CudaPrecision cuda_precision = CudaPrecision::fp32;
 };
 
-// "cuda-fp16" / "cuda-fp32" (the names `dfp compare` uses for the CUDA device): sets device and
-// cuda_precision and returns true; any other name is left alone (false).
-bool apply_cuda_precision_name(TrainConfig& config, const std::string& name);
 // The run's precision as a report label: the CPU policy's precision, or "cuda-fp16" / "cuda-fp32".
 std::string precision_label(const TrainConfig& config);
 

@@ -115,16 +115,6 @@ void finish_policy(dfp::TrainConfig& c, const std::string& keep_fp32, const Scal
   std::string item;
   while (std::getline(ss, item, ','))
     if (!item.empty()) c.policy.overrides.emplace_back(item, dfp::Precision::fp32);
-  DFP_CHECK(c.device == "cpu" || c.device == "cuda", dfp::Status::invalid_argument,
-            "flag --device: expected cpu or cuda, got '" + c.device + "'");
-  if (c.device == "cuda") {
-    // The GPU runs fp16 (FP16 tensors, FP32 master weights) or its fp32 baseline.
-    DFP_CHECK(c.policy.precision == dfp::Precision::fp16 || c.policy.precision == dfp::Precision::fp32,
-              dfp::Status::invalid_argument,
-              std::string("flag --precision with --device cuda: expected fp16 or fp32, got ") +
-                  dfp::precision_name(c.policy.precision));
-    c.cuda_precision = c.policy.precision == dfp::Precision::fp16 ? dfp::CudaPrecision::fp16 : dfp::CudaPrecision::fp32;
-  }
   // Adaptive scaling starts from 1 unless a scale was given (its per-layer factors do the work).
   if (c.loss_scale.mode == dfp::LossScaleMode::adaptive && !scale.value_set) c.loss_scale.init_scale = 1;
   c.policy.validate("flags");

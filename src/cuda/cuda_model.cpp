@@ -70,27 +70,20 @@ bool cuda_available(std::string* why) {
 #endif
 }
 
-const char* cuda_precision_name(CudaPrecision p) noexcept { return p == CudaPrecision::fp16 ? "fp16" : "fp32"; }
-
-CudaPrecision parse_cuda_precision(const std::string& text, const std::string& origin) {
-  if (text == "fp16") return CudaPrecision::fp16;
-  if (text == "fp32") return CudaPrecision::fp32;
-  fail(Status::invalid_argument,
-       origin + ": precision '" + text + "' is not available on the CUDA device; expected fp16 or fp32");
-}
-
 struct CudaModel::Impl {
-  CudaPrecision precision;
+  Precision precision;
   cuda::Executor ex;
 };
 
-CudaModel::CudaModel(const Context&, Model& host, CudaPrecision precision, const SgdOptions& sgd,
+CudaModel::CudaModel(const Context&, Model& host, Precision precision, const SgdOptions& sgd,
                      const std::vector<std::vector<float>>* momentum) {
+  DFP_CHECK(precision == Precision::fp16 || precision == Precision::fp32, Status::invalid_argument,
+            std::string("CUDA device: precision ") + precision_name(precision) + " is not available; expected fp16 or fp32");
 #if DFP_HAVE_CUDA
   std::string why;
   DFP_CHECK(cuda_available(&why), Status::unsupported, "CUDA device: " + why);
   const GpuModule m = load_gpu_module();
-  impl_.reset(new Impl{precision, cuda::Executor(std::unique_ptr<cuda::Backend>(m.make(precision == CudaPrecision::fp16)),
+  impl_.reset(new Impl{precision, cuda::Executor(std::unique_ptr<cuda::Backend>(m.make(precision == Precision::fp16)),
                                                  host, sgd, momentum)});
 #else
   (void)host;
@@ -110,7 +103,7 @@ StepResult CudaModel::evaluate(const float* images, const int32_t* labels, int c
   return impl_->ex.evaluate(images, labels, count);
 }
 void CudaModel::download(Model& host, std::vector<std::vector<float>>* momentum) { impl_->ex.download(host, momentum); }
-CudaPrecision CudaModel::precision() const noexcept { return impl_->precision; }
+Precision CudaModel::precision() const noexcept { return impl_->precision; }
 uint64_t CudaModel::step() const noexcept { return impl_->ex.step(); }
 std::string CudaModel::describe() const { return impl_->ex.describe(); }
 cuda::Executor& CudaModel::executor() noexcept { return impl_->ex; }
