@@ -28,24 +28,28 @@ LossScaleMode parse_loss_scale_mode(const std::string& text, const std::string& 
        origin + ": unknown loss scaling '" + text + "'; expected none, static, dynamic or adaptive");
 }
 
+double LossScaleOptions::initial_scale() const noexcept {
+  return init_scale.value_or(mode == LossScaleMode::adaptive ? 1.0 : 65536.0);
+}
+
 std::string LossScaleOptions::describe() const {
   std::ostringstream o;
   o << "loss_scale=" << loss_scale_mode_name(mode);
-  if (mode == LossScaleMode::fixed) o << "(" << init_scale << ")";
+  if (mode == LossScaleMode::fixed) o << "(" << initial_scale() << ")";
   if (mode == LossScaleMode::dynamic || mode == LossScaleMode::adaptive)
-    o << "(init=" << init_scale << ",growth=" << growth_factor << ",backoff=" << backoff_factor
+    o << "(init=" << initial_scale() << ",growth=" << growth_factor << ",backoff=" << backoff_factor
       << ",interval=" << growth_interval << ")";
   return o.str();
 }
 
 LossScaler::LossScaler(const LossScaleOptions& o) : options_(o) {
   const bool scaled = o.mode != LossScaleMode::none;
-  DFP_CHECK(!scaled || (std::isfinite(o.init_scale) && o.init_scale > 0), Status::invalid_argument,
-            "loss scale: expected a positive finite initial scale, got " + std::to_string(o.init_scale));
+  DFP_CHECK(!scaled || (std::isfinite(o.initial_scale()) && o.initial_scale() > 0), Status::invalid_argument,
+            "loss scale: expected a positive finite initial scale, got " + std::to_string(o.initial_scale()));
   DFP_CHECK(o.growth_factor >= 1 && o.backoff_factor > 0 && o.backoff_factor <= 1 && o.growth_interval >= 1,
             Status::invalid_argument,
             "loss scale: expected growth_factor >= 1, 0 < backoff_factor <= 1 and growth_interval >= 1");
-  scale_ = scaled ? o.init_scale : 1.0;
+  scale_ = scaled ? o.initial_scale() : 1.0;
 }
 
 bool LossScaler::update(bool finite) {

@@ -329,6 +329,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   build_model(m, cfg.model, train_set.channels, train_set.height, train_set.width, train_set.classes);
   m.build(cfg.batch_size, cfg.policy);
   m.set_numerics_interval(cfg.numerics_interval);
+  m.set_loss_scaling(cfg.loss_scale);
   Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
   LossScaler scaler(cfg.loss_scale);
   Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed);
@@ -414,8 +415,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
         tr.add(cuda->train_step(b.images, b.labels, b.size, lr, scaler));  // runs scaler.update
       } else {
         tr.add(m.forward(b.images, b.labels, b.size, true));
-        m.set_loss_scale(used_scale, cfg.loss_scale.mode == LossScaleMode::adaptive, cfg.loss_scale.adaptive_max_factor,
-                         cfg.loss_scale.adaptive_max_scale);
+        m.set_loss_scale(used_scale);
         if (scaler.update(m.backward())) sgd.step(lr);
       }
       if (scaler.skipped_steps() != skipped_before) {

@@ -33,7 +33,7 @@ TEST(LossScaler, DynamicGrowsBacksOffAndSkips) {
 
 TEST(LossScaler, DefaultsAreGradScalers) {
   LossScaleOptions o;
-  EXPECT_EQ(o.init_scale, 65536.0);
+  EXPECT_EQ(o.initial_scale(), 65536.0);
   EXPECT_EQ(o.growth_factor, 2.0);
   EXPECT_EQ(o.backoff_factor, 0.5);
   EXPECT_EQ(o.growth_interval, 2000);
@@ -59,6 +59,18 @@ TEST(LossScaler, StaticAndNoneKeepTheirScaleButStillSkipNonFiniteSteps) {
   EXPECT_FALSE(n.update(false));
   EXPECT_EQ(n.skipped_steps(), 1u);
   EXPECT_EQ(n.scale(), 1.0);
+}
+
+// Adaptive scaling starts at 1 (its per-layer factors do the scaling) unless a scale is given.
+TEST(LossScaler, AdaptiveStartsAtOneUnlessGivenAScale) {
+  LossScaleOptions o;
+  o.mode = LossScaleMode::adaptive;
+  EXPECT_EQ(LossScaler(o).scale(), 1.0);
+  o.init_scale = 8;
+  EXPECT_EQ(LossScaler(o).scale(), 8.0);
+  o.mode = LossScaleMode::dynamic;
+  o.init_scale.reset();
+  EXPECT_EQ(LossScaler(o).scale(), 65536.0);
 }
 
 TEST(LossScaler, RejectsBadOptionsAndNames) {

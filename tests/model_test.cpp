@@ -194,7 +194,12 @@ void lowp_vs_fp32(const std::function<void(Model&)>& make, int batch, std::vecto
     PrecisionPolicy pol;
     pol.precision = p ? low : Precision::fp32;
     m.build(batch, pol);
-    if (p) m.set_loss_scale(loss_scale, adaptive);
+    if (p) {
+      LossScaleOptions o;
+      o.mode = adaptive ? LossScaleMode::adaptive : LossScaleMode::fixed;
+      m.set_loss_scaling(o);
+      m.set_loss_scale(loss_scale);
+    }
     const auto x = batch_images(m, 5);
     std::vector<int32_t> y(batch);
     for (int i = 0; i < batch; ++i) y[i] = i % 10;
@@ -302,7 +307,7 @@ TEST(LossScaling, Fp16UnderflowLosesTheGradientUnlessScaled) {
   };
   const std::vector<float> ref = run(Precision::fp32, 1);
   const std::vector<float> lost = run(Precision::fp16, 1);
-  const std::vector<float> scaled = run(Precision::fp16, LossScaleOptions{}.init_scale);
+  const std::vector<float> scaled = run(Precision::fp16, LossScaleOptions{}.initial_scale());
   double ref_norm = 0;
   for (float v : ref) ref_norm += double(v) * v;
   ASSERT_GT(ref_norm, 0);

@@ -10,7 +10,7 @@
 //            the scale multiplied by backoff_factor (0.5); after growth_interval (2000)
 //            consecutive finite steps it is multiplied by growth_factor (2).
 //   adaptive layer-wise scaling (Zhao, Vogel, Ahmed 2019): the loss gradient starts at
-//            init_scale (default 1 in this mode) and every Conv/Linear backward multiplies the
+//            init_scale (1 unless set) and every Conv/Linear backward multiplies the
 //            gradient it passes on by its own power-of-two factor, derived from the statistics of
 //            its incoming gradient and weights; parameter gradients are divided by the scale
 //            their layer saw. Non-finite steps are skipped and the initial scale backs off as in
@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "dfp/float16.hpp"
@@ -31,7 +32,10 @@ LossScaleMode parse_loss_scale_mode(const std::string& text, const std::string& 
 
 struct LossScaleOptions {
   LossScaleMode mode = LossScaleMode::none;
-  double init_scale = 65536.0;   // static: the scale; dynamic: the first scale
+  // static: the scale; dynamic and adaptive: the first scale. Unset: the mode's default, 2^16
+  // (GradScaler's) for static and dynamic, 1 for adaptive (its per-layer factors do the work).
+  std::optional<double> init_scale;
+  double initial_scale() const noexcept;
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int growth_interval = 2000;

@@ -21,6 +21,7 @@
 
 #include "dfp/conv.hpp"
 #include "dfp/float16.hpp"
+#include "dfp/loss_scale.hpp"
 
 namespace dfp {
 
@@ -174,11 +175,13 @@ class Model {
   // set_loss_scale). Returns false when any parameter gradient is not finite (the optimizer step
   // must then be skipped; with loss scaling this is the overflow signal).
   bool backward();
-  // Loss scaling: the loss gradient is multiplied by `scale` before the backward pass and every
-  // parameter gradient divided by the scale its layer saw. adaptive: each Conv/Linear backward
-  // multiplies the gradient it passes on by its own power-of-two factor (Zhao et al. 2019;
-  // include/dfp/loss_scale.hpp), bounded by max_factor per layer and max_scale accumulated.
-  void set_loss_scale(double scale, bool adaptive = false, double max_factor = 16, double max_scale = 1024);
+  // Loss scaling: the loss gradient is multiplied by `scale` (the LossScaler's, set every step)
+  // before the backward pass, and every parameter gradient divided by the scale its layer saw.
+  void set_loss_scale(double scale);
+  // Once, before training: with mode adaptive each Conv/Linear backward multiplies the gradient
+  // it passes on by its own power-of-two factor (Zhao et al. 2019; include/dfp/loss_scale.hpp),
+  // bounded by adaptive_max_factor per layer and adaptive_max_scale accumulated.
+  void set_loss_scaling(const LossScaleOptions& options);
   // Sample rounding statistics every `interval` training steps (0: never).
   void set_numerics_interval(int interval);
   // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed

@@ -68,7 +68,7 @@ float to_float(const std::string& flag, const std::string& v) { return parse_num
 // false when `a` is not one of them. `keep_fp32` collects --keep-fp32 lists (applied by
 // finish_policy, so that the order of flags does not matter).
 struct ScaleFlags {
-  bool mode_set = false, value_set = false;
+  bool mode_set = false;
 };
 
 bool policy_flag(const std::string& a, Args& args, dfp::TrainConfig& c, std::string& keep_fp32, ScaleFlags& scale_set) {
@@ -103,7 +103,6 @@ bool policy_flag(const std::string& a, Args& args, dfp::TrainConfig& c, std::str
     scale_set.mode_set = true;
   } else if (a == "--loss-scale") {
     c.loss_scale.init_scale = to_float(a, args.value(a));
-    scale_set.value_set = true;
     if (!scale_set.mode_set) c.loss_scale.mode = dfp::LossScaleMode::fixed;  // apex: a number means static
   } else if (a == "--scale-growth-interval") c.loss_scale.growth_interval = to_int(a, args.value(a));
   else return false;
@@ -115,8 +114,6 @@ void finish_policy(dfp::TrainConfig& c, const std::string& keep_fp32, const Scal
   std::string item;
   while (std::getline(ss, item, ','))
     if (!item.empty()) c.policy.overrides.emplace_back(item, dfp::Precision::fp32);
-  // Adaptive scaling starts from 1 unless a scale was given (its per-layer factors do the work).
-  if (c.loss_scale.mode == dfp::LossScaleMode::adaptive && !scale.value_set) c.loss_scale.init_scale = 1;
   c.policy.validate("flags");
 }
 

@@ -492,13 +492,15 @@ StepResult Model::forward(const float* x, const int32_t* y, int count, bool trai
   return impl_->forward(x, y, count, train);
 }
 bool Model::backward() { return impl_->backward(); }
-void Model::set_loss_scale(double scale, bool adaptive, double max_factor, double max_scale) {
+void Model::set_loss_scale(double scale) {
   DFP_CHECK(std::isfinite(scale) && scale > 0, Status::invalid_argument,
             "model '" + impl_->name + "': loss scale expected positive and finite, got " + std::to_string(scale));
   impl_->loss_scale = scale;
-  impl_->adaptive = adaptive;
-  impl_->adaptive_opts.max_factor = max_factor;
-  impl_->adaptive_opts.max_scale = max_scale;
+}
+void Model::set_loss_scaling(const LossScaleOptions& o) {
+  impl_->adaptive = o.mode == LossScaleMode::adaptive;
+  impl_->adaptive_opts.max_factor = o.adaptive_max_factor;
+  impl_->adaptive_opts.max_scale = o.adaptive_max_scale;
 }
 void Model::set_numerics_interval(int interval) { impl_->numerics_interval = std::max(0, interval); }
 void Model::weights_updated() { impl_->weights_updated(); }
