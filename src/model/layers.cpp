@@ -71,10 +71,11 @@ constexpr size_t kChunk = size_t(1) << 15;  // elements per parallel task; also 
 // Per-step stochastic key of one tensor class of one layer.
 uint32_t step_key(uint64_t seed, uint64_t step) { return simd::stochastic_key(seed ^ (step * 0x9E3779B97F4A7C15ULL)); }
 
-// dst = src rounded to `f` (FP32 values) on the context's threads. Chunked stream indices keep
-// stochastic results independent of the thread count.
-void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* dst, size_t n, Rounding r, uint32_t key) {
-  const simd::RoundToFn fn = f == FloatFormat::bf16 ? ctx.kernels().round_bf16.fn : ctx.kernels().round_fp16.fn;
+// Runs a conversion kernel over n elements in kChunk pieces on the context's threads. Each
+// piece's stochastic stream starts at its element index, so results do not depend on the thread
+// count.
+template <class Kernel, class Dst>
+void convert_tensor(const Context& ctx, Kernel fn, const float* src, Dst* dst, size_t n, Rounding r, uint32_t key) {
   ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
     for (int64_t c = b; c < e; ++c) {
       const size_t i = size_t(c) * kChunk;
@@ -82,14 +83,14 @@ void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* ds
     }
   });
 }
+// dst = src rounded to `f` (FP32 values).
+void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* dst, size_t n, Rounding r, uint32_t key) {
+  convert_tensor(ctx, f == FloatFormat::bf16 ? ctx.kernels().round_bf16.fn : ctx.kernels().round_fp16.fn, src, dst, n,
+                 r, key);
+}
+// dst = the BF16 bit patterns of src.
 void to_bf16_tensor(const Context& ctx, const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key) {
-  const simd::ToHalfFn fn = ctx.kernels().to_bf16.fn;
-  ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) {
-      const size_t i = size_t(c) * kChunk;
-      fn(src + i, dst + i, std::min(kChunk, n - i), r, key, i);
-    }
-  });
+  convert_tensor(ctx, ctx.kernels().to_bf16.fn, src, dst, n, r, key);
 }
 
 // Rounding statistics of x against its BF16 bit patterns.
@@ -238,6 +239,14 @@ class WeightedLayer : public Layer {
       q_->set_step(step);
       q_->set_weights(w_.data());
     } else if (float_) {
+      // Weight statistics of adaptive loss scaling: once per weight version, here, not per backward.
+      double sq = 0, mx = 0;
+      for (float v : w_) {
+        sq += double(v) * v;
+        mx = std::max(mx, double(std::fabs(v)));
+      }
+      w_mean_sq_ = sq / double(w_.size());
+      w_max_abs_ = mx;
       const float* w = w_.data();
       if (fmt_.weights != FloatFormat::fp32) {
         round_tensor(*ctx_, fmt_.weights, w_.data(), wr_.data(), w_.size(), cls_.weights.rounding,
@@ -279,11 +288,8 @@ class WeightedLayer : public Layer {
       in.g_max_abs = std::max(in.g_max_abs, std::fabs(v));
     }
     in.g_mean_sq /= count;
-    for (float v : w_) {
-      in.w_mean_sq += double(v) * v;
-      in.w_max_abs = std::max(in.w_max_abs, double(std::fabs(v)));
-    }
-    in.w_mean_sq /= double(w_.size());
+    in.w_mean_sq = w_mean_sq_;
+    in.w_max_abs = w_max_abs_;
     in.fan_in = fan_in_;
     in.scale_so_far = scale_so_far;
     return adaptive_layer_factor(in, fmt_.gradients, opts.max_factor, opts.max_scale);
@@ -361,6 +367,7 @@ class WeightedLayer : public Layer {
   DfpConvOptions cls_;                         // rounding and stochastic seeds per class
   AlignedBuffer<float> wr_, xr_, dyr_;         // rounded operands (xr_ is kept for the weight gradient)
   AlignedBuffer<uint16_t> xb_, dyb_;           // native BF16 operands
+  double w_mean_sq_ = 0, w_max_abs_ = 0;       // of the current weights (adaptive loss scaling)
   SampledNumerics sample_;
 };
 
@@ -684,16 +691,10 @@ class Pool final : public Layer {
         for (int ow = 0; ow < out_.w; ++ow) {
           float acc[16];
           for (int l = 0; l < 16; ++l) acc[l] = max_ ? -std::numeric_limits<float>::infinity() : 0.f;
-          for (int r = 0; r < k_; ++r) {
-            const int ih = oh * s_ + r - p_;
-            if (ih < 0 || ih >= in_.h) continue;
-            for (int c = 0; c < k_; ++c) {
-              const int iw = ow * s_ + c - p_;
-              if (iw < 0 || iw >= in_.w) continue;
-              const float* v = p + (size_t(ih) * in_.w + iw) * 16;
-              for (int l = 0; l < 16; ++l) acc[l] = max_ ? std::max(acc[l], v[l]) : acc[l] + v[l];
-            }
-          }
+          for_window(oh, ow, [&](size_t off) {
+            const float* v = p + off;
+            for (int l = 0; l < 16; ++l) acc[l] = max_ ? std::max(acc[l], v[l]) : acc[l] + v[l];
+          });
           float* o = q + (size_t(oh) * out_.w + ow) * 16;
           const float inv = 1.f / float(k_ * k_);  // count_include_pad, as PyTorch's default
           for (int l = 0; l < 16; ++l) o[l] = max_ ? acc[l] : acc[l] * inv;
@@ -715,27 +716,35 @@ class Pool final : public Layer {
           const float* go = g + (size_t(oh) * out_.w + ow) * 16;
           const float* yo = q + (size_t(oh) * out_.w + ow) * 16;
           bool taken[16] = {};  // max: the first maximum in window order gets the gradient
-          for (int r = 0; r < k_; ++r) {
-            const int ih = oh * s_ + r - p_;
-            if (ih < 0 || ih >= in_.h) continue;
-            for (int c = 0; c < k_; ++c) {
-              const int iw = ow * s_ + c - p_;
-              if (iw < 0 || iw >= in_.w) continue;
-              const size_t off = (size_t(ih) * in_.w + iw) * 16;
-              for (int l = 0; l < 16; ++l) {
-                if (max_) {
-                  if (!taken[l] && p[off + l] == yo[l]) { d[off + l] += go[l]; taken[l] = true; }
-                } else {
-                  d[off + l] += go[l] * inv;
-                }
+          for_window(oh, ow, [&](size_t off) {
+            for (int l = 0; l < 16; ++l) {
+              if (max_) {
+                if (!taken[l] && p[off + l] == yo[l]) { d[off + l] += go[l]; taken[l] = true; }
+              } else {
+                d[off + l] += go[l] * inv;
               }
             }
-          }
+          });
         }
     });
   }
 
  private:
+  // Calls f(offset of the input pixel within a channel-block plane) for every in-bounds tap of
+  // output pixel (oh, ow), in window order (row-major), which decides max-pool ties.
+  template <class F>
+  void for_window(int oh, int ow, F&& f) const {
+    for (int r = 0; r < k_; ++r) {
+      const int ih = oh * s_ + r - p_;
+      if (ih < 0 || ih >= in_.h) continue;
+      for (int c = 0; c < k_; ++c) {
+        const int iw = ow * s_ + c - p_;
+        if (iw < 0 || iw >= in_.w) continue;
+        f((size_t(ih) * in_.w + iw) * 16);
+      }
+    }
+  }
+
   bool max_;
   int k_, s_, p_;
   bool ceil_;
