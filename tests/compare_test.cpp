@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "src/report/report.hpp"
+#include "tests/common/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -42,13 +43,13 @@ std::string last_field(const fs::path& metrics, const std::string& key) {
 TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
-  const fs::path out = fs::temp_directory_path() / ("dfp_compare_" + std::to_string(getpid()));
-  fs::remove_all(out);
+  const dfp::test::TempDir dir("dfp_compare_");
+  const fs::path out = dir.path() / "cmp";
   const std::string cmd = std::string("'") + DFP_CLI +
                           "' compare --model lenet --epochs 2 --batch-size 32 --limit-train 256 --limit-test 64 "
                           "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16 --out '" +
-                          out.string() + "' > '" + out.string() + ".log' 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(out.string() + ".log");
+                          out.string() + "' > '" + dir.file("compare.log") + "' 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir.file("compare.log"));
   const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16"};
   for (const std::string& l : labels) {
     EXPECT_TRUE(fs::exists(out / l / "metrics.jsonl")) << l;
@@ -91,6 +92,4 @@ TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
   // The FP16 run with dynamic scaling started at GradScaler's 2^16; the unscaled ones stay at 1.
   EXPECT_EQ(std::stod(last_field(out / "fp16-none" / "metrics.jsonl", "loss_scale")), 1.0);
   EXPECT_GE(std::stod(last_field(out / "fp16" / "metrics.jsonl", "loss_scale")), 1024.0);
-  fs::remove_all(out);
-  fs::remove(out.string() + ".log");
 }

@@ -25,6 +25,7 @@
 #include "dfp/conv.hpp"
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
+#include "tests/common/temp_dir.hpp"
 #include "src/counter_rng.hpp"
 #include "src/jpeg.hpp"
 
@@ -42,25 +43,10 @@ Context& ctx2() {
   return c;
 }
 
-// A fresh directory under the system temp dir, removed with everything in it.
-class TempDir {
+// Fixture directories of this suite (tests/common/temp_dir.hpp).
+class TempDir : public test::TempDir {
  public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("dfp_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
+  TempDir() : test::TempDir("dfp_data_test_") {}
 };
 
 void put_be32(std::vector<uint8_t>& v, uint32_t x) {

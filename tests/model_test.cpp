@@ -22,6 +22,7 @@
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
+#include "tests/common/temp_dir.hpp"
 #include "tests/common/tolerance.hpp"
 
 using namespace dfp;
@@ -381,8 +382,8 @@ TEST(Bf16, WriteOneStep) {
 
 TEST(Bf16, EmulationGivesTheSameBits) {
   if (!detect_cpu_features().avx512bf16) GTEST_SKIP() << "CPU lacks AVX512_BF16: both runs would be emulated";
-  const std::string dir = std::filesystem::temp_directory_path() / ("dfp_bf16_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  const test::TempDir tmp("dfp_bf16_");
+  const std::string dir = tmp.str();
   const std::string self = std::filesystem::read_symlink("/proc/self/exe");
   auto run = [&](const std::string& isa, const std::string& file) {
     const std::string cmd = (isa.empty() ? "" : "ONEDNN_MAX_CPU_ISA=" + isa + " ") + "ONEDNN_VERBOSE=1 DFP_TEST_BF16_OUT='" +
@@ -401,7 +402,6 @@ TEST(Bf16, EmulationGivesTheSameBits) {
   const std::string a = slurp(dir + "/native"), b = slurp(dir + "/emulated");
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "BF16 gradients differ between native and emulated runs";
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Training, SameSeedSameBits) {
@@ -446,11 +446,6 @@ TEST(Schedule, WarmupCosineStepMultistep) {
 
 namespace {
 bool have_fashion_mnist() { return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
-std::string temp_dir(const std::string& tag) {
-  auto d = std::filesystem::temp_directory_path() / ("dfp_test_" + tag + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  return d.string();
-}
 std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -487,7 +482,8 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   TrainConfig c = lenet_config(Precision::int16, 3, 32, 640, 128);
   c.policy.dfp.gradients.rounding = Rounding::stochastic;
-  const std::string a = temp_dir("a"), b = temp_dir("b");
+  const test::TempDir ta("dfp_test_a_"), tb("dfp_test_b_");
+  const std::string a = ta.str(), b = tb.str();
   c.out = a;
   train(c, nullptr);
   c.out = b;
@@ -528,6 +524,4 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
   const EvalResult r = evaluate_checkpoint(a + "/checkpoint.dfp", "", 2, nullptr);
   EXPECT_EQ(r.images, 10000);  // eval uses the whole test split
   EXPECT_GT(r.top1, 40.0);
-  std::filesystem::remove_all(a);
-  std::filesystem::remove_all(b);
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dfp/status.hpp"
+#include "tests/common/temp_dir.hpp"
 #include "src/report/json.hpp"
 #include "src/report/report.hpp"
 
@@ -25,24 +26,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory (with a space in its name, as users' paths may have) removed afterwards.
-class TempDir {
+// Fixture directories of this suite (tests/common/temp_dir.hpp).
+class TempDir : public test::TempDir {
  public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("dfp report test " + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+  TempDir() : test::TempDir("dfp report test ") {}
 };
 
 // Sets an environment variable for one scope and restores it.

@@ -497,6 +497,17 @@ void check_labels(const int32_t* labels, int count, int classes) {
 }
 }  // namespace
 
+namespace {
+StepResult to_result(const StepStats& s, int count) {
+  StepResult r;
+  r.count = count;
+  r.loss = s.loss / count;
+  r.correct1 = s.correct1;
+  r.correct5 = s.correct5;
+  return r;
+}
+}  // namespace
+
 StepResult Executor::train_step(const float* images, const int32_t* labels, int count, float lr, LossScaler& scaler) {
   DFP_CHECK(count == batch_, Status::invalid_argument,
             "CUDA device: training batches must be full (" + std::to_string(batch_) + " images), got " +
@@ -516,12 +527,7 @@ StepResult Executor::train_step(const float* images, const int32_t* labels, int 
   if (scaler.update(finite))
     be_->run(SgdCastArgs{segs_, int(params_.size()), w_, g_, v_, wdev_, lr, sgd_.momentum, sgd_.nesterov}, total_);
   ++step_;
-  StepResult r;
-  r.count = count;
-  r.loss = s.loss / count;
-  r.correct1 = s.correct1;
-  r.correct5 = s.correct5;
-  return r;
+  return to_result(s, count);
 }
 
 StepResult Executor::evaluate(const float* images, const int32_t* labels, int count) {
@@ -534,12 +540,7 @@ StepResult Executor::evaluate(const float* images, const int32_t* labels, int co
   DFP_CHECK(s.nonfinite_logits == 0, Status::numerical_error,
             "CUDA device: non-finite logits for " + std::to_string(s.nonfinite_logits) + " of " + std::to_string(count) +
                 " images in evaluation");
-  StepResult r;
-  r.count = count;
-  r.loss = s.loss / count;
-  r.correct1 = s.correct1;
-  r.correct5 = s.correct5;
-  return r;
+  return to_result(s, count);
 }
 
 }  // namespace dfp::cuda

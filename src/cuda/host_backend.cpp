@@ -70,51 +70,47 @@ class HostBackend final : public Backend {
     }
   }
 
-  void conv_fwd(int id, const void* xv, const void* wv, void* yv) override {
-    const ConvDims& d = convs_.at(id);
-    const float *x = static_cast<const float*>(xv), *w = static_cast<const float*>(wv);
-    float* y = static_cast<float*>(yv);
+  // Calls f(y_off, x_off, w_off) for every (output element, in-bounds tap) of convolution d, in
+  // the order n, oh, ow, k, r, s: the element offsets of y[n][oh][ow][k] (NHWC), of channel 0 of
+  // the input pixel x[n][ih][iw] (NHWC) and of channel 0 of w[k][r][s] (KRSC).
+  template <class F>
+  static void for_each_tap(const ConvDims& d, F&& f) {
     for (int n = 0; n < d.N; ++n)
       for (int oh = 0; oh < d.OH; ++oh)
         for (int ow = 0; ow < d.OW; ++ow)
           for (int k = 0; k < d.K; ++k) {
-            double acc = 0;
+            const size_t y_off = nhwc_index(d.OH, d.OW, d.K, n, oh, ow, k);
             for (int r = 0; r < d.R; ++r) {
               const int ih = oh * d.stride + r - d.pad;
               if (ih < 0 || ih >= d.H) continue;
               for (int s = 0; s < d.S; ++s) {
                 const int iw = ow * d.stride + s - d.pad;
                 if (iw < 0 || iw >= d.W) continue;
-                const float* xp = x + nhwc_index(d.H, d.W, d.C, n, ih, iw, 0);
-                const float* wp = w + ((size_t(k) * d.R + r) * d.S + s) * d.C;
-                for (int c = 0; c < d.C; ++c) acc += double(xp[c]) * wp[c];
+                f(y_off, nhwc_index(d.H, d.W, d.C, n, ih, iw, 0), ((size_t(k) * d.R + r) * d.S + s) * d.C);
               }
             }
-            y[nhwc_index(d.OH, d.OW, d.K, n, oh, ow, k)] = float(acc);
           }
+  }
+
+  void conv_fwd(int id, const void* xv, const void* wv, void* yv) override {
+    const ConvDims& d = convs_.at(id);
+    const float *x = static_cast<const float*>(xv), *w = static_cast<const float*>(wv);
+    float* y = static_cast<float*>(yv);
+    std::vector<double> acc(size_t(d.N) * d.OH * d.OW * d.K, 0.0);
+    for_each_tap(d, [&](size_t yo, size_t xo, size_t wo) {
+      for (int c = 0; c < d.C; ++c) acc[yo] += double(x[xo + c]) * w[wo + c];
+    });
+    for (size_t i = 0; i < acc.size(); ++i) y[i] = float(acc[i]);
   }
   void conv_bwd_data(int id, const void* wv, const void* dyv, void* dxv, bool accumulate) override {
     const ConvDims& d = convs_.at(id);
     const float *w = static_cast<const float*>(wv), *dy = static_cast<const float*>(dyv);
     float* dx = static_cast<float*>(dxv);
     std::vector<double> acc(size_t(d.N) * d.H * d.W * d.C, 0.0);
-    for (int n = 0; n < d.N; ++n)
-      for (int oh = 0; oh < d.OH; ++oh)
-        for (int ow = 0; ow < d.OW; ++ow)
-          for (int k = 0; k < d.K; ++k) {
-            const double g = dy[nhwc_index(d.OH, d.OW, d.K, n, oh, ow, k)];
-            for (int r = 0; r < d.R; ++r) {
-              const int ih = oh * d.stride + r - d.pad;
-              if (ih < 0 || ih >= d.H) continue;
-              for (int s = 0; s < d.S; ++s) {
-                const int iw = ow * d.stride + s - d.pad;
-                if (iw < 0 || iw >= d.W) continue;
-                double* ap = acc.data() + nhwc_index(d.H, d.W, d.C, n, ih, iw, 0);
-                const float* wp = w + ((size_t(k) * d.R + r) * d.S + s) * d.C;
-                for (int c = 0; c < d.C; ++c) ap[c] += g * wp[c];
-              }
-            }
-          }
+    for_each_tap(d, [&](size_t yo, size_t xo, size_t wo) {
+      const double g = dy[yo];
+      for (int c = 0; c < d.C; ++c) acc[xo + c] += g * w[wo + c];
+    });
     for (size_t i = 0; i < acc.size(); ++i) dx[i] = float(acc[i] + (accumulate ? dx[i] : 0.0));
   }
   void conv_bwd_filter(int id, const void* xv, const void* dyv, void* dwv) override {
@@ -122,23 +118,10 @@ class HostBackend final : public Backend {
     const float *x = static_cast<const float*>(xv), *dy = static_cast<const float*>(dyv);
     float* dw = static_cast<float*>(dwv);
     std::vector<double> acc(size_t(d.K) * d.R * d.S * d.C, 0.0);
-    for (int n = 0; n < d.N; ++n)
-      for (int oh = 0; oh < d.OH; ++oh)
-        for (int ow = 0; ow < d.OW; ++ow)
-          for (int k = 0; k < d.K; ++k) {
-            const double g = dy[nhwc_index(d.OH, d.OW, d.K, n, oh, ow, k)];
-            for (int r = 0; r < d.R; ++r) {
-              const int ih = oh * d.stride + r - d.pad;
-              if (ih < 0 || ih >= d.H) continue;
-              for (int s = 0; s < d.S; ++s) {
-                const int iw = ow * d.stride + s - d.pad;
-                if (iw < 0 || iw >= d.W) continue;
-                const float* xp = x + nhwc_index(d.H, d.W, d.C, n, ih, iw, 0);
-                double* ap = acc.data() + ((size_t(k) * d.R + r) * d.S + s) * d.C;
-                for (int c = 0; c < d.C; ++c) ap[c] += g * xp[c];
-              }
-            }
-          }
+    for_each_tap(d, [&](size_t yo, size_t xo, size_t wo) {
+      const double g = dy[yo];
+      for (int c = 0; c < d.C; ++c) acc[wo + c] += g * x[xo + c];
+    });
     for (size_t i = 0; i < acc.size(); ++i) dw[i] = float(acc[i]);
   }
   void gemm(bool ta, bool tb, int M, int N, int K, const void* Av, int lda, const void* Bv, int ldb, void* Cv,
