@@ -8,51 +8,23 @@
 #include <string>
 #include <vector>
 
-#include "dfp/context.hpp"
-#include "dfp/models.hpp"
-#include "dfp/optim.hpp"
+#include "bench/train_case.hpp"
 #include "src/openmp_env.hpp"
 
 namespace {
 
-struct Config {
-  const char* model;
-  int batch, c, h, w, classes;
-};
+using Config = dfp::bench::TrainCase;
 
-// FP16 runs with GradScaler's dynamic loss scale (as torch.amp users train), the others unscaled.
 void train_step(benchmark::State& state, Config cfg, dfp::Precision precision, int threads) {
   dfp::ContextOptions o;
   o.threads = threads;
   dfp::Context ctx(o);
-  dfp::Model m(ctx, cfg.model);
-  dfp::build_model(m, cfg.model, cfg.c, cfg.h, cfg.w, cfg.classes);
-  dfp::PrecisionPolicy p;
-  p.precision = precision;
-  m.build(cfg.batch, p);
-  dfp::Sgd sgd(ctx, m, {0.9f, 5e-4f, false});
-  if (precision == dfp::Precision::fp16) m.set_loss_scale(65536);
-  std::vector<float> nchw(size_t(cfg.batch) * cfg.c * cfg.h * cfg.w);
-  std::mt19937 g(1);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& v : nchw) v = nd(g);
-  std::vector<float> x(dfp::blocked_size(cfg.batch, cfg.c, cfg.h, cfg.w));
-  dfp::to_blocked(nchw.data(), x.data(), cfg.batch, cfg.c, cfg.h, cfg.w);
-  std::vector<int32_t> y(cfg.batch);
-  for (int i = 0; i < cfg.batch; ++i) y[i] = i % cfg.classes;
-  for (int i = 0; i < 2; ++i) {  // warm-up
-    m.forward(x.data(), y.data(), cfg.batch, true);
-    m.backward();
-    sgd.step(0.01f);
-  }
-  for (auto _ : state) {
-    m.forward(x.data(), y.data(), cfg.batch, true);
-    m.backward();
-    sgd.step(0.01f);
-  }
+  const dfp::bench::TrainBatch batch(cfg);
+  dfp::bench::TrainRun run(ctx, cfg, precision);
+  for (int i = 0; i < 2; ++i) run.step(batch, cfg.batch);  // warm-up
+  for (auto _ : state) run.step(batch, cfg.batch);
   state.counters["img_per_s"] = benchmark::Counter(double(cfg.batch), benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string(cfg.model) + " " + dfp::precision_name(precision) + " b" + std::to_string(cfg.batch) +
-                 " " + std::to_string(cfg.c) + "x" + std::to_string(cfg.h) + "x" + std::to_string(cfg.w));
+  state.SetLabel(dfp::bench::case_label(cfg, precision));
 }
 
 }  // namespace

@@ -110,8 +110,10 @@ struct PairKernelArgs {
 };
 
 // ---- element-wise FP32 (ReLU, residual add) ---------------------------------------------------
-using ReluFwdFn = void (*)(const float* x, float* y, size_t n);                    // y = max(x, 0)
-using ReluBwdFn = void (*)(const float* y, const float* dy, float* dx, size_t n);  // dx = y > 0 ? dy : 0
+// ReLU keeps one bit per element for its backward pass (bit i % 16 of mask[i / 16] is x[i] > 0)
+// instead of its FP32 output: 1/32 of the memory, and backward reads 1/32 of the bytes.
+using ReluFwdFn = void (*)(const float* x, float* y, uint16_t* mask, size_t n);  // y = x > 0 ? x : 0
+using ReluBwdFn = void (*)(const uint16_t* mask, const float* dy, float* dx, size_t n);  // dx = bit ? dy : 0
 using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);        // y = a + b
 
 // ---- BF16 / FP16 storage (include/dfp/float16.hpp is the specification) -----------------------
@@ -161,8 +163,8 @@ void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
 void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
 void conv_s16_pixel(const PixelKernelArgs& a);
 void conv_s16_pair(const PairKernelArgs& a);
-void relu_fwd(const float* x, float* y, size_t n);
-void relu_bwd(const float* y, const float* dy, float* dx, size_t n);
+void relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
+void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n);
 void add(const float* a, const float* b, float* y, size_t n);
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
@@ -177,8 +179,8 @@ void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding r
               uint64_t index_base, QuantCounters* counters);
 void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
 void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
-void relu_fwd(const float* x, float* y, size_t n);
-void relu_bwd(const float* y, const float* dy, float* dx, size_t n);
+void relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
+void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n);
 void add(const float* a, const float* b, float* y, size_t n);
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);

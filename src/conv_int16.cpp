@@ -4,12 +4,15 @@
 // Layouts (int16 unless noted; lanes are 16 channels; "pair" = two int16 that one VPDPWSSD lane
 // multiplies-and-adds):
 //   xq   [N][CB][Hp][Wp][16]       x, zero border of (pad_h, pad_w): FPROP operand, pairs along C
-//   xp   [NP][CB][Hp][Wp][16][2]   x, images 2n and 2n+1 interleaved: WTGRAD operand, pairs along N
+//   xp   [NP][CB][H][W][16][2]     x, images 2n and 2n+1 interleaved: WTGRAD operand, pairs along N
+//                                  (the saved activation; no border: WTGRAD clips each tap instead)
 //   dyq  [N][KB][OHb][OWb][16]     dy, zero border sized for the backward-data taps: BPROP operand
-//   dyp  [NP][KB][OH][OW][16][2]   dy, batch pairs: WTGRAD operand
+//   dy pairs [rows][cols][16][2]   dy, batch pairs: WTGRAD operand, interleaved from dyq a few rows
+//                                  at a time into a stack tile (fully connected: dyp, whole)
 //   wf   [KB][CB][R*S][8][16][2]   w, lanes = 16 output channels, pairs along C (FPROP)
 //   wb   [CB][KB][R*S][8][16][2]   w, lanes = 16 input channels, pairs along K (BPROP)
-// Borders are zeroed once at planning and never written, so quantization writes interiors only.
+// xq and dyq live in a workspace that other operators may share, so quantization writes their
+// borders as well as their interiors.
 //
 // Backward-data with stride s is split into s*s phases (output pixels with equal residues mod s);
 // each phase is a stride-1 correlation of dy with the subset of taps that reach it, so no work is
@@ -38,6 +41,7 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
+constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
 
 struct Phase {
@@ -108,10 +112,19 @@ struct ConvInt16::Impl {
   RowBlocks fwd_blocks;
   std::vector<RowBlocks> phase_blocks;
 
-  AlignedBuffer<int16_t> xq, xp, dyq, dyp, wq, wf, wb;
-  AlignedBuffer<float> dw_part;
+  // xp (the batch-pair copy of x) is the activation saved for the weight gradient and persists
+  // from forward to backward. The rest is transient and lives in the workspace: xq during the
+  // forward pass; dyq, dyp and dw_part during the backward passes.
+  AlignedBuffer<int16_t> xp, wf, wb;
+  int16_t* wq = nullptr;  // the unpacked DFP16 weights, in the workspace while set_weights() packs them
+  std::vector<std::pair<int, int>> tap_rows, tap_cols;  // per kernel row / column: valid output range
+  int16_t *xq = nullptr, *dyq = nullptr, *dyp = nullptr;
+  float* dw_part = nullptr;
+  size_t xq_bytes = 0, dyq_bytes = 0, dyp_bytes = 0, dw_part_bytes = 0, wq_bytes = 0;
+  AlignedBuffer<std::byte> own_workspace;  // unless the caller provides one
+  bool shared_workspace = false;
   int64_t wf_unit_l1 = 0, wf_pair_l1 = 0, wb_unit_l1 = 0, wb_pair_l1 = 0;
-  bool have_w = false, have_x = false, have_dy = false;
+  bool have_w = false, have_x = false, have_x_fwd = false, have_dy = false;
   uint64_t step = 0;
 
   // The stochastic stream of one quantization: the base seed mixed with the step.
@@ -157,14 +170,60 @@ struct ConvInt16::Impl {
       phase_blocks.push_back(std::move(rb));
     }
 
-    xq = AlignedBuffer<int16_t>(size_t(sh.N) * CB * Hp * Wp * 16);
-    xp = AlignedBuffer<int16_t>(size_t(NP) * CB * Hp * Wp * 32);
-    dyq = AlignedBuffer<int16_t>(size_t(sh.N) * KB * OHb * OWb * 16);
-    dyp = AlignedBuffer<int16_t>(size_t(NP) * KB * OH * OW * 32);
-    wq = AlignedBuffer<int16_t>(size_t(sh.K) * sh.C * T);
+    // Unpadded: the weight gradient clips each tap's positions to where x is inside the image
+    // (padding taps contribute zero), so the saved activation carries no border.
+    xp = AlignedBuffer<int16_t>(size_t(NP) * CB * sh.H * sh.W * 32);
+    for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
+    for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
+    wq_bytes = round64(size_t(sh.K) * sh.C * T * sizeof(int16_t));
     wf = AlignedBuffer<int16_t>(size_t(KB) * CB * T * 256);
     wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
-    dw_part = AlignedBuffer<float>(size_t(wgrad_partials()) * KB * 16 * T * CB * 16);
+    xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
+    dyq_bytes = round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t));
+    dyp_bytes = gemm ? round64(size_t(NP) * KB * 32 * sizeof(int16_t)) : 0;
+    dw_part_bytes = round64(size_t(wgrad_partials()) * KB * 16 * T * CB * 16 * sizeof(float));
+    use_workspace(nullptr);
+  }
+
+  static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
+  // Output positions o in [lo, hi) whose input o * stride + tap - pad lies in [0, in).
+  static std::pair<int, int> valid_outputs(int tap, int pad, int stride, int in, int out) {
+    int lo = 0, hi = out;
+    while (lo < out && lo * stride + tap - pad < 0) ++lo;
+    while (hi > lo && (hi - 1) * stride + tap - pad >= in) --hi;
+    return {lo, hi};
+  }
+  size_t backward_bytes() const { return dyq_bytes + dyp_bytes + dw_part_bytes; }
+  // A shared workspace holds x's forward copy, dy's copies and the unpacked weights in the same
+  // bytes; an owned one keeps them apart, so a standalone operator may run its passes in any order.
+  size_t workspace_bytes() const { return std::max({xq_bytes, backward_bytes(), wq_bytes}); }
+  // nullptr: the operator owns its region, allocated on first use (not here: a Model builds all
+  // its operators before handing them the shared one).
+  void use_workspace(void* shared) {
+    std::byte* p = static_cast<std::byte*>(shared);
+    DFP_CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0, Status::invalid_argument,
+              "convolution '" + name + "': workspace must be 64-byte aligned");
+    own_workspace = AlignedBuffer<std::byte>();
+    xq = dyq = dyp = wq = nullptr;
+    dw_part = nullptr;
+    if (p) {
+      dyq = reinterpret_cast<int16_t*>(p);
+      dyp = reinterpret_cast<int16_t*>(p + dyq_bytes);
+      dw_part = reinterpret_cast<float*>(p + dyq_bytes + dyp_bytes);
+      wq = xq = reinterpret_cast<int16_t*>(p);
+    }
+    shared_workspace = p != nullptr;
+    have_x_fwd = have_dy = false;
+  }
+  void ensure_workspace() {
+    if (dyq) return;
+    own_workspace = AlignedBuffer<std::byte>(backward_bytes() + wq_bytes + xq_bytes);
+    std::byte* p = own_workspace.data();
+    dyq = reinterpret_cast<int16_t*>(p);
+    dyp = reinterpret_cast<int16_t*>(p + dyq_bytes);
+    dw_part = reinterpret_cast<float*>(p + dyq_bytes + dyp_bytes);
+    wq = reinterpret_cast<int16_t*>(p + backward_bytes());
+    xq = reinterpret_cast<int16_t*>(p + backward_bytes() + wq_bytes);
   }
 
   int slices() const { return std::min(kWgradSlices, NP); }
@@ -231,7 +290,8 @@ struct ConvInt16::Impl {
   // ---- weights ----------------------------------------------------------------------------
   void set_weights(const float* w) {
     const size_t n = size_t(sh.K) * sh.C * T;
-    stats.w = quantize_dfp16(ctx, w, wq.data(), n, at_step(opt.weights));
+    ensure_workspace();
+    stats.w = quantize_dfp16(ctx, w, wq, n, at_step(opt.weights));
     // Pack both layouts and measure the L1 norms that bound the INT32 chains.
     int64_t f_unit = 0, f_pair = 0, b_unit = 0, b_pair = 0;
     auto wv = [&](int k, int c, int t) -> int16_t {
@@ -268,6 +328,7 @@ struct ConvInt16::Impl {
     wb_unit_l1 = b_unit;
     wb_pair_l1 = b_pair;
     have_w = true;
+    if (shared_workspace) have_dy = have_x_fwd = false;  // wq overwrote them
   }
 
   // ---- activations and gradients -----------------------------------------------------------
@@ -307,6 +368,13 @@ struct ConvInt16::Impl {
         const float* s = src + size_t(r) * row_len;
         int16_t* d = dst + ((size_t(img_blk) * hb + y + top) * wb + left) * 16;
         quant(s, d, row_len, e, qo.rounding, qo.seed, size_t(r) * row_len, &cnt);
+        // The zero border: dst is workspace that other operators wrote in between.
+        int16_t* plane = dst + size_t(img_blk) * hb * wb * 16;
+        if (y == 0) std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
+        if (y == h - 1)
+          std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
+        std::memset(d - size_t(left) * 16, 0, size_t(left) * 16 * sizeof(int16_t));
+        std::memset(d + row_len, 0, size_t(wb - left - w) * 16 * sizeof(int16_t));
       }
       saturated.fetch_add(cnt.saturated);
       nonfinite.fetch_add(cnt.nonfinite);
@@ -314,7 +382,7 @@ struct ConvInt16::Impl {
       while (cnt.max_abs_q > cur && !max_q.compare_exchange_weak(cur, cnt.max_abs_q)) {}
     });
     // Batch pairs: rows of images 2p and 2p+1 (absent for odd N: zeros).
-    const int64_t prow = int64_t(NP) * B * h;
+    const int64_t prow = pair ? int64_t(NP) * B * h : 0;
     ctx.parallel_for(prow, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t y = r % h, b = (r / h) % B, p = r / (int64_t(h) * B);
@@ -337,15 +405,19 @@ struct ConvInt16::Impl {
   }
 
   void quantize_input(const float* x, const int* exponent) {
-    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq.data(), Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), Hp, Wp,
-                               sh.pad_h, sh.pad_w, at_step(opt.activations), exponent);
-    have_x = true;
+    ensure_workspace();
+    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
+                               at_step(opt.activations), exponent);
+    have_x = have_x_fwd = true;
+    if (shared_workspace) have_dy = false;  // the workspace now holds x
   }
 
   void quantize_grad_output(const float* dy) {
-    stats.dy = quantize_blocked(dy, KB, OH, OW, dyq.data(), OHb, OWb, pt, pl, dyp.data(), OH, OW, 0, 0,
+    ensure_workspace();
+    stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, gemm ? dyp : nullptr, OH, OW, 0, 0,
                                 at_step(opt.gradients), nullptr);
     have_dy = true;
+    if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
   }
 
   void require(bool ok, const char* pass, const char* what) const {
@@ -360,7 +432,7 @@ struct ConvInt16::Impl {
 
   void forward(float* y) {
     require(have_w, "forward", "set_weights()");
-    require(have_x, "forward", "quantize_input()");
+    require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
     const int chain = opt.chain_override ? opt.chain_override
                                          : pixel_chain(stats.x.max_abs_int, wf_unit_l1, wf_pair_l1);
     stats.chain_fwd = chain;
@@ -394,7 +466,7 @@ struct ConvInt16::Impl {
           const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
           a.nob = std::min(2, KB - 2 * g);
           a.npix = std::min(simd::max_pixels(2), sh.N - n0);
-          a.src = xq.data() + size_t(n0) * CB * 16;
+          a.src = xq + size_t(n0) * CB * 16;
           a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
           a.dst = y + (size_t(n0) * KB + 2 * g) * 16;
           fn(a);
@@ -411,7 +483,7 @@ struct ConvInt16::Impl {
         a.overflow_events = opt.verify ? &ev : nullptr;
         for (int64_t r = r0; r < r1; ++r) {
           const int n = static_cast<int>(r / OH), oh = static_cast<int>(r % OH);
-          const int16_t* src_row = xq.data() + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
+          const int16_t* src_row = xq + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
           for (int g = 0; g < ngroups; ++g) {
             a.nob = std::min(2, KB - 2 * g);
             const auto& bs = a.nob == 2 ? fwd_blocks.start2 : fwd_blocks.start1;
@@ -467,7 +539,7 @@ struct ConvInt16::Impl {
           const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
           a.nob = std::min(2, CB - 2 * g);
           a.npix = std::min(simd::max_pixels(2), sh.N - n0);
-          a.src = dyq.data() + size_t(n0) * KB * 16;
+          a.src = dyq + size_t(n0) * KB * 16;
           a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
           a.dst = dx + (size_t(n0) * CB + 2 * g) * 16;
           fn(a);
@@ -494,7 +566,7 @@ struct ConvInt16::Impl {
         a.tap_src = p.tap_src.data();
         a.tap_wei = p.tap_wei.data();
         a.ntaps = static_cast<int>(p.tap_wei.size());
-        const int16_t* src_row = dyq.data() + (size_t(n) * KB * OHb + i) * OWb * 16;
+        const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
         const int ih = p.ph + i * sh.stride_h;
         for (int g = 0; g < ngroups; ++g) {
           a.nob = std::min(2, CB - 2 * g);
@@ -525,15 +597,16 @@ struct ConvInt16::Impl {
     const int ns = wgrad_partials();
     const size_t part = size_t(KB) * 16 * T * CB * 16;  // [K16][T][C16]
     const int64_t dw_k = int64_t(T) * CB * 16;
-    // Rows of positions per call: enough positions to amortise the flush, few enough to stay in L2.
-    const int chunk_rows = std::max(1, std::min(OH, 128 / std::max(1, OW)));
+    // Tiles of positions per call: enough to amortise the flush; their dy pairs fit a stack tile.
+    const int chunk_cols = std::min(OW, kPairTile);
+    const int chunk_rows = std::max(1, std::min(OH, kPairTile / chunk_cols));
+    const auto inter = ctx.kernels().interleave.fn;
     std::atomic<int64_t> events{0};
     simd::PairKernelArgs base{};
     base.dw_k = dw_k;
     base.nk = 16;
-    base.x_row = int64_t(sh.stride_h) * Wp * 32;
+    base.x_row = int64_t(sh.stride_h) * sh.W * 32;
     base.x_col = int64_t(sh.stride_w) * 32;
-    base.dy_row = int64_t(OW) * 32;
     base.dy_col = 32;
     base.chain = chain;
     base.scale = scale;
@@ -549,27 +622,43 @@ struct ConvInt16::Impl {
         for (int kb = kb0; kb < kb1; ++kb)
           for (int cb = 0; cb < CB; ++cb) {
             g.x = xp.data() + (size_t(p0) * CB + cb) * 32;
-            g.dy = dyp.data() + (size_t(p0) * KB + kb) * 32;
+            g.dy = dyp + (size_t(p0) * KB + kb) * 32;
             g.dw = acc + size_t(kb) * 16 * dw_k + size_t(cb) * 16;
             fn(g);
           }
         return;
       }
+      alignas(64) int16_t tile[kPairTile * 32];  // dy pairs of one tile of positions
       for (int p = p0; p < p1; ++p)
-        for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows) {
-          a.rows = std::min(chunk_rows, OH - oh0);
-          a.cols = OW;
-          for (int kb = kb0; kb < kb1; ++kb) {
-            a.dy = dyp.data() + ((size_t(p) * KB + kb) * OH + oh0) * OW * 32;
-            for (int cb = 0; cb < CB; ++cb)
-              for (int t = 0; t < T; ++t) {
-                const int r = t / sh.S, s2 = t % sh.S;
-                a.x = xp.data() + (((size_t(p) * CB + cb) * Hp + size_t(oh0) * sh.stride_h + r) * Wp + s2) * 32;
-                a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
-                fn(a);
+        for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows)
+          for (int ow0 = 0; ow0 < OW; ow0 += chunk_cols) {
+            const int oh1 = std::min(OH, oh0 + chunk_rows), ow1 = std::min(OW, ow0 + chunk_cols);
+            const int cols = ow1 - ow0;
+            a.dy_row = int64_t(cols) * 32;
+            for (int kb = kb0; kb < kb1; ++kb) {
+              // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps.
+              for (int oh = oh0; oh < oh1; ++oh) {
+                const int16_t* i0 = dyq + (((size_t(2 * p) * KB + kb) * OHb + oh + pt) * OWb + ow0 + pl) * 16;
+                const int16_t* i1 = 2 * p + 1 < sh.N ? i0 + size_t(KB) * OHb * OWb * 16 : nullptr;
+                inter(i0, i1, tile + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
               }
+              for (int cb = 0; cb < CB; ++cb)
+                for (int t = 0; t < T; ++t) {
+                  const int r = t / sh.S, s2 = t % sh.S;
+                  // This tap's positions inside the image (the rest read padding: zero products).
+                  const int lo_r = std::max(oh0, tap_rows[r].first), hi_r = std::min(oh1, tap_rows[r].second);
+                  const int lo_c = std::max(ow0, tap_cols[s2].first), hi_c = std::min(ow1, tap_cols[s2].second);
+                  if (lo_r >= hi_r || lo_c >= hi_c) continue;
+                  a.rows = hi_r - lo_r;
+                  a.cols = hi_c - lo_c;
+                  a.dy = tile + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+                  a.x = xp.data() + (((size_t(p) * CB + cb) * sh.H + size_t(lo_r) * sh.stride_h + r - sh.pad_h) * sh.W +
+                                     size_t(lo_c) * sh.stride_w + s2 - sh.pad_w) * 32;
+                  a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
+                  fn(a);
+                }
+            }
           }
-        }
     };
     if (by_output_block()) {
       // Enough output blocks to share out: each task owns 16 rows of dW over all positions, so
@@ -579,7 +668,7 @@ struct ConvInt16::Impl {
         simd::PairKernelArgs a = base;
         a.overflow_events = opt.verify ? &ev : nullptr;
         for (int64_t kb = k0; kb < k1; ++kb) {
-          float* acc = dw_part.data();
+          float* acc = dw_part;
           std::memset(acc + size_t(kb) * 16 * dw_k, 0, size_t(16) * dw_k * sizeof(float));
           reduce(a, acc, 0, NP, int(kb), int(kb) + 1);
         }
@@ -591,7 +680,7 @@ struct ConvInt16::Impl {
         simd::PairKernelArgs a = base;
         a.overflow_events = opt.verify ? &ev : nullptr;
         for (int64_t sl = s0; sl < s1; ++sl) {
-          float* acc = dw_part.data() + size_t(sl) * part;
+          float* acc = dw_part + size_t(sl) * part;
           std::memset(acc, 0, part * sizeof(float));
           reduce(a, acc, int(sl * NP / ns), int((sl + 1) * NP / ns), 0, KB);
         }
@@ -630,6 +719,8 @@ void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, nullpt
 void ConvInt16::quantize_input_with_exponent(const float* x, int e) { impl_->quantize_input(x, &e); }
 void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_output(dy); }
 void ConvInt16::forward(float* y) { impl_->forward(y); }
+size_t ConvInt16::workspace_bytes() const noexcept { return impl_->workspace_bytes(); }
+void ConvInt16::use_workspace(void* p) { impl_->use_workspace(p); }
 void ConvInt16::backward_data(float* dx) { impl_->backward_data(dx); }
 void ConvInt16::backward_weights(float* dw) { impl_->backward_weights(dw); }
 

@@ -237,12 +237,16 @@ TEST_P(Dfp16Isa, ElementwiseBitIdenticalToReference) {
     a[0] = -0.f;
     if (n > 2) a[2] = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> r0(n), r1(n);
-    simd::ref::relu_fwd(a.data(), r0.data(), n);
-    c.kernels().relu_fwd.fn(a.data(), r1.data(), n);
+    std::vector<uint16_t> m0((n + 15) / 16), m1((n + 15) / 16, 0xAAAA);
+    simd::ref::relu_fwd(a.data(), r0.data(), m0.data(), n);
+    c.kernels().relu_fwd.fn(a.data(), r1.data(), m1.data(), n);
     ASSERT_EQ(0, std::memcmp(r0.data(), r1.data(), n * sizeof(float)));
-    simd::ref::relu_bwd(a.data(), b.data(), r0.data(), n);
-    c.kernels().relu_bwd.fn(a.data(), b.data(), r1.data(), n);
+    ASSERT_EQ(m0, m1);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ((m0[i / 16] >> (i % 16)) & 1, a[i] > 0.f) << i;  // -0, NaN: 0
+    simd::ref::relu_bwd(m0.data(), b.data(), r0.data(), n);
+    c.kernels().relu_bwd.fn(m0.data(), b.data(), r1.data(), n);
     ASSERT_EQ(0, std::memcmp(r0.data(), r1.data(), n * sizeof(float)));
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(r0[i], a[i] > 0.f ? b[i] : 0.f);
     simd::ref::add(a.data(), b.data(), r0.data(), n);
     c.kernels().add.fn(a.data(), b.data(), r1.data(), n);
     ASSERT_EQ(0, std::memcmp(r0.data(), r1.data(), n * sizeof(float)));

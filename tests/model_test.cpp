@@ -525,3 +525,110 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
   EXPECT_EQ(r.images, 10000);  // eval uses the whole test split
   EXPECT_GT(r.top1, 40.0);
 }
+
+// ---- the memory plan ----------------------------------------------------------------------------
+
+namespace {
+// The graphs of the finite-difference test (every layer kind, fan-out, unaligned concat) plus two
+// whole models.
+std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
+  return {
+      {"pool-bn-linear",
+       [](Model& m) {
+         auto x = m.input(3, 8, 8);
+         x = m.relu(m.batchnorm(m.conv(x, 5, 3, 1, 1, true, "c1"), "bn1"), "r1");
+         x = m.maxpool(x, 3, 2, 1, false, "mp");
+         x = m.conv(x, 6, 3, 2, 1, false, "c2");
+         x = m.avgpool(x, 2, 1, 0, "ap");
+         m.softmax_cross_entropy(m.linear(m.flatten(x, "fl"), 4, true, "fc"), 0.1f);
+       }},
+      {"fan-out",
+       [](Model& m) {
+         auto x = m.input(2, 6, 6);
+         auto a = m.conv(x, 4, 3, 1, 1, false, "c1");
+         auto y = m.relu(m.conv(a, 4, 3, 1, 1, false, "c2"), "r");
+         auto s = m.add(y, a, "add");
+         auto z = m.conv(s, 6, 3, 2, 1, false, "c3");
+         auto t = m.add(z, m.shortcut_pad(s, 6, 2, "sc"), "add2");
+         m.softmax_cross_entropy(m.linear(m.global_avgpool(t, "gap"), 3, true, "fc"));
+       }},
+      {"concat-lrn-dropout",
+       [](Model& m) {
+         auto x = m.input(3, 5, 5);
+         auto c = m.concat({m.conv(x, 5, 1, 1, 0, true, "a"), m.conv(x, 7, 3, 1, 1, true, "b")}, "cat");
+         c = m.dropout(m.lrn(c, 5, 1e-1f, 0.75f, 2.f, "lrn"), 0.3f, "drop");
+         m.softmax_cross_entropy(m.linear(m.flatten(c, "fl"), 3, true, "fc"));
+       }},
+      {"resnet20", [](Model& m) { build_model(m, "resnet20", 3, 16, 16, 10); }},
+      {"googlenet", [](Model& m) { build_model(m, "googlenet", 3, 32, 32, 10); }},
+  };
+}
+
+// Losses and parameter gradients of two training steps.
+std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision p, bool poison) {
+  Model m(ctx2(), "p");
+  make(m);
+  PrecisionPolicy pol;
+  pol.precision = p;
+  m.build(3, pol);
+  m.set_debug_poison(poison);
+  Sgd sgd(ctx2(), m, {0.9f, 0.f, false});
+  const auto x = batch_images(m, 11);
+  const std::vector<int32_t> y = {0, 2, 1};
+  std::vector<float> out;
+  for (int s = 0; s < 2; ++s) {
+    out.push_back(float(m.forward(x.data(), y.data(), 3, true).loss));
+    m.backward();
+    for (const Parameter& q : m.parameters()) out.insert(out.end(), q.grad, q.grad + q.size);
+    sgd.step(0.05f);
+  }
+  return out;
+}
+}  // namespace
+
+// Every buffer the plan shares is written before it is read: with every fresh buffer and the
+// workspace filled with NaN, training gives the same bits as without (and no NaN).
+TEST(Memory, PlannedBuffersAreWrittenBeforeTheyAreRead) {
+  for (const auto& [name, make] : plan_graphs())
+    for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
+      const auto clean = two_steps(make, p, false), poisoned = two_steps(make, p, true);
+      ASSERT_EQ(clean.size(), poisoned.size());
+      for (float v : clean) ASSERT_TRUE(std::isfinite(v)) << name << " " << precision_name(p);
+      EXPECT_EQ(0, std::memcmp(clean.data(), poisoned.data(), clean.size() * sizeof(float)))
+          << name << " " << precision_name(p);
+    }
+}
+
+// Lifetimes let buffers share bytes, and in INT16 (16-bit copies saved by the layers) almost no FP32
+// activation outlives the forward pass.
+TEST(Memory, ArenaSharesBytesAndInt16KeepsLittleFp32) {
+  MemoryPlan plan[2];
+  for (int i = 0; i < 2; ++i) {
+    Model m(ctx2(), "r");
+    build_model(m, "resnet20", 3, 32, 32, 10);
+    PrecisionPolicy pol;
+    pol.precision = i ? Precision::int16 : Precision::fp32;
+    m.build(8, pol);
+    plan[i] = m.memory_plan();
+    EXPECT_LT(plan[i].arena_bytes, plan[i].unshared_bytes / 2) << i;
+  }
+  EXPECT_LT(plan[1].arena_bytes, plan[0].arena_bytes / 3);
+  std::printf("arena bytes: fp32 %zu, int16 %zu (unshared %zu); workspace fp32 %zu, int16 %zu\n", plan[0].arena_bytes,
+              plan[1].arena_bytes, plan[0].unshared_bytes, plan[0].workspace_bytes, plan[1].workspace_bytes);
+}
+
+// backward() consumes what a training forward saved: a second backward, or one after an
+// evaluation forward, is refused.
+TEST(Memory, BackwardNeedsItsOwnTrainingForward) {
+  Model m(ctx2(), "r");
+  build_model(m, "resnet20", 3, 16, 16, 10);
+  m.build(2, {});
+  const auto x = batch_images(m, 1);
+  const std::vector<int32_t> y = {0, 1};
+  m.forward(x.data(), y.data(), 2, true);
+  EXPECT_TRUE(m.backward());
+  EXPECT_THROW(m.backward(), Error);
+  m.forward(x.data(), y.data(), 2, true);
+  m.forward(x.data(), y.data(), 2, false);
+  EXPECT_THROW(m.backward(), Error);
+}

@@ -102,6 +102,17 @@ class ConvInt16 {
   // Same, with an exponent known in advance (max fused into the producer).
   void quantize_input_with_exponent(const float* x, int exponent);
 
+  // Transient buffers -- x's padded copy for the forward pass; dy's two copies and the weight-
+  // gradient partials for the backward passes -- are owned by the operator unless the caller gives
+  // it a shared region of workspace_bytes() (64-byte aligned; nullptr: own them again), as the
+  // Model does for all its layers. Then x's and dy's copies share bytes and hold only between the
+  // quantize_* call and the passes that follow it: forward() right after quantize_input(), and
+  // backward_data()/backward_weights() right after quantize_grad_output(), with no other user of
+  // the region in between (this operator's own passes out of that order are reported; another
+  // user of the region in between is the caller's to prevent).
+  size_t workspace_bytes() const noexcept;
+  void use_workspace(void* region);
+
   // The three passes on the quantized operands. Outputs are FP32.
   void forward(float* y);                  // y: nChw16c [N][K/16][OH][OW][16]
   void backward_data(float* dx);           // dx: nChw16c [N][C/16][H][W][16]

@@ -129,6 +129,14 @@ struct StepResult {
   int count = 0;
 };
 
+// What Model::build planned for activations and gradients (parameters, optimizer state and the
+// layers' own saved copies -- DFP16 activations, ReLU bit masks, pooling indices -- come on top).
+struct MemoryPlan {
+  size_t arena_bytes = 0;      // FP32 activations and gradients, placed by lifetime in one arena
+  size_t unshared_bytes = 0;   // what they would take with one buffer each (the arena's saving)
+  size_t workspace_bytes = 0;  // transient scratch shared by all layers
+};
+
 class Model {
  public:
   using Node = int;
@@ -184,6 +192,11 @@ class Model {
   void set_loss_scaling(const LossScaleOptions& options);
   // Sample rounding statistics every `interval` training steps (0: never).
   void set_numerics_interval(int interval);
+  // Testing aid: fill every planned buffer with NaN before its first write of each step, and the
+  // shared workspace before every layer call, as fresh memory could hold anything; a layer that
+  // reads memory it did not write (or that the plan gave to another buffer) then yields NaN.
+  void set_debug_poison(bool on);
+  MemoryPlan memory_plan() const;  // after build()
   // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed
   // them (INT16: DFP16 + VNNI layouts; FP32: oneDNN's layout). Once per optimizer step.
   void weights_updated();

@@ -47,6 +47,21 @@ class Layer {
   // null when no gradient is needed for that input. Parameter gradients are overwritten too.
   virtual void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                         const std::vector<float*>& dx, const StepInfo& st) = 0;
+  // What backward reads besides dy: the FP32 input i and the FP32 output as forward left them. The
+  // Model keeps exactly these alive until this layer's backward (and passes null for the rest);
+  // anything else a backward needs the layer saves itself, in the form it needs (DFP16 copies,
+  // bit masks, argmax indices).
+  virtual bool backward_reads_input(size_t i) const { return false; }
+  virtual bool backward_reads_output() const { return false; }
+  // Element-wise layers: y may be written over input i's buffer, and dx[i] over dy's (the Model
+  // decides when nothing else needs the overwritten values; the layer must then read each element
+  // before writing it).
+  virtual bool forward_in_place(size_t i) const { return false; }
+  virtual bool backward_in_place(size_t i) const { return false; }
+  // Transient scratch, one region shared by all layers: valid only within one forward() or
+  // backward() call.
+  virtual size_t workspace_bytes() const { return 0; }
+  virtual void use_workspace(void* region) {}
   virtual void parameters(std::vector<Parameter>& out) {}
   // Trainable scalars, from the input shapes alone (works before build()).
   virtual size_t count_parameters(const std::vector<TensorShape>& in) const { return 0; }

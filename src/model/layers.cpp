@@ -30,6 +30,20 @@ void for_blocks(const Context& ctx, int n, int cb, F&& f) {
   });
 }
 
+// Zeroes lanes c >= C of the last channel block. Planned buffers are reused, so a layer that writes
+// channel by channel must clear the padding lanes itself (every layer's outputs have them zero).
+void zero_padding_lanes(const Context& ctx, float* t, const TensorShape& s) {
+  const int used = s.c % 16;
+  if (used == 0) return;
+  const int CB = cb_of(s);
+  ctx.parallel_for(s.n, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      float* p = t + (size_t(n) * CB + CB - 1) * plane(s);
+      for (size_t i = 0; i < size_t(s.h) * s.w; ++i) std::fill(p + i * 16 + used, p + i * 16 + 16, 0.f);
+    }
+  });
+}
+
 // Bias: y[.., c] += b[c]; its gradient: sum of dy over batch and space.
 void add_bias(const Context& ctx, float* y, const TensorShape& s, const std::vector<float>& b) {
   for_blocks(ctx, s.n, cb_of(s), [&](int n, int blk) {
@@ -208,15 +222,15 @@ class WeightedLayer : public Layer {
       q_->backward_weights(gw_.data());
       if (st.sample) sample_.dy = measure_dfp16(dy, out_size_, q_->stats().dy.exponent);
     } else if (native_bf16_) {
-      to_bf16_tensor(ctx, dy, dyb_.data(), out_size_, cls_.gradients.rounding, step_key(cls_.gradients.seed, st.step));
-      backward_bf16(dyb_.data(), dx[0]);
-      if (st.sample) sample_.dy = measure_bf16(dy, dyb_.data(), out_size_);
+      to_bf16_tensor(ctx, dy, dyb_, out_size_, cls_.gradients.rounding, step_key(cls_.gradients.seed, st.step));
+      backward_bf16(dyb_, dx[0]);
+      if (st.sample) sample_.dy = measure_bf16(dy, dyb_, out_size_);
     } else if (float_) {
       const float* dyr = dy;
       if (fmt_.gradients != FloatFormat::fp32) {
-        round_tensor(ctx, fmt_.gradients, dy, dyr_.data(), out_size_, cls_.gradients.rounding,
+        round_tensor(ctx, fmt_.gradients, dy, dyr_, out_size_, cls_.gradients.rounding,
                      step_key(cls_.gradients.seed, st.step));
-        dyr = dyr_.data();
+        dyr = dyr_;
       }
       backward_f32(fmt_.activations != FloatFormat::fp32 ? xr_.data() : x[0], dyr, dx[0]);
       if (st.sample) sample_.dy = measure_rounding(dy, dyr, out_size_);
@@ -260,6 +274,12 @@ class WeightedLayer : public Layer {
     }
   }
   const char* precision() const override { return precision_name(prec_); }
+  size_t workspace_bytes() const override { return q_ ? q_->workspace_bytes() : dy_bytes_; }
+  void use_workspace(void* region) override {
+    if (q_) q_->use_workspace(region);
+    dyr_ = static_cast<float*>(region);
+    dyb_ = static_cast<uint16_t*>(region);
+  }
   bool numerics(LayerNumerics& n) const override {
     if (q_) {
       report_numerics(q_->stats(), name, n);
@@ -334,11 +354,11 @@ class WeightedLayer : public Layer {
     if (!float_) return;
     if (native_bf16_) {
       xb_ = AlignedBuffer<uint16_t>(in_size_);
-      dyb_ = AlignedBuffer<uint16_t>(out_size_);
+      dy_bytes_ = out_size_ * sizeof(uint16_t);
       return;
     }
     if (fmt_.activations != FloatFormat::fp32) xr_ = AlignedBuffer<float>(in_size_);
-    if (fmt_.gradients != FloatFormat::fp32) dyr_ = AlignedBuffer<float>(out_size_);
+    if (fmt_.gradients != FloatFormat::fp32) dy_bytes_ = out_size_ * sizeof(float);
   }
   virtual void forward_f32(const float* x, float* y) = 0;
   virtual void backward_f32(const float* x, const float* dy, float* dx) = 0;  // dx may be null
@@ -365,8 +385,11 @@ class WeightedLayer : public Layer {
   bool float_ = false, native_bf16_ = false;
   PrecisionPolicy::ClassFormats fmt_{};
   DfpConvOptions cls_;                         // rounding and stochastic seeds per class
-  AlignedBuffer<float> wr_, xr_, dyr_;         // rounded operands (xr_ is kept for the weight gradient)
-  AlignedBuffer<uint16_t> xb_, dyb_;           // native BF16 operands
+  AlignedBuffer<float> wr_, xr_;               // rounded operands (xr_ is kept for the weight gradient)
+  AlignedBuffer<uint16_t> xb_;                 // native BF16 input, kept for the weight gradient
+  float* dyr_ = nullptr;                       // rounded dy, in the shared workspace
+  uint16_t* dyb_ = nullptr;                    // native BF16 dy, in the shared workspace
+  size_t dy_bytes_ = 0;
   double w_mean_sq_ = 0, w_max_abs_ = 0;       // of the current weights (adaptive loss scaling)
   SampledNumerics sample_;
 };
@@ -383,6 +406,11 @@ class Conv2d final : public WeightedLayer {
   }
   size_t count_parameters(const std::vector<TensorShape>& in) const override {
     return size_t(k_) * in[0].c * r_ * r_ + (has_bias_ ? k_ : 0);
+  }
+  // The weight gradient reads x; INT16 keeps its DFP16 copy, BF16 its BF16 copy, the rounded-
+  // operand path its rounded copy: only plain FP32 needs the Model's.
+  bool backward_reads_input(size_t) const override {
+    return !q_ && !native_bf16_ && !(float_ && fmt_.activations != FloatFormat::fp32);
   }
   void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
              const PrecisionPolicy& policy, std::mt19937_64& rng) override {
@@ -496,7 +524,7 @@ class Linear final : public WeightedLayer {
 class BatchNorm final : public Layer {
  public:
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy& policy,
              std::mt19937_64&) override {
     s_ = in[0];
     const int cp = cb_of(s_) * 16;  // padded channels: padding lanes have gamma 0, so output 0
@@ -509,19 +537,36 @@ class BatchNorm final : public Layer {
     running_var_.assign(s_.c, 1.f);
     mean_.assign(cp, 0.f);
     invstd_.assign(cp, 0.f);
+    block_max_.assign(cb_of(s_), 0.f);
+    // INT16 policy: the input saved for backward is kept as DFP16 (Das et al. keep every saved
+    // activation in 16 bits); the statistics and the arithmetic stay FP32.
+    if (policy.resolve(name) == Precision::int16) {
+      xq_ = AlignedBuffer<int16_t>(s_.blocked_elements());
+      xq_opts_ = policy.dfp.activations;
+      xq_opts_.seed ^= std::hash<std::string>{}(name + ".saved_input");
+    }
   }
+  bool backward_reads_input(size_t) const override { return xq_.size() == 0; }
+  bool forward_in_place(size_t) const override { return true; }
+  bool backward_in_place(size_t) const override { return true; }  // dx per block after that block's sums
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     const int CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
+    const bool save_q = st.train && xq_.size() > 0;
     if (st.train) {
       const double m = double(s_.n) * hw;
       ctx.parallel_for(CB, [&](int64_t b0, int64_t b1) {
         for (int64_t blk = b0; blk < b1; ++blk) {
           double sum[16] = {}, sq[16] = {};
+          float mx[16] = {};
           for (int n = 0; n < s_.n; ++n) {
             const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
             for (size_t i = 0; i < hw; ++i)
-              for (int l = 0; l < 16; ++l) sum[l] += p[i * 16 + l];
+              for (int l = 0; l < 16; ++l) {
+                sum[l] += p[i * 16 + l];
+                const float a = std::fabs(p[i * 16 + l]);
+                mx[l] = a > mx[l] ? a : mx[l];  // NaN never wins (training stops on NaN logits)
+              }
           }
           float mean[16];
           for (int l = 0; l < 16; ++l) mean[l] = static_cast<float>(sum[l] / m);
@@ -533,6 +578,7 @@ class BatchNorm final : public Layer {
                 sq[l] += d * d;
               }
           }
+          block_max_[blk] = *std::max_element(mx, mx + 16);
           for (int l = 0; l < 16; ++l) {
             const int c = int(blk) * 16 + l;
             const double var = sq[l] / m;
@@ -552,14 +598,26 @@ class BatchNorm final : public Layer {
         invstd_[c] = c < s_.c ? 1.f / std::sqrt(running_var_[c] + kEps) : 0.f;
       }
     }
+    if (save_q) {
+      float mx = *std::max_element(block_max_.begin(), block_max_.end());
+      if (!std::isfinite(mx)) mx = 0.f;
+      xq_exp_ = dfp16_exponent(mx, xq_opts_.headroom);
+    }
+    const auto quant = ctx.kernels().quantize.fn;
+    const uint64_t qseed = xq_opts_.seed ^ (st.step * 0x9E3779B97F4A7C15ULL);
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
-      const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
-      float* q = y + (size_t(n) * CB + blk) * plane(s_);
+      const size_t off = (size_t(n) * CB + blk) * plane(s_);
+      const float* p = x[0] + off;
+      float* q = y + off;
       float a[16], b[16];
       for (int l = 0; l < 16; ++l) {
         const int c = blk * 16 + l;
         a[l] = gamma_[c] * invstd_[c];
         b[l] = beta_[c] - mean_[c] * a[l];
+      }
+      if (save_q) {  // before y, which may overwrite x (in place)
+        simd::QuantCounters cnt;
+        quant(p, xq_.data() + off, plane(s_), xq_exp_, xq_opts_.rounding, qseed, off, &cnt);
       }
       for (size_t i = 0; i < hw; ++i)
         for (int l = 0; l < 16; ++l) q[i * 16 + l] = p[i * 16 + l] * a[l] + b[l];
@@ -567,49 +625,8 @@ class BatchNorm final : public Layer {
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
-    const int CB = cb_of(s_);
-    const size_t hw = size_t(s_.h) * s_.w;
-    const double m = double(s_.n) * hw;
-    ctx.parallel_for(CB, [&](int64_t b0, int64_t b1) {
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        double sdy[16] = {}, sdyx[16] = {};
-        float mean[16], inv[16];
-        for (int l = 0; l < 16; ++l) { mean[l] = mean_[blk * 16 + l]; inv[l] = invstd_[blk * 16 + l]; }
-        for (int n = 0; n < s_.n; ++n) {
-          const size_t off = (size_t(n) * CB + blk) * plane(s_);
-          const float* __restrict gp = dy + off;
-          const float* __restrict xp = x[0] + off;
-          for (size_t i = 0; i < hw; ++i)
-            for (int l = 0; l < 16; ++l) {
-              const float g = gp[i * 16 + l];
-              sdy[l] += g;
-              sdyx[l] += g * (xp[i * 16 + l] - mean[l]) * inv[l];
-            }
-        }
-        float k1[16], k2[16], k3[16];
-        for (int l = 0; l < 16; ++l) {
-          const int c = int(blk) * 16 + l;
-          ggamma_[c] = c < s_.c ? static_cast<float>(sdyx[l]) : 0.f;
-          gbeta_[c] = c < s_.c ? static_cast<float>(sdy[l]) : 0.f;
-          // dx = gamma*inv/m * (m*dy - sum(dy) - xhat*sum(dy*xhat))
-          k1[l] = gamma_[c] * inv[l];
-          k2[l] = static_cast<float>(sdy[l] / m);
-          k3[l] = static_cast<float>(sdyx[l] / m);
-        }
-        if (!dx[0]) continue;
-        for (int n = 0; n < s_.n; ++n) {
-          const size_t off = (size_t(n) * CB + blk) * plane(s_);
-          const float* __restrict gp = dy + off;
-          const float* __restrict xp = x[0] + off;
-          float* __restrict dp = dx[0] + off;
-          for (size_t i = 0; i < hw; ++i)
-            for (int l = 0; l < 16; ++l) {
-              const float xhat = (xp[i * 16 + l] - mean[l]) * inv[l];
-              dp[i * 16 + l] = k1[l] * (gp[i * 16 + l] - k2[l] - xhat * k3[l]);
-            }
-        }
-      }
-    });
+    if (xq_.size()) backward_from(ctx, xq_.data(), std::ldexp(1.f, xq_exp_), dy, dx[0]);
+    else backward_from(ctx, x[0], 1.f, dy, dx[0]);
   }
   void parameters(std::vector<Parameter>& out) override {
     // The padded lanes are part of the storage; their gradient is always 0, so they stay 0.
@@ -623,9 +640,60 @@ class BatchNorm final : public Layer {
   }
 
  private:
+  // x[i] * x_scale is the saved input (FP32, or DFP16 with x_scale = 2^e).
+  template <class T>
+  void backward_from(const Context& ctx, const T* x, float x_scale, const float* dy, float* dx) {
+    const int CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    const double m = double(s_.n) * hw;
+    ctx.parallel_for(CB, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        double sdy[16] = {}, sdyx[16] = {};
+        float mean[16], inv[16];
+        for (int l = 0; l < 16; ++l) { mean[l] = mean_[blk * 16 + l]; inv[l] = invstd_[blk * 16 + l]; }
+        for (int n = 0; n < s_.n; ++n) {
+          const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          const float* __restrict gp = dy + off;
+          const T* __restrict xp = x + off;
+          for (size_t i = 0; i < hw; ++i)
+            for (int l = 0; l < 16; ++l) {
+              const float g = gp[i * 16 + l];
+              sdy[l] += g;
+              sdyx[l] += g * (float(xp[i * 16 + l]) * x_scale - mean[l]) * inv[l];
+            }
+        }
+        float k1[16], k2[16], k3[16];
+        for (int l = 0; l < 16; ++l) {
+          const int c = int(blk) * 16 + l;
+          ggamma_[c] = c < s_.c ? static_cast<float>(sdyx[l]) : 0.f;
+          gbeta_[c] = c < s_.c ? static_cast<float>(sdy[l]) : 0.f;
+          // dx = gamma*inv/m * (m*dy - sum(dy) - xhat*sum(dy*xhat))
+          k1[l] = gamma_[c] * inv[l];
+          k2[l] = static_cast<float>(sdy[l] / m);
+          k3[l] = static_cast<float>(sdyx[l] / m);
+        }
+        if (!dx) continue;
+        for (int n = 0; n < s_.n; ++n) {
+          const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          const float* __restrict gp = dy + off;
+          const T* __restrict xp = x + off;
+          float* __restrict dp = dx + off;
+          for (size_t i = 0; i < hw; ++i)
+            for (int l = 0; l < 16; ++l) {
+              const float xhat = (float(xp[i * 16 + l]) * x_scale - mean[l]) * inv[l];
+              dp[i * 16 + l] = k1[l] * (gp[i * 16 + l] - k2[l] - xhat * k3[l]);
+            }
+        }
+      }
+    });
+  }
+
   static constexpr double kEps = 1e-5, kMomentum = 0.1;
   TensorShape s_;
-  std::vector<float> gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_, mean_, invstd_;
+  std::vector<float> gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_, mean_, invstd_, block_max_;
+  AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
+  int xq_exp_ = 0;
+  QuantOptions xq_opts_;
 };
 
 // ---- ReLU ---------------------------------------------------------------------------------
@@ -633,34 +701,40 @@ class BatchNorm final : public Layer {
 class Relu final : public Layer {
  public:
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
+  bool forward_in_place(size_t) const override { return true; }
+  bool backward_in_place(size_t) const override { return true; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const size_t n = n_elems_;
     const auto fn = ctx.kernels().relu_fwd.fn;
     const float* src = x[0];
+    uint16_t* mask = mask_.data();
     ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
       const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
-      fn(src + begin, y + begin, end - begin);
+      fn(src + begin, y + begin, mask + begin / 16, end - begin);
     });
   }
-  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+  void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     if (!dx[0]) return;
     const size_t n = n_elems_;
     const auto fn = ctx.kernels().relu_bwd.fn;
+    const uint16_t* mask = mask_.data();
     float* d = dx[0];
     ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
       const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
-      fn(y + begin, dy + begin, d + begin, end - begin);
+      fn(mask + begin / 16, dy + begin, d + begin, end - begin);
     });
   }
   void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
              std::mt19937_64&) override {
     n_elems_ = in[0].blocked_elements();
+    mask_ = AlignedBuffer<uint16_t>((n_elems_ + 15) / 16);
   }
 
  private:
-  static constexpr size_t kChunk = 1 << 15;
+  static constexpr size_t kChunk = 1 << 15;  // a multiple of 16: chunks start on a mask word
   size_t n_elems_ = 0;
+  AlignedBuffer<uint16_t> mask_;  // bit i: x[i] > 0, all that backward needs
 };
 
 // ---- pooling ------------------------------------------------------------------------------
@@ -682,56 +756,77 @@ class Pool final : public Layer {
              std::mt19937_64&) override {
     in_ = in[0];
     out_ = out;
+    if (max_) {
+      DFP_CHECK(k_ * k_ < kNoTap, Status::invalid_argument,
+                "maxpool '" + name + "': window " + std::to_string(k_) + "x" + std::to_string(k_) +
+                    " has more taps than the saved argmax can name (at most 15x15)");
+      argmax_ = AlignedBuffer<uint8_t>(out.blocked_elements());
+    }
   }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     for_blocks(ctx, in_.n, cb_of(in_), [&](int n, int blk) {
       const float* p = x[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
-      float* q = y + (size_t(n) * cb_of(out_) + blk) * plane(out_);
+      const size_t out_off = (size_t(n) * cb_of(out_) + blk) * plane(out_);
+      float* q = y + out_off;
       for (int oh = 0; oh < out_.h; ++oh)
         for (int ow = 0; ow < out_.w; ++ow) {
-          float acc[16];
-          for (int l = 0; l < 16; ++l) acc[l] = max_ ? -std::numeric_limits<float>::infinity() : 0.f;
-          for_window(oh, ow, [&](size_t off) {
-            const float* v = p + off;
-            for (int l = 0; l < 16; ++l) acc[l] = max_ ? std::max(acc[l], v[l]) : acc[l] + v[l];
-          });
-          float* o = q + (size_t(oh) * out_.w + ow) * 16;
-          const float inv = 1.f / float(k_ * k_);  // count_include_pad, as PyTorch's default
-          for (int l = 0; l < 16; ++l) o[l] = max_ ? acc[l] : acc[l] * inv;
+          const size_t o = (size_t(oh) * out_.w + ow) * 16;
+          if (max_) {
+            // The first maximum in window order (row-major) gets the gradient: its tap is saved.
+            float acc[16];
+            uint8_t arg[16];
+            for (int l = 0; l < 16; ++l) { acc[l] = -std::numeric_limits<float>::infinity(); arg[l] = kNoTap; }
+            for_window(oh, ow, [&](size_t off, int tap) {
+              const float* v = p + off;
+              for (int l = 0; l < 16; ++l)
+                if (v[l] > acc[l] || arg[l] == kNoTap) { acc[l] = v[l]; arg[l] = uint8_t(tap); }
+            });
+            std::memcpy(q + o, acc, sizeof acc);
+            std::memcpy(argmax_.data() + out_off + o, arg, sizeof arg);
+          } else {
+            float acc[16] = {};
+            for_window(oh, ow, [&](size_t off, int) {
+              for (int l = 0; l < 16; ++l) acc[l] += p[off + l];
+            });
+            const float inv = 1.f / float(k_ * k_);  // count_include_pad, as PyTorch's default
+            for (int l = 0; l < 16; ++l) q[o + l] = acc[l] * inv;
+          }
         }
     });
   }
-  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+  void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     if (!dx[0]) return;
     for_blocks(ctx, in_.n, cb_of(in_), [&](int n, int blk) {
-      const float* p = x[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
       float* d = dx[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
-      const float* g = dy + (size_t(n) * cb_of(out_) + blk) * plane(out_);
-      const float* q = y + (size_t(n) * cb_of(out_) + blk) * plane(out_);
+      const size_t out_off = (size_t(n) * cb_of(out_) + blk) * plane(out_);
+      const float* g = dy + out_off;
       std::fill(d, d + plane(in_), 0.f);
       const float inv = 1.f / float(k_ * k_);
       for (int oh = 0; oh < out_.h; ++oh)
         for (int ow = 0; ow < out_.w; ++ow) {
-          const float* go = g + (size_t(oh) * out_.w + ow) * 16;
-          const float* yo = q + (size_t(oh) * out_.w + ow) * 16;
-          bool taken[16] = {};  // max: the first maximum in window order gets the gradient
-          for_window(oh, ow, [&](size_t off) {
+          const size_t o = (size_t(oh) * out_.w + ow) * 16;
+          const float* go = g + o;
+          if (max_) {
+            const uint8_t* arg = argmax_.data() + out_off + o;
             for (int l = 0; l < 16; ++l) {
-              if (max_) {
-                if (!taken[l] && p[off + l] == yo[l]) { d[off + l] += go[l]; taken[l] = true; }
-              } else {
-                d[off + l] += go[l] * inv;
-              }
+              if (arg[l] == kNoTap) continue;
+              const int ih = oh * s_ + arg[l] / k_ - p_, iw = ow * s_ + arg[l] % k_ - p_;
+              d[(size_t(ih) * in_.w + iw) * 16 + l] += go[l];
             }
-          });
+          } else {
+            for_window(oh, ow, [&](size_t off, int) {
+              for (int l = 0; l < 16; ++l) d[off + l] += go[l] * inv;
+            });
+          }
         }
     });
   }
 
  private:
-  // Calls f(offset of the input pixel within a channel-block plane) for every in-bounds tap of
-  // output pixel (oh, ow), in window order (row-major), which decides max-pool ties.
+  static constexpr uint8_t kNoTap = 255;
+  // Calls f(offset of the input pixel within a channel-block plane, tap index r * k + c) for every
+  // in-bounds tap of output pixel (oh, ow), in window order (row-major), which decides max-pool ties.
   template <class F>
   void for_window(int oh, int ow, F&& f) const {
     for (int r = 0; r < k_; ++r) {
@@ -740,7 +835,7 @@ class Pool final : public Layer {
       for (int c = 0; c < k_; ++c) {
         const int iw = ow * s_ + c - p_;
         if (iw < 0 || iw >= in_.w) continue;
-        f((size_t(ih) * in_.w + iw) * 16);
+        f((size_t(ih) * in_.w + iw) * 16, r * k_ + c);
       }
     }
   }
@@ -749,6 +844,7 @@ class Pool final : public Layer {
   int k_, s_, p_;
   bool ceil_;
   TensorShape in_, out_;
+  AlignedBuffer<uint8_t> argmax_;  // max: per output element, the tap its value came from
 };
 
 class GlobalAvgPool final : public Layer {
@@ -840,6 +936,8 @@ class Add final : public Layer {
              std::mt19937_64&) override {
     n_ = in[0].blocked_elements();
   }
+  bool forward_in_place(size_t) const override { return true; }
+  bool backward_in_place(size_t) const override { return true; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const auto fn = ctx.kernels().add.fn;
     const float *a = x[0], *c = x[1];
@@ -852,7 +950,7 @@ class Add final : public Layer {
   void backward(const Context&, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     for (float* d : dx)
-      if (d) std::memcpy(d, dy, n_ * sizeof(float));
+      if (d && d != dy) std::memcpy(d, dy, n_ * sizeof(float));  // d == dy: passed through in place
   }
 
  private:
@@ -900,11 +998,14 @@ class Concat final : public Layer {
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     float* dst[1] = {y};
     route<true>(ctx, x.data(), dst);
+    zero_padding_lanes(ctx, y, out_);
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     const float* src[1] = {dy};
     route<false>(ctx, src, dx.data());
+    for (size_t i = 0; i < in_.size(); ++i)
+      if (dx[i]) zero_padding_lanes(ctx, dx[i], in_[i]);
   }
 
  private:
@@ -927,6 +1028,8 @@ class Dropout final : public Layer {
     seed_ = rng();
   }
   uint64_t random_seed() const override { return seed_; }
+  bool forward_in_place(size_t) const override { return true; }
+  bool backward_in_place(size_t) const override { return true; }
   bool keep(uint64_t step, size_t i) const {
     const uint32_t key = simd::stochastic_key(seed_ ^ (step * 0x9e3779b97f4a7c15ULL));
     return float(simd::stochastic_rand24(key, i)) * 0x1p-24f >= p_;
@@ -959,6 +1062,8 @@ class Lrn final : public Layer {
     s_ = in[0];
     scale_ = AlignedBuffer<float>(s_.blocked_elements());
   }
+  bool backward_reads_input(size_t) const override { return true; }
+  bool backward_reads_output() const override { return true; }
   int lo(int c) const { return std::max(0, c - size_ / 2); }
   int hi(int c) const { return std::min(s_.c - 1, c + (size_ - 1) / 2); }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
@@ -977,6 +1082,7 @@ class Lrn final : public Layer {
               y[i] = x[0][i] * std::pow(scale_[i], -beta_);
             }
     });
+    zero_padding_lanes(ctx, y, s_);
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
@@ -999,6 +1105,7 @@ class Lrn final : public Layer {
                                             2.0 * alpha_ * beta_ / size_ * x[0][i] * acc);
             }
     });
+    zero_padding_lanes(ctx, dx[0], s_);
   }
 
  private:

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <sstream>
 
 #include "dfp/context.hpp"
@@ -162,7 +164,12 @@ struct Model::Impl {
     TensorShape shape;
     LayerSpec spec;
     int consumers = 0;
-    AlignedBuffer<float> act, grad, acc;  // acc: second-consumer gradient (fan-out nodes only)
+    // Planned views of the arena (see plan_memory): the FP32 output, its gradient, and the
+    // second-consumer gradient of fan-out nodes. `elements` is the size of each.
+    float* act = nullptr;
+    float* grad = nullptr;
+    float* acc = nullptr;
+    size_t elements = 0;
     bool grad_written = false;
     size_t param_begin = 0, param_end = 0;  // this layer's entries in params
     double grad_scale = 1;   // loss scale carried by this node's gradient
@@ -187,6 +194,11 @@ struct Model::Impl {
   bool adaptive = false;
   model::AdaptiveScaling adaptive_opts;
   int numerics_interval = 0;
+  AlignedBuffer<float> arena;            // every node's act/grad/acc, placed by lifetime
+  AlignedBuffer<std::byte> workspace;    // shared transient scratch of the layers
+  MemoryPlan plan;
+  bool poison = false;
+  bool have_training_forward = false;    // what backward() needs was saved by a training forward
 
   bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
 
@@ -242,9 +254,7 @@ struct Model::Impl {
     for (NodeInfo& n : nodes) n.shape.n = b;
     for (size_t i = 0; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
-      n.act = AlignedBuffer<float>(n.shape.blocked_elements());
-      if (i > 0) n.grad = AlignedBuffer<float>(n.shape.blocked_elements());
-      if (i > 0 && n.consumers > 1) n.acc = AlignedBuffer<float>(n.shape.blocked_elements());
+      n.elements = n.shape.blocked_elements();
       if (n.layer) {
         n.layer->build(ctx, in_shapes(n), n.shape, policy, rng);
         n.param_begin = params.size();
@@ -255,8 +265,146 @@ struct Model::Impl {
     const TensorShape& ls = nodes[loss_node].shape;
     labels.assign(b, 0);
     probs = AlignedBuffer<float>(size_t(b) * ls.c);
+    plan_memory();
     built = true;
     weights_updated();
+  }
+
+  // ---- memory plan ----------------------------------------------------------------------------
+  // One step on a time line: node i's forward at time i, the loss at N (= node count), node i's
+  // backward at 2N - i. Each buffer lives over a closed interval of it:
+  //   act i:  from its forward to the last forward that reads it, or to the backward of a layer
+  //           that reads it there (backward_reads_input/output), or to the loss for the logits;
+  //   grad i: from the backward of its last consumer (the first to write it) to its own backward;
+  //   acc i:  from the backward of its second-to-last consumer to that of its first.
+  // Buffers whose intervals intersect get disjoint bytes of one arena; the rest share. The greedy
+  // placement (largest first, lowest free offset) is the classic one for this offline problem.
+  // A training step then allocates nothing, and in INT16, where the layers keep their own 16-bit
+  // copies, almost no FP32 activation outlives the forward pass.
+  struct Lifetime {
+    size_t bytes;
+    int begin, end;
+    float** view;
+    size_t offset = 0;
+  };
+
+  void plan_memory() {
+    const int N = int(nodes.size());
+    std::vector<std::vector<std::pair<int, size_t>>> readers(nodes.size());  // (consumer, input slot)
+    for (int j = 1; j < N; ++j)
+      for (size_t k = 0; k < nodes[j].inputs.size(); ++k) readers[nodes[j].inputs[k]].push_back({j, k});
+    std::vector<Lifetime> lt;
+    std::vector<int> act_of(N, -1), grad_of(N, -1);  // index in lt
+    auto bytes_of = [](size_t elements) { return (elements * sizeof(float) + 63) / 64 * 64; };
+    size_t naive = 0;
+    for (int i = 0; i < N; ++i) {
+      NodeInfo& n = nodes[i];
+      int end = i;
+      for (auto [j, k] : readers[i]) {
+        end = std::max(end, j);
+        if (nodes[j].layer->backward_reads_input(k)) end = std::max(end, 2 * N - j);
+      }
+      if (i == loss_node) end = std::max(end, N);
+      if (n.layer && n.layer->backward_reads_output()) end = std::max(end, 2 * N - i);
+      act_of[i] = int(lt.size());
+      lt.push_back({bytes_of(n.elements), i, end, &n.act});
+      naive += bytes_of(n.elements);
+      if (i == 0) continue;
+      std::vector<int> cons;
+      for (auto [j, k] : readers[i]) cons.push_back(j);
+      std::sort(cons.rbegin(), cons.rend());  // backward order: the last consumer runs first
+      if (cons.empty() && i != loss_node) continue;  // nothing ever writes its gradient
+      const int first_write = i == loss_node ? N : 2 * N - cons[0];
+      grad_of[i] = int(lt.size());
+      lt.push_back({bytes_of(n.elements), first_write, 2 * N - i, &n.grad});
+      naive += bytes_of(n.elements);
+      if (n.consumers > 1) {
+        lt.push_back({bytes_of(n.elements), 2 * N - cons[1], 2 * N - cons.back(), &n.acc});
+        naive += bytes_of(n.elements);
+      }
+    }
+    // In place: an element-wise layer may write its output over an input that nothing else reads
+    // (BN -> ReLU in INT16, where BN keeps its own DFP16 copy), and its input gradient over its
+    // output gradient when it is the first to write that input's gradient. Such pairs become one
+    // buffer living over the union of their lifetimes; it also saves the copy in Add's backward.
+    std::vector<int> group(lt.size());
+    for (size_t g = 0; g < group.size(); ++g) group[g] = int(g);
+    std::function<int(int)> root = [&](int a) { return group[a] == a ? a : group[a] = root(group[a]); };
+    auto unite = [&](int a, int b) { group[root(a)] = root(b); };
+    for (int n = 1; n < N; ++n) {
+      const model::Layer& layer = *nodes[n].layer;
+      bool fwd = false, bwd = false;
+      for (size_t k = 0; k < nodes[n].inputs.size(); ++k) {
+        const int i = nodes[n].inputs[k];
+        if (i == 0 || nodes[i].elements != nodes[n].elements) continue;
+        if (!fwd && layer.forward_in_place(k) && readers[i].size() == 1 && !layer.backward_reads_input(k) &&
+            !nodes[i].layer->backward_reads_output() && i != loss_node) {
+          unite(act_of[i], act_of[n]);
+          fwd = true;
+        }
+        int first_writer = 0, writes = 0;
+        for (auto [j, kk] : readers[i]) { first_writer = std::max(first_writer, j); writes += j == n; }
+        if (!bwd && layer.backward_in_place(k) && grad_of[i] >= 0 && grad_of[n] >= 0 && first_writer == n && writes == 1) {
+          unite(grad_of[i], grad_of[n]);
+          bwd = true;
+        }
+      }
+    }
+    std::vector<Lifetime> merged;  // one per group
+    std::vector<int> merged_of(lt.size(), -1);
+    for (size_t g = 0; g < lt.size(); ++g) {
+      const int r = root(int(g));
+      if (merged_of[r] < 0) {
+        merged_of[r] = int(merged.size());
+        merged.push_back({0, lt[g].begin, lt[g].end, nullptr});
+      }
+      Lifetime& m = merged[merged_of[r]];
+      m.bytes = std::max(m.bytes, lt[g].bytes);
+      m.begin = std::min(m.begin, lt[g].begin);
+      m.end = std::max(m.end, lt[g].end);
+    }
+    std::vector<Lifetime*> order;
+    for (Lifetime& l : merged) order.push_back(&l);
+    std::stable_sort(order.begin(), order.end(), [](const Lifetime* a, const Lifetime* b) { return a->bytes > b->bytes; });
+    std::vector<Lifetime*> placed;
+    size_t total = 0;
+    for (Lifetime* l : order) {
+      std::vector<Lifetime*> live;
+      for (Lifetime* p : placed)
+        if (p->begin <= l->end && l->begin <= p->end) live.push_back(p);
+      std::sort(live.begin(), live.end(), [](const Lifetime* a, const Lifetime* b) { return a->offset < b->offset; });
+      size_t off = 0;
+      for (Lifetime* p : live) {
+        if (off + l->bytes <= p->offset) break;
+        off = std::max(off, p->offset + p->bytes);
+      }
+      l->offset = off;
+      total = std::max(total, off + l->bytes);
+      placed.push_back(l);
+    }
+    arena = AlignedBuffer<float>(total / sizeof(float));
+    for (size_t g = 0; g < lt.size(); ++g)
+      *lt[g].view = arena.data() + merged[merged_of[root(int(g))]].offset / sizeof(float);
+    size_t ws = 0;
+    for (NodeInfo& n : nodes)
+      if (n.layer) ws = std::max(ws, n.layer->workspace_bytes());
+    workspace = AlignedBuffer<std::byte>((ws + 63) / 64 * 64);
+    for (NodeInfo& n : nodes)
+      if (n.layer && n.layer->workspace_bytes()) n.layer->use_workspace(workspace.data());
+    plan.arena_bytes = total;
+    plan.unshared_bytes = naive;
+    plan.workspace_bytes = workspace.size();
+  }
+
+  // Testing aid (set_debug_poison): a buffer about to be written for the first time in its
+  // lifetime, and the workspace before every layer call, are filled with NaN, as fresh memory
+  // could hold anything. A layer reading what it did not write, or what the plan let another
+  // buffer reuse, then produces NaN.
+  void poison_fresh(float* p, size_t elements) const {
+    if (poison) std::fill(p, p + elements, std::numeric_limits<float>::quiet_NaN());
+  }
+  void poison_workspace() {
+    if (poison) std::fill(workspace.data(), workspace.data() + workspace.size(), std::byte{0xFF});
   }
 
   void weights_updated() {
@@ -271,21 +419,24 @@ struct Model::Impl {
     DFP_CHECK(!train || count == batch, Status::invalid_argument,
               "model '" + name + "': training batches must be full (" + std::to_string(batch) +
                   " images; BatchNorm statistics would include padding), got " + std::to_string(count));
+    have_training_forward = false;
     const TensorShape& is = nodes[0].shape;
     const size_t per_image = is.blocked_elements() / size_t(batch);
-    std::memcpy(nodes[0].act.data(), images, per_image * count * sizeof(float));
-    std::memset(nodes[0].act.data() + per_image * count, 0, per_image * (batch - count) * sizeof(float));
+    std::memcpy(nodes[0].act, images, per_image * count * sizeof(float));
+    std::memset(nodes[0].act + per_image * count, 0, per_image * (batch - count) * sizeof(float));
     model::StepInfo st{count, train, step, train && sample_step()};
     for (size_t i = 1; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
       xs.clear();
-      for (int j : n.inputs) xs.push_back(nodes[j].act.data());
-      n.layer->forward(ctx, xs, n.act.data(), st);
+      for (int j : n.inputs) xs.push_back(nodes[j].act);
+      if (std::find(xs.begin(), xs.end(), n.act) == xs.end()) poison_fresh(n.act, n.elements);  // not in place
+      poison_workspace();
+      n.layer->forward(ctx, xs, n.act, st);
     }
     // Softmax cross-entropy in double, per image.
     const TensorShape& ls = nodes[loss_node].shape;
     const int K = ls.c, KP = channel_blocks(K) * 16;
-    const float* logits = nodes[loss_node].act.data();
+    const float* logits = nodes[loss_node].act;
     StepResult r;
     r.count = count;
     double loss = 0;
@@ -317,6 +468,7 @@ struct Model::Impl {
     }
     r.loss = loss / count;
     last_count = count;
+    have_training_forward = train;
     return r;
   }
 
@@ -351,13 +503,14 @@ struct Model::Impl {
   }
 
   bool backward() {
-    DFP_CHECK(built && last_count == batch, Status::invalid_argument,
-              "model '" + name + "': backward() needs a training forward() first");
+    DFP_CHECK(built && have_training_forward && last_count == batch, Status::invalid_argument,
+              "model '" + name + "': backward() needs a training forward() first (and no other forward in between)");
+    have_training_forward = false;  // planned memory reused: one backward per training forward
     for (NodeInfo& n : nodes) n.grad_written = false;
     // d(scale * mean loss)/d(logits) = scale * (p - target) / batch
     NodeInfo& ln = nodes[loss_node];
     const int K = ln.shape.c, KP = channel_blocks(K) * 16;
-    std::memset(ln.grad.data(), 0, ln.grad.size() * sizeof(float));
+    std::memset(ln.grad, 0, ln.elements * sizeof(float));
     for (int n = 0; n < batch; ++n)
       for (int k = 0; k < K; ++k) {
         const double target = (k == labels[n] ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
@@ -374,21 +527,28 @@ struct Model::Impl {
       if (adaptive) {
         // Zhao et al.: this layer's own factor, applied to the gradient it receives (so to its
         // own rounding of dy, its weight gradient and everything it passes on).
-        const double alpha = n.layer->adaptive_factor(ctx, n.grad.data(), n.adapt_scale, adaptive_opts);
+        const double alpha = n.layer->adaptive_factor(ctx, n.grad, n.adapt_scale, adaptive_opts);
         if (alpha != 1) {
-          scale_add(n.grad.data(), static_cast<float>(alpha), nullptr, 0.f, n.grad.size());
+          scale_add(n.grad, static_cast<float>(alpha), nullptr, 0.f, n.elements);
           n.grad_scale *= alpha;
           n.adapt_scale *= alpha;
         }
       }
       xs.clear();
       dxs.clear();
-      for (int j : n.inputs) {
-        xs.push_back(nodes[j].act.data());
-        if (j == 0) dxs.push_back(nullptr);  // no gradient for the data
-        else dxs.push_back(nodes[j].grad_written ? nodes[j].acc.data() : nodes[j].grad.data());
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        NodeInfo& in = nodes[n.inputs[k]];
+        // Only what the layer declared is still planned to hold the forward values.
+        xs.push_back(n.layer->backward_reads_input(k) ? in.act : nullptr);
+        if (n.inputs[k] == 0) {
+          dxs.push_back(nullptr);  // no gradient for the data
+        } else {
+          dxs.push_back(in.grad_written ? in.acc : in.grad);
+          if (dxs.back() != n.grad) poison_fresh(dxs.back(), in.elements);  // not in place
+        }
       }
-      n.layer->backward(ctx, xs, n.act.data(), n.grad.data(), dxs, st);
+      poison_workspace();
+      n.layer->backward(ctx, xs, n.layer->backward_reads_output() ? n.act : nullptr, n.grad, dxs, st);
       finite &= unscale_params(n);
       for (int j : n.inputs) {
         if (j == 0) continue;
@@ -396,8 +556,8 @@ struct Model::Impl {
         if (in.grad_written) {
           // Second consumer: sum at the smaller of the two scales, so neither part can overflow.
           const double target = std::min(in.grad_scale, n.grad_scale);
-          scale_add(in.grad.data(), static_cast<float>(target / in.grad_scale), in.acc.data(),
-                    static_cast<float>(target / n.grad_scale), in.grad.size());
+          scale_add(in.grad, static_cast<float>(target / in.grad_scale), in.acc,
+                    static_cast<float>(target / n.grad_scale), in.elements);
           in.adapt_scale = in.grad_scale == target ? in.adapt_scale : n.adapt_scale;
           in.grad_scale = target;
         } else {
@@ -503,6 +663,11 @@ void Model::set_loss_scaling(const LossScaleOptions& o) {
   impl_->adaptive_opts.max_scale = o.adaptive_max_scale;
 }
 void Model::set_numerics_interval(int interval) { impl_->numerics_interval = std::max(0, interval); }
+void Model::set_debug_poison(bool on) { impl_->poison = on; }
+MemoryPlan Model::memory_plan() const {
+  DFP_CHECK(impl_->built, Status::invalid_argument, "model '" + impl_->name + "': memory_plan() before build()");
+  return impl_->plan;
+}
 void Model::weights_updated() { impl_->weights_updated(); }
 uint64_t Model::step() const noexcept { return impl_->step; }
 void Model::set_step(uint64_t step) { impl_->step = step; }
