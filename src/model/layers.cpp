@@ -521,6 +521,10 @@ class Linear final : public WeightedLayer {
 
 // ---- BatchNorm2d ----------------------------------------------------------------------------
 
+// Per-channel reductions run over (channel block, batch slice) tasks with a fixed number of
+// slices, summed in slice order: both cores work even on a 16-channel layer, and results do not
+// depend on the thread count. Within a task, FP32 partial sums over runs of kRun pixels are added
+// into FP64 totals: vectorized at 16 lanes, with the error of a 256-term FP32 sum at most.
 class BatchNorm final : public Layer {
  public:
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
@@ -537,7 +541,13 @@ class BatchNorm final : public Layer {
     running_var_.assign(s_.c, 1.f);
     mean_.assign(cp, 0.f);
     invstd_.assign(cp, 0.f);
-    block_max_.assign(cb_of(s_), 0.f);
+    slices_ = std::min(kSlices, s_.n);
+    k1_.assign(cp, 0.f);
+    k2_.assign(cp, 0.f);
+    k3_.assign(cp, 0.f);
+    part_a_.assign(size_t(cb_of(s_)) * slices_ * 16, 0.0);
+    part_b_.assign(part_a_.size(), 0.0);
+    part_max_.assign(part_a_.size(), 0.f);
     // INT16 policy: the input saved for backward is kept as DFP16 (Das et al. keep every saved
     // activation in 16 bits); the statistics and the arithmetic stay FP32.
     if (policy.resolve(name) == Precision::int16) {
@@ -548,60 +558,66 @@ class BatchNorm final : public Layer {
   }
   bool backward_reads_input(size_t) const override { return xq_.size() == 0; }
   bool forward_in_place(size_t) const override { return true; }
-  bool backward_in_place(size_t) const override { return true; }  // dx per block after that block's sums
+  bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     const int CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     const bool save_q = st.train && xq_.size() > 0;
     if (st.train) {
       const double m = double(s_.n) * hw;
-      ctx.parallel_for(CB, [&](int64_t b0, int64_t b1) {
-        for (int64_t blk = b0; blk < b1; ++blk) {
-          double sum[16] = {}, sq[16] = {};
-          float mx[16] = {};
-          for (int n = 0; n < s_.n; ++n) {
-            const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
-            for (size_t i = 0; i < hw; ++i)
+      // Pass 1: sums and max|x|.
+      reduce(ctx, [&](int blk, int n0, int n1, double* sum, double*, float* mx) {
+        for (int n = n0; n < n1; ++n) {
+          const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
+          for (size_t i0 = 0; i0 < hw; i0 += kRun) {
+            float f[16] = {};
+            const size_t i1 = std::min(hw, i0 + kRun);
+            for (size_t i = i0; i < i1; ++i)
               for (int l = 0; l < 16; ++l) {
-                sum[l] += p[i * 16 + l];
-                const float a = std::fabs(p[i * 16 + l]);
+                const float v = p[i * 16 + l];
+                f[l] += v;
+                const float a = std::fabs(v);
                 mx[l] = a > mx[l] ? a : mx[l];  // NaN never wins (training stops on NaN logits)
               }
-          }
-          float mean[16];
-          for (int l = 0; l < 16; ++l) mean[l] = static_cast<float>(sum[l] / m);
-          for (int n = 0; n < s_.n; ++n) {  // two-pass variance: no cancellation
-            const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
-            for (size_t i = 0; i < hw; ++i)
-              for (int l = 0; l < 16; ++l) {
-                const double d = p[i * 16 + l] - mean[l];
-                sq[l] += d * d;
-              }
-          }
-          block_max_[blk] = *std::max_element(mx, mx + 16);
-          for (int l = 0; l < 16; ++l) {
-            const int c = int(blk) * 16 + l;
-            const double var = sq[l] / m;
-            mean_[c] = mean[l];
-            invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + kEps));
-            if (c < s_.c) {  // PyTorch: running var uses the unbiased estimate
-              running_mean_[c] = (1 - kMomentum) * running_mean_[c] + kMomentum * mean[l];
-              running_var_[c] = static_cast<float>((1 - kMomentum) * running_var_[c] +
-                                                   kMomentum * var * m / std::max(1.0, m - 1));
-            }
+            for (int l = 0; l < 16; ++l) sum[l] += f[l];
           }
         }
       });
+      for (int c = 0; c < CB * 16; ++c) mean_[c] = static_cast<float>(total(part_a_, c) / m);
+      float mx = 0.f;
+      for (float v : part_max_) mx = v > mx ? v : mx;
+      // Pass 2: two-pass variance (no cancellation).
+      reduce(ctx, [&](int blk, int n0, int n1, double* sq, double*, float*) {
+        const float* mean = mean_.data() + blk * 16;
+        for (int n = n0; n < n1; ++n) {
+          const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
+          for (size_t i0 = 0; i0 < hw; i0 += kRun) {
+            float f[16] = {};
+            const size_t i1 = std::min(hw, i0 + kRun);
+            for (size_t i = i0; i < i1; ++i)
+              for (int l = 0; l < 16; ++l) {
+                const float d = p[i * 16 + l] - mean[l];
+                f[l] += d * d;
+              }
+            for (int l = 0; l < 16; ++l) sq[l] += f[l];
+          }
+        }
+      });
+      for (int c = 0; c < CB * 16; ++c) {
+        const double var = total(part_a_, c) / m;
+        invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + kEps));
+        if (c < s_.c) {  // PyTorch: running var uses the unbiased estimate
+          running_mean_[c] = (1 - kMomentum) * running_mean_[c] + kMomentum * mean_[c];
+          running_var_[c] = static_cast<float>((1 - kMomentum) * running_var_[c] +
+                                               kMomentum * var * m / std::max(1.0, m - 1));
+        }
+      }
+      if (save_q) xq_exp_ = dfp16_exponent(std::isfinite(mx) ? mx : 0.f, xq_opts_.headroom);
     } else {
       for (int c = 0; c < cb_of(s_) * 16; ++c) {
         mean_[c] = c < s_.c ? running_mean_[c] : 0.f;
         invstd_[c] = c < s_.c ? 1.f / std::sqrt(running_var_[c] + kEps) : 0.f;
       }
-    }
-    if (save_q) {
-      float mx = *std::max_element(block_max_.begin(), block_max_.end());
-      if (!std::isfinite(mx)) mx = 0.f;
-      xq_exp_ = dfp16_exponent(mx, xq_opts_.headroom);
     }
     const auto quant = ctx.kernels().quantize.fn;
     const uint64_t qseed = xq_opts_.seed ^ (st.step * 0x9E3779B97F4A7C15ULL);
@@ -640,57 +656,90 @@ class BatchNorm final : public Layer {
   }
 
  private:
+  static constexpr int kSlices = 8;
+  static constexpr size_t kRun = 256;
+
+  // Runs f(blk, n0, n1, a[16], b[16], max[16]) for every (channel block, batch slice) into zeroed
+  // partials part_a_, part_b_, part_max_.
+  template <class F>
+  void reduce(const Context& ctx, F&& f) {
+    std::fill(part_a_.begin(), part_a_.end(), 0.0);
+    std::fill(part_b_.begin(), part_b_.end(), 0.0);
+    std::fill(part_max_.begin(), part_max_.end(), 0.f);
+    const int S = slices_;
+    ctx.parallel_for(int64_t(cb_of(s_)) * S, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int blk = int(t / S), sl = int(t % S);
+        const size_t o = size_t(t) * 16;
+        f(blk, sl * s_.n / S, (sl + 1) * s_.n / S, part_a_.data() + o, part_b_.data() + o, part_max_.data() + o);
+      }
+    });
+  }
+  // Channel c's total over the slices, in slice order.
+  double total(const std::vector<double>& part, int c) const {
+    double t = 0;
+    for (int sl = 0; sl < slices_; ++sl) t += part[(size_t(c / 16) * slices_ + sl) * 16 + c % 16];
+    return t;
+  }
+
   // x[i] * x_scale is the saved input (FP32, or DFP16 with x_scale = 2^e).
   template <class T>
   void backward_from(const Context& ctx, const T* x, float x_scale, const float* dy, float* dx) {
     const int CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     const double m = double(s_.n) * hw;
-    ctx.parallel_for(CB, [&](int64_t b0, int64_t b1) {
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        double sdy[16] = {}, sdyx[16] = {};
-        float mean[16], inv[16];
-        for (int l = 0; l < 16; ++l) { mean[l] = mean_[blk * 16 + l]; inv[l] = invstd_[blk * 16 + l]; }
-        for (int n = 0; n < s_.n; ++n) {
-          const size_t off = (size_t(n) * CB + blk) * plane(s_);
-          const float* __restrict gp = dy + off;
-          const T* __restrict xp = x + off;
-          for (size_t i = 0; i < hw; ++i)
+    reduce(ctx, [&](int blk, int n0, int n1, double* sdy, double* sdyx, float*) {
+      const float* mean = mean_.data() + blk * 16;
+      const float* inv = invstd_.data() + blk * 16;
+      for (int n = n0; n < n1; ++n) {
+        const size_t off = (size_t(n) * CB + blk) * plane(s_);
+        const float* __restrict gp = dy + off;
+        const T* __restrict xp = x + off;
+        for (size_t i0 = 0; i0 < hw; i0 += kRun) {
+          float f[16] = {}, g2[16] = {};
+          const size_t i1 = std::min(hw, i0 + kRun);
+          for (size_t i = i0; i < i1; ++i)
             for (int l = 0; l < 16; ++l) {
               const float g = gp[i * 16 + l];
-              sdy[l] += g;
-              sdyx[l] += g * (float(xp[i * 16 + l]) * x_scale - mean[l]) * inv[l];
+              f[l] += g;
+              g2[l] += g * (float(xp[i * 16 + l]) * x_scale - mean[l]) * inv[l];
             }
-        }
-        float k1[16], k2[16], k3[16];
-        for (int l = 0; l < 16; ++l) {
-          const int c = int(blk) * 16 + l;
-          ggamma_[c] = c < s_.c ? static_cast<float>(sdyx[l]) : 0.f;
-          gbeta_[c] = c < s_.c ? static_cast<float>(sdy[l]) : 0.f;
-          // dx = gamma*inv/m * (m*dy - sum(dy) - xhat*sum(dy*xhat))
-          k1[l] = gamma_[c] * inv[l];
-          k2[l] = static_cast<float>(sdy[l] / m);
-          k3[l] = static_cast<float>(sdyx[l] / m);
-        }
-        if (!dx) continue;
-        for (int n = 0; n < s_.n; ++n) {
-          const size_t off = (size_t(n) * CB + blk) * plane(s_);
-          const float* __restrict gp = dy + off;
-          const T* __restrict xp = x + off;
-          float* __restrict dp = dx + off;
-          for (size_t i = 0; i < hw; ++i)
-            for (int l = 0; l < 16; ++l) {
-              const float xhat = (float(xp[i * 16 + l]) * x_scale - mean[l]) * inv[l];
-              dp[i * 16 + l] = k1[l] * (gp[i * 16 + l] - k2[l] - xhat * k3[l]);
-            }
+          for (int l = 0; l < 16; ++l) { sdy[l] += f[l]; sdyx[l] += g2[l]; }
         }
       }
+    });
+    for (int c = 0; c < CB * 16; ++c) {
+      const double sdy = total(part_a_, c), sdyx = total(part_b_, c);
+      ggamma_[c] = c < s_.c ? static_cast<float>(sdyx) : 0.f;
+      gbeta_[c] = c < s_.c ? static_cast<float>(sdy) : 0.f;
+      // dx = gamma*inv/m * (m*dy - sum(dy) - xhat*sum(dy*xhat))
+      k1_[c] = gamma_[c] * invstd_[c];
+      k2_[c] = static_cast<float>(sdy / m);
+      k3_[c] = static_cast<float>(sdyx / m);
+    }
+    if (!dx) return;
+    for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
+      const size_t off = (size_t(n) * CB + blk) * plane(s_);
+      const float* __restrict gp = dy + off;
+      const T* __restrict xp = x + off;
+      float* dp = dx + off;  // may be gp (in place): each element is read before it is written
+      const float *mean = mean_.data() + blk * 16, *inv = invstd_.data() + blk * 16;
+      const float *k1 = k1_.data() + blk * 16, *k2 = k2_.data() + blk * 16, *k3 = k3_.data() + blk * 16;
+      for (size_t i = 0; i < hw; ++i)
+        for (int l = 0; l < 16; ++l) {
+          const float xhat = (float(xp[i * 16 + l]) * x_scale - mean[l]) * inv[l];
+          dp[i * 16 + l] = k1[l] * (gp[i * 16 + l] - k2[l] - xhat * k3[l]);
+        }
     });
   }
 
   static constexpr double kEps = 1e-5, kMomentum = 0.1;
   TensorShape s_;
-  std::vector<float> gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_, mean_, invstd_, block_max_;
+  std::vector<float> gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_, mean_, invstd_;
+  std::vector<float> k1_, k2_, k3_;  // backward's per-channel coefficients
+  int slices_ = 1;
+  std::vector<double> part_a_, part_b_;  // per (channel block, slice, lane)
+  std::vector<float> part_max_;
   AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
   int xq_exp_ = 0;
   QuantOptions xq_opts_;
