@@ -566,42 +566,20 @@ class BatchNorm final : public Layer {
     if (st.train) {
       const double m = double(s_.n) * hw;
       // Pass 1: sums and max|x|.
-      reduce(ctx, [&](int blk, int n0, int n1, double* sum, double*, float* mx) {
-        for (int n = n0; n < n1; ++n) {
-          const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
-          for (size_t i0 = 0; i0 < hw; i0 += kRun) {
-            float f[16] = {};
-            const size_t i1 = std::min(hw, i0 + kRun);
-            for (size_t i = i0; i < i1; ++i)
-              for (int l = 0; l < 16; ++l) {
-                const float v = p[i * 16 + l];
-                f[l] += v;
-                const float a = std::fabs(v);
-                mx[l] = a > mx[l] ? a : mx[l];  // NaN never wins (training stops on NaN logits)
-              }
-            for (int l = 0; l < 16; ++l) sum[l] += f[l];
-          }
-        }
+      const float* xs = x[0];
+      reduce(ctx, [&](int, size_t e, int l, float& sum, float&, float& mx) {
+        sum += xs[e];
+        const float a = std::fabs(xs[e]);
+        mx = a > mx ? a : mx;  // NaN never wins (training stops on NaN logits)
       });
       for (int c = 0; c < CB * 16; ++c) mean_[c] = static_cast<float>(total(part_a_, c) / m);
       float mx = 0.f;
       for (float v : part_max_) mx = v > mx ? v : mx;
       // Pass 2: two-pass variance (no cancellation).
-      reduce(ctx, [&](int blk, int n0, int n1, double* sq, double*, float*) {
-        const float* mean = mean_.data() + blk * 16;
-        for (int n = n0; n < n1; ++n) {
-          const float* p = x[0] + (size_t(n) * CB + blk) * plane(s_);
-          for (size_t i0 = 0; i0 < hw; i0 += kRun) {
-            float f[16] = {};
-            const size_t i1 = std::min(hw, i0 + kRun);
-            for (size_t i = i0; i < i1; ++i)
-              for (int l = 0; l < 16; ++l) {
-                const float d = p[i * 16 + l] - mean[l];
-                f[l] += d * d;
-              }
-            for (int l = 0; l < 16; ++l) sq[l] += f[l];
-          }
-        }
+      const float* mean = mean_.data();
+      reduce(ctx, [&](int blk, size_t e, int l, float& sq, float&, float&) {
+        const float d = xs[e] - mean[blk * 16 + l];
+        sq += d * d;
       });
       for (int c = 0; c < CB * 16; ++c) {
         const double var = total(part_a_, c) / m;
@@ -659,19 +637,30 @@ class BatchNorm final : public Layer {
   static constexpr int kSlices = 8;
   static constexpr size_t kRun = 256;
 
-  // Runs f(blk, n0, n1, a[16], b[16], max[16]) for every (channel block, batch slice) into zeroed
-  // partials part_a_, part_b_, part_max_.
-  template <class F>
-  void reduce(const Context& ctx, F&& f) {
+  // Calls term(blk, element, lane, a, b, max) for every element of the tensor, accumulating into
+  // zeroed partials part_a_, part_b_, part_max_ per (channel block, batch slice, lane).
+  template <class Term>
+  void reduce(const Context& ctx, Term term) {
     std::fill(part_a_.begin(), part_a_.end(), 0.0);
     std::fill(part_b_.begin(), part_b_.end(), 0.0);
     std::fill(part_max_.begin(), part_max_.end(), 0.f);
-    const int S = slices_;
-    ctx.parallel_for(int64_t(cb_of(s_)) * S, [&](int64_t t0, int64_t t1) {
+    const int S = slices_, CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    ctx.parallel_for(int64_t(CB) * S, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const int blk = int(t / S), sl = int(t % S);
-        const size_t o = size_t(t) * 16;
-        f(blk, sl * s_.n / S, (sl + 1) * s_.n / S, part_a_.data() + o, part_b_.data() + o, part_max_.data() + o);
+        double* A = part_a_.data() + size_t(t) * 16;
+        double* B = part_b_.data() + size_t(t) * 16;
+        float* M = part_max_.data() + size_t(t) * 16;
+        for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
+          const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          for (size_t i0 = 0; i0 < hw; i0 += kRun) {
+            float fa[16] = {}, fb[16] = {};
+            for (size_t i = i0; i < std::min(hw, i0 + kRun); ++i)
+              for (int l = 0; l < 16; ++l) term(blk, off + i * 16 + l, l, fa[l], fb[l], M[l]);
+            for (int l = 0; l < 16; ++l) { A[l] += fa[l]; B[l] += fb[l]; }
+          }
+        }
       }
     });
   }
@@ -688,25 +677,11 @@ class BatchNorm final : public Layer {
     const int CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     const double m = double(s_.n) * hw;
-    reduce(ctx, [&](int blk, int n0, int n1, double* sdy, double* sdyx, float*) {
-      const float* mean = mean_.data() + blk * 16;
-      const float* inv = invstd_.data() + blk * 16;
-      for (int n = n0; n < n1; ++n) {
-        const size_t off = (size_t(n) * CB + blk) * plane(s_);
-        const float* __restrict gp = dy + off;
-        const T* __restrict xp = x + off;
-        for (size_t i0 = 0; i0 < hw; i0 += kRun) {
-          float f[16] = {}, g2[16] = {};
-          const size_t i1 = std::min(hw, i0 + kRun);
-          for (size_t i = i0; i < i1; ++i)
-            for (int l = 0; l < 16; ++l) {
-              const float g = gp[i * 16 + l];
-              f[l] += g;
-              g2[l] += g * (float(xp[i * 16 + l]) * x_scale - mean[l]) * inv[l];
-            }
-          for (int l = 0; l < 16; ++l) { sdy[l] += f[l]; sdyx[l] += g2[l]; }
-        }
-      }
+    const float *mean = mean_.data(), *inv = invstd_.data();
+    reduce(ctx, [&](int blk, size_t e, int l, float& sdy, float& sdyx, float&) {
+      const int c = blk * 16 + l;
+      sdy += dy[e];
+      sdyx += dy[e] * (float(x[e]) * x_scale - mean[c]) * inv[c];
     });
     for (int c = 0; c < CB * 16; ++c) {
       const double sdy = total(part_a_, c), sdyx = total(part_b_, c);
