@@ -8,8 +8,10 @@
 // Activations are FP32 in the blocked layout of conv.hpp ([N][ceil(C/16)][H][W][16]).
 // Precision is a runtime policy over this one set of layers: Conv2d and Linear run on DFP16
 // operands (all three passes, FP32 outputs), on BF16 or FP16 operands with FP32 accumulation,
-// or in FP32; BatchNorm, ReLU, pooling, the loss, the master weights and the optimizer are FP32
-// in every policy.
+// or in FP32; BatchNorm, ReLU, pooling, the loss, the master weights and the optimizer compute in
+// FP32 in every policy. What backward needs is kept in 16 bits under int16, as in Das et al.:
+// Conv2d/Linear keep their DFP16 input, and a BatchNorm whose name resolves to int16 keeps its
+// input as DFP16 (override it to fp32 by name, e.g. "bn*=fp32", to keep it in FP32).
 #pragma once
 
 #include <cstdint>
