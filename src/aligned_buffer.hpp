@@ -1,5 +1,6 @@
 // Zero-initialised, 64-byte aligned storage owned by planned operators. Allocated when an
-// operator is built, never inside a training step.
+// operator is built (a standalone ConvInt16 without a shared workspace: on its first use), never
+// inside a Model's training step.
 #pragma once
 
 #include <cstddef>

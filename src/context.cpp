@@ -97,15 +97,15 @@ void Context::log(LogLevel level, std::string_view message) const {
   if (impl_->log) impl_->log(level, message);
 }
 
-void Context::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) const {
+void Context::parallel_for_ref(int64_t n, RangeRef body) const {
   if (n <= 0) return;
   if (impl_->threads == 1 || n == 1) {
-    body(0, n);
+    body.call(body.body, 0, n);
     return;
   }
   impl_->arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1),
-                      [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
+                      [&](const tbb::blocked_range<int64_t>& r) { body.call(body.body, r.begin(), r.end()); });
   });
 }
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "dfp/isa.hpp"
 
@@ -51,13 +52,26 @@ class Context {
 
   // Runs body(begin, end) over disjoint chunks covering [0, n) on this context's threads.
   // Results must not depend on how [0, n) is chunked: every caller writes disjoint outputs.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) const;
+  // The body is taken by reference, not copied into a std::function: a training step makes
+  // hundreds of these calls and allocates nothing.
+  template <class Body>
+  void parallel_for(int64_t n, Body&& body) const {
+    using B = std::remove_reference_t<Body>;
+    parallel_for_ref(n, RangeRef{const_cast<void*>(static_cast<const void*>(&body)),
+                                 [](void* b, int64_t lo, int64_t hi) { (*static_cast<B*>(b))(lo, hi); }});
+  }
 
   // Makes oneDNN (OpenMP) use this context's thread count on the calling thread. Called by the
   // oneDNN-backed kernels before each primitive runs.
   void bind_openmp() const;
 
  private:
+  struct RangeRef {
+    void* body;
+    void (*call)(void*, int64_t, int64_t);
+  };
+  void parallel_for_ref(int64_t n, RangeRef body) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
