@@ -65,9 +65,10 @@ int pair_chain(int64_t a, int64_t b) {
   return static_cast<int>(std::min<int64_t>(kInt32Max / (2 * a * b), kMaxChain));
 }
 
-float pow2(int e, const std::string& what) {
+// 2^e for a pass's product scale; the message is built only on failure (no allocation per pass).
+float pow2(int e, const std::string& name, const char* pass) {
   DFP_CHECK(e >= -126 && e <= 127, Status::numerical_error,
-            what + ": product scale 2^" + std::to_string(e) +
+            "convolution '" + name + "' " + pass + ": product scale 2^" + std::to_string(e) +
                 " is outside the normal FP32 range (operands too small or too large for DFP16 here)");
   return std::ldexp(1.f, e);
 }
@@ -125,18 +126,24 @@ struct ConvInt16::Impl {
   bool shared_workspace = false;
   int64_t wf_unit_l1 = 0, wf_pair_l1 = 0, wb_unit_l1 = 0, wb_pair_l1 = 0;
   bool have_w = false, have_x = false, have_x_fwd = false, have_dy = false;
-  uint64_t step = 0;
-
-  // The stochastic stream of one quantization: the base seed mixed with the step.
-  QuantOptions at_step(const QuantOptions& q) const {
-    QuantOptions o = q;
-    o.seed = q.seed ^ (step * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL);
-    return o;
+  // The options each quantization uses at the current step: opt's, with the base seed mixed with
+  // the step (the stochastic stream). Kept, not copied per call: QuantOptions holds a name string,
+  // and a training step allocates nothing.
+  QuantOptions step_w, step_x, step_dy;
+  void set_step(uint64_t step) {
+    const uint64_t mix = step * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
+    step_w.seed = opt.weights.seed ^ mix;
+    step_x.seed = opt.activations.seed ^ mix;
+    step_dy.seed = opt.gradients.seed ^ mix;
   }
 
   Impl(const Context& c, const ConvShape& s, const DfpConvOptions& o, std::string n)
       : ctx(c), sh(s), opt(o), name(std::move(n)) {
     sh.validate("convolution '" + name + "'");
+    step_w = opt.weights;
+    step_x = opt.activations;
+    step_dy = opt.gradients;
+    set_step(0);
     for (const QuantOptions* q : {&opt.weights, &opt.activations, &opt.gradients})
       DFP_CHECK(q->headroom >= 0 && q->headroom <= kDfpMaxHeadroom, Status::invalid_argument,
                 "convolution '" + name + "': " + q->name + " headroom expected in [0, " +
@@ -291,7 +298,7 @@ struct ConvInt16::Impl {
   void set_weights(const float* w) {
     const size_t n = size_t(sh.K) * sh.C * T;
     ensure_workspace();
-    stats.w = quantize_dfp16(ctx, w, wq, n, at_step(opt.weights));
+    stats.w = quantize_dfp16(ctx, w, wq, n, step_w);
     // Pack both layouts and measure the L1 norms that bound the INT32 chains.
     int64_t f_unit = 0, f_pair = 0, b_unit = 0, b_pair = 0;
     auto wv = [&](int k, int c, int t) -> int16_t {
@@ -407,7 +414,7 @@ struct ConvInt16::Impl {
   void quantize_input(const float* x, const int* exponent) {
     ensure_workspace();
     stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
-                               at_step(opt.activations), exponent);
+                               step_x, exponent);
     have_x = have_x_fwd = true;
     if (shared_workspace) have_dy = false;  // the workspace now holds x
   }
@@ -415,7 +422,7 @@ struct ConvInt16::Impl {
   void quantize_grad_output(const float* dy) {
     ensure_workspace();
     stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, gemm ? dyp : nullptr, OH, OW, 0, 0,
-                                at_step(opt.gradients), nullptr);
+                                step_dy, nullptr);
     have_dy = true;
     if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
   }
@@ -436,7 +443,7 @@ struct ConvInt16::Impl {
     const int chain = opt.chain_override ? opt.chain_override
                                          : pixel_chain(stats.x.max_abs_int, wf_unit_l1, wf_pair_l1);
     stats.chain_fwd = chain;
-    const float scale = pow2(stats.x.exponent + stats.w.exponent, "convolution '" + name + "' forward");
+    const float scale = pow2(stats.x.exponent + stats.w.exponent, name, "forward");
     const auto fn = pixel_fn();
     std::atomic<int64_t> events{0};
     simd::PixelKernelArgs base{};
@@ -509,7 +516,7 @@ struct ConvInt16::Impl {
     const int chain = opt.chain_override ? opt.chain_override
                                          : pixel_chain(stats.dy.max_abs_int, wb_unit_l1, wb_pair_l1);
     stats.chain_bwd = chain;
-    const float scale = pow2(stats.dy.exponent + stats.w.exponent, "convolution '" + name + "' backward_data");
+    const float scale = pow2(stats.dy.exponent + stats.w.exponent, name, "backward_data");
     const auto fn = pixel_fn();
     std::atomic<int64_t> events{0};
     simd::PixelKernelArgs base{};
@@ -592,7 +599,7 @@ struct ConvInt16::Impl {
     require(have_dy, "backward_weights", "quantize_grad_output()");
     const int chain = opt.chain_override ? opt.chain_override : pair_chain(stats.x.max_abs_int, stats.dy.max_abs_int);
     stats.chain_wgrad = chain;
-    const float scale = pow2(stats.x.exponent + stats.dy.exponent, "convolution '" + name + "' backward_weights");
+    const float scale = pow2(stats.x.exponent + stats.dy.exponent, name, "backward_weights");
     const auto fn = pair_fn();
     const int ns = wgrad_partials();
     const size_t part = size_t(KB) * 16 * T * CB * 16;  // [K16][T][C16]
@@ -713,7 +720,7 @@ const ConvStats& ConvInt16::stats() const noexcept { return impl_->stats; }
 const char* ConvInt16::kernel_name() const noexcept {
   return impl_->opt.verify ? "conv_s16s16f32__ref_int64_shadow" : impl_->ctx.kernels().conv_s16_pixel.name;
 }
-void ConvInt16::set_step(uint64_t step) { impl_->step = step; }
+void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w); }
 void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, nullptr); }
 void ConvInt16::quantize_input_with_exponent(const float* x, int e) { impl_->quantize_input(x, &e); }

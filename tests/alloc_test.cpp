@@ -1,0 +1,121 @@
+// A training step allocates nothing: this binary's malloc family interposes the C library's for
+// every library in the process (dfp, oneDNN, TBB, libstdc++), and counts what warm training steps
+// allocate. dfp's own code must allocate nothing in any precision; oneDNN's primitives allocate
+// inside every execute() (its execution context, its OpenMP regions), which no caller can prevent,
+// so allocations with a oneDNN or libgomp frame on their stack are counted apart and reported.
+#include <execinfo.h>
+#include <gtest/gtest.h>
+#include <link.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/models.hpp"
+#include "dfp/optim.hpp"
+
+extern "C" {
+void* __libc_malloc(size_t);
+void* __libc_calloc(size_t, size_t);
+void* __libc_realloc(void*, size_t);
+void* __libc_memalign(size_t, size_t);
+}
+
+namespace {
+std::atomic<bool> counting{false};
+std::atomic<long> own{0}, foreign{0};
+// Code ranges of oneDNN and its OpenMP runtime, found before counting starts.
+struct Range {
+  uintptr_t lo, hi;
+};
+Range foreign_code[64];
+int n_foreign = 0;
+thread_local bool in_note = false;
+
+bool is_foreign(void* pc) {
+  const auto a = reinterpret_cast<uintptr_t>(pc);
+  for (int i = 0; i < n_foreign; ++i)
+    if (a >= foreign_code[i].lo && a < foreign_code[i].hi) return true;
+  return false;
+}
+void note() {
+  if (!counting.load(std::memory_order_relaxed) || in_note) return;
+  in_note = true;
+  void* frames[48];
+  const int k = backtrace(frames, 48);
+  bool f = false;
+  for (int i = 0; i < k && !f; ++i) f = is_foreign(frames[i]);
+  (f ? foreign : own).fetch_add(1, std::memory_order_relaxed);
+  in_note = false;
+}
+void find_foreign_code() {
+  n_foreign = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void*) {
+        if (!std::strstr(info->dlpi_name, "libdnnl") && !std::strstr(info->dlpi_name, "libgomp")) return 0;
+        for (int i = 0; i < info->dlpi_phnum && n_foreign < 64; ++i)
+          if (info->dlpi_phdr[i].p_type == PT_LOAD) {
+            const uintptr_t lo = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
+            foreign_code[n_foreign++] = {lo, lo + info->dlpi_phdr[i].p_memsz};
+          }
+        return 0;
+      },
+      nullptr);
+  void* warm[4];
+  backtrace(warm, 4);  // its first call loads libgcc (allocating): not while counting
+}
+}  // namespace
+
+extern "C" {
+void* malloc(size_t n) { note(); return __libc_malloc(n); }
+void* calloc(size_t a, size_t b) { note(); return __libc_calloc(a, b); }
+void* realloc(void* p, size_t n) { note(); return __libc_realloc(p, n); }
+void* aligned_alloc(size_t a, size_t n) { note(); return __libc_memalign(a, n); }
+void* memalign(size_t a, size_t n) { note(); return __libc_memalign(a, n); }
+int posix_memalign(void** p, size_t a, size_t n) {
+  note();
+  *p = __libc_memalign(a, n);
+  return *p ? 0 : 12;  // ENOMEM
+}
+}
+
+using namespace dfp;
+
+TEST(Allocation, TrainingStepsAllocateNothing) {
+  Context ctx(ContextOptions{.threads = 2});
+  find_foreign_code();
+  for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
+    Model m(ctx, "r");
+    build_model(m, "resnet20", 3, 16, 16, 10);
+    PrecisionPolicy pol;
+    pol.precision = p;
+    m.build(8, pol);
+    Sgd sgd(ctx, m, {0.9f, 5e-4f, true});
+    std::vector<float> x(blocked_size(8, 3, 16, 16));
+    std::mt19937 g(1);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int n = 0; n < 8; ++n)  // real channels only: padding lanes stay zero
+      for (int c = 0; c < 3; ++c)
+        for (int i = 0; i < 256; ++i) x[(size_t(n) * 256 + i) * 16 + c] = nd(g);
+    const std::vector<int32_t> y = {0, 1, 2, 3, 4, 5, 6, 7};
+    auto step = [&] {
+      m.forward(x.data(), y.data(), 8, true);
+      m.backward();
+      sgd.step(0.01f);
+    };
+    for (int i = 0; i < 3; ++i) step();  // first use: oneDNN's kernels, thread pools
+    own = foreign = 0;
+    counting = true;
+    for (int i = 0; i < 3; ++i) step();
+    counting = false;
+    EXPECT_EQ(own.load(), 0) << precision_name(p) << ": allocations by dfp in 3 training steps";
+    if (p == Precision::int16) {
+      EXPECT_EQ(foreign.load(), 0) << "int16 calls no oneDNN primitive";
+    }
+    std::printf("%s: %ld allocations inside oneDNN/libgomp in 3 steps\n", precision_name(p), foreign.load());
+  }
+}
