@@ -11,6 +11,7 @@
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "src/named_enum.hpp"
 
 namespace dfp {
 
@@ -44,10 +45,8 @@ const char* rounding_name(Rounding r) noexcept {
 }
 
 Rounding parse_rounding(const std::string& text, const std::string& origin) {
-  for (Rounding r : {Rounding::nearest_even, Rounding::stochastic, Rounding::biased})
-    if (text == rounding_name(r)) return r;
-  fail(Status::invalid_argument,
-       origin + ": unknown rounding '" + text + "'; expected one of nearest, stochastic, biased");
+  return parse_named(text, {Rounding::nearest_even, Rounding::stochastic, Rounding::biased}, rounding_name, origin,
+                     "rounding");
 }
 
 int dfp16_exponent(float max_abs, int headroom) noexcept {

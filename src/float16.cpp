@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "dfp/status.hpp"
+#include "src/named_enum.hpp"
 
 namespace dfp {
 
@@ -18,10 +19,8 @@ const char* float_format_name(FloatFormat f) noexcept {
 }
 
 FloatFormat parse_float_format(const std::string& text, const std::string& origin) {
-  if (text == "fp32") return FloatFormat::fp32;
-  if (text == "bf16") return FloatFormat::bf16;
-  if (text == "fp16") return FloatFormat::fp16;
-  fail(Status::invalid_argument, origin + ": unknown format '" + text + "'; expected fp32, bf16 or fp16");
+  return parse_named(text, {FloatFormat::fp32, FloatFormat::bf16, FloatFormat::fp16}, float_format_name, origin,
+                     "format");
 }
 
 uint16_t f32_to_bf16(float x) noexcept {

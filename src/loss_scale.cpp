@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "dfp/status.hpp"
+#include "src/named_enum.hpp"
 
 namespace dfp {
 
@@ -20,12 +21,8 @@ const char* loss_scale_mode_name(LossScaleMode m) noexcept {
 }
 
 LossScaleMode parse_loss_scale_mode(const std::string& text, const std::string& origin) {
-  if (text == "none") return LossScaleMode::none;
-  if (text == "static") return LossScaleMode::fixed;
-  if (text == "dynamic") return LossScaleMode::dynamic;
-  if (text == "adaptive") return LossScaleMode::adaptive;
-  fail(Status::invalid_argument,
-       origin + ": unknown loss scaling '" + text + "'; expected none, static, dynamic or adaptive");
+  return parse_named(text, {LossScaleMode::none, LossScaleMode::fixed, LossScaleMode::dynamic, LossScaleMode::adaptive},
+                     loss_scale_mode_name, origin, "loss scaling");
 }
 
 double LossScaleOptions::initial_scale() const noexcept {

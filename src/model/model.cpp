@@ -18,6 +18,7 @@
 #include "simd/kernel_table.hpp"
 #include "src/aligned_buffer.hpp"
 #include "src/model/layer.hpp"
+#include "src/named_enum.hpp"
 
 namespace dfp {
 
@@ -32,11 +33,8 @@ const char* precision_name(Precision p) noexcept {
 }
 
 Precision parse_precision(const std::string& text, const std::string& origin) {
-  if (text == "fp32") return Precision::fp32;
-  if (text == "int16") return Precision::int16;
-  if (text == "bf16") return Precision::bf16;
-  if (text == "fp16") return Precision::fp16;
-  fail(Status::invalid_argument, origin + ": unknown precision '" + text + "'; expected fp32, int16, bf16 or fp16");
+  return parse_named(text, {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}, precision_name,
+                     origin, "precision");
 }
 
 namespace {
