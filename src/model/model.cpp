@@ -286,6 +286,31 @@ struct Model::Impl {
     size_t offset = 0;
   };
 
+  // Gives each lifetime an offset so that lifetimes that meet never share bytes; returns the
+  // arena size. Greedy: largest first, at the lowest offset free over its whole lifetime.
+  static size_t place(std::vector<Lifetime>& lts) {
+    std::vector<Lifetime*> order;
+    for (Lifetime& l : lts) order.push_back(&l);
+    std::stable_sort(order.begin(), order.end(), [](const Lifetime* a, const Lifetime* b) { return a->bytes > b->bytes; });
+    std::vector<Lifetime*> placed;
+    size_t total = 0;
+    for (Lifetime* l : order) {
+      std::vector<Lifetime*> live;
+      for (Lifetime* p : placed)
+        if (p->begin <= l->end && l->begin <= p->end) live.push_back(p);
+      std::sort(live.begin(), live.end(), [](const Lifetime* a, const Lifetime* b) { return a->offset < b->offset; });
+      size_t off = 0;
+      for (Lifetime* p : live) {
+        if (off + l->bytes <= p->offset) break;
+        off = std::max(off, p->offset + p->bytes);
+      }
+      l->offset = off;
+      total = std::max(total, off + l->bytes);
+      placed.push_back(l);
+    }
+    return total;
+  }
+
   void plan_memory() {
     const int N = int(nodes.size());
     std::vector<std::vector<std::pair<int, size_t>>> readers(nodes.size());  // (consumer, input slot)
@@ -293,6 +318,7 @@ struct Model::Impl {
       for (size_t k = 0; k < nodes[j].inputs.size(); ++k) readers[nodes[j].inputs[k]].push_back({j, k});
     std::vector<Lifetime> lt;
     std::vector<int> act_of(N, -1), grad_of(N, -1);  // index in lt
+    std::vector<int> last_consumer(N, -1);          // the first to write the node's gradient
     auto bytes_of = [](size_t elements) { return (elements * sizeof(float) + 63) / 64 * 64; };
     size_t naive = 0;
     for (int i = 0; i < N; ++i) {
@@ -311,6 +337,7 @@ struct Model::Impl {
       std::vector<int> cons;
       for (auto [j, k] : readers[i]) cons.push_back(j);
       std::sort(cons.rbegin(), cons.rend());  // backward order: the last consumer runs first
+      if (!cons.empty()) last_consumer[i] = cons[0];
       if (cons.empty() && i != loss_node) continue;  // nothing ever writes its gradient
       const int first_write = i == loss_node ? N : 2 * N - cons[0];
       grad_of[i] = int(lt.size());
@@ -340,9 +367,9 @@ struct Model::Impl {
           unite(act_of[i], act_of[n]);
           fwd = true;
         }
-        int first_writer = 0, writes = 0;
-        for (auto [j, kk] : readers[i]) { first_writer = std::max(first_writer, j); writes += j == n; }
-        if (!bwd && layer.backward_in_place(k) && grad_of[i] >= 0 && grad_of[n] >= 0 && first_writer == n && writes == 1) {
+        const auto reads = std::count(nodes[n].inputs.begin(), nodes[n].inputs.end(), i);  // add(x, x): 2
+        if (!bwd && layer.backward_in_place(k) && grad_of[i] >= 0 && grad_of[n] >= 0 && last_consumer[i] == n &&
+            reads == 1) {
           unite(grad_of[i], grad_of[n]);
           bwd = true;
         }
@@ -361,25 +388,7 @@ struct Model::Impl {
       m.begin = std::min(m.begin, lt[g].begin);
       m.end = std::max(m.end, lt[g].end);
     }
-    std::vector<Lifetime*> order;
-    for (Lifetime& l : merged) order.push_back(&l);
-    std::stable_sort(order.begin(), order.end(), [](const Lifetime* a, const Lifetime* b) { return a->bytes > b->bytes; });
-    std::vector<Lifetime*> placed;
-    size_t total = 0;
-    for (Lifetime* l : order) {
-      std::vector<Lifetime*> live;
-      for (Lifetime* p : placed)
-        if (p->begin <= l->end && l->begin <= p->end) live.push_back(p);
-      std::sort(live.begin(), live.end(), [](const Lifetime* a, const Lifetime* b) { return a->offset < b->offset; });
-      size_t off = 0;
-      for (Lifetime* p : live) {
-        if (off + l->bytes <= p->offset) break;
-        off = std::max(off, p->offset + p->bytes);
-      }
-      l->offset = off;
-      total = std::max(total, off + l->bytes);
-      placed.push_back(l);
-    }
+    const size_t total = place(merged);
     arena = AlignedBuffer<float>(total / sizeof(float));
     for (size_t g = 0; g < lt.size(); ++g)
       *lt[g].view = arena.data() + merged[merged_of[root(int(g))]].offset / sizeof(float);
