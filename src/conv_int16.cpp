@@ -42,6 +42,7 @@ namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
 constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
+constexpr int kWgradKbGroup = 4;  // weight-gradient output blocks sharing one x tile (4 dy tiles: 32 KiB)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
 
 struct Phase {
@@ -51,19 +52,69 @@ struct Phase {
   std::vector<int32_t> tap_wei;
 };
 
-// Chain length (VPDPWSSD steps) for the pixel kernel: src magnitude <= a, weights packed in units
-// of 8 steps whose per-lane L1 norm is <= unit_l1 and whose per-step (pair) L1 is <= pair_l1.
-int pixel_chain(int64_t a, int64_t unit_l1, int64_t pair_l1) {
-  if (a == 0 || pair_l1 == 0) return kMaxChain;
-  const int64_t units = kInt32Max / (a * unit_l1);
-  if (units >= 1) return static_cast<int>(std::min<int64_t>(units, kMaxChain / 8) * 8);
-  return static_cast<int>(std::max<int64_t>(1, kInt32Max / (a * pair_l1)));  // >= 1: a, pair_l1 <= 32767, 65534
-}
-
 int pair_chain(int64_t a, int64_t b) {
   if (a == 0 || b == 0) return kMaxChain;
   return static_cast<int>(std::min<int64_t>(kInt32Max / (2 * a * b), kMaxChain));
 }
+
+// The pixel kernel flushes after every `chain` steps counted from the start of each call, so an
+// output lane's INT32 sum spans a window of consecutive (input block, tap) units of 8 steps, the
+// windows starting at the call's first unit. A lane's sum in a window is at most a (the largest
+// |src|) times the L1 norm of its weights over the window's units. The table holds, for
+// candidate window lengths n, the largest such L1 norm over all lanes and windows of the pass's
+// unit sequence; the chain is the longest n with a * L1(n) <= INT32_MAX. That is the exact bound
+// for these weights, and longer than n * (largest single-unit L1) because units differ: with
+// uniform random weights it gives chains of 3 units where the per-unit bound gives 2.
+struct ChainTable {
+  std::vector<int> n;        // candidate window lengths in units, ascending; n[0] = 1
+  std::vector<int64_t> l1;   // the largest window L1 norm for each
+  int64_t pair_l1 = 0;       // the largest per-step (pair) L1, for chains shorter than a unit
+
+  // Candidates: every length up to 16, then steps of a half, and the whole sequence.
+  void plan(int units) {
+    n.clear();
+    for (int c = 1; c <= units; c = c < 16 ? c + 1 : c + c / 2) n.push_back(c);
+    if (n.empty() || n.back() != units) n.push_back(std::max(units, 1));
+    l1.assign(n.size(), 0);
+  }
+  // unit_l1[lane * lane_stride + ib * T + tap]: per-lane L1 of one unit. The sequence is ib in
+  // [0, nib) outer, taps[] inner, as the kernel runs it. Sources are at least a_min in magnitude
+  // (the quantizer puts the largest in [2^(14-headroom), 2^(15-headroom))), so lengths past the
+  // first that overflows for a_min are never chosen and are not measured.
+  void measure(const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T, const int32_t* taps,
+               int ntaps, int64_t a_min) {
+    for (size_t i = 0; i < n.size(); ++i) {
+      int64_t best = 0;
+      for (int lane = 0; lane < lanes; ++lane) {
+        const int32_t* u = unit_l1 + lane * lane_stride;
+        int64_t sum = 0;
+        int count = 0;
+        for (int ib = 0; ib < nib; ++ib, u += T)
+          for (int t = 0; t < ntaps; ++t) {
+            sum += u[taps[t]];
+            if (++count == n[i]) {
+              best = std::max(best, sum);
+              sum = count = 0;
+            }
+          }
+        best = std::max(best, sum);
+      }
+      l1[i] = best;
+      if (a_min * best > kInt32Max) {
+        std::fill(l1.begin() + i + 1, l1.end(), std::numeric_limits<int64_t>::max() / 65536);
+        break;
+      }
+    }
+  }
+  // Steps per INT32 chain for sources of magnitude <= a.
+  int chain(int64_t a) const {
+    if (a == 0 || l1[0] == 0) return kMaxChain;
+    int best = 0;
+    for (size_t i = 0; i < n.size() && a * l1[i] <= kInt32Max; ++i) best = n[i];
+    if (best > 0) return static_cast<int>(std::min<int64_t>(int64_t(best) * 8, kMaxChain));
+    return static_cast<int>(std::max<int64_t>(1, kInt32Max / (a * pair_l1)));  // >= 1: a, pair_l1 <= 32767, 65534
+  }
+};
 
 // 2^e for a pass's product scale; the message is built only on failure (no allocation per pass).
 float pow2(int e, const std::string& name, const char* pass) {
@@ -124,7 +175,13 @@ struct ConvInt16::Impl {
   size_t xq_bytes = 0, dyq_bytes = 0, dyp_bytes = 0, dw_part_bytes = 0, wq_bytes = 0;
   AlignedBuffer<std::byte> own_workspace;  // unless the caller provides one
   bool shared_workspace = false;
-  int64_t wf_unit_l1 = 0, wf_pair_l1 = 0, wb_unit_l1 = 0, wb_pair_l1 = 0;
+  // INT32 chain bounds of the packed weights: FPROP, and BPROP per phase (set_weights() measures
+  // them from per-lane unit L1 norms, which live in the workspace after wq while it packs).
+  ChainTable fwd_chain;
+  std::vector<ChainTable> phase_chain;
+  std::vector<int> phase_steps;  // each phase's chain in the current backward_data()
+  int32_t *unit_l1_f = nullptr, *unit_l1_b = nullptr;
+  size_t unit_l1_bytes = 0;
   bool have_w = false, have_x = false, have_x_fwd = false, have_dy = false;
   // The options each quantization uses at the current step: opt's, with the base seed mixed with
   // the step (the stochastic stream). Kept, not copied per call: QuantOptions holds a name string,
@@ -182,13 +239,20 @@ struct ConvInt16::Impl {
     xp = AlignedBuffer<int16_t>(size_t(NP) * CB * sh.H * sh.W * 32);
     for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
     for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
-    wq_bytes = round64(size_t(sh.K) * sh.C * T * sizeof(int16_t));
+    fwd_chain.plan(CB * T);
+    for (const Phase& p : phases) {
+      phase_chain.emplace_back();
+      phase_chain.back().plan(KB * static_cast<int>(p.tap_wei.size()));
+    }
+    phase_steps.assign(phases.size(), 0);
+    unit_l1_bytes = round64(size_t(KB) * 16 * CB * T * sizeof(int32_t));  // = CB*16 * KB*T too
+    wq_bytes = round64(size_t(sh.K) * sh.C * T * sizeof(int16_t)) + 2 * unit_l1_bytes;
     wf = AlignedBuffer<int16_t>(size_t(KB) * CB * T * 256);
     wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
     xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
     dyq_bytes = round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t));
     dyp_bytes = gemm ? round64(size_t(NP) * KB * 32 * sizeof(int16_t)) : 0;
-    dw_part_bytes = round64(size_t(wgrad_partials()) * KB * 16 * T * CB * 16 * sizeof(float));
+    dw_part_bytes = round64(size_t(wgrad_partials()) * KB * 16 * dw_row() * sizeof(float));
     use_workspace(nullptr);
   }
 
@@ -218,6 +282,7 @@ struct ConvInt16::Impl {
       dyp = reinterpret_cast<int16_t*>(p + dyq_bytes);
       dw_part = reinterpret_cast<float*>(p + dyq_bytes + dyp_bytes);
       wq = xq = reinterpret_cast<int16_t*>(p);
+      place_unit_l1(p);
     }
     shared_workspace = p != nullptr;
     have_x_fwd = have_dy = false;
@@ -231,8 +296,19 @@ struct ConvInt16::Impl {
     dw_part = reinterpret_cast<float*>(p + dyq_bytes + dyp_bytes);
     wq = reinterpret_cast<int16_t*>(p + backward_bytes());
     xq = reinterpret_cast<int16_t*>(p + backward_bytes() + wq_bytes);
+    place_unit_l1(p + backward_bytes());
+  }
+  // The unit L1 tables follow the unpacked weights in the wq region.
+  void place_unit_l1(std::byte* wq_region) {
+    std::byte* u = wq_region + wq_bytes - 2 * unit_l1_bytes;
+    unit_l1_f = reinterpret_cast<int32_t*>(u);
+    unit_l1_b = reinterpret_cast<int32_t*>(u + unit_l1_bytes);
   }
 
+  // Row stride (floats) of the FP32 weight-gradient partials [K16][T][C16]. A kernel call flushes
+  // 16 rows; at a multiple of 4 KiB (1x1 layers with C16 = 1024) they all fall in one L1 set and
+  // every flush missed. One extra cache line per row spreads them.
+  int64_t dw_row() const { return int64_t(T) * CB * 16 + 16; }
   int slices() const { return std::min(kWgradSlices, NP); }
   // Weight-gradient parallelisation, chosen from the shape alone so results never depend on the
   // thread count: by 16-row output blocks of dW when there are at least 4, else by fixed slices
@@ -300,7 +376,7 @@ struct ConvInt16::Impl {
     ensure_workspace();
     stats.w = quantize_dfp16(ctx, w, wq, n, step_w);
     // Pack both layouts and measure the L1 norms that bound the INT32 chains.
-    int64_t f_unit = 0, f_pair = 0, b_unit = 0, b_pair = 0;
+    int64_t f_pair = 0, b_pair = 0;
     auto wv = [&](int k, int c, int t) -> int16_t {
       return (k < sh.K && c < sh.C) ? wq[(size_t(k) * sh.C + c) * T + t] : int16_t{0};
     };
@@ -326,14 +402,19 @@ struct ConvInt16::Impl {
               fu += fp;
               bu += bp;
             }
-            f_unit = std::max(f_unit, fu);
-            b_unit = std::max(b_unit, bu);
+            unit_l1_f[(size_t(kb) * 16 + l) * CB * T + size_t(cb) * T + t] = static_cast<int32_t>(fu);
+            unit_l1_b[(size_t(cb) * 16 + l) * KB * T + size_t(kb) * T + t] = static_cast<int32_t>(bu);
           }
         }
-    wf_unit_l1 = f_unit;
-    wf_pair_l1 = f_pair;
-    wb_unit_l1 = b_unit;
-    wb_pair_l1 = b_pair;
+    // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
+    fwd_chain.pair_l1 = f_pair;
+    fwd_chain.measure(unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, fwd_tap_wei.data(), T,
+                      int64_t{1} << (14 - opt.activations.headroom));
+    for (size_t q = 0; q < phases.size(); ++q) {
+      phase_chain[q].pair_l1 = b_pair;
+      phase_chain[q].measure(unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, phases[q].tap_wei.data(),
+                             static_cast<int>(phases[q].tap_wei.size()), int64_t{1} << (14 - opt.gradients.headroom));
+    }
     have_w = true;
     if (shared_workspace) have_dy = have_x_fwd = false;  // wq overwrote them
   }
@@ -441,7 +522,7 @@ struct ConvInt16::Impl {
     require(have_w, "forward", "set_weights()");
     require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
     const int chain = opt.chain_override ? opt.chain_override
-                                         : pixel_chain(stats.x.max_abs_int, wf_unit_l1, wf_pair_l1);
+                                         : fwd_chain.chain(stats.x.max_abs_int);
     stats.chain_fwd = chain;
     const float scale = pow2(stats.x.exponent + stats.w.exponent, name, "forward");
     const auto fn = pixel_fn();
@@ -513,8 +594,15 @@ struct ConvInt16::Impl {
   void backward_data(float* dx) {
     require(have_w, "backward_data", "set_weights()");
     require(have_dy, "backward_data", "quantize_grad_output()");
-    const int chain = opt.chain_override ? opt.chain_override
-                                         : pixel_chain(stats.dy.max_abs_int, wb_unit_l1, wb_pair_l1);
+    // One chain per phase: each runs its own tap sequence. The pass reports the shortest.
+    auto phase_chain_len = [&](size_t q) {
+      return opt.chain_override ? opt.chain_override : phase_chain[q].chain(stats.dy.max_abs_int);
+    };
+    int chain = kMaxChain;
+    for (size_t q = 0; q < phases.size(); ++q) {
+      phase_steps[q] = phase_chain_len(q);
+      if (!phases[q].tap_wei.empty()) chain = std::min(chain, phase_steps[q]);
+    }
     stats.chain_bwd = chain;
     const float scale = pow2(stats.dy.exponent + stats.w.exponent, name, "backward_data");
     const auto fn = pixel_fn();
@@ -573,6 +661,7 @@ struct ConvInt16::Impl {
         a.tap_src = p.tap_src.data();
         a.tap_wei = p.tap_wei.data();
         a.ntaps = static_cast<int>(p.tap_wei.size());
+        a.chain = phase_steps[q];
         const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
         const int ih = p.ph + i * sh.stride_h;
         for (int g = 0; g < ngroups; ++g) {
@@ -602,8 +691,8 @@ struct ConvInt16::Impl {
     const float scale = pow2(stats.x.exponent + stats.dy.exponent, name, "backward_weights");
     const auto fn = pair_fn();
     const int ns = wgrad_partials();
-    const size_t part = size_t(KB) * 16 * T * CB * 16;  // [K16][T][C16]
-    const int64_t dw_k = int64_t(T) * CB * 16;
+    const int64_t dw_k = dw_row();
+    const size_t part = size_t(KB) * 16 * dw_k;  // [K16][T][C16], rows padded
     // Tiles of positions per call: enough to amortise the flush; their dy pairs fit a stack tile.
     const int chunk_cols = std::min(OW, kPairTile);
     const int chunk_rows = std::max(1, std::min(OH, kPairTile / chunk_cols));
@@ -635,20 +724,25 @@ struct ConvInt16::Impl {
           }
         return;
       }
-      alignas(64) int16_t tile[kPairTile * 32];  // dy pairs of one tile of positions
+      // dy pairs of one tile of positions for up to kWgradKbGroup output blocks. The output blocks
+      // are the innermost loop, so each x tile (one cb and tap, in L1) serves all of them: with kb
+      // outermost, 1x1 layers with many channels re-streamed x from memory once per kb.
+      alignas(64) int16_t tile[kWgradKbGroup][kPairTile * 32];
       for (int p = p0; p < p1; ++p)
         for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows)
           for (int ow0 = 0; ow0 < OW; ow0 += chunk_cols) {
             const int oh1 = std::min(OH, oh0 + chunk_rows), ow1 = std::min(OW, ow0 + chunk_cols);
             const int cols = ow1 - ow0;
             a.dy_row = int64_t(cols) * 32;
-            for (int kb = kb0; kb < kb1; ++kb) {
+            for (int kg = kb0; kg < kb1; kg += kWgradKbGroup) {
+              const int kg1 = std::min(kb1, kg + kWgradKbGroup);
               // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps.
-              for (int oh = oh0; oh < oh1; ++oh) {
-                const int16_t* i0 = dyq + (((size_t(2 * p) * KB + kb) * OHb + oh + pt) * OWb + ow0 + pl) * 16;
-                const int16_t* i1 = 2 * p + 1 < sh.N ? i0 + size_t(KB) * OHb * OWb * 16 : nullptr;
-                inter(i0, i1, tile + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
-              }
+              for (int kb = kg; kb < kg1; ++kb)
+                for (int oh = oh0; oh < oh1; ++oh) {
+                  const int16_t* i0 = dyq + (((size_t(2 * p) * KB + kb) * OHb + oh + pt) * OWb + ow0 + pl) * 16;
+                  const int16_t* i1 = 2 * p + 1 < sh.N ? i0 + size_t(KB) * OHb * OWb * 16 : nullptr;
+                  inter(i0, i1, tile[kb - kg] + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
+                }
               for (int cb = 0; cb < CB; ++cb)
                 for (int t = 0; t < T; ++t) {
                   const int r = t / sh.S, s2 = t % sh.S;
@@ -658,11 +752,13 @@ struct ConvInt16::Impl {
                   if (lo_r >= hi_r || lo_c >= hi_c) continue;
                   a.rows = hi_r - lo_r;
                   a.cols = hi_c - lo_c;
-                  a.dy = tile + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
                   a.x = xp.data() + (((size_t(p) * CB + cb) * sh.H + size_t(lo_r) * sh.stride_h + r - sh.pad_h) * sh.W +
                                      size_t(lo_c) * sh.stride_w + s2 - sh.pad_w) * 32;
-                  a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
-                  fn(a);
+                  for (int kb = kg; kb < kg1; ++kb) {
+                    a.dy = tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+                    a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
+                    fn(a);
+                  }
                 }
             }
           }
@@ -670,14 +766,19 @@ struct ConvInt16::Impl {
     if (by_output_block()) {
       // Enough output blocks to share out: each task owns 16 rows of dW over all positions, so
       // there are no partial sums to store or add (large layers would make them memory-bound).
-      ctx.parallel_for(KB, [&](int64_t k0, int64_t k1) {
+      // Tasks are groups of output blocks that share x tiles (at most kWgradKbGroup, and small
+      // enough that every thread gets one). Each kb sees the same calls in the same order however
+      // the blocks are grouped, so the result does not depend on the thread count.
+      const int group = std::max(1, std::min(kWgradKbGroup, (KB + ctx.threads() - 1) / ctx.threads()));
+      ctx.parallel_for((KB + group - 1) / group, [&](int64_t g0, int64_t g1) {
         int64_t ev = 0;
         simd::PairKernelArgs a = base;
         a.overflow_events = opt.verify ? &ev : nullptr;
-        for (int64_t kb = k0; kb < k1; ++kb) {
+        for (int64_t g = g0; g < g1; ++g) {
+          const int kb0 = int(g) * group, kb1 = std::min(KB, kb0 + group);
           float* acc = dw_part;
-          std::memset(acc + size_t(kb) * 16 * dw_k, 0, size_t(16) * dw_k * sizeof(float));
-          reduce(a, acc, 0, NP, int(kb), int(kb) + 1);
+          std::memset(acc + size_t(kb0) * 16 * dw_k, 0, size_t(kb1 - kb0) * 16 * dw_k * sizeof(float));
+          reduce(a, acc, 0, NP, kb0, kb1);
         }
         events += ev;
       });

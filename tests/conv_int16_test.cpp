@@ -208,16 +208,50 @@ TEST(ConvInt16, AdversarialOperandsGiveExactAnswer) {
   }
 }
 
+TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
+  // Weights 1.0 on even taps and 0.25 on odd ones, x and dy all 1.0, no padding: every output's
+  // INT32 sum reaches the bound, a = 4096, and a unit (one input block, one tap: 16 products per
+  // lane) sums to 4096 * 16 * 4096 = 2^28 on an even tap and 2^26 on an odd one. The per-unit
+  // bound allows 7 units (56 steps); windows of the actual sequence (HLHLHLHLH twice) allow 11:
+  // the first 11 units sum to 6 * 2^28 + 5 * 2^26 < 2^31, the first 12 to 7 * 2^28 + 5 * 2^26 > 2^31.
+  const ConvShape s = make(2, 32, 5, 5, 16, 3, 3, 1, 0);
+  std::vector<float> w(size_t(s.K) * s.C * 9);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = (i % 9) % 2 == 0 ? 1.f : 0.25f;
+  const std::vector<float> x(size_t(s.N) * s.C * s.H * s.W, 1.f), dy(size_t(s.N) * s.K * s.OH() * s.OW(), 1.f);
+  std::vector<double> y, dx;
+  test::conv_fwd_ref(s, x, w, y);
+  test::conv_bwd_data_ref(s, dy, w, dx);
+  Context ctx(ContextOptions{.threads = 2});
+  DfpConvOptions o;
+  o.verify = true;
+  const Outputs r = run_int16(ctx, s, x, w, dy, o);
+  EXPECT_EQ(r.stats.chain_fwd, 88);
+  EXPECT_EQ(r.stats.overflow_events, 0);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(r.y[i], y[i]) << "y " << i;
+  for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(r.dx[i], dx[i]) << "dx " << i;
+  // One unit more overflows: the bound is the longest safe chain, not just a safe one.
+  o.chain_override = 96;
+  EXPECT_GT(run_int16(ctx, s, x, w, dy, o).stats.overflow_events, 0);
+}
+
 TEST(ConvInt16, IndependentOfThreadCount) {
-  const ConvShape s = make(6, 24, 10, 10, 40, 3, 3, 2, 1);
-  const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 31);
-  const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 32);
-  const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 33);
-  Context one(ContextOptions{.threads = 1}), two(ContextOptions{.threads = 2});
-  const Outputs a = run_int16(one, s, x, w, dy), b = run_int16(two, s, x, w, dy);
-  expect_bits_equal(a.y, b.y, "forward");
-  expect_bits_equal(a.dx, b.dx, "backward_data");
-  expect_bits_equal(a.dw, b.dw, "backward_weights");
+  // K = 40: the weight gradient sums fixed slices of image pairs; K = 72 (5 output blocks): it
+  // runs by groups of output blocks, grouped differently for each thread count.
+  for (const ConvShape& s : {make(6, 24, 10, 10, 40, 3, 3, 2, 1), make(5, 20, 9, 9, 72, 3, 3, 1, 1)}) {
+    SCOPED_TRACE(describe(s));
+    const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 31);
+    const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 32);
+    const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 33);
+    Context one(ContextOptions{.threads = 1});
+    const Outputs a = run_int16(one, s, x, w, dy);
+    for (int threads : {2, 3}) {
+      Context more(ContextOptions{.threads = threads});
+      const Outputs b = run_int16(more, s, x, w, dy);
+      expect_bits_equal(a.y, b.y, "forward");
+      expect_bits_equal(a.dx, b.dx, "backward_data");
+      expect_bits_equal(a.dw, b.dw, "backward_weights");
+    }
+  }
 }
 
 TEST(LinearInt16, MatchesConvolutionAndFp64) {
