@@ -42,7 +42,7 @@ namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
 constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
-constexpr int kWgradKbGroup = 4;  // weight-gradient output blocks sharing one x tile (4 dy tiles: 32 KiB)
+constexpr int kWgradKbGroup = 2;  // weight-gradient output blocks sharing one x tile (4 measured slower: L1)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
 
 struct Phase {
@@ -727,7 +727,7 @@ struct ConvInt16::Impl {
       // dy pairs of one tile of positions for up to kWgradKbGroup output blocks. The output blocks
       // are the innermost loop, so each x tile (one cb and tap, in L1) serves all of them: with kb
       // outermost, 1x1 layers with many channels re-streamed x from memory once per kb.
-      alignas(64) int16_t tile[kWgradKbGroup][kPairTile * 32];
+      alignas(64) int16_t tile[kWgradKbGroup][kPairTile * 32 + 32];  // + one line: 8 KiB apart, they shared L1 sets
       for (int p = p0; p < p1; ++p)
         for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows)
           for (int ow0 = 0; ow0 < OW; ow0 += chunk_cols) {
