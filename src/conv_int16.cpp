@@ -45,12 +45,6 @@ constexpr int kPairTile = 128;      // weight-gradient positions per kernel call
 constexpr int kWgradKbGroup = 2;  // weight-gradient output blocks sharing one x tile (4 measured slower: L1)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
 
-struct Phase {
-  int ph = 0, pw = 0;    // residues of the dx rows/columns this phase writes
-  int ni = 0, nj = 0;    // its output rows and columns
-  std::vector<int64_t> tap_src;
-  std::vector<int32_t> tap_wei;
-};
 
 int pair_chain(int64_t a, int64_t b) {
   if (a == 0 || b == 0) return kMaxChain;
@@ -116,6 +110,65 @@ struct ChainTable {
   }
 };
 
+// Output rows grouped by the taps that read inside the image. A row at the top or bottom edge
+// skips the taps whose input row is padding (zero products: 1/8 of the work of a 3x3 layer on an
+// 8x8 image). Taps are ordered by kernel row, so a row's taps are a contiguous range; each group
+// has its own chain table because its unit sequence differs.
+struct RowTaps {
+  std::vector<int> row_group;                    // per output row
+  std::vector<std::pair<int, int>> range;        // per group: taps [first, last)
+  std::vector<ChainTable> chain;                 // per group
+  std::vector<int> steps;                        // per group: its chain in the current pass
+
+  // valid(row, t): whether tap t of that output row reads inside the image.
+  template <class Valid>
+  void plan(int rows, int ntaps, int nib, Valid valid) {
+    for (int row = 0; row < rows; ++row) {
+      int lo = 0, hi = 0;
+      while (lo < ntaps && !valid(row, lo)) ++lo;
+      hi = lo;
+      while (hi < ntaps && valid(row, hi)) ++hi;
+      for (int t = hi; t < ntaps; ++t)
+        if (valid(row, t)) lo = 0, hi = ntaps;  // not contiguous (never for row-major taps): keep all
+      if (lo == hi) lo = hi = 0;
+      const auto it = std::find(range.begin(), range.end(), std::make_pair(lo, hi));
+      row_group.push_back(static_cast<int>(it - range.begin()));
+      if (it == range.end()) {
+        range.emplace_back(lo, hi);
+        chain.emplace_back();
+        chain.back().plan(nib * (hi - lo));
+      }
+    }
+    steps.assign(range.size(), 0);
+  }
+  void measure(const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T, const int32_t* taps,
+               int64_t a_min, int64_t pair_l1) {
+    for (size_t g = 0; g < range.size(); ++g) {
+      chain[g].pair_l1 = pair_l1;
+      chain[g].measure(unit_l1, lanes, lane_stride, nib, T, taps + range[g].first, range[g].second - range[g].first,
+                       a_min);
+    }
+  }
+  // Sets steps for sources of magnitude <= a (or the override); returns the shortest.
+  int choose(int64_t a, int override_chain) {
+    int shortest = kMaxChain;
+    for (size_t g = 0; g < range.size(); ++g) {
+      steps[g] = override_chain ? override_chain : chain[g].chain(a);
+      if (range[g].second > range[g].first) shortest = std::min(shortest, steps[g]);
+    }
+    return shortest;
+  }
+};
+
+struct Phase {
+  int ph = 0, pw = 0;    // residues of the dx rows/columns this phase writes
+  int ni = 0, nj = 0;    // its output rows and columns
+  std::vector<int64_t> tap_src;
+  std::vector<int32_t> tap_wei;
+  std::vector<int> tap_dr;  // dy row offset of each tap: dx row i reads dy row i + dr
+  RowTaps rows;
+};
+
 // 2^e for a pass's product scale; the message is built only on failure (no allocation per pass).
 float pow2(int e, const std::string& name, const char* pass) {
   DFP_CHECK(e >= -126 && e <= 127, Status::numerical_error,
@@ -177,9 +230,7 @@ struct ConvInt16::Impl {
   bool shared_workspace = false;
   // INT32 chain bounds of the packed weights: FPROP, and BPROP per phase (set_weights() measures
   // them from per-lane unit L1 norms, which live in the workspace after wq while it packs).
-  ChainTable fwd_chain;
-  std::vector<ChainTable> phase_chain;
-  std::vector<int> phase_steps;  // each phase's chain in the current backward_data()
+  RowTaps fwd_rows;
   int32_t *unit_l1_f = nullptr, *unit_l1_b = nullptr;
   size_t unit_l1_bytes = 0;
   bool have_w = false, have_x = false, have_x_fwd = false, have_dy = false;
@@ -239,12 +290,17 @@ struct ConvInt16::Impl {
     xp = AlignedBuffer<int16_t>(size_t(NP) * CB * sh.H * sh.W * 32);
     for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
     for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
-    fwd_chain.plan(CB * T);
-    for (const Phase& p : phases) {
-      phase_chain.emplace_back();
-      phase_chain.back().plan(KB * static_cast<int>(p.tap_wei.size()));
-    }
-    phase_steps.assign(phases.size(), 0);
+    // FPROP output row oh reads input rows oh * stride + r - pad for kernel rows r (taps r*S + s).
+    fwd_rows.plan(OH, T, CB, [&](int oh, int t) {
+      const int ih = oh * sh.stride_h + t / sh.S - sh.pad_h;
+      return ih >= 0 && ih < sh.H;
+    });
+    // BPROP: dx row i of a phase reads dy row i + dr of each tap.
+    for (Phase& p : phases)
+      p.rows.plan(p.ni, static_cast<int>(p.tap_wei.size()), KB, [&](int i, int t) {
+        const int r = i + p.tap_dr[t];
+        return r >= 0 && r < OH;
+      });
     unit_l1_bytes = round64(size_t(KB) * 16 * CB * T * sizeof(int32_t));  // = CB*16 * KB*T too
     wq_bytes = round64(size_t(sh.K) * sh.C * T * sizeof(int16_t)) + 2 * unit_l1_bytes;
     wf = AlignedBuffer<int16_t>(size_t(KB) * CB * T * 256);
@@ -343,6 +399,7 @@ struct ConvInt16::Impl {
             p.tap_src.push_back(dr);  // finished below, once the border is known
             p.tap_src.push_back(dc);
             p.tap_wei.push_back(r * sh.S + s2);
+            p.tap_dr.push_back(dr);
           }
         }
         phases.push_back(std::move(p));
@@ -407,14 +464,11 @@ struct ConvInt16::Impl {
           }
         }
     // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
-    fwd_chain.pair_l1 = f_pair;
-    fwd_chain.measure(unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, fwd_tap_wei.data(), T,
-                      int64_t{1} << (14 - opt.activations.headroom));
-    for (size_t q = 0; q < phases.size(); ++q) {
-      phase_chain[q].pair_l1 = b_pair;
-      phase_chain[q].measure(unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, phases[q].tap_wei.data(),
-                             static_cast<int>(phases[q].tap_wei.size()), int64_t{1} << (14 - opt.gradients.headroom));
-    }
+    fwd_rows.measure(unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, fwd_tap_wei.data(),
+                     int64_t{1} << (14 - opt.activations.headroom), f_pair);
+    for (Phase& p : phases)
+      p.rows.measure(unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, p.tap_wei.data(),
+                     int64_t{1} << (14 - opt.gradients.headroom), b_pair);
     have_w = true;
     if (shared_workspace) have_dy = have_x_fwd = false;  // wq overwrote them
   }
@@ -521,8 +575,7 @@ struct ConvInt16::Impl {
   void forward(float* y) {
     require(have_w, "forward", "set_weights()");
     require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
-    const int chain = opt.chain_override ? opt.chain_override
-                                         : fwd_chain.chain(stats.x.max_abs_int);
+    const int chain = fwd_rows.choose(stats.x.max_abs_int, opt.chain_override);
     stats.chain_fwd = chain;
     const float scale = pow2(stats.x.exponent + stats.w.exponent, name, "forward");
     const auto fn = pixel_fn();
@@ -572,6 +625,12 @@ struct ConvInt16::Impl {
         for (int64_t r = r0; r < r1; ++r) {
           const int n = static_cast<int>(r / OH), oh = static_cast<int>(r % OH);
           const int16_t* src_row = xq + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
+          const int rg = fwd_rows.row_group[oh];
+          const auto [t0, t1] = fwd_rows.range[rg];
+          a.tap_src = fwd_tap_src.data() + t0;
+          a.tap_wei = fwd_tap_wei.data() + t0;
+          a.ntaps = t1 - t0;
+          a.chain = fwd_rows.steps[rg];
           for (int g = 0; g < ngroups; ++g) {
             a.nob = std::min(2, KB - 2 * g);
             const auto& bs = a.nob == 2 ? fwd_blocks.start2 : fwd_blocks.start1;
@@ -594,15 +653,9 @@ struct ConvInt16::Impl {
   void backward_data(float* dx) {
     require(have_w, "backward_data", "set_weights()");
     require(have_dy, "backward_data", "quantize_grad_output()");
-    // One chain per phase: each runs its own tap sequence. The pass reports the shortest.
-    auto phase_chain_len = [&](size_t q) {
-      return opt.chain_override ? opt.chain_override : phase_chain[q].chain(stats.dy.max_abs_int);
-    };
+    // One chain per phase and row group: each runs its own tap sequence. The pass reports the shortest.
     int chain = kMaxChain;
-    for (size_t q = 0; q < phases.size(); ++q) {
-      phase_steps[q] = phase_chain_len(q);
-      if (!phases[q].tap_wei.empty()) chain = std::min(chain, phase_steps[q]);
-    }
+    for (Phase& p : phases) chain = std::min(chain, p.rows.choose(stats.dy.max_abs_int, opt.chain_override));
     stats.chain_bwd = chain;
     const float scale = pow2(stats.dy.exponent + stats.w.exponent, name, "backward_data");
     const auto fn = pixel_fn();
@@ -658,10 +711,12 @@ struct ConvInt16::Impl {
         const Phase& p = phases[q];
         const int64_t local = r - phase_row_begin[q];
         const int n = static_cast<int>(local / p.ni), i = static_cast<int>(local % p.ni);
-        a.tap_src = p.tap_src.data();
-        a.tap_wei = p.tap_wei.data();
-        a.ntaps = static_cast<int>(p.tap_wei.size());
-        a.chain = phase_steps[q];
+        const int rg = p.rows.row_group[i];
+        const auto [t0, t1] = p.rows.range[rg];
+        a.tap_src = p.tap_src.data() + t0;
+        a.tap_wei = p.tap_wei.data() + t0;
+        a.ntaps = t1 - t0;
+        a.chain = p.rows.steps[rg];
         const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
         const int ih = p.ph + i * sh.stride_h;
         for (int g = 0; g < ngroups; ++g) {

@@ -232,6 +232,25 @@ TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
   // One unit more overflows: the bound is the longest safe chain, not just a safe one.
   o.chain_override = 96;
   EXPECT_GT(run_int16(ctx, s, x, w, dy, o).stats.overflow_events, 0);
+
+  // With padding, edge rows skip the taps that read padding rows and run shorter unit sequences,
+  // each with its own chain; the bound holds for all of them, in both passes.
+  for (int stride : {1, 2}) {
+    const ConvShape sp = make(2, 32, 6, 6, 32, 3, 3, stride, 1);
+    std::vector<float> wp(size_t(sp.K) * sp.C * 9);
+    for (size_t i = 0; i < wp.size(); ++i) wp[i] = (i % 9) % 2 == 0 ? 1.f : 0.25f;
+    const std::vector<float> xp(size_t(sp.N) * sp.C * sp.H * sp.W, 1.f),
+        dyp(size_t(sp.N) * sp.K * sp.OH() * sp.OW(), 1.f);
+    std::vector<double> yp, dxp;
+    test::conv_fwd_ref(sp, xp, wp, yp);
+    test::conv_bwd_data_ref(sp, dyp, wp, dxp);
+    DfpConvOptions ov;
+    ov.verify = true;
+    const Outputs rp = run_int16(ctx, sp, xp, wp, dyp, ov);
+    EXPECT_EQ(rp.stats.overflow_events, 0) << "stride " << stride;
+    for (size_t i = 0; i < yp.size(); ++i) ASSERT_EQ(rp.y[i], yp[i]) << "stride " << stride << " y " << i;
+    for (size_t i = 0; i < dxp.size(); ++i) ASSERT_EQ(rp.dx[i], dxp[i]) << "stride " << stride << " dx " << i;
+  }
 }
 
 TEST(ConvInt16, IndependentOfThreadCount) {
