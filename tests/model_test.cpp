@@ -565,9 +565,10 @@ std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
 }
 
 // Losses and parameter gradients of two training steps.
-std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision p, bool poison) {
+std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision p, bool poison, bool fusion = true) {
   Model m(ctx2(), "p");
   make(m);
+  m.set_fusion(fusion);
   PrecisionPolicy pol;
   pol.precision = p;
   m.build(3, pol);
@@ -585,6 +586,32 @@ std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision 
   return out;
 }
 }  // namespace
+
+// A BatchNorm that applies the ReLU reading its output gives the same bits as the two layers,
+// forward and backward, in every precision; a ReLU after a conv, or after a BN whose output is
+// also read elsewhere, stays a layer of its own.
+TEST(Fusion, BatchNormReluGivesTheSameBitsAsTwoLayers) {
+  for (const auto& [name, make] : plan_graphs())
+    for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
+      const auto fused = two_steps(make, p, false, true), separate = two_steps(make, p, false, false);
+      ASSERT_EQ(fused.size(), separate.size());
+      EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float)))
+          << name << " " << precision_name(p);
+    }
+  Model m(ctx2(), "f");
+  auto x = m.input(3, 6, 6);
+  auto b = m.batchnorm(m.conv(x, 4, 3, 1, 1, false, "c"), "bn");
+  auto r1 = m.relu(b, "r1");                                 // bn also read by the add: not fused
+  auto b2 = m.batchnorm(m.add(r1, b, "add"), "bn2");
+  auto r2 = m.relu(b2, "r2");                                // fused
+  auto r3 = m.relu(m.conv(r2, 4, 3, 1, 1, false, "c2"), "r3");  // after a conv: not fused
+  m.softmax_cross_entropy(m.linear(m.flatten(r3, "fl"), 3, true, "fc"));
+  m.build(2, PrecisionPolicy{});
+  std::vector<std::string> fused;
+  for (const LayerSpec& s : m.graph())
+    if (s.fused) fused.push_back(s.name);
+  EXPECT_EQ(fused, std::vector<std::string>{"r2"});
+}
 
 // Every buffer the plan shares is written before it is read: with every fresh buffer and the
 // workspace filled with NaN, training gives the same bits as without (and no NaN).

@@ -121,6 +121,7 @@ struct LayerSpec {
   float p = 0.f;                 // dropout
   int lrn_size = 0;              // lrn: across-channel window, alpha, beta, k as in PyTorch
   float lrn_alpha = 0.f, lrn_beta = 0.f, lrn_k = 0.f;
+  bool fused = false;            // relu: applied by its producer (Model::set_fusion), once built
   uint64_t seed = 0;             // dropout: its random stream (set by build())
 };
 
@@ -198,6 +199,10 @@ class Model {
   // shared workspace before every layer call, as fresh memory could hold anything; a layer that
   // reads memory it did not write (or that the plan gave to another buffer) then yields NaN.
   void set_debug_poison(bool on);
+  // Before build(): let layers absorb the ReLU that alone reads their output (BatchNorm + ReLU
+  // become one pass forward and one backward; the results are bit-identical). On by default;
+  // off for comparisons and tests.
+  void set_fusion(bool on);
   MemoryPlan memory_plan() const;  // after build()
   // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed
   // them (INT16: DFP16 + VNNI layouts; FP32: oneDNN's layout). Once per optimizer step.

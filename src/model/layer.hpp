@@ -77,6 +77,12 @@ class Layer {
   virtual bool numerics(LayerNumerics& out) const { return false; }
   // The seed of the layer's own random stream, drawn in build() (dropout), else 0.
   virtual uint64_t random_seed() const { return 0; }
+  // Fusion, decided by the Model before build(): a layer whose output is read only by a ReLU may
+  // apply that ReLU itself (BatchNorm does: one pass over the tensor instead of two, forward and
+  // backward). absorb_relu() returns whether it did; the Model then calls pass_through() on the
+  // ReLU, which from then on hands values and gradients on unchanged.
+  virtual bool absorb_relu() { return false; }
+  virtual void pass_through() {}
 };
 
 std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias);

@@ -548,6 +548,7 @@ class BatchNorm final : public Layer {
     part_a_.assign(size_t(cb_of(s_)) * slices_ * 16, 0.0);
     part_b_.assign(part_a_.size(), 0.0);
     part_max_.assign(part_a_.size(), 0.f);
+    if (relu_) mask_ = AlignedBuffer<uint16_t>(s_.blocked_elements() / 16);
     // INT16 policy: the input saved for backward is kept as DFP16 (Das et al. keep every saved
     // activation in 16 bits); the statistics and the arithmetic stay FP32.
     if (policy.resolve(name) == Precision::int16) {
@@ -557,6 +558,12 @@ class BatchNorm final : public Layer {
     }
   }
   bool backward_reads_input(size_t) const override { return xq_.size() == 0; }
+  // Fused ReLU: y = max(0, bn(x)) with the ReLU's bit mask (bit set: bn(x) > 0, the same test as
+  // the ReLU kernels), and backward masks dy as it reads it. Bit-identical to BN then ReLU.
+  bool absorb_relu() override {
+    relu_ = true;
+    return true;
+  }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
@@ -598,6 +605,7 @@ class BatchNorm final : public Layer {
       }
     }
     const auto quant = ctx.kernels().quantize.fn;
+    const auto relu_fwd = ctx.kernels().relu_fwd.fn;
     const uint64_t qseed = xq_opts_.seed ^ (st.step * 0x9E3779B97F4A7C15ULL);
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
       const size_t off = (size_t(n) * CB + blk) * plane(s_);
@@ -615,6 +623,7 @@ class BatchNorm final : public Layer {
       }
       for (size_t i = 0; i < hw; ++i)
         for (int l = 0; l < 16; ++l) q[i * 16 + l] = p[i * 16 + l] * a[l] + b[l];
+      if (relu_) relu_fwd(q, q, mask_.data() + off / 16, plane(s_));  // while the plane is in cache
     });
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
@@ -641,6 +650,11 @@ class BatchNorm final : public Layer {
   // zeroed partials part_a_, part_b_, part_max_ per (channel block, batch slice, lane).
   template <class Term>
   void reduce(const Context& ctx, Term term) {
+    reduce(ctx, term, [](size_t) {});
+  }
+  // before_plane(offset) runs on each (image, channel block) plane just before its terms.
+  template <class Term, class BeforePlane>
+  void reduce(const Context& ctx, Term term, BeforePlane before_plane) {
     std::fill(part_a_.begin(), part_a_.end(), 0.0);
     std::fill(part_b_.begin(), part_b_.end(), 0.0);
     std::fill(part_max_.begin(), part_max_.end(), 0.f);
@@ -654,6 +668,7 @@ class BatchNorm final : public Layer {
         float* M = part_max_.data() + size_t(t) * 16;
         for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          before_plane(off);
           for (size_t i0 = 0; i0 < hw; i0 += kRun) {
             float fa[16] = {}, fb[16] = {};
             for (size_t i = i0; i < std::min(hw, i0 + kRun); ++i)
@@ -678,11 +693,20 @@ class BatchNorm final : public Layer {
     const size_t hw = size_t(s_.h) * s_.w;
     const double m = double(s_.n) * hw;
     const float *mean = mean_.data(), *inv = invstd_.data();
-    reduce(ctx, [&](int blk, size_t e, int l, float& sdy, float& sdyx, float&) {
+    // Fused ReLU: its backward is applied to dy in place, one plane at a time just before the sums
+    // read it (dy is this layer's own output gradient: only this backward reads it, and dx may
+    // overwrite it anyway).
+    const auto relu_bwd = ctx.kernels().relu_bwd.fn;
+    float* dy_mut = const_cast<float*>(dy);
+    auto term = [&](int blk, size_t e, int l, float& sdy, float& sdyx, float&) {
       const int c = blk * 16 + l;
       sdy += dy[e];
       sdyx += dy[e] * (float(x[e]) * x_scale - mean[c]) * inv[c];
-    });
+    };
+    if (relu_)
+      reduce(ctx, term, [&](size_t off) { relu_bwd(mask_.data() + off / 16, dy + off, dy_mut + off, plane(s_)); });
+    else
+      reduce(ctx, term);
     for (int c = 0; c < CB * 16; ++c) {
       const double sdy = total(part_a_, c), sdyx = total(part_b_, c);
       ggamma_[c] = c < s_.c ? static_cast<float>(sdyx) : 0.f;
@@ -718,6 +742,8 @@ class BatchNorm final : public Layer {
   AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
   int xq_exp_ = 0;
   QuantOptions xq_opts_;
+  bool relu_ = false;              // the following ReLU is applied here
+  AlignedBuffer<uint16_t> mask_;   // its bit mask (relu_ only)
 };
 
 // ---- ReLU ---------------------------------------------------------------------------------
@@ -727,8 +753,13 @@ class Relu final : public Layer {
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }
+  void pass_through() override { through_ = true; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const size_t n = n_elems_;
+    if (through_) {  // the producer applied it; in place (the usual plan) there is nothing to do
+      if (y != x[0]) std::memcpy(y, x[0], n * sizeof(float));
+      return;
+    }
     const auto fn = ctx.kernels().relu_fwd.fn;
     const float* src = x[0];
     uint16_t* mask = mask_.data();
@@ -741,6 +772,10 @@ class Relu final : public Layer {
                 const std::vector<float*>& dx, const StepInfo&) override {
     if (!dx[0]) return;
     const size_t n = n_elems_;
+    if (through_) {  // the producer masks the gradient
+      if (dx[0] != dy) std::memcpy(dx[0], dy, n * sizeof(float));
+      return;
+    }
     const auto fn = ctx.kernels().relu_bwd.fn;
     const uint16_t* mask = mask_.data();
     float* d = dx[0];
@@ -752,12 +787,13 @@ class Relu final : public Layer {
   void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
              std::mt19937_64&) override {
     n_elems_ = in[0].blocked_elements();
-    mask_ = AlignedBuffer<uint16_t>((n_elems_ + 15) / 16);
+    if (!through_) mask_ = AlignedBuffer<uint16_t>((n_elems_ + 15) / 16);
   }
 
  private:
   static constexpr size_t kChunk = 1 << 15;  // a multiple of 16: chunks start on a mask word
   size_t n_elems_ = 0;
+  bool through_ = false;          // the producer applies the ReLU (absorb_relu)
   AlignedBuffer<uint16_t> mask_;  // bit i: x[i] > 0, all that backward needs
 };
 

@@ -196,6 +196,7 @@ struct Model::Impl {
   AlignedBuffer<std::byte> workspace;    // shared transient scratch of the layers
   MemoryPlan plan;
   bool poison = false;
+  bool fusion = true;
   bool have_training_forward = false;    // what backward() needs was saved by a training forward
 
   bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
@@ -250,6 +251,15 @@ struct Model::Impl {
     dxs.reserve(max_inputs);
     std::mt19937_64 rng(ctx.seed() * 0x9e3779b97f4a7c15ULL + 12345);
     for (NodeInfo& n : nodes) n.shape.n = b;
+    if (fusion)  // a ReLU that alone reads a layer's output can be applied by that layer
+      for (NodeInfo& n : nodes)
+        if (n.layer && n.layer->kind == "relu") {
+          NodeInfo& producer = nodes[n.inputs[0]];
+          if (producer.layer && producer.consumers == 1 && producer.layer->absorb_relu()) {
+            n.layer->pass_through();
+            n.spec.fused = true;
+          }
+        }
     for (size_t i = 0; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
       n.elements = n.shape.blocked_elements();
@@ -671,6 +681,10 @@ void Model::set_loss_scaling(const LossScaleOptions& o) {
 }
 void Model::set_numerics_interval(int interval) { impl_->numerics_interval = std::max(0, interval); }
 void Model::set_debug_poison(bool on) { impl_->poison = on; }
+void Model::set_fusion(bool on) {
+  DFP_CHECK(!impl_->built, Status::invalid_argument, "model '" + impl_->name + "': set_fusion() after build()");
+  impl_->fusion = on;
+}
 MemoryPlan Model::memory_plan() const {
   DFP_CHECK(impl_->built, Status::invalid_argument, "model '" + impl_->name + "': memory_plan() before build()");
   return impl_->plan;
