@@ -16,6 +16,13 @@ KernelTable make_kernel_table(Isa isa) {
   t.relu_fwd = {&ref::relu_fwd, "relu_fwd_f32__ref"};
   t.relu_bwd = {&ref::relu_bwd, "relu_bwd_f32__ref"};
   t.add = {&ref::add, "add_f32__ref"};
+  t.bn_scale_shift = {&ref::bn_scale_shift, "bn_scale_shift_f32__ref"};
+  t.bn_sum_max = {&ref::bn_sum_max, "bn_sum_max_f32__ref"};
+  t.bn_sq_dev = {&ref::bn_sq_dev, "bn_sq_dev_f32__ref"};
+  t.bn_bwd_sums_s16 = {&ref::bn_bwd_sums_s16, "bn_bwd_sums_s16__ref"};
+  t.bn_bwd_sums_f32 = {&ref::bn_bwd_sums_f32, "bn_bwd_sums_f32__ref"};
+  t.bn_bwd_apply_s16 = {&ref::bn_bwd_apply_s16, "bn_bwd_apply_s16__ref"};
+  t.bn_bwd_apply_f32 = {&ref::bn_bwd_apply_f32, "bn_bwd_apply_f32__ref"};
   t.to_bf16 = {&ref::to_bf16, "cvt_f32_bf16__ref"};
   t.to_fp16 = {&ref::to_fp16, "cvt_f32_fp16__ref"};
   t.bf16_to_f32 = {&ref::bf16_to_f32, "cvt_bf16_f32__ref"};
@@ -30,6 +37,13 @@ KernelTable make_kernel_table(Isa isa) {
     t.relu_fwd = {&avx512::relu_fwd, "relu_fwd_f32__avx512"};
     t.relu_bwd = {&avx512::relu_bwd, "relu_bwd_f32__avx512"};
     t.add = {&avx512::add, "add_f32__avx512"};
+    t.bn_scale_shift = {&avx512::bn_scale_shift, "bn_scale_shift_f32__avx512"};
+    t.bn_sum_max = {&avx512::bn_sum_max, "bn_sum_max_f32__avx512"};
+    t.bn_sq_dev = {&avx512::bn_sq_dev, "bn_sq_dev_f32__avx512"};
+    t.bn_bwd_sums_s16 = {&avx512::bn_bwd_sums_s16, "bn_bwd_sums_s16__avx512"};
+    t.bn_bwd_sums_f32 = {&avx512::bn_bwd_sums_f32, "bn_bwd_sums_f32__avx512"};
+    t.bn_bwd_apply_s16 = {&avx512::bn_bwd_apply_s16, "bn_bwd_apply_s16__avx512"};
+    t.bn_bwd_apply_f32 = {&avx512::bn_bwd_apply_f32, "bn_bwd_apply_f32__avx512"};
     t.to_bf16 = {&avx512::to_bf16, "cvt_f32_bf16__avx512"};
     t.to_fp16 = {&avx512::to_fp16, "cvt_f32_fp16__avx512_vcvtps2ph"};
     t.bf16_to_f32 = {&avx512::bf16_to_f32, "cvt_bf16_f32__avx512"};

@@ -116,6 +116,29 @@ using ReluFwdFn = void (*)(const float* x, float* y, uint16_t* mask, size_t n); 
 using ReluBwdFn = void (*)(const uint16_t* mask, const float* dy, float* dx, size_t n);  // dx = bit ? dy : 0
 using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);        // y = a + b
 
+// ---- BatchNorm over blocked pixels ---------------------------------------------------------------
+// A pixel is 16 channels (one zmm); per-channel operands (a, b, mean, ...) are 16-lane arrays.
+// Every lane runs the same sequence of FP32 operations in every implementation, with no fused
+// multiply-add, so the kernels are bit-identical to the references. Sums accumulate into the
+// caller's running FP32 lanes (the caller bounds the run length and adds runs into FP64).
+using BnScaleShiftFn = void (*)(const float* x, float* y, const float* a, const float* b, size_t pixels);  // y = x*a + b
+using BnSumMaxFn = void (*)(const float* x, size_t pixels, float* sum, float* max);  // sum += x; max = max(max, |x|) (NaN never wins)
+using BnSqDevFn = void (*)(const float* x, const float* mean, size_t pixels, float* sq);  // sq += (x - mean)^2
+// Backward, with xhat = (x * x_scale - mean) * inv (x the saved input: DFP16 integers with
+// x_scale = 2^e, or FP32 with x_scale = 1):
+//   sums:  sdy += dy;  sdyx += dy * (x * x_scale - mean) * inv
+//   apply: dx = k1 * (dy - k2 - xhat * k3)          (dx may be dy)
+struct BnCoefficients {
+  const float *mean, *inv, *k1, *k2, *k3;
+  float x_scale;
+};
+using BnBwdSumsS16Fn = void (*)(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
+                                float* sdyx);
+using BnBwdSumsF32Fn = void (*)(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
+                                float* sdyx);
+using BnBwdApplyS16Fn = void (*)(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
+using BnBwdApplyF32Fn = void (*)(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
+
 // ---- BF16 / FP16 storage (include/dfp/float16.hpp is the specification) -----------------------
 // dst[i] = the 16-bit pattern of src[i] in the format; stochastic rounding draws element i's
 // random number as stochastic_rand24(key, index_base + i).
@@ -146,6 +169,13 @@ struct KernelTable {
   Entry<ReluFwdFn> relu_fwd;
   Entry<ReluBwdFn> relu_bwd;
   Entry<AddFn> add;
+  Entry<BnScaleShiftFn> bn_scale_shift;
+  Entry<BnSumMaxFn> bn_sum_max;
+  Entry<BnSqDevFn> bn_sq_dev;
+  Entry<BnBwdSumsS16Fn> bn_bwd_sums_s16;
+  Entry<BnBwdSumsF32Fn> bn_bwd_sums_f32;
+  Entry<BnBwdApplyS16Fn> bn_bwd_apply_s16;
+  Entry<BnBwdApplyF32Fn> bn_bwd_apply_f32;
   Entry<ToHalfFn> to_bf16, to_fp16;
   Entry<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
   Entry<RoundToFn> round_bf16, round_fp16;
@@ -166,6 +196,13 @@ void conv_s16_pair(const PairKernelArgs& a);
 void relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
 void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n);
 void add(const float* a, const float* b, float* y, size_t n);
+void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels);
+void bn_sum_max(const float* x, size_t pixels, float* sum, float* max);
+void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq);
+void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
+void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
+void bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
+void bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
@@ -182,6 +219,13 @@ void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
 void relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
 void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n);
 void add(const float* a, const float* b, float* y, size_t n);
+void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels);
+void bn_sum_max(const float* x, size_t pixels, float* sum, float* max);
+void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq);
+void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
+void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
+void bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
+void bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);

@@ -253,6 +253,57 @@ TEST_P(Dfp16Isa, ElementwiseBitIdenticalToReference) {
   }
 }
 
+// The BatchNorm kernels match their scalar twins bit for bit (no fused multiply-add on either
+// side), sums continuing from non-zero lanes, the max ignoring NaN.
+TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const auto& k = c.kernels();
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (size_t px : {size_t(1), size_t(7), size_t(256)}) {
+    const size_t n = px * 16;
+    std::vector<float> x = test::random_vec(n, 3, -3.f, 3.f), dy = test::random_vec(n, 4, -1.f, 1.f);
+    x[5] = std::numeric_limits<float>::quiet_NaN();
+    const auto xi = test::random_ints(n, 5, -32767, 32767);
+    std::vector<int16_t> xq(xi.begin(), xi.end());
+    const auto lanes = [](uint32_t seed) { return test::random_vec(16, seed, -2.f, 2.f); };
+    const auto mean = lanes(6), inv = lanes(7), k1 = lanes(8), k2 = lanes(9), k3 = lanes(10), a = lanes(11), b = lanes(12);
+    std::vector<float> y0(n), y1(n);
+    simd::ref::bn_scale_shift(x.data(), y0.data(), a.data(), b.data(), px);
+    k.bn_scale_shift.fn(x.data(), y1.data(), a.data(), b.data(), px);
+    ASSERT_TRUE(same(y0, y1)) << "scale_shift " << px;
+    std::vector<float> s0 = lanes(13), m0(16, 0.5f), s1 = s0, m1 = m0;
+    simd::ref::bn_sum_max(x.data(), px, s0.data(), m0.data());
+    k.bn_sum_max.fn(x.data(), px, s1.data(), m1.data());
+    ASSERT_TRUE(same(s0, s1) && same(m0, m1)) << "sum_max " << px;
+    for (float v : m0) ASSERT_FALSE(std::isnan(v));
+    std::vector<float> q0 = lanes(14), q1 = q0;
+    simd::ref::bn_sq_dev(dy.data(), mean.data(), px, q0.data());
+    k.bn_sq_dev.fn(dy.data(), mean.data(), px, q1.data());
+    ASSERT_TRUE(same(q0, q1)) << "sq_dev " << px;
+    for (float scale : {1.f, 0x1p-13f}) {
+      const simd::BnCoefficients co{mean.data(), inv.data(), k1.data(), k2.data(), k3.data(), scale};
+      std::vector<float> d0 = lanes(15), e0 = lanes(16), d1 = d0, e1 = e0;
+      simd::ref::bn_bwd_sums_s16(xq.data(), dy.data(), co, px, d0.data(), e0.data());
+      k.bn_bwd_sums_s16.fn(xq.data(), dy.data(), co, px, d1.data(), e1.data());
+      ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_s16 " << px;
+      simd::ref::bn_bwd_apply_s16(xq.data(), dy.data(), y0.data(), co, px);
+      k.bn_bwd_apply_s16.fn(xq.data(), dy.data(), y1.data(), co, px);
+      ASSERT_TRUE(same(y0, y1)) << "bwd_apply_s16 " << px;
+      std::vector<float> xf = dy;  // finite FP32 input
+      simd::ref::bn_bwd_sums_f32(xf.data(), x.data(), co, px, d0.data(), e0.data());
+      k.bn_bwd_sums_f32.fn(xf.data(), x.data(), co, px, d1.data(), e1.data());
+      ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_f32 " << px;
+      y0 = xf, y1 = xf;  // in place: dx over dy
+      simd::ref::bn_bwd_apply_f32(x.data(), y0.data(), y0.data(), co, px);
+      k.bn_bwd_apply_f32.fn(x.data(), y1.data(), y1.data(), co, px);
+      ASSERT_TRUE(same(y0, y1)) << "bwd_apply_f32 " << px;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::Values("avx512bw", "avx512vnni"));
 
 TEST(Dfp16Quantize, RejectsBadHeadroom) {

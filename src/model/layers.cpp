@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <limits>
 
 #include <optional>
@@ -574,20 +575,15 @@ class BatchNorm final : public Layer {
       const double m = double(s_.n) * hw;
       // Pass 1: sums and max|x|.
       const float* xs = x[0];
-      reduce(ctx, [&](int, size_t e, int l, float& sum, float&, float& mx) {
-        sum += xs[e];
-        const float a = std::fabs(xs[e]);
-        mx = a > mx ? a : mx;  // NaN never wins (training stops on NaN logits)
-      });
+      const auto sum_max = ctx.kernels().bn_sum_max.fn;  // NaN never wins the max (training stops on NaN logits)
+      reduce(ctx, [&](int, size_t e, size_t np, float* sum, float*, float* mx) { sum_max(xs + e, np, sum, mx); });
       for (int c = 0; c < CB * 16; ++c) mean_[c] = static_cast<float>(total(part_a_, c) / m);
       float mx = 0.f;
       for (float v : part_max_) mx = v > mx ? v : mx;
       // Pass 2: two-pass variance (no cancellation).
       const float* mean = mean_.data();
-      reduce(ctx, [&](int blk, size_t e, int l, float& sq, float&, float&) {
-        const float d = xs[e] - mean[blk * 16 + l];
-        sq += d * d;
-      });
+      const auto sq_dev = ctx.kernels().bn_sq_dev.fn;
+      reduce(ctx, [&](int blk, size_t e, size_t np, float* sq, float*, float*) { sq_dev(xs + e, mean + blk * 16, np, sq); });
       for (int c = 0; c < CB * 16; ++c) {
         const double var = total(part_a_, c) / m;
         invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + kEps));
@@ -605,6 +601,7 @@ class BatchNorm final : public Layer {
       }
     }
     const auto quant = ctx.kernels().quantize.fn;
+    const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
     const auto relu_fwd = ctx.kernels().relu_fwd.fn;
     const uint64_t qseed = xq_opts_.seed ^ (st.step * 0x9E3779B97F4A7C15ULL);
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
@@ -621,8 +618,7 @@ class BatchNorm final : public Layer {
         simd::QuantCounters cnt;
         quant(p, xq_.data() + off, plane(s_), xq_exp_, xq_opts_.rounding, qseed, off, &cnt);
       }
-      for (size_t i = 0; i < hw; ++i)
-        for (int l = 0; l < 16; ++l) q[i * 16 + l] = p[i * 16 + l] * a[l] + b[l];
+      scale_shift(p, q, a, b, hw);
       if (relu_) relu_fwd(q, q, mask_.data() + off / 16, plane(s_));  // while the plane is in cache
     });
   }
@@ -646,8 +642,10 @@ class BatchNorm final : public Layer {
   static constexpr int kSlices = 8;
   static constexpr size_t kRun = 256;
 
-  // Calls term(blk, element, lane, a, b, max) for every element of the tensor, accumulating into
-  // zeroed partials part_a_, part_b_, part_max_ per (channel block, batch slice, lane).
+  // Calls run(blk, first element, pixels, a[16], b[16], max[16]) over runs of at most kRun pixels
+  // of every plane, accumulating into FP32 lanes that each run starts at zero (max: carried), then
+  // adds each run's lanes into the FP64 partials part_a_, part_b_ (part_max_) per (channel
+  // block, batch slice, lane).
   template <class Term>
   void reduce(const Context& ctx, Term term) {
     reduce(ctx, term, [](size_t) {});
@@ -670,9 +668,8 @@ class BatchNorm final : public Layer {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
           before_plane(off);
           for (size_t i0 = 0; i0 < hw; i0 += kRun) {
-            float fa[16] = {}, fb[16] = {};
-            for (size_t i = i0; i < std::min(hw, i0 + kRun); ++i)
-              for (int l = 0; l < 16; ++l) term(blk, off + i * 16 + l, l, fa[l], fb[l], M[l]);
+            alignas(64) float fa[16] = {}, fb[16] = {};
+            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb, M);
             for (int l = 0; l < 16; ++l) { A[l] += fa[l]; B[l] += fb[l]; }
           }
         }
@@ -698,10 +695,15 @@ class BatchNorm final : public Layer {
     // overwrite it anyway).
     const auto relu_bwd = ctx.kernels().relu_bwd.fn;
     float* dy_mut = const_cast<float*>(dy);
-    auto term = [&](int blk, size_t e, int l, float& sdy, float& sdyx, float&) {
-      const int c = blk * 16 + l;
-      sdy += dy[e];
-      sdyx += dy[e] * (float(x[e]) * x_scale - mean[c]) * inv[c];
+    auto coefficients = [&](int blk) {
+      return simd::BnCoefficients{mean + blk * 16, inv + blk * 16, k1_.data() + blk * 16, k2_.data() + blk * 16,
+                                  k3_.data() + blk * 16, x_scale};
+    };
+    auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx, float*) {
+      if constexpr (std::is_same_v<T, int16_t>)
+        ctx.kernels().bn_bwd_sums_s16.fn(x + e, dy + e, coefficients(blk), np, sdy, sdyx);
+      else
+        ctx.kernels().bn_bwd_sums_f32.fn(x + e, dy + e, coefficients(blk), np, sdy, sdyx);
     };
     if (relu_)
       reduce(ctx, term, [&](size_t off) { relu_bwd(mask_.data() + off / 16, dy + off, dy_mut + off, plane(s_)); });
@@ -719,16 +721,11 @@ class BatchNorm final : public Layer {
     if (!dx) return;
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
       const size_t off = (size_t(n) * CB + blk) * plane(s_);
-      const float* __restrict gp = dy + off;
-      const T* __restrict xp = x + off;
-      float* dp = dx + off;  // may be gp (in place): each element is read before it is written
-      const float *mean = mean_.data() + blk * 16, *inv = invstd_.data() + blk * 16;
-      const float *k1 = k1_.data() + blk * 16, *k2 = k2_.data() + blk * 16, *k3 = k3_.data() + blk * 16;
-      for (size_t i = 0; i < hw; ++i)
-        for (int l = 0; l < 16; ++l) {
-          const float xhat = (float(xp[i * 16 + l]) * x_scale - mean[l]) * inv[l];
-          dp[i * 16 + l] = k1[l] * (gp[i * 16 + l] - k2[l] - xhat * k3[l]);
-        }
+      // dx may be dy (in place): each element is read before it is written.
+      if constexpr (std::is_same_v<T, int16_t>)
+        ctx.kernels().bn_bwd_apply_s16.fn(x + off, dy + off, dx + off, coefficients(blk), hw);
+      else
+        ctx.kernels().bn_bwd_apply_f32.fn(x + off, dy + off, dx + off, coefficients(blk), hw);
     });
   }
 

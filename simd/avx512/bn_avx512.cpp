@@ -1,0 +1,84 @@
+// AVX-512 BatchNorm kernels: one zmm per blocked pixel (16 channels), bit-identical to
+// simd/ref/bn_ref.cpp (compiled with -ffp-contract=off, so no multiply-add is fused).
+#include <immintrin.h>
+
+#include "simd/kernel_table.hpp"
+
+namespace dfp::simd::avx512 {
+namespace {
+
+inline __m512 load_x(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load_x(const int16_t* x) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+}
+
+template <class T>
+void bwd_sums(const T* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx) {
+  const __m512 xs = _mm512_set1_ps(c.x_scale), mean = _mm512_loadu_ps(c.mean), inv = _mm512_loadu_ps(c.inv);
+  __m512 a = _mm512_loadu_ps(sdy), b = _mm512_loadu_ps(sdyx);
+  for (size_t i = 0; i < pixels; ++i) {
+    const __m512 g = _mm512_loadu_ps(dy + i * 16);
+    a = _mm512_add_ps(a, g);
+    const __m512 centred = _mm512_sub_ps(_mm512_mul_ps(load_x(x + i * 16), xs), mean);
+    b = _mm512_add_ps(b, _mm512_mul_ps(_mm512_mul_ps(g, centred), inv));
+  }
+  _mm512_storeu_ps(sdy, a);
+  _mm512_storeu_ps(sdyx, b);
+}
+
+template <class T>
+void bwd_apply(const T* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
+  const __m512 xs = _mm512_set1_ps(c.x_scale), mean = _mm512_loadu_ps(c.mean), inv = _mm512_loadu_ps(c.inv);
+  const __m512 k1 = _mm512_loadu_ps(c.k1), k2 = _mm512_loadu_ps(c.k2), k3 = _mm512_loadu_ps(c.k3);
+  for (size_t i = 0; i < pixels; ++i) {
+    const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(load_x(x + i * 16), xs), mean), inv);
+    const __m512 g = _mm512_loadu_ps(dy + i * 16);
+    _mm512_storeu_ps(dx + i * 16, _mm512_mul_ps(k1, _mm512_sub_ps(_mm512_sub_ps(g, k2), _mm512_mul_ps(xhat, k3))));
+  }
+}
+
+}  // namespace
+
+void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels) {
+  const __m512 va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
+  for (size_t i = 0; i < pixels; ++i)
+    _mm512_storeu_ps(y + i * 16, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i * 16), va), vb));
+}
+
+void bn_sum_max(const float* x, size_t pixels, float* sum, float* max) {
+  __m512 s = _mm512_loadu_ps(sum), m = _mm512_loadu_ps(max);
+  for (size_t i = 0; i < pixels; ++i) {
+    const __m512 v = _mm512_loadu_ps(x + i * 16);
+    s = _mm512_add_ps(s, v);
+    m = _mm512_max_ps(_mm512_abs_ps(v), m);  // maxps returns its second operand when either is NaN
+  }
+  _mm512_storeu_ps(sum, s);
+  _mm512_storeu_ps(max, m);
+}
+
+void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq) {
+  const __m512 mu = _mm512_loadu_ps(mean);
+  __m512 s = _mm512_loadu_ps(sq);
+  for (size_t i = 0; i < pixels; ++i) {
+    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i * 16), mu);
+    s = _mm512_add_ps(s, _mm512_mul_ps(d, d));
+  }
+  _mm512_storeu_ps(sq, s);
+}
+
+void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
+                     float* sdyx) {
+  bwd_sums(x, dy, c, pixels, sdy, sdyx);
+}
+void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
+                     float* sdyx) {
+  bwd_sums(x, dy, c, pixels, sdy, sdyx);
+}
+void bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
+  bwd_apply(x, dy, dx, c, pixels);
+}
+void bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
+  bwd_apply(x, dy, dx, c, pixels);
+}
+
+}  // namespace dfp::simd::avx512

@@ -1,0 +1,69 @@
+// Scalar references of the BatchNorm kernels (kernel_table.hpp states the operations). Compiled
+// with -ffp-contract=off: every product and sum is rounded on its own, as in the vector kernels.
+#include <cmath>
+
+#include "simd/kernel_table.hpp"
+
+namespace dfp::simd::ref {
+namespace {
+
+template <class T>
+void bwd_sums(const T* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx) {
+  for (size_t i = 0; i < pixels; ++i)
+    for (int l = 0; l < 16; ++l) {
+      const size_t e = i * 16 + l;
+      sdy[l] += dy[e];
+      sdyx[l] += dy[e] * (float(x[e]) * c.x_scale - c.mean[l]) * c.inv[l];
+    }
+}
+
+template <class T>
+void bwd_apply(const T* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
+  for (size_t i = 0; i < pixels; ++i)
+    for (int l = 0; l < 16; ++l) {
+      const size_t e = i * 16 + l;
+      const float xhat = (float(x[e]) * c.x_scale - c.mean[l]) * c.inv[l];
+      dx[e] = c.k1[l] * (dy[e] - c.k2[l] - xhat * c.k3[l]);
+    }
+}
+
+}  // namespace
+
+void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels) {
+  for (size_t i = 0; i < pixels; ++i)
+    for (int l = 0; l < 16; ++l) y[i * 16 + l] = x[i * 16 + l] * a[l] + b[l];
+}
+
+void bn_sum_max(const float* x, size_t pixels, float* sum, float* max) {
+  for (size_t i = 0; i < pixels; ++i)
+    for (int l = 0; l < 16; ++l) {
+      sum[l] += x[i * 16 + l];
+      const float a = std::fabs(x[i * 16 + l]);
+      max[l] = a > max[l] ? a : max[l];  // NaN never wins
+    }
+}
+
+void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq) {
+  for (size_t i = 0; i < pixels; ++i)
+    for (int l = 0; l < 16; ++l) {
+      const float d = x[i * 16 + l] - mean[l];
+      sq[l] += d * d;
+    }
+}
+
+void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
+                     float* sdyx) {
+  bwd_sums(x, dy, c, pixels, sdy, sdyx);
+}
+void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
+                     float* sdyx) {
+  bwd_sums(x, dy, c, pixels, sdy, sdyx);
+}
+void bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
+  bwd_apply(x, dy, dx, c, pixels);
+}
+void bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
+  bwd_apply(x, dy, dx, c, pixels);
+}
+
+}  // namespace dfp::simd::ref
