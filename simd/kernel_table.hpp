@@ -112,7 +112,9 @@ struct PairKernelArgs {
 // ---- element-wise FP32 (ReLU, residual add) ---------------------------------------------------
 // ReLU keeps one bit per element for its backward pass (bit i % 16 of mask[i / 16] is x[i] > 0)
 // instead of its FP32 output: 1/32 of the memory, and backward reads 1/32 of the bytes.
-using ReluFwdFn = void (*)(const float* x, float* y, uint16_t* mask, size_t n);  // y = x > 0 ? x : 0
+// relu_fwd returns max(y) (0 for an empty or non-positive x): the next layer's DFP16 exponent
+// comes for free (NaN gives y = 0).
+using ReluFwdFn = float (*)(const float* x, float* y, uint16_t* mask, size_t n);  // y = x > 0 ? x : 0
 using ReluBwdFn = void (*)(const uint16_t* mask, const float* dy, float* dx, size_t n);  // dx = bit ? dy : 0
 using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);        // y = a + b
 
@@ -127,7 +129,7 @@ using BnSqDevFn = void (*)(const float* x, const float* mean, size_t pixels, flo
 // Backward, with xhat = (x * x_scale - mean) * inv (x the saved input: DFP16 integers with
 // x_scale = 2^e, or FP32 with x_scale = 1):
 //   sums:  sdy += dy;  sdyx += dy * (x * x_scale - mean) * inv
-//   apply: dx = k1 * (dy - k2 - xhat * k3)          (dx may be dy)
+//   apply: dx = k1 * (dy - k2 - xhat * k3)          (dx may be dy); returns max(max0, |dx|), NaN never winning
 struct BnCoefficients {
   const float *mean, *inv, *k1, *k2, *k3;
   float x_scale;
@@ -136,8 +138,10 @@ using BnBwdSumsS16Fn = void (*)(const int16_t* x, const float* dy, const BnCoeff
                                 float* sdyx);
 using BnBwdSumsF32Fn = void (*)(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
                                 float* sdyx);
-using BnBwdApplyS16Fn = void (*)(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
-using BnBwdApplyF32Fn = void (*)(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
+using BnBwdApplyS16Fn = float (*)(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
+                                  float max0);
+using BnBwdApplyF32Fn = float (*)(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
+                                  float max0);
 
 // ---- BF16 / FP16 storage (include/dfp/float16.hpp is the specification) -----------------------
 // dst[i] = the 16-bit pattern of src[i] in the format; stochastic rounding draws element i's
@@ -193,7 +197,7 @@ void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
 void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
 void conv_s16_pixel(const PixelKernelArgs& a);
 void conv_s16_pair(const PairKernelArgs& a);
-void relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
+float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
 void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n);
 void add(const float* a, const float* b, float* y, size_t n);
 void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels);
@@ -201,8 +205,8 @@ void bn_sum_max(const float* x, size_t pixels, float* sum, float* max);
 void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq);
 void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
 void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
-void bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
-void bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
+float bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0);
+float bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0);
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
@@ -216,7 +220,7 @@ void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding r
               uint64_t index_base, QuantCounters* counters);
 void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
 void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
-void relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
+float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
 void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n);
 void add(const float* a, const float* b, float* y, size_t n);
 void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels);
@@ -224,8 +228,8 @@ void bn_sum_max(const float* x, size_t pixels, float* sum, float* max);
 void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq);
 void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
 void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
-void bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
-void bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels);
+float bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0);
+float bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0);
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);

@@ -479,13 +479,17 @@ struct ConvInt16::Impl {
   // (with its own border) from it.
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
-                              const int* exponent) {
+                              const int* exponent, float known_max) {
     const size_t n = size_t(sh.N) * B * h * w * 16;
     uint64_t bad = 0;
     float m = 0.f;
     int e;
     if (exponent) {
       e = *exponent;
+    } else if (known_max >= 0.f && std::isfinite(known_max)) {
+      // The producer measured it (non-finite values are still counted by the quantizer).
+      m = known_max;
+      e = dfp16_exponent(m, qo.headroom);
     } else {
       m = max_abs(ctx, src, n, &bad);
       if (bad && qo.nonfinite == NonFinitePolicy::error) {
@@ -546,18 +550,18 @@ struct ConvInt16::Impl {
     return st;
   }
 
-  void quantize_input(const float* x, const int* exponent) {
+  void quantize_input(const float* x, const int* exponent, float known_max = -1.f) {
     ensure_workspace();
     stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
-                               step_x, exponent);
+                               step_x, exponent, known_max);
     have_x = have_x_fwd = true;
     if (shared_workspace) have_dy = false;  // the workspace now holds x
   }
 
-  void quantize_grad_output(const float* dy) {
+  void quantize_grad_output(const float* dy, float known_max = -1.f) {
     ensure_workspace();
     stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, gemm ? dyp : nullptr, OH, OW, 0, 0,
-                                step_dy, nullptr);
+                                step_dy, nullptr, known_max);
     have_dy = true;
     if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
   }
@@ -880,6 +884,10 @@ void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w); }
 void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, nullptr); }
 void ConvInt16::quantize_input_with_exponent(const float* x, int e) { impl_->quantize_input(x, &e); }
+void ConvInt16::quantize_input_with_max_abs(const float* x, float max_abs) { impl_->quantize_input(x, nullptr, max_abs); }
+void ConvInt16::quantize_grad_output_with_max_abs(const float* dy, float max_abs) {
+  impl_->quantize_grad_output(dy, max_abs);
+}
 void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_output(dy); }
 void ConvInt16::forward(float* y) { impl_->forward(y); }
 size_t ConvInt16::workspace_bytes() const noexcept { return impl_->workspace_bytes(); }

@@ -2,6 +2,7 @@
 // AVX-512 kernels with the scalar reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -238,9 +239,11 @@ TEST_P(Dfp16Isa, ElementwiseBitIdenticalToReference) {
     if (n > 2) a[2] = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> r0(n), r1(n);
     std::vector<uint16_t> m0((n + 15) / 16), m1((n + 15) / 16, 0xAAAA);
-    simd::ref::relu_fwd(a.data(), r0.data(), m0.data(), n);
-    c.kernels().relu_fwd.fn(a.data(), r1.data(), m1.data(), n);
+    const float mx0 = simd::ref::relu_fwd(a.data(), r0.data(), m0.data(), n);
+    const float mx1 = c.kernels().relu_fwd.fn(a.data(), r1.data(), m1.data(), n);
     ASSERT_EQ(0, std::memcmp(r0.data(), r1.data(), n * sizeof(float)));
+    ASSERT_EQ(mx0, mx1);
+    ASSERT_EQ(mx0, *std::max_element(r0.begin(), r0.end()));
     ASSERT_EQ(m0, m1);
     for (size_t i = 0; i < n; ++i) ASSERT_EQ((m0[i / 16] >> (i % 16)) & 1, a[i] > 0.f) << i;  // -0, NaN: 0
     simd::ref::relu_bwd(m0.data(), b.data(), r0.data(), n);
@@ -289,17 +292,24 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
       simd::ref::bn_bwd_sums_s16(xq.data(), dy.data(), co, px, d0.data(), e0.data());
       k.bn_bwd_sums_s16.fn(xq.data(), dy.data(), co, px, d1.data(), e1.data());
       ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_s16 " << px;
-      simd::ref::bn_bwd_apply_s16(xq.data(), dy.data(), y0.data(), co, px);
-      k.bn_bwd_apply_s16.fn(xq.data(), dy.data(), y1.data(), co, px);
+      const float a0 = simd::ref::bn_bwd_apply_s16(xq.data(), dy.data(), y0.data(), co, px, 0.25f);
+      const float a1 = k.bn_bwd_apply_s16.fn(xq.data(), dy.data(), y1.data(), co, px, 0.25f);
       ASSERT_TRUE(same(y0, y1)) << "bwd_apply_s16 " << px;
+      float amax = 0.25f;
+      for (float v : y0) amax = std::max(amax, std::fabs(v));
+      ASSERT_EQ(a0, a1);
+      ASSERT_EQ(a0, amax);
       std::vector<float> xf = dy;  // finite FP32 input
       simd::ref::bn_bwd_sums_f32(xf.data(), x.data(), co, px, d0.data(), e0.data());
       k.bn_bwd_sums_f32.fn(xf.data(), x.data(), co, px, d1.data(), e1.data());
       ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_f32 " << px;
       y0 = xf, y1 = xf;  // in place: dx over dy
-      simd::ref::bn_bwd_apply_f32(x.data(), y0.data(), y0.data(), co, px);
-      k.bn_bwd_apply_f32.fn(x.data(), y1.data(), y1.data(), co, px);
+      // x holds a NaN: its dx is NaN, which the max ignores.
+      const float b0 = simd::ref::bn_bwd_apply_f32(x.data(), y0.data(), y0.data(), co, px, 0.f);
+      const float b1 = k.bn_bwd_apply_f32.fn(x.data(), y1.data(), y1.data(), co, px, 0.f);
       ASSERT_TRUE(same(y0, y1)) << "bwd_apply_f32 " << px;
+      ASSERT_EQ(b0, b1);
+      ASSERT_FALSE(std::isnan(b0));
     }
   }
 }

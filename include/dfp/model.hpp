@@ -200,8 +200,10 @@ class Model {
   // reads memory it did not write (or that the plan gave to another buffer) then yields NaN.
   void set_debug_poison(bool on);
   // Before build(): let layers absorb the ReLU that alone reads their output (BatchNorm + ReLU
-  // become one pass forward and one backward; the results are bit-identical). On by default;
-  // off for comparisons and tests.
+  // become one pass forward and one backward), and hand on the largest magnitudes that layers
+  // measure on the way (ReLU outputs, BatchNorm input gradients), so that the next INT16 layer
+  // finds its DFP16 exponent without a pass of its own. The results are bit-identical either way.
+  // On by default; off for comparisons and tests.
   void set_fusion(bool on);
   MemoryPlan memory_plan() const;  // after build()
   // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed

@@ -27,14 +27,18 @@ void bwd_sums(const T* x, const float* dy, const BnCoefficients& c, size_t pixel
 }
 
 template <class T>
-void bwd_apply(const T* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
+float bwd_apply(const T* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0) {
+  __m512 mx = _mm512_set1_ps(max0);
   const __m512 xs = _mm512_set1_ps(c.x_scale), mean = _mm512_loadu_ps(c.mean), inv = _mm512_loadu_ps(c.inv);
   const __m512 k1 = _mm512_loadu_ps(c.k1), k2 = _mm512_loadu_ps(c.k2), k3 = _mm512_loadu_ps(c.k3);
   for (size_t i = 0; i < pixels; ++i) {
     const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(load_x(x + i * 16), xs), mean), inv);
     const __m512 g = _mm512_loadu_ps(dy + i * 16);
-    _mm512_storeu_ps(dx + i * 16, _mm512_mul_ps(k1, _mm512_sub_ps(_mm512_sub_ps(g, k2), _mm512_mul_ps(xhat, k3))));
+    const __m512 d = _mm512_mul_ps(k1, _mm512_sub_ps(_mm512_sub_ps(g, k2), _mm512_mul_ps(xhat, k3)));
+    _mm512_storeu_ps(dx + i * 16, d);
+    mx = _mm512_max_ps(_mm512_abs_ps(d), mx);  // second operand on NaN
   }
+  return _mm512_reduce_max_ps(mx);
 }
 
 }  // namespace
@@ -74,11 +78,13 @@ void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, s
                      float* sdyx) {
   bwd_sums(x, dy, c, pixels, sdy, sdyx);
 }
-void bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
-  bwd_apply(x, dy, dx, c, pixels);
+float bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
+                       float max0) {
+  return bwd_apply(x, dy, dx, c, pixels, max0);
 }
-void bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
-  bwd_apply(x, dy, dx, c, pixels);
+float bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
+                       float max0) {
+  return bwd_apply(x, dy, dx, c, pixels, max0);
 }
 
 }  // namespace dfp::simd::avx512

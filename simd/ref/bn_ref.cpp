@@ -18,13 +18,16 @@ void bwd_sums(const T* x, const float* dy, const BnCoefficients& c, size_t pixel
 }
 
 template <class T>
-void bwd_apply(const T* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
+float bwd_apply(const T* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float mx) {
   for (size_t i = 0; i < pixels; ++i)
     for (int l = 0; l < 16; ++l) {
       const size_t e = i * 16 + l;
       const float xhat = (float(x[e]) * c.x_scale - c.mean[l]) * c.inv[l];
       dx[e] = c.k1[l] * (dy[e] - c.k2[l] - xhat * c.k3[l]);
+      const float a = std::fabs(dx[e]);
+      mx = a > mx ? a : mx;
     }
+  return mx;
 }
 
 }  // namespace
@@ -59,11 +62,13 @@ void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, s
                      float* sdyx) {
   bwd_sums(x, dy, c, pixels, sdy, sdyx);
 }
-void bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
-  bwd_apply(x, dy, dx, c, pixels);
+float bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
+                       float max0) {
+  return bwd_apply(x, dy, dx, c, pixels, max0);
 }
-void bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels) {
-  bwd_apply(x, dy, dx, c, pixels);
+float bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
+                       float max0) {
+  return bwd_apply(x, dy, dx, c, pixels, max0);
 }
 
 }  // namespace dfp::simd::ref

@@ -3,6 +3,7 @@
 // and backward over buffers planned by the Model; a layer allocates only in build().
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -19,7 +20,18 @@ struct StepInfo {
   bool train = false;  // batch statistics, dropout, saving what backward needs
   uint64_t step = 0;   // training step index: seeds per-step randomness (dropout)
   bool sample = false; // measure rounding statistics on this step (LayerNumerics)
+  // Largest magnitudes measured by a neighbour on the way (negative: not known). Forward: of
+  // x[0], from its producer; backward: of dy, from the layer that wrote it. An INT16 layer then
+  // derives its DFP16 exponent without a pass over the tensor.
+  float input_max_abs = -1.f;
+  float grad_max_abs = -1.f;
 };
+
+// max(a, v) for a shared maximum of non-negative values.
+inline void atomic_max(std::atomic<float>& a, float v) {
+  float cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
+}
 
 // Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.
 struct AdaptiveScaling {
@@ -83,6 +95,10 @@ class Layer {
   // ReLU, which from then on hands values and gradients on unchanged.
   virtual bool absorb_relu() { return false; }
   virtual void pass_through() {}
+  // What this layer measured for free during its last call (negative: nothing): max|y| after
+  // forward(), max|dx[0]| after backward(). The Model hands them on as StepInfo's maxima.
+  virtual float output_max_abs() const { return -1.f; }
+  virtual float input_grad_max_abs() const { return -1.f; }
 };
 
 std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias);

@@ -186,7 +186,7 @@ class WeightedLayer : public Layer {
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     if (q_) {
       q_->set_step(st.step);
-      q_->quantize_input(x[0]);
+      q_->quantize_input_with_max_abs(x[0], st.input_max_abs);
       q_->forward(y);
       if (st.sample) sample_int16_forward(x[0]);
     } else if (native_bf16_) {
@@ -218,7 +218,7 @@ class WeightedLayer : public Layer {
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
     if (q_) {
-      q_->quantize_grad_output(dy);
+      q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs);
       if (dx[0]) q_->backward_data(dx[0]);
       q_->backward_weights(gw_.data());
       if (st.sample) sample_.dy = measure_dfp16(dy, out_size_, q_->stats().dy.exponent);
@@ -565,6 +565,10 @@ class BatchNorm final : public Layer {
     relu_ = true;
     return true;
   }
+  // With the ReLU fused, the forward measures max|y| (the ReLU kernel returns it); the backward
+  // always measures max|dx| (the apply kernel returns it).
+  float output_max_abs() const override { return out_max_; }
+  float input_grad_max_abs() const override { return in_grad_max_; }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
@@ -602,6 +606,7 @@ class BatchNorm final : public Layer {
     }
     const auto quant = ctx.kernels().quantize.fn;
     const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
+    std::atomic<float> out_max{0.f};
     const auto relu_fwd = ctx.kernels().relu_fwd.fn;
     const uint64_t qseed = xq_opts_.seed ^ (st.step * 0x9E3779B97F4A7C15ULL);
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
@@ -619,8 +624,9 @@ class BatchNorm final : public Layer {
         quant(p, xq_.data() + off, plane(s_), xq_exp_, xq_opts_.rounding, qseed, off, &cnt);
       }
       scale_shift(p, q, a, b, hw);
-      if (relu_) relu_fwd(q, q, mask_.data() + off / 16, plane(s_));  // while the plane is in cache
+      if (relu_) atomic_max(out_max, relu_fwd(q, q, mask_.data() + off / 16, plane(s_)));  // while in cache
     });
+    out_max_ = relu_ ? out_max.load() : -1.f;
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
@@ -718,15 +724,20 @@ class BatchNorm final : public Layer {
       k2_[c] = static_cast<float>(sdy / m);
       k3_[c] = static_cast<float>(sdyx / m);
     }
+    in_grad_max_ = -1.f;
     if (!dx) return;
+    std::atomic<float> dx_max{0.f};
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
       const size_t off = (size_t(n) * CB + blk) * plane(s_);
       // dx may be dy (in place): each element is read before it is written.
+      float m;
       if constexpr (std::is_same_v<T, int16_t>)
-        ctx.kernels().bn_bwd_apply_s16.fn(x + off, dy + off, dx + off, coefficients(blk), hw);
+        m = ctx.kernels().bn_bwd_apply_s16.fn(x + off, dy + off, dx + off, coefficients(blk), hw, 0.f);
       else
-        ctx.kernels().bn_bwd_apply_f32.fn(x + off, dy + off, dx + off, coefficients(blk), hw);
+        m = ctx.kernels().bn_bwd_apply_f32.fn(x + off, dy + off, dx + off, coefficients(blk), hw, 0.f);
+      atomic_max(dx_max, m);
     });
+    in_grad_max_ = dx_max.load();
   }
 
   static constexpr double kEps = 1e-5, kMomentum = 0.1;
@@ -741,6 +752,7 @@ class BatchNorm final : public Layer {
   QuantOptions xq_opts_;
   bool relu_ = false;              // the following ReLU is applied here
   AlignedBuffer<uint16_t> mask_;   // its bit mask (relu_ only)
+  float out_max_ = -1.f, in_grad_max_ = -1.f;
 };
 
 // ---- ReLU ---------------------------------------------------------------------------------
@@ -751,26 +763,33 @@ class Relu final : public Layer {
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }
   void pass_through() override { through_ = true; }
-  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+  float output_max_abs() const override { return out_max_; }
+  float input_grad_max_abs() const override { return in_grad_max_; }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     const size_t n = n_elems_;
     if (through_) {  // the producer applied it; in place (the usual plan) there is nothing to do
       if (y != x[0]) std::memcpy(y, x[0], n * sizeof(float));
+      out_max_ = st.input_max_abs;
       return;
     }
     const auto fn = ctx.kernels().relu_fwd.fn;
     const float* src = x[0];
     uint16_t* mask = mask_.data();
-    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
+    std::atomic<float> mx{0.f};
+    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
       const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
-      fn(src + begin, y + begin, mask + begin / 16, end - begin);
+      atomic_max(mx, fn(src + begin, y + begin, mask + begin / 16, end - begin));
     });
+    out_max_ = mx.load();
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
-                const std::vector<float*>& dx, const StepInfo&) override {
+                const std::vector<float*>& dx, const StepInfo& st) override {
+    in_grad_max_ = -1.f;
     if (!dx[0]) return;
     const size_t n = n_elems_;
     if (through_) {  // the producer masks the gradient
       if (dx[0] != dy) std::memcpy(dx[0], dy, n * sizeof(float));
+      in_grad_max_ = st.grad_max_abs;
       return;
     }
     const auto fn = ctx.kernels().relu_bwd.fn;
@@ -792,6 +811,7 @@ class Relu final : public Layer {
   size_t n_elems_ = 0;
   bool through_ = false;          // the producer applies the ReLU (absorb_relu)
   AlignedBuffer<uint16_t> mask_;  // bit i: x[i] > 0, all that backward needs
+  float out_max_ = -1.f, in_grad_max_ = -1.f;
 };
 
 // ---- pooling ------------------------------------------------------------------------------

@@ -172,6 +172,9 @@ struct Model::Impl {
     size_t param_begin = 0, param_end = 0;  // this layer's entries in params
     double grad_scale = 1;   // loss scale carried by this node's gradient
     double adapt_scale = 1;  // the adaptive part of it (product of per-layer factors)
+    // max|act| and max|grad| when the layer that wrote them measured it (negative: unknown),
+    // handed to the next layer through StepInfo (fusion only).
+    float act_max = -1.f, grad_max = -1.f;
   };
   const Context& ctx;
   std::string name;
@@ -448,7 +451,10 @@ struct Model::Impl {
       for (int j : n.inputs) xs.push_back(nodes[j].act);
       if (std::find(xs.begin(), xs.end(), n.act) == xs.end()) poison_fresh(n.act, n.elements);  // not in place
       poison_workspace();
-      n.layer->forward(ctx, xs, n.act, st);
+      model::StepInfo sti = st;
+      if (fusion && n.inputs.size() == 1) sti.input_max_abs = nodes[n.inputs[0]].act_max;
+      n.layer->forward(ctx, xs, n.act, sti);
+      n.act_max = fusion ? n.layer->output_max_abs() : -1.f;
     }
     // Softmax cross-entropy in double, per image.
     const TensorShape& ls = nodes[loss_node].shape;
@@ -534,6 +540,7 @@ struct Model::Impl {
         ln.grad[size_t(n) * KP + k] = static_cast<float>(loss_scale * (probs[size_t(n) * K + k] - target) / batch);
       }
     ln.grad_written = true;
+    ln.grad_max = -1.f;
     ln.grad_scale = loss_scale;
     ln.adapt_scale = 1;
     bool finite = true;
@@ -546,6 +553,7 @@ struct Model::Impl {
         // own rounding of dy, its weight gradient and everything it passes on).
         const double alpha = n.layer->adaptive_factor(ctx, n.grad, n.adapt_scale, adaptive_opts);
         if (alpha != 1) {
+          n.grad_max = -1.f;
           scale_add(n.grad, static_cast<float>(alpha), nullptr, 0.f, n.elements);
           n.grad_scale *= alpha;
           n.adapt_scale *= alpha;
@@ -565,11 +573,15 @@ struct Model::Impl {
         }
       }
       poison_workspace();
-      n.layer->backward(ctx, xs, n.layer->backward_reads_output() ? n.act : nullptr, n.grad, dxs, st);
+      model::StepInfo stb = st;
+      if (fusion) stb.grad_max_abs = n.grad_max;
+      n.layer->backward(ctx, xs, n.layer->backward_reads_output() ? n.act : nullptr, n.grad, dxs, stb);
       finite &= unscale_params(n);
       for (int j : n.inputs) {
         if (j == 0) continue;
         NodeInfo& in = nodes[j];
+        // The max a layer measured holds for its input's gradient only if no other consumer adds to it.
+        in.grad_max = !in.grad_written && fusion && n.inputs.size() == 1 ? n.layer->input_grad_max_abs() : -1.f;
         if (in.grad_written) {
           // Second consumer: sum at the smaller of the two scales, so neither part can overflow.
           const double target = std::min(in.grad_scale, n.grad_scale);
