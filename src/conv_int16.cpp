@@ -42,9 +42,8 @@ namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
 constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
-constexpr int kWgradKbGroup = 2;  // weight-gradient output blocks sharing one x tile (4 measured slower: L1)
+constexpr int kWgradKbGroup = 2;    // weight-gradient output blocks sharing one x tile (4: slower, L1)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
-
 
 int pair_chain(int64_t a, int64_t b) {
   if (a == 0 || b == 0) return kMaxChain;
