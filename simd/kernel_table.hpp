@@ -130,18 +130,19 @@ using BnSqDevFn = void (*)(const float* x, const float* mean, size_t pixels, flo
 // x_scale = 2^e, or FP32 with x_scale = 1):
 //   sums:  sdy += dy;  sdyx += dy * (x * x_scale - mean) * inv
 //   apply: dx = k1 * (dy - k2 - xhat * k3)          (dx may be dy); returns max(max0, |dx|), NaN never winning
+// `mask` (one word per pixel, or null) is a fused ReLU's: where its bit is clear dy counts as 0.
 struct BnCoefficients {
   const float *mean, *inv, *k1, *k2, *k3;
   float x_scale;
 };
-using BnBwdSumsS16Fn = void (*)(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
-                                float* sdyx);
-using BnBwdSumsF32Fn = void (*)(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
-                                float* sdyx);
-using BnBwdApplyS16Fn = float (*)(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
-                                  float max0);
-using BnBwdApplyF32Fn = float (*)(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
-                                  float max0);
+using BnBwdSumsS16Fn = void (*)(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c,
+                                size_t pixels, float* sdy, float* sdyx);
+using BnBwdSumsF32Fn = void (*)(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c,
+                                size_t pixels, float* sdy, float* sdyx);
+using BnBwdApplyS16Fn = float (*)(const int16_t* x, const float* dy, const uint16_t* mask, float* dx,
+                                  const BnCoefficients& c, size_t pixels, float max0);
+using BnBwdApplyF32Fn = float (*)(const float* x, const float* dy, const uint16_t* mask, float* dx,
+                                  const BnCoefficients& c, size_t pixels, float max0);
 
 // ---- BF16 / FP16 storage (include/dfp/float16.hpp is the specification) -----------------------
 // dst[i] = the 16-bit pattern of src[i] in the format; stochastic rounding draws element i's
@@ -203,10 +204,14 @@ void add(const float* a, const float* b, float* y, size_t n);
 void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels);
 void bn_sum_max(const float* x, size_t pixels, float* sum, float* max);
 void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq);
-void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
-void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
-float bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0);
-float bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0);
+void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
+                     float* sdy, float* sdyx);
+void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
+                     float* sdy, float* sdyx);
+float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
+                       size_t pixels, float max0);
+float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
+                       size_t pixels, float max0);
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
@@ -226,10 +231,14 @@ void add(const float* a, const float* b, float* y, size_t n);
 void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels);
 void bn_sum_max(const float* x, size_t pixels, float* sum, float* max);
 void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq);
-void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
-void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx);
-float bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0);
-float bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0);
+void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
+                     float* sdy, float* sdyx);
+void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
+                     float* sdy, float* sdyx);
+float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
+                       size_t pixels, float max0);
+float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
+                       size_t pixels, float max0);
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);

@@ -286,27 +286,30 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
     simd::ref::bn_sq_dev(dy.data(), mean.data(), px, q0.data());
     k.bn_sq_dev.fn(dy.data(), mean.data(), px, q1.data());
     ASSERT_TRUE(same(q0, q1)) << "sq_dev " << px;
+    std::vector<uint16_t> relu_mask(px);
+    for (size_t i = 0; i < px; ++i) relu_mask[i] = uint16_t(i * 0x9E37u + 0x1234u);
+    for (const uint16_t* mk : {static_cast<const uint16_t*>(nullptr), static_cast<const uint16_t*>(relu_mask.data())})
     for (float scale : {1.f, 0x1p-13f}) {
       const simd::BnCoefficients co{mean.data(), inv.data(), k1.data(), k2.data(), k3.data(), scale};
       std::vector<float> d0 = lanes(15), e0 = lanes(16), d1 = d0, e1 = e0;
-      simd::ref::bn_bwd_sums_s16(xq.data(), dy.data(), co, px, d0.data(), e0.data());
-      k.bn_bwd_sums_s16.fn(xq.data(), dy.data(), co, px, d1.data(), e1.data());
+      simd::ref::bn_bwd_sums_s16(xq.data(), dy.data(), mk, co, px, d0.data(), e0.data());
+      k.bn_bwd_sums_s16.fn(xq.data(), dy.data(), mk, co, px, d1.data(), e1.data());
       ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_s16 " << px;
-      const float a0 = simd::ref::bn_bwd_apply_s16(xq.data(), dy.data(), y0.data(), co, px, 0.25f);
-      const float a1 = k.bn_bwd_apply_s16.fn(xq.data(), dy.data(), y1.data(), co, px, 0.25f);
+      const float a0 = simd::ref::bn_bwd_apply_s16(xq.data(), dy.data(), mk, y0.data(), co, px, 0.25f);
+      const float a1 = k.bn_bwd_apply_s16.fn(xq.data(), dy.data(), mk, y1.data(), co, px, 0.25f);
       ASSERT_TRUE(same(y0, y1)) << "bwd_apply_s16 " << px;
       float amax = 0.25f;
       for (float v : y0) amax = std::max(amax, std::fabs(v));
       ASSERT_EQ(a0, a1);
       ASSERT_EQ(a0, amax);
       std::vector<float> xf = dy;  // finite FP32 input
-      simd::ref::bn_bwd_sums_f32(xf.data(), x.data(), co, px, d0.data(), e0.data());
-      k.bn_bwd_sums_f32.fn(xf.data(), x.data(), co, px, d1.data(), e1.data());
+      simd::ref::bn_bwd_sums_f32(xf.data(), x.data(), mk, co, px, d0.data(), e0.data());
+      k.bn_bwd_sums_f32.fn(xf.data(), x.data(), mk, co, px, d1.data(), e1.data());
       ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_f32 " << px;
       y0 = xf, y1 = xf;  // in place: dx over dy
       // x holds a NaN: its dx is NaN, which the max ignores.
-      const float b0 = simd::ref::bn_bwd_apply_f32(x.data(), y0.data(), y0.data(), co, px, 0.f);
-      const float b1 = k.bn_bwd_apply_f32.fn(x.data(), y1.data(), y1.data(), co, px, 0.f);
+      const float b0 = simd::ref::bn_bwd_apply_f32(x.data(), y0.data(), mk, y0.data(), co, px, 0.f);
+      const float b1 = k.bn_bwd_apply_f32.fn(x.data(), y1.data(), mk, y1.data(), co, px, 0.f);
       ASSERT_TRUE(same(y0, y1)) << "bwd_apply_f32 " << px;
       ASSERT_EQ(b0, b1);
       ASSERT_FALSE(std::isnan(b0));

@@ -12,12 +12,18 @@ inline __m512 load_x(const int16_t* x) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
 }
 
+// dy, or 0 where a fused ReLU's mask bit is clear.
+inline __m512 load_grad(const float* dy, const uint16_t* mask, size_t i) {
+  return mask ? _mm512_maskz_loadu_ps(__mmask16(mask[i]), dy + i * 16) : _mm512_loadu_ps(dy + i * 16);
+}
+
 template <class T>
-void bwd_sums(const T* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx) {
+void bwd_sums(const T* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels, float* sdy,
+              float* sdyx) {
   const __m512 xs = _mm512_set1_ps(c.x_scale), mean = _mm512_loadu_ps(c.mean), inv = _mm512_loadu_ps(c.inv);
   __m512 a = _mm512_loadu_ps(sdy), b = _mm512_loadu_ps(sdyx);
   for (size_t i = 0; i < pixels; ++i) {
-    const __m512 g = _mm512_loadu_ps(dy + i * 16);
+    const __m512 g = load_grad(dy, mask, i);
     a = _mm512_add_ps(a, g);
     const __m512 centred = _mm512_sub_ps(_mm512_mul_ps(load_x(x + i * 16), xs), mean);
     b = _mm512_add_ps(b, _mm512_mul_ps(_mm512_mul_ps(g, centred), inv));
@@ -27,13 +33,14 @@ void bwd_sums(const T* x, const float* dy, const BnCoefficients& c, size_t pixel
 }
 
 template <class T>
-float bwd_apply(const T* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float max0) {
+float bwd_apply(const T* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c, size_t pixels,
+                float max0) {
   __m512 mx = _mm512_set1_ps(max0);
   const __m512 xs = _mm512_set1_ps(c.x_scale), mean = _mm512_loadu_ps(c.mean), inv = _mm512_loadu_ps(c.inv);
   const __m512 k1 = _mm512_loadu_ps(c.k1), k2 = _mm512_loadu_ps(c.k2), k3 = _mm512_loadu_ps(c.k3);
   for (size_t i = 0; i < pixels; ++i) {
     const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(load_x(x + i * 16), xs), mean), inv);
-    const __m512 g = _mm512_loadu_ps(dy + i * 16);
+    const __m512 g = load_grad(dy, mask, i);
     const __m512 d = _mm512_mul_ps(k1, _mm512_sub_ps(_mm512_sub_ps(g, k2), _mm512_mul_ps(xhat, k3)));
     _mm512_storeu_ps(dx + i * 16, d);
     mx = _mm512_max_ps(_mm512_abs_ps(d), mx);  // second operand on NaN
@@ -70,21 +77,21 @@ void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq) {
   _mm512_storeu_ps(sq, s);
 }
 
-void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
-                     float* sdyx) {
-  bwd_sums(x, dy, c, pixels, sdy, sdyx);
+void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
+                     float* sdy, float* sdyx) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
 }
-void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
-                     float* sdyx) {
-  bwd_sums(x, dy, c, pixels, sdy, sdyx);
+void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
+                     float* sdy, float* sdyx) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
 }
-float bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
-                       float max0) {
-  return bwd_apply(x, dy, dx, c, pixels, max0);
+float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
+                       size_t pixels, float max0) {
+  return bwd_apply(x, dy, mask, dx, c, pixels, max0);
 }
-float bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
-                       float max0) {
-  return bwd_apply(x, dy, dx, c, pixels, max0);
+float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
+                       size_t pixels, float max0) {
+  return bwd_apply(x, dy, mask, dx, c, pixels, max0);
 }
 
 }  // namespace dfp::simd::avx512

@@ -7,23 +7,31 @@
 namespace dfp::simd::ref {
 namespace {
 
+// dy, or 0 where a fused ReLU's mask bit is clear.
+inline float grad(const float* dy, const uint16_t* mask, size_t i, int l) {
+  return !mask || (mask[i] >> l) & 1 ? dy[i * 16 + l] : 0.f;
+}
+
 template <class T>
-void bwd_sums(const T* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy, float* sdyx) {
+void bwd_sums(const T* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels, float* sdy,
+              float* sdyx) {
   for (size_t i = 0; i < pixels; ++i)
     for (int l = 0; l < 16; ++l) {
       const size_t e = i * 16 + l;
-      sdy[l] += dy[e];
-      sdyx[l] += dy[e] * (float(x[e]) * c.x_scale - c.mean[l]) * c.inv[l];
+      const float g = grad(dy, mask, i, l);
+      sdy[l] += g;
+      sdyx[l] += g * (float(x[e]) * c.x_scale - c.mean[l]) * c.inv[l];
     }
 }
 
 template <class T>
-float bwd_apply(const T* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels, float mx) {
+float bwd_apply(const T* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c, size_t pixels,
+                float mx) {
   for (size_t i = 0; i < pixels; ++i)
     for (int l = 0; l < 16; ++l) {
       const size_t e = i * 16 + l;
       const float xhat = (float(x[e]) * c.x_scale - c.mean[l]) * c.inv[l];
-      dx[e] = c.k1[l] * (dy[e] - c.k2[l] - xhat * c.k3[l]);
+      dx[e] = c.k1[l] * (grad(dy, mask, i, l) - c.k2[l] - xhat * c.k3[l]);
       const float a = std::fabs(dx[e]);
       mx = a > mx ? a : mx;
     }
@@ -54,21 +62,21 @@ void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq) {
     }
 }
 
-void bn_bwd_sums_s16(const int16_t* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
-                     float* sdyx) {
-  bwd_sums(x, dy, c, pixels, sdy, sdyx);
+void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
+                     float* sdy, float* sdyx) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
 }
-void bn_bwd_sums_f32(const float* x, const float* dy, const BnCoefficients& c, size_t pixels, float* sdy,
-                     float* sdyx) {
-  bwd_sums(x, dy, c, pixels, sdy, sdyx);
+void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
+                     float* sdy, float* sdyx) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
 }
-float bn_bwd_apply_s16(const int16_t* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
-                       float max0) {
-  return bwd_apply(x, dy, dx, c, pixels, max0);
+float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
+                       size_t pixels, float max0) {
+  return bwd_apply(x, dy, mask, dx, c, pixels, max0);
 }
-float bn_bwd_apply_f32(const float* x, const float* dy, float* dx, const BnCoefficients& c, size_t pixels,
-                       float max0) {
-  return bwd_apply(x, dy, dx, c, pixels, max0);
+float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
+                       size_t pixels, float max0) {
+  return bwd_apply(x, dy, mask, dx, c, pixels, max0);
 }
 
 }  // namespace dfp::simd::ref

@@ -654,11 +654,6 @@ class BatchNorm final : public Layer {
   // block, batch slice, lane).
   template <class Term>
   void reduce(const Context& ctx, Term term) {
-    reduce(ctx, term, [](size_t) {});
-  }
-  // before_plane(offset) runs on each (image, channel block) plane just before its terms.
-  template <class Term, class BeforePlane>
-  void reduce(const Context& ctx, Term term, BeforePlane before_plane) {
     std::fill(part_a_.begin(), part_a_.end(), 0.0);
     std::fill(part_b_.begin(), part_b_.end(), 0.0);
     std::fill(part_max_.begin(), part_max_.end(), 0.f);
@@ -672,7 +667,6 @@ class BatchNorm final : public Layer {
         float* M = part_max_.data() + size_t(t) * 16;
         for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
-          before_plane(off);
           for (size_t i0 = 0; i0 < hw; i0 += kRun) {
             alignas(64) float fa[16] = {}, fb[16] = {};
             term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb, M);
@@ -696,25 +690,20 @@ class BatchNorm final : public Layer {
     const size_t hw = size_t(s_.h) * s_.w;
     const double m = double(s_.n) * hw;
     const float *mean = mean_.data(), *inv = invstd_.data();
-    // Fused ReLU: its backward is applied to dy in place, one plane at a time just before the sums
-    // read it (dy is this layer's own output gradient: only this backward reads it, and dx may
-    // overwrite it anyway).
-    const auto relu_bwd = ctx.kernels().relu_bwd.fn;
-    float* dy_mut = const_cast<float*>(dy);
+    // Fused ReLU: the kernels read dy through its mask (0 where the ReLU blocked it).
+    const uint16_t* mask = relu_ ? mask_.data() : nullptr;
     auto coefficients = [&](int blk) {
       return simd::BnCoefficients{mean + blk * 16, inv + blk * 16, k1_.data() + blk * 16, k2_.data() + blk * 16,
                                   k3_.data() + blk * 16, x_scale};
     };
     auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx, float*) {
+      const uint16_t* m = mask ? mask + e / 16 : nullptr;
       if constexpr (std::is_same_v<T, int16_t>)
-        ctx.kernels().bn_bwd_sums_s16.fn(x + e, dy + e, coefficients(blk), np, sdy, sdyx);
+        ctx.kernels().bn_bwd_sums_s16.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
       else
-        ctx.kernels().bn_bwd_sums_f32.fn(x + e, dy + e, coefficients(blk), np, sdy, sdyx);
+        ctx.kernels().bn_bwd_sums_f32.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
     };
-    if (relu_)
-      reduce(ctx, term, [&](size_t off) { relu_bwd(mask_.data() + off / 16, dy + off, dy_mut + off, plane(s_)); });
-    else
-      reduce(ctx, term);
+    reduce(ctx, term);
     for (int c = 0; c < CB * 16; ++c) {
       const double sdy = total(part_a_, c), sdyx = total(part_b_, c);
       ggamma_[c] = c < s_.c ? static_cast<float>(sdyx) : 0.f;
@@ -730,11 +719,12 @@ class BatchNorm final : public Layer {
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
       const size_t off = (size_t(n) * CB + blk) * plane(s_);
       // dx may be dy (in place): each element is read before it is written.
+      const uint16_t* mp = mask ? mask + off / 16 : nullptr;
       float m;
       if constexpr (std::is_same_v<T, int16_t>)
-        m = ctx.kernels().bn_bwd_apply_s16.fn(x + off, dy + off, dx + off, coefficients(blk), hw, 0.f);
+        m = ctx.kernels().bn_bwd_apply_s16.fn(x + off, dy + off, mp, dx + off, coefficients(blk), hw, 0.f);
       else
-        m = ctx.kernels().bn_bwd_apply_f32.fn(x + off, dy + off, dx + off, coefficients(blk), hw, 0.f);
+        m = ctx.kernels().bn_bwd_apply_f32.fn(x + off, dy + off, mp, dx + off, coefficients(blk), hw, 0.f);
       atomic_max(dx_max, m);
     });
     in_grad_max_ = dx_max.load();
