@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include <xmmintrin.h>  // _mm_prefetch (baseline SSE)
+
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
@@ -785,7 +787,8 @@ struct ConvInt16::Impl {
       // dy pairs of one tile of positions for up to kWgradKbGroup output blocks. The output blocks
       // are the innermost loop, so each x tile (one cb and tap, in L1) serves all of them: with kb
       // outermost, 1x1 layers with many channels re-streamed x from memory once per kb.
-      alignas(64) int16_t tile[kWgradKbGroup][kPairTile * 32 + 32];  // + one line: 8 KiB apart, they shared L1 sets
+      alignas(64) int16_t tile[kWgradKbGroup][kPairTile * 32 + 32];
+      const bool prefetch_x = T == 1 && size_t(CB) * sh.H * sh.W * 64 > (size_t(1) << 20);  // + one line: 8 KiB apart, they shared L1 sets
       for (int p = p0; p < p1; ++p)
         for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows)
           for (int ow0 = 0; ow0 < OW; ow0 += chunk_cols) {
@@ -801,7 +804,20 @@ struct ConvInt16::Impl {
                   const int16_t* i1 = 2 * p + 1 < sh.N ? i0 + size_t(KB) * OHb * OWb * 16 : nullptr;
                   inter(i0, i1, tile[kb - kg] + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
                 }
-              for (int cb = 0; cb < CB; ++cb)
+              for (int cb = 0; cb < CB; ++cb) {
+                // 1x1 layers whose input planes outgrow L2 stream x from memory, and the next input
+                // block's rows of this tile are a plane away: a new stream that the hardware
+                // prefetcher finds only after a few misses. Fetch it while this block computes
+                // (measured: ResNet-50 c256->64 1x1 bwd_weights +18%; 3x3 layers reuse x from
+                // cache and lost 4% with it).
+                if (prefetch_x && cb + 1 < CB) {
+                  const int r0 = std::max(0, oh0 * sh.stride_h - sh.pad_h);
+                  const int r1 = std::min(sh.H, (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R);
+                  const char* next = reinterpret_cast<const char*>(
+                      xp.data() + ((size_t(p) * CB + cb + 1) * sh.H + r0) * sh.W * 32);
+                  const size_t bytes = size_t(std::max(0, r1 - r0)) * sh.W * 64;
+                  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
+                }
                 for (int t = 0; t < T; ++t) {
                   const int r = t / sh.S, s2 = t % sh.S;
                   // This tap's positions inside the image (the rest read padding: zero products).
@@ -818,6 +834,7 @@ struct ConvInt16::Impl {
                     fn(a);
                   }
                 }
+              }
             }
           }
     };
