@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "dfp/dfp16.hpp"
 #include "dfp/isa.hpp"
@@ -189,68 +190,57 @@ struct KernelTable {
 // Fills a table for `isa` (which the caller has checked the CPU supports).
 KernelTable make_kernel_table(Isa isa);
 
-// Implementations, one set per level (defined in simd/ref, simd/avx512).
+// Implementations, one set per level (defined in simd/ref, simd/avx512), declared through the
+// table's signatures (a function type declares a function): each signature is stated once, at its
+// Fn alias above, and a definition that strays from it fails to link.
+template <class Fn>
+using Signature = std::remove_pointer_t<Fn>;
+
 namespace ref {
-float max_abs(const float* x, size_t n, uint64_t* nonfinite);
-void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
-              uint64_t index_base, QuantCounters* counters);
-void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
-void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
-void conv_s16_pixel(const PixelKernelArgs& a);
-void conv_s16_pair(const PairKernelArgs& a);
-float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
-void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n);
-void add(const float* a, const float* b, float* y, size_t n);
-void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels);
-void bn_sum_max(const float* x, size_t pixels, float* sum, float* max);
-void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq);
-void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx);
-void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx);
-float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
-                       size_t pixels, float max0);
-float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
-                       size_t pixels, float max0);
-void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
-void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
-void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
-void fp16_to_f32(const uint16_t* src, float* dst, size_t n);
-void round_bf16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
-void round_fp16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
+Signature<MaxAbsFn> max_abs;
+Signature<QuantizeFn> quantize;
+Signature<DequantizeFn> dequantize;
+Signature<InterleaveFn> interleave;
+Signature<PixelKernelFn> conv_s16_pixel;
+Signature<PairKernelFn> conv_s16_pair;
+Signature<ReluFwdFn> relu_fwd;
+Signature<ReluBwdFn> relu_bwd;
+Signature<AddFn> add;
+Signature<BnScaleShiftFn> bn_scale_shift;
+Signature<BnSumMaxFn> bn_sum_max;
+Signature<BnSqDevFn> bn_sq_dev;
+Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
+Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
+Signature<BnBwdApplyS16Fn> bn_bwd_apply_s16;
+Signature<BnBwdApplyF32Fn> bn_bwd_apply_f32;
+Signature<ToHalfFn> to_bf16, to_fp16;
+Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
+Signature<RoundToFn> round_bf16, round_fp16;
 }  // namespace ref
 namespace avx512 {
-float max_abs(const float* x, size_t n, uint64_t* nonfinite);
-void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
-              uint64_t index_base, QuantCounters* counters);
-void dequantize(const int16_t* src, float* dst, size_t n, int exponent);
-void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
-float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n);
-void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n);
-void add(const float* a, const float* b, float* y, size_t n);
-void bn_scale_shift(const float* x, float* y, const float* a, const float* b, size_t pixels);
-void bn_sum_max(const float* x, size_t pixels, float* sum, float* max);
-void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq);
-void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx);
-void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx);
-float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
-                       size_t pixels, float max0);
-float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
-                       size_t pixels, float max0);
-void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
-void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
-void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
-void fp16_to_f32(const uint16_t* src, float* dst, size_t n);
-void round_bf16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
-void round_fp16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base);
-void conv_s16_pixel_bw(const PixelKernelArgs& a);
-void conv_s16_pair_bw(const PairKernelArgs& a);
+Signature<MaxAbsFn> max_abs;
+Signature<QuantizeFn> quantize;
+Signature<DequantizeFn> dequantize;
+Signature<InterleaveFn> interleave;
+Signature<PixelKernelFn> conv_s16_pixel_bw;
+Signature<PairKernelFn> conv_s16_pair_bw;
+Signature<ReluFwdFn> relu_fwd;
+Signature<ReluBwdFn> relu_bwd;
+Signature<AddFn> add;
+Signature<BnScaleShiftFn> bn_scale_shift;
+Signature<BnSumMaxFn> bn_sum_max;
+Signature<BnSqDevFn> bn_sq_dev;
+Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
+Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
+Signature<BnBwdApplyS16Fn> bn_bwd_apply_s16;
+Signature<BnBwdApplyF32Fn> bn_bwd_apply_f32;
+Signature<ToHalfFn> to_bf16, to_fp16;
+Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
+Signature<RoundToFn> round_bf16, round_fp16;
 }  // namespace avx512
 namespace avx512vnni {
-void conv_s16_pixel(const PixelKernelArgs& a);
-void conv_s16_pair(const PairKernelArgs& a);
+Signature<PixelKernelFn> conv_s16_pixel;
+Signature<PairKernelFn> conv_s16_pair;
 }  // namespace avx512vnni
 
 }  // namespace dfp::simd
