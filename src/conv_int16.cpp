@@ -36,6 +36,7 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "src/aligned_buffer.hpp"
+#include "src/atomic_max.hpp"
 
 namespace dfp {
 
@@ -525,8 +526,7 @@ struct ConvInt16::Impl {
       }
       saturated.fetch_add(cnt.saturated);
       nonfinite.fetch_add(cnt.nonfinite);
-      int32_t cur = max_q.load();
-      while (cnt.max_abs_q > cur && !max_q.compare_exchange_weak(cur, cnt.max_abs_q)) {}
+      atomic_max(max_q, cnt.max_abs_q);
     });
     // Batch pairs: rows of images 2p and 2p+1 (absent for odd N: zeros).
     const int64_t prow = pair ? int64_t(NP) * B * h : 0;

@@ -11,6 +11,7 @@
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "src/atomic_max.hpp"
 #include "src/named_enum.hpp"
 
 namespace dfp {
@@ -64,8 +65,7 @@ float max_abs(const Context& ctx, const float* x, size_t n, uint64_t* nonfinite)
       const size_t off = size_t(c) * kChunk;
       uint64_t local_bad = 0;
       const uint32_t m = std::bit_cast<uint32_t>(fn(x + off, std::min(kChunk, n - off), &local_bad));
-      uint32_t cur = best.load(std::memory_order_relaxed);
-      while (m > cur && !best.compare_exchange_weak(cur, m, std::memory_order_relaxed)) {}
+      atomic_max(best, m);  // non-negative floats order as their bit patterns
       if (local_bad) bad.fetch_add(local_bad, std::memory_order_relaxed);
     }
   });
@@ -87,8 +87,7 @@ QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, in
     }
     saturated.fetch_add(cnt.saturated);
     bad.fetch_add(cnt.nonfinite);
-    int32_t cur = max_q.load();
-    while (cnt.max_abs_q > cur && !max_q.compare_exchange_weak(cur, cnt.max_abs_q)) {}
+    atomic_max(max_q, cnt.max_abs_q);
   });
   QuantStats st;
   st.exponent = exponent;

@@ -3,7 +3,6 @@
 // and backward over buffers planned by the Model; a layer allocates only in build().
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -12,6 +11,7 @@
 
 #include "dfp/context.hpp"
 #include "dfp/model.hpp"
+#include "src/atomic_max.hpp"
 
 namespace dfp::model {
 
@@ -26,12 +26,6 @@ struct StepInfo {
   float input_max_abs = -1.f;
   float grad_max_abs = -1.f;
 };
-
-// max(a, v) for a shared maximum of non-negative values.
-inline void atomic_max(std::atomic<float>& a, float v) {
-  float cur = a.load(std::memory_order_relaxed);
-  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
-}
 
 // Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.
 struct AdaptiveScaling {

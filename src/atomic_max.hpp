@@ -1,0 +1,15 @@
+// A maximum shared by the tasks of one parallel loop. Each task folds its own result in once, so
+// a compare-exchange loop is enough; NaN never wins (the comparison is false for it).
+#pragma once
+
+#include <atomic>
+
+namespace dfp {
+
+template <class T>
+inline void atomic_max(std::atomic<T>& a, T v) {
+  T cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
+}
+
+}  // namespace dfp
