@@ -478,17 +478,16 @@ struct ConvInt16::Impl {
   // ---- activations and gradients -----------------------------------------------------------
   // Quantizes a blocked FP32 tensor [N][B][h][w][16] into the interior of a padded int16 tensor
   // [N][B][hb][wb][16] at border (top, left), then builds the batch-pair copy [NP][B][h2][w2][16][2]
-  // (with its own border) from it.
+  // (with its own border) from it. known_max: max|src| measured by the tensor's producer (negative
+  // or non-finite: measured here).
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
-                              const int* exponent, float known_max) {
+                              float known_max) {
     const size_t n = size_t(sh.N) * B * h * w * 16;
     uint64_t bad = 0;
     float m = 0.f;
     int e;
-    if (exponent) {
-      e = *exponent;
-    } else if (known_max >= 0.f && std::isfinite(known_max)) {
+    if (known_max >= 0.f && std::isfinite(known_max)) {
       // The producer measured it (non-finite values are still counted by the quantizer).
       m = known_max;
       e = dfp16_exponent(m, qo.headroom);
@@ -551,18 +550,18 @@ struct ConvInt16::Impl {
     return st;
   }
 
-  void quantize_input(const float* x, const int* exponent, float known_max = -1.f) {
+  void quantize_input(const float* x, float known_max) {
     ensure_workspace();
     stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
-                               step_x, exponent, known_max);
+                               step_x, known_max);
     have_x = have_x_fwd = true;
     if (shared_workspace) have_dy = false;  // the workspace now holds x
   }
 
-  void quantize_grad_output(const float* dy, float known_max = -1.f) {
+  void quantize_grad_output(const float* dy, float known_max) {
     ensure_workspace();
     stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, gemm ? dyp : nullptr, OH, OW, 0, 0,
-                                step_dy, nullptr, known_max);
+                                step_dy, known_max);
     have_dy = true;
     if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
   }
@@ -898,13 +897,12 @@ const char* ConvInt16::kernel_name() const noexcept {
 }
 void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w); }
-void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, nullptr); }
-void ConvInt16::quantize_input_with_exponent(const float* x, int e) { impl_->quantize_input(x, &e); }
-void ConvInt16::quantize_input_with_max_abs(const float* x, float max_abs) { impl_->quantize_input(x, nullptr, max_abs); }
+void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, -1.f); }
+void ConvInt16::quantize_input_with_max_abs(const float* x, float max_abs) { impl_->quantize_input(x, max_abs); }
 void ConvInt16::quantize_grad_output_with_max_abs(const float* dy, float max_abs) {
   impl_->quantize_grad_output(dy, max_abs);
 }
-void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_output(dy); }
+void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_output(dy, -1.f); }
 void ConvInt16::forward(float* y) { impl_->forward(y); }
 size_t ConvInt16::workspace_bytes() const noexcept { return impl_->workspace_bytes(); }
 void ConvInt16::use_workspace(void* p) { impl_->use_workspace(p); }

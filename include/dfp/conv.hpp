@@ -99,8 +99,6 @@ class ConvInt16 {
   void quantize_input(const float* x);
   // dy (nChw16c, K channels, OH x OW) -> DFP16 in the layouts of both backward passes.
   void quantize_grad_output(const float* dy);
-  // Same, with an exponent known in advance.
-  void quantize_input_with_exponent(const float* x, int exponent);
   // Same, with max|x| (max|dy|) measured by the producer of the tensor, which saves the pass that
   // finds it; the exponent follows from it as usual. A negative or non-finite max_abs: measured here.
   void quantize_input_with_max_abs(const float* x, float max_abs);
