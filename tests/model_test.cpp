@@ -552,6 +552,19 @@ std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
          auto t = m.add(z, m.shortcut_pad(s, 6, 2, "sc"), "add2");
          m.softmax_cross_entropy(m.linear(m.global_avgpool(t, "gap"), 3, true, "fc"));
        }},
+      {"nested-adds",  // which residual Adds may share their gradient buffer (Model plan_memory)
+       [](Model& m) {
+         auto x = m.input(2, 6, 6);
+         auto a = m.conv(x, 4, 3, 1, 1, false, "c1");
+         auto e = m.relu(m.conv(x, 4, 3, 1, 1, false, "c5"), "r5");
+         auto b = m.conv(a, 4, 3, 1, 1, false, "c2");
+         auto f = m.conv(a, 4, 1, 1, 0, false, "c4");
+         auto s1 = m.add(b, a, "add1");  // a is also read after b (by c4): copies
+         auto s2 = m.add(s1, m.batchnorm(m.conv(s1, 4, 3, 1, 1, false, "c3"), "bn3"), "add2");  // shares
+         auto s3 = m.add(s2, f, "add3");  // shares
+         auto s4 = m.add(e, s3, "add4");  // shares; add3, its higher input, then copies
+         m.softmax_cross_entropy(m.linear(m.global_avgpool(m.relu(s4, "r"), "gap"), 3, true, "fc"));
+       }},
       {"concat-lrn-dropout",
        [](Model& m) {
          auto x = m.input(3, 5, 5);
@@ -565,7 +578,8 @@ std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
 }
 
 // Losses and parameter gradients of two training steps.
-std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision p, bool poison, bool fusion = true) {
+std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision p, bool poison, bool fusion = true,
+                             bool copying_adds = false) {
   Model m(ctx2(), "p");
   make(m);
   m.set_fusion(fusion);
@@ -573,6 +587,14 @@ std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision 
   pol.precision = p;
   m.build(3, pol);
   m.set_debug_poison(poison);
+  if (copying_adds) {
+    // Adaptive loss scaling plans every Add with its own copy; with factors capped at 1 it
+    // changes no number.
+    LossScaleOptions o;
+    o.mode = LossScaleMode::adaptive;
+    o.adaptive_max_factor = 1;
+    m.set_loss_scaling(o);
+  }
   Sgd sgd(ctx2(), m, {0.9f, 0.f, false});
   const auto x = batch_images(m, 11);
   const std::vector<int32_t> y = {0, 2, 1};
@@ -622,6 +644,19 @@ TEST(Memory, PlannedBuffersAreWrittenBeforeTheyAreRead) {
       ASSERT_EQ(clean.size(), poisoned.size());
       for (float v : clean) ASSERT_TRUE(std::isfinite(v)) << name << " " << precision_name(p);
       EXPECT_EQ(0, std::memcmp(clean.data(), poisoned.data(), clean.size() * sizeof(float)))
+          << name << " " << precision_name(p);
+    }
+}
+
+// Residual Adds whose inputs read the Add's own gradient buffer give the bits of the plan in which
+// each Add copies its gradient to its inputs (poisoned, so a sharer reading what another wrote over
+// would show).
+TEST(Memory, SharedAddGradientsGiveTheCopyingPlansBits) {
+  for (const auto& [name, make] : plan_graphs())
+    for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
+      const auto shared = two_steps(make, p, true), copied = two_steps(make, p, true, true, true);
+      ASSERT_EQ(shared.size(), copied.size());
+      EXPECT_EQ(0, std::memcmp(shared.data(), copied.data(), shared.size() * sizeof(float)))
           << name << " " << precision_name(p);
     }
 }

@@ -191,7 +191,9 @@ class Model {
   void set_loss_scale(double scale);
   // Once, before training: with mode adaptive each Conv/Linear backward multiplies the gradient
   // it passes on by its own power-of-two factor (Zhao et al. 2019; include/dfp/loss_scale.hpp),
-  // bounded by adaptive_max_factor per layer and adaptive_max_scale accumulated.
+  // bounded by adaptive_max_factor per layer and adaptive_max_scale accumulated. Switching to or
+  // from adaptive after build() plans the gradient buffers again (it allocates; a forward pass
+  // not yet backpropagated is dropped).
   void set_loss_scaling(const LossScaleOptions& options);
   // Sample rounding statistics every `interval` training steps (0: never).
   void set_numerics_interval(int interval);

@@ -64,6 +64,9 @@ class Layer {
   // before writing it).
   virtual bool forward_in_place(size_t i) const { return false; }
   virtual bool backward_in_place(size_t i) const { return false; }
+  // dx[i] = dy for every input (residual Add): the Model may hand every input the output
+  // gradient's own buffer, and backward then has nothing to write.
+  virtual bool backward_passes_gradient() const { return false; }
   // Transient scratch, one region shared by all layers: valid only within one forward() or
   // backward() call.
   virtual size_t workspace_bytes() const { return 0; }

@@ -1005,6 +1005,7 @@ class Add final : public Layer {
   }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }
+  bool backward_passes_gradient() const override { return true; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const auto fn = ctx.kernels().add.fn;
     const float *a = x[0], *c = x[1];
@@ -1017,7 +1018,7 @@ class Add final : public Layer {
   void backward(const Context&, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     for (float* d : dx)
-      if (d && d != dy) std::memcpy(d, dy, n_ * sizeof(float));  // d == dy: passed through in place
+      if (d && d != dy) std::memcpy(d, dy, n_ * sizeof(float));  // d == dy: the planned buffer is shared
   }
 
  private:
