@@ -609,9 +609,9 @@ std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision 
 }
 }  // namespace
 
-// A BatchNorm that applies the ReLU reading its output gives the same bits as the two layers,
-// forward and backward, in every precision; a ReLU after a conv, or after a BN whose output is
-// also read elsewhere, stays a layer of its own.
+// A BatchNorm or residual Add that applies the ReLU reading its output gives the same bits as the
+// two layers, forward and backward, in every precision; a ReLU after a conv, or after a layer whose
+// output is also read elsewhere, stays a layer of its own.
 TEST(Fusion, BatchNormReluGivesTheSameBitsAsTwoLayers) {
   for (const auto& [name, make] : plan_graphs())
     for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
@@ -627,12 +627,13 @@ TEST(Fusion, BatchNormReluGivesTheSameBitsAsTwoLayers) {
   auto b2 = m.batchnorm(m.add(r1, b, "add"), "bn2");
   auto r2 = m.relu(b2, "r2");                                // fused
   auto r3 = m.relu(m.conv(r2, 4, 3, 1, 1, false, "c2"), "r3");  // after a conv: not fused
-  m.softmax_cross_entropy(m.linear(m.flatten(r3, "fl"), 3, true, "fc"));
+  auto r4 = m.relu(m.add(r3, r2, "add2"), "r4");                // after a residual add: fused
+  m.softmax_cross_entropy(m.linear(m.flatten(r4, "fl"), 3, true, "fc"));
   m.build(2, PrecisionPolicy{});
   std::vector<std::string> fused;
   for (const LayerSpec& s : m.graph())
     if (s.fused) fused.push_back(s.name);
-  EXPECT_EQ(fused, std::vector<std::string>{"r2"});
+  EXPECT_EQ(fused, (std::vector<std::string>{"r2", "r4"}));
 }
 
 // Every buffer the plan shares is written before it is read: with every fresh buffer and the

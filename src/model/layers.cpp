@@ -1002,28 +1002,60 @@ class Add final : public Layer {
   void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
              std::mt19937_64&) override {
     n_ = in[0].blocked_elements();
+    if (relu_) mask_ = AlignedBuffer<uint16_t>((n_ + 15) / 16);
   }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }
+  // The gradient reaches every input unchanged, or, with the ReLU fused, masked once in place.
   bool backward_passes_gradient() const override { return true; }
+  // Fused ReLU (the residual block's): the ReLU kernel runs on each chunk of the sum while it is
+  // still in cache, so the bits, mask and max are the two layers' own.
+  bool absorb_relu() override {
+    relu_ = true;
+    return true;
+  }
+  float output_max_abs() const override { return out_max_; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const auto fn = ctx.kernels().add.fn;
+    const auto relu = ctx.kernels().relu_fwd.fn;
     const float *a = x[0], *c = x[1];
     const size_t n = n_;
-    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
+    uint16_t* mask = relu_ ? mask_.data() : nullptr;
+    std::atomic<float> mx{0.f};
+    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
       const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
       fn(a + begin, c + begin, y + begin, end - begin);
+      if (mask) atomic_max(mx, relu(y + begin, y + begin, mask + begin / 16, end - begin));
     });
+    out_max_ = mask ? mx.load() : -1.f;
   }
-  void backward(const Context&, const std::vector<const float*>&, const float*, const float* dy,
+  void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
+    if (relu_) {
+      // Mask into the first input's buffer, or over dy itself where an input shares it.
+      float* first = nullptr;
+      for (float* d : dx)
+        if (d && (!first || d == dy)) first = d;
+      if (!first) return;
+      const auto fn = ctx.kernels().relu_bwd.fn;
+      const uint16_t* mask = mask_.data();
+      const size_t n = n_;
+      ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
+        const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
+        fn(mask + begin / 16, dy + begin, first + begin, end - begin);
+      });
+      dy = first;
+    }
     for (float* d : dx)
       if (d && d != dy) std::memcpy(d, dy, n_ * sizeof(float));  // d == dy: the planned buffer is shared
   }
 
  private:
-  static constexpr size_t kChunk = 1 << 15;
+  static constexpr size_t kChunk = 1 << 15;  // a multiple of 16: chunks start on a mask word
   size_t n_ = 0;
+  bool relu_ = false;
+  AlignedBuffer<uint16_t> mask_;
+  float out_max_ = -1.f;
 };
 
 class Concat final : public Layer {
