@@ -506,38 +506,48 @@ struct ConvInt16::Impl {
     const auto inter = ctx.kernels().interleave.fn;
     std::atomic<uint64_t> saturated{0}, nonfinite{0};
     std::atomic<int32_t> max_q{0};
-    const int64_t rows = int64_t(sh.N) * B * h;
     const size_t row_len = size_t(w) * 16;
-    ctx.parallel_for(rows, [&](int64_t r0, int64_t r1) {
-      simd::QuantCounters cnt;
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t img_blk = r / h, y = r % h;
-        const float* s = src + size_t(r) * row_len;
-        int16_t* d = dst + ((size_t(img_blk) * hb + y + top) * wb + left) * 16;
-        quant(s, d, row_len, e, qo.rounding, qo.seed, size_t(r) * row_len, &cnt);
-        // The zero border: dst is workspace that other operators wrote in between.
-        int16_t* plane = dst + size_t(img_blk) * hb * wb * 16;
-        if (y == 0) std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
-        if (y == h - 1)
-          std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
-        std::memset(d - size_t(left) * 16, 0, size_t(left) * 16 * sizeof(int16_t));
-        std::memset(d + row_len, 0, size_t(wb - left - w) * 16 * sizeof(int16_t));
-      }
+    // Row r = (image * B + block) * h + y of src into dst, with its share of the zero border (dst
+    // is workspace that other operators wrote in between).
+    auto quant_row = [&](int64_t r, simd::QuantCounters& cnt) {
+      const int64_t img_blk = r / h, y = r % h;
+      int16_t* d = dst + ((size_t(img_blk) * hb + y + top) * wb + left) * 16;
+      quant(src + size_t(r) * row_len, d, row_len, e, qo.rounding, qo.seed, size_t(r) * row_len, &cnt);
+      int16_t* plane = dst + size_t(img_blk) * hb * wb * 16;
+      if (y == 0) std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
+      if (y == h - 1)
+        std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
+      std::memset(d - size_t(left) * 16, 0, size_t(left) * 16 * sizeof(int16_t));
+      std::memset(d + row_len, 0, size_t(wb - left - w) * 16 * sizeof(int16_t));
+    };
+    auto count = [&](const simd::QuantCounters& cnt) {
       saturated.fetch_add(cnt.saturated);
       nonfinite.fetch_add(cnt.nonfinite);
       atomic_max(max_q, cnt.max_abs_q);
-    });
-    // Batch pairs: rows of images 2p and 2p+1 (absent for odd N: zeros).
-    const int64_t prow = pair ? int64_t(NP) * B * h : 0;
-    ctx.parallel_for(prow, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t y = r % h, b = (r / h) % B, p = r / (int64_t(h) * B);
-        const int16_t* a = dst + (((size_t(2 * p) * B + b) * hb + y + top) * wb + left) * 16;
-        const int16_t* c = 2 * p + 1 < sh.N ? a + size_t(B) * hb * wb * 16 : nullptr;
-        int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
-        inter(a, c, d, row_len);
-      }
-    });
+    };
+    if (pair) {
+      // With the batch-pair copy: row y of images 2p and 2p+1 (absent for odd N: zeros) are
+      // quantized and then interleaved while they are still in L1.
+      ctx.parallel_for(int64_t(NP) * B * h, [&](int64_t r0, int64_t r1) {
+        simd::QuantCounters cnt;
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t y = r % h, b = (r / h) % B, p = r / (int64_t(h) * B);
+          const bool second = 2 * p + 1 < sh.N;
+          quant_row((2 * p * B + b) * h + y, cnt);
+          if (second) quant_row(((2 * p + 1) * B + b) * h + y, cnt);
+          const int16_t* a = dst + (((size_t(2 * p) * B + b) * hb + y + top) * wb + left) * 16;
+          int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
+          inter(a, second ? a + size_t(B) * hb * wb * 16 : nullptr, d, row_len);
+        }
+        count(cnt);
+      });
+    } else {
+      ctx.parallel_for(int64_t(sh.N) * B * h, [&](int64_t r0, int64_t r1) {
+        simd::QuantCounters cnt;
+        for (int64_t r = r0; r < r1; ++r) quant_row(r, cnt);
+        count(cnt);
+      });
+    }
     QuantStats st;
     st.exponent = e;
     st.max_abs = m;
