@@ -99,7 +99,7 @@ DFP_HD inline uint32_t stochastic_key(uint64_t seed) {
 DFP_HD inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) {
   return mix32(mix32((uint32_t)index ^ key) + key) >> 8;
 }
-// The key of a dropout layer with seed `seed` at training step `step` (Dropout::keep in layers.cpp).
+// The key of a dropout layer with seed `seed` at training step `step` (step_key in layers.cpp).
 inline uint32_t dropout_key(uint64_t seed, uint64_t step) {
   return stochastic_key(seed ^ (step * 0x9e3779b97f4a7c15ULL));
 }

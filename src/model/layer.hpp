@@ -3,6 +3,7 @@
 // and backward over buffers planned by the Model; a layer allocates only in build().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -32,6 +33,19 @@ struct AdaptiveScaling {
   double max_factor = 16;   // per layer
   double max_scale = 1024;  // accumulated product of the factors
 };
+
+// Element-wise work runs over pieces of kChunk elements on the context's threads: f(begin, end)
+// for each task's run of whole pieces. kChunk is a multiple of 16, so every piece starts on a ReLU
+// mask word; it is also where the stochastic streams of chunked conversions restart their offsets.
+constexpr size_t kChunk = size_t(1) << 15;
+template <class F>
+void for_chunks(const Context& ctx, size_t n, F&& f) {
+  ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk),
+                   [&](int64_t b, int64_t e) { f(size_t(b) * kChunk, std::min(n, size_t(e) * kChunk)); });
+}
+
+// The seed of a layer's random stream at one training step (the stochastic key derives from it).
+inline uint64_t step_seed(uint64_t seed, uint64_t step) { return seed ^ (step * 0x9E3779B97F4A7C15ULL); }
 
 // Blocked-layout index of (n, c, h, w).
 inline size_t bidx(const TensorShape& s, int n, int c, int h, int w) {

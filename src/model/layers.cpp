@@ -81,22 +81,22 @@ DfpConvOptions layer_dfp_options(const PrecisionPolicy& policy, const std::strin
 
 // ---- reduced-precision operands ----------------------------------------------------------------
 
-constexpr size_t kChunk = size_t(1) << 15;  // elements per parallel task; also the stochastic stream offset unit
-
 // Per-step stochastic key of one tensor class of one layer.
-uint32_t step_key(uint64_t seed, uint64_t step) { return simd::stochastic_key(seed ^ (step * 0x9E3779B97F4A7C15ULL)); }
+uint32_t step_key(uint64_t seed, uint64_t step) { return simd::stochastic_key(step_seed(seed, step)); }
 
-// Runs a conversion kernel over n elements in kChunk pieces on the context's threads. Each
-// piece's stochastic stream starts at its element index, so results do not depend on the thread
-// count.
+// Runs a conversion kernel over n elements, one call per kChunk piece. Each piece's stochastic
+// stream starts at its element index, so results do not depend on the thread count.
 template <class Kernel, class Dst>
 void convert_tensor(const Context& ctx, Kernel fn, const float* src, Dst* dst, size_t n, Rounding r, uint32_t key) {
-  ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) {
-      const size_t i = size_t(c) * kChunk;
-      fn(src + i, dst + i, std::min(kChunk, n - i), r, key, i);
-    }
+  for_chunks(ctx, n, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; i += kChunk) fn(src + i, dst + i, std::min(kChunk, e - i), r, key, i);
   });
+}
+
+// dx = dy where the ReLU mask bit is set, else 0 (dx may be dy).
+void mask_gradient(const Context& ctx, const uint16_t* mask, const float* dy, float* dx, size_t n) {
+  const auto fn = ctx.kernels().relu_bwd.fn;
+  for_chunks(ctx, n, [&](size_t b, size_t e) { fn(mask + b / 16, dy + b, dx + b, e - b); });
 }
 // dst = src rounded to `f` (FP32 values).
 void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* dst, size_t n, Rounding r, uint32_t key) {
@@ -608,7 +608,7 @@ class BatchNorm final : public Layer {
     const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
     std::atomic<float> out_max{0.f};
     const auto relu_fwd = ctx.kernels().relu_fwd.fn;
-    const uint64_t qseed = xq_opts_.seed ^ (st.step * 0x9E3779B97F4A7C15ULL);
+    const uint64_t qseed = step_seed(xq_opts_.seed, st.step);
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
       const size_t off = (size_t(n) * CB + blk) * plane(s_);
       const float* p = x[0] + off;
@@ -766,10 +766,7 @@ class Relu final : public Layer {
     const float* src = x[0];
     uint16_t* mask = mask_.data();
     std::atomic<float> mx{0.f};
-    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
-      const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
-      atomic_max(mx, fn(src + begin, y + begin, mask + begin / 16, end - begin));
-    });
+    for_chunks(ctx, n, [&](size_t b, size_t e) { atomic_max(mx, fn(src + b, y + b, mask + b / 16, e - b)); });
     out_max_ = mx.load();
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
@@ -782,13 +779,7 @@ class Relu final : public Layer {
       in_grad_max_ = st.grad_max_abs;
       return;
     }
-    const auto fn = ctx.kernels().relu_bwd.fn;
-    const uint16_t* mask = mask_.data();
-    float* d = dx[0];
-    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
-      const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
-      fn(mask + begin / 16, dy + begin, d + begin, end - begin);
-    });
+    mask_gradient(ctx, mask_.data(), dy, dx[0], n);
   }
   void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
              std::mt19937_64&) override {
@@ -797,7 +788,6 @@ class Relu final : public Layer {
   }
 
  private:
-  static constexpr size_t kChunk = 1 << 15;  // a multiple of 16: chunks start on a mask word
   size_t n_elems_ = 0;
   bool through_ = false;          // the producer applies the ReLU (absorb_relu)
   AlignedBuffer<uint16_t> mask_;  // bit i: x[i] > 0, all that backward needs
@@ -1022,10 +1012,9 @@ class Add final : public Layer {
     const size_t n = n_;
     uint16_t* mask = relu_ ? mask_.data() : nullptr;
     std::atomic<float> mx{0.f};
-    ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [&](int64_t b, int64_t e) {
-      const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
-      fn(a + begin, c + begin, y + begin, end - begin);
-      if (mask) atomic_max(mx, relu(y + begin, y + begin, mask + begin / 16, end - begin));
+    for_chunks(ctx, n, [&](size_t b, size_t e) {
+      fn(a + b, c + b, y + b, e - b);
+      if (mask) atomic_max(mx, relu(y + b, y + b, mask + b / 16, e - b));
     });
     out_max_ = mask ? mx.load() : -1.f;
   }
@@ -1037,13 +1026,7 @@ class Add final : public Layer {
       for (float* d : dx)
         if (d && (!first || d == dy)) first = d;
       if (!first) return;
-      const auto fn = ctx.kernels().relu_bwd.fn;
-      const uint16_t* mask = mask_.data();
-      const size_t n = n_;
-      ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk), [=](int64_t b, int64_t e) {
-        const size_t begin = size_t(b) * kChunk, end = std::min(n, size_t(e) * kChunk);
-        fn(mask + begin / 16, dy + begin, first + begin, end - begin);
-      });
+      mask_gradient(ctx, mask_.data(), dy, first, n_);
       dy = first;
     }
     for (float* d : dx)
@@ -1051,7 +1034,6 @@ class Add final : public Layer {
   }
 
  private:
-  static constexpr size_t kChunk = 1 << 15;  // a multiple of 16: chunks start on a mask word
   size_t n_ = 0;
   bool relu_ = false;
   AlignedBuffer<uint16_t> mask_;
@@ -1130,19 +1112,27 @@ class Dropout final : public Layer {
   uint64_t random_seed() const override { return seed_; }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }
-  bool keep(uint64_t step, size_t i) const {
-    const uint32_t key = simd::stochastic_key(seed_ ^ (step * 0x9e3779b97f4a7c15ULL));
-    return float(simd::stochastic_rand24(key, i)) * 0x1p-24f >= p_;
-  }
+  // Element i survives at this step: a pure function of (seed, step, i), so forward and backward
+  // agree and nothing is stored.
+  bool keep(uint32_t key, size_t i) const { return float(simd::stochastic_rand24(key, i)) * 0x1p-24f >= p_; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     const float scale = 1.f / (1.f - p_);
-    for (size_t i = 0; i < n_; ++i) y[i] = (!st.train || p_ == 0.f) ? x[0][i] : (keep(st.step, i) ? x[0][i] * scale : 0.f);
+    const float* src = x[0];
+    const bool drop = st.train && p_ != 0.f;
+    const uint32_t key = step_key(seed_, st.step);
+    for_chunks(ctx, n_, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) y[i] = !drop ? src[i] : (keep(key, i) ? src[i] * scale : 0.f);
+    });
   }
-  void backward(const Context&, const std::vector<const float*>&, const float*, const float* dy,
+  void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
     if (!dx[0]) return;
     const float scale = 1.f / (1.f - p_);
-    for (size_t i = 0; i < n_; ++i) dx[0][i] = keep(st.step, i) ? dy[i] * scale : 0.f;
+    float* d = dx[0];
+    const uint32_t key = step_key(seed_, st.step);
+    for_chunks(ctx, n_, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) d[i] = keep(key, i) ? dy[i] * scale : 0.f;
+    });
   }
 
  private:

@@ -534,14 +534,13 @@ struct Model::Impl {
   // two consumers' gradients, it is the add kernel: multiplying by 1 is exact, so the bits agree.
   void scale_add(float* y, float a, const float* x, float b, size_t n) const {
     const auto add = ctx.kernels().add.fn;
-    ctx.parallel_for(int64_t((n + 32767) / 32768), [&](int64_t lo, int64_t hi) {
-      const size_t e = std::min(n, size_t(hi) * 32768);
+    model::for_chunks(ctx, n, [&](size_t lo, size_t e) {
       if (x && a == 1.f && b == 1.f) {
-        add(y + size_t(lo) * 32768, x + size_t(lo) * 32768, y + size_t(lo) * 32768, e - size_t(lo) * 32768);
+        add(y + lo, x + lo, y + lo, e - lo);
       } else if (x) {
-        for (size_t q = size_t(lo) * 32768; q < e; ++q) y[q] = y[q] * a + x[q] * b;
+        for (size_t q = lo; q < e; ++q) y[q] = y[q] * a + x[q] * b;
       } else {
-        for (size_t q = size_t(lo) * 32768; q < e; ++q) y[q] *= a;
+        for (size_t q = lo; q < e; ++q) y[q] *= a;
       }
     });
   }
