@@ -333,15 +333,9 @@ struct ConvInt16::Impl {
     DFP_CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0, Status::invalid_argument,
               "convolution '" + name + "': workspace must be 64-byte aligned");
     own_workspace = AlignedBuffer<std::byte>();
-    xq = dyq = dyp = wq = nullptr;
+    xq = dyq = dyp = wq = nullptr;  // owned: placed on first use
     dw_part = nullptr;
-    if (p) {
-      dyq = reinterpret_cast<int16_t*>(p);
-      dyp = reinterpret_cast<int16_t*>(p + dyq_bytes);
-      dw_part = reinterpret_cast<float*>(p + dyq_bytes + dyp_bytes);
-      wq = xq = reinterpret_cast<int16_t*>(p);
-      place_unit_l1(p);
-    }
+    if (p) place(p, p, p);  // shared: the three regions overlap
     shared_workspace = p != nullptr;
     have_x_fwd = have_dy = false;
   }
@@ -349,18 +343,18 @@ struct ConvInt16::Impl {
     if (dyq) return;
     own_workspace = AlignedBuffer<std::byte>(backward_bytes() + wq_bytes + xq_bytes);
     std::byte* p = own_workspace.data();
-    dyq = reinterpret_cast<int16_t*>(p);
-    dyp = reinterpret_cast<int16_t*>(p + dyq_bytes);
-    dw_part = reinterpret_cast<float*>(p + dyq_bytes + dyp_bytes);
-    wq = reinterpret_cast<int16_t*>(p + backward_bytes());
-    xq = reinterpret_cast<int16_t*>(p + backward_bytes() + wq_bytes);
-    place_unit_l1(p + backward_bytes());
+    place(p, p + backward_bytes(), p + backward_bytes() + wq_bytes);
   }
-  // The unit L1 tables follow the unpacked weights in the wq region.
-  void place_unit_l1(std::byte* wq_region) {
-    std::byte* u = wq_region + wq_bytes - 2 * unit_l1_bytes;
-    unit_l1_f = reinterpret_cast<int32_t*>(u);
-    unit_l1_b = reinterpret_cast<int32_t*>(u + unit_l1_bytes);
+  // Points the transient buffers into their regions: dy's copies and the weight-gradient
+  // partials; the unpacked weights, with the unit L1 tables after them; x's forward copy.
+  void place(std::byte* backward, std::byte* weights, std::byte* input) {
+    dyq = reinterpret_cast<int16_t*>(backward);
+    dyp = reinterpret_cast<int16_t*>(backward + dyq_bytes);
+    dw_part = reinterpret_cast<float*>(backward + dyq_bytes + dyp_bytes);
+    wq = reinterpret_cast<int16_t*>(weights);
+    unit_l1_f = reinterpret_cast<int32_t*>(weights + wq_bytes - 2 * unit_l1_bytes);
+    unit_l1_b = reinterpret_cast<int32_t*>(weights + wq_bytes - unit_l1_bytes);
+    xq = reinterpret_cast<int16_t*>(input);
   }
 
   // Row stride (floats) of the FP32 weight-gradient partials [K16][T][C16]. A kernel call flushes
