@@ -327,9 +327,9 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
 
   Model m(ctx, cfg.model);
   build_model(m, cfg.model, train_set.channels, train_set.height, train_set.width, train_set.classes);
+  m.set_loss_scaling(cfg.loss_scale);  // before build(): the memory plan depends on it
   m.build(cfg.batch_size, cfg.policy);
   m.set_numerics_interval(cfg.numerics_interval);
-  m.set_loss_scaling(cfg.loss_scale);
   Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
   LossScaler scaler(cfg.loss_scale);
   Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed);

@@ -44,14 +44,8 @@ DFP_HD inline float ld(const __half* p, size_t i) { return __half2float(p[i]); }
 DFP_HD inline void st(__half* p, size_t i, float v) { p[i] = __float2half_rn(v); }
 #endif
 
-DFP_HD inline bool is_finite(float v) {
-#if defined(__CUDA_ARCH__)
-  return isfinite(v);
-#else
-  return std::isfinite(v);
-#endif
-}
-DFP_HD inline bool is_finite_d(double v) {
+template <class T>  // float or double
+DFP_HD inline bool is_finite(T v) {
 #if defined(__CUDA_ARCH__)
   return isfinite(v);
 #else
@@ -681,7 +675,7 @@ template <class T> struct LossSumFn {
       s.loss += a.loss[n];
       s.correct1 += a.hit1[n];
       s.correct5 += a.hit5[n];
-      s.nonfinite_logits += !is_finite_d(a.loss[n]);
+      s.nonfinite_logits += !is_finite(a.loss[n]);
     }
     *a.out = s;
   }
