@@ -56,6 +56,7 @@ CpuFeatures detect_cpu_features() {
   const bool osxsave = c & (1u << 27);
   f.fma = c & (1u << 12);
   f.f16c = c & (1u << 29);
+  f.aes = c & (1u << 25);
   if (osxsave) {
     unsigned lo, hi;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -70,6 +71,7 @@ CpuFeatures detect_cpu_features() {
     f.avx512bw = b & (1u << 30);
     f.avx512vl = b & (1u << 31);
     f.avx512vnni = c & (1u << 11);
+    f.vaes = c & (1u << 9);
     f.avx512fp16 = d & (1u << 23);
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512bf16 = a & (1u << 5);

@@ -3,7 +3,7 @@
 
 namespace dfp::simd {
 
-KernelTable make_kernel_table(Isa isa) {
+KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   KernelTable t;
   t.isa = isa;
   // The scalar reference fills every entry; higher levels replace what they implement.
@@ -31,7 +31,10 @@ KernelTable make_kernel_table(Isa isa) {
   t.round_fp16 = {&ref::round_fp16, "round_f32_fp16__ref"};
   if (isa >= Isa::avx512bw) {
     t.max_abs = {&avx512::max_abs, "max_abs_f32__avx512"};
-    t.quantize = {&avx512::quantize, "quantize_f32_dfp16__avx512"};
+    // The stochastic stream needs AES rounds: VAES where present, else AES-NI; a CPU with
+    // neither (only a masked VM) keeps the reference.
+    if (cpu.vaes) t.quantize = {&avx512::quantize_vaes, "quantize_f32_dfp16__avx512_vaes"};
+    else if (cpu.aes) t.quantize = {&avx512::quantize_aesni, "quantize_f32_dfp16__avx512_aesni"};
     t.dequantize = {&avx512::dequantize, "dequantize_dfp16_f32__avx512"};
     t.interleave = {&avx512::interleave, "interleave_s16__avx512"};
     t.relu_fwd = {&avx512::relu_fwd, "relu_fwd_f32__avx512"};

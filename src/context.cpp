@@ -75,7 +75,7 @@ Context::Context(const ContextOptions& o) : impl_(std::make_unique<Impl>()) {
                   ") lacks; the best it supports is '" + isa_name(impl_->cpu.best()) + "'");
     isa = want;
   }
-  impl_->kernels = simd::make_kernel_table(isa);
+  impl_->kernels = simd::make_kernel_table(isa, impl_->cpu);
   impl_->arena.initialize(impl_->threads);
   cpu_set_t mask;
   if (sched_getaffinity(0, sizeof(mask), &mask) == 0)

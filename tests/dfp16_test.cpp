@@ -179,6 +179,100 @@ TEST(Dfp16Quantize, StochasticIsUnbiased) {
   }
 }
 
+// The software AES round (the stochastic stream's specification) against FIPS-197 Appendix B:
+// round 1 of the example cipher (state after the initial AddRoundKey -> start of round 2), and
+// the whole AES-128 example, whose last round has no MixColumns (AESENCLAST).
+TEST(Dfp16Quantize, SoftwareAesRoundMatchesFips197) {
+  using simd::Block128;
+  auto block = [](std::initializer_list<int> bytes) {
+    Block128 b;
+    int i = 0;
+    for (int v : bytes) { (i < 8 ? b.lo : b.hi) |= uint64_t(v) << (8 * (i % 8)); ++i; }
+    return b;
+  };
+  auto byte = [](const Block128& b, int i) { return uint8_t((i < 8 ? b.lo : b.hi) >> (8 * (i % 8))); };
+  const Block128 in = block({0x19, 0x3d, 0xe3, 0xbe, 0xa0, 0xf4, 0xe2, 0x2b, 0x9a, 0xc6, 0x8d, 0x2a, 0xe9, 0xf8, 0x48, 0x08});
+  const Block128 k1 = block({0xa0, 0xfa, 0xfe, 0x17, 0x88, 0x54, 0x2c, 0xb1, 0x23, 0xa3, 0x39, 0x39, 0x2a, 0x6c, 0x76, 0x05});
+  const Block128 r2 = block({0xa4, 0x9c, 0x7f, 0xf2, 0x68, 0x9f, 0x35, 0x2b, 0x6b, 0x5b, 0xea, 0x43, 0x02, 0x6a, 0x50, 0x49});
+  const Block128 got = simd::aes_detail::round(in, k1, false);
+  EXPECT_EQ(got.lo, r2.lo);
+  EXPECT_EQ(got.hi, r2.hi);
+  // AES-128: key expansion (FIPS-197 section 5.2), then 9 full rounds and the last one.
+  const Block128 key = block({0x2b, 0x7e, 0x15, 0x16, 0x28, 0xae, 0xd2, 0xa6, 0xab, 0xf7, 0x15, 0x88, 0x09, 0xcf, 0x4f, 0x3c});
+  const Block128 plain = block({0x32, 0x43, 0xf6, 0xa8, 0x88, 0x5a, 0x30, 0x8d, 0x31, 0x31, 0x98, 0xa2, 0xe0, 0x37, 0x07, 0x34});
+  const Block128 cipher = block({0x39, 0x25, 0x84, 0x1d, 0x02, 0xdc, 0x09, 0xfb, 0xdc, 0x11, 0x85, 0x97, 0x19, 0x6a, 0x0b, 0x32});
+  uint8_t w[176];
+  for (int i = 0; i < 16; ++i) w[i] = byte(key, i);
+  uint8_t rcon = 1;
+  for (int i = 16; i < 176; i += 4) {
+    uint8_t t[4] = {w[i - 4], w[i - 3], w[i - 2], w[i - 1]};
+    if (i % 16 == 0) {
+      const uint8_t t0 = t[0];
+      t[0] = uint8_t(simd::aes_detail::kSbox.v[t[1]] ^ rcon);
+      t[1] = simd::aes_detail::kSbox.v[t[2]];
+      t[2] = simd::aes_detail::kSbox.v[t[3]];
+      t[3] = simd::aes_detail::kSbox.v[t0];
+      rcon = simd::aes_detail::xtime(rcon);
+    }
+    for (int j = 0; j < 4; ++j) w[i + j] = uint8_t(w[i - 16 + j] ^ t[j]);
+  }
+  auto round_key = [&](int r) {
+    Block128 k;
+    for (int i = 0; i < 16; ++i) (i < 8 ? k.lo : k.hi) |= uint64_t(w[16 * r + i]) << (8 * (i % 8));
+    return k;
+  };
+  Block128 state{plain.lo ^ round_key(0).lo, plain.hi ^ round_key(0).hi};
+  for (int r = 1; r <= 10; ++r) state = simd::aes_detail::round(state, round_key(r), r == 10);
+  EXPECT_EQ(state.lo, cipher.lo);
+  EXPECT_EQ(state.hi, cipher.hi);
+}
+
+// Neighbouring draws are uncorrelated: within an ARS block (lags 1..3), across blocks (lag 4,
+// 16) and between two seeds. Each element rounds 0.5 up or down; the sample correlation of the
+// bits must stay within 5 standard errors of 0.
+TEST(Dfp16Quantize, StochasticDrawsAreUncorrelated) {
+  const size_t n = 1 << 20;
+  std::vector<float> x(n, 0.5f);
+  std::vector<int16_t> a(n), b(n);
+  quantize_dfp16_with_exponent(best_ctx(), x.data(), a.data(), n, 0, opts(0, Rounding::stochastic, 1));
+  quantize_dfp16_with_exponent(best_ctx(), x.data(), b.data(), n, 0, opts(0, Rounding::stochastic, 2));
+  auto corr = [&](const std::vector<int16_t>& u, const std::vector<int16_t>& v, size_t lag) {
+    double su = 0, sv = 0, suv = 0, suu = 0, svv = 0;
+    const size_t m = n - lag;
+    for (size_t i = 0; i < m; ++i) {
+      const double p = u[i], q = v[i + lag];
+      su += p; sv += q; suv += p * q; suu += p * p; svv += q * q;
+    }
+    const double cov = suv / m - (su / m) * (sv / m);
+    return cov / std::sqrt((suu / m - (su / m) * (su / m)) * (svv / m - (sv / m) * (sv / m)));
+  };
+  const double bound = 5.0 / std::sqrt(double(n));
+  for (size_t lag : {1, 2, 3, 4, 5, 16}) EXPECT_LT(std::fabs(corr(a, a, lag)), bound) << "lag " << lag;
+  EXPECT_LT(std::fabs(corr(a, b, 0)), bound) << "seeds 1 and 2";
+}
+
+// The AVX-512 stochastic kernels, VAES and AES-NI, give the reference's bits from any starting
+// index (the stream is read from the middle of an ARS block when index_base % 4 != 0).
+TEST(Dfp16Quantize, StochasticKernelsMatchReferenceFromAnyIndex) {
+  const CpuFeatures f = detect_cpu_features();
+  if (!f.supports(Isa::avx512bw)) GTEST_SKIP() << "CPU lacks AVX-512";
+  std::vector<std::pair<const char*, simd::QuantizeFn>> kernels;
+  if (f.vaes) kernels.emplace_back("vaes", &simd::avx512::quantize_vaes);
+  if (f.aes) kernels.emplace_back("aesni", &simd::avx512::quantize_aesni);
+  if (kernels.empty()) GTEST_SKIP() << "CPU lacks AES";
+  const std::vector<float> x = test::random_vec(200, 11, -40.f, 40.f);
+  for (auto [name, fn] : kernels)
+    for (uint64_t base : {uint64_t(0), uint64_t(1), uint64_t(2), uint64_t(3), uint64_t(6), uint64_t(1) << 40 | 5})
+      for (size_t n : {size_t(1), size_t(3), size_t(16), size_t(17), size_t(35), size_t(200)}) {
+        std::vector<int16_t> q0(n), q1(n);
+        simd::QuantCounters c0, c1;
+        simd::ref::quantize(x.data(), q0.data(), n, -2, Rounding::stochastic, 0xabcdef, base, &c0);
+        fn(x.data(), q1.data(), n, -2, Rounding::stochastic, 0xabcdef, base, &c1);
+        ASSERT_EQ(q0, q1) << name << " base=" << base << " n=" << n;
+        EXPECT_EQ(c0.max_abs_q, c1.max_abs_q);
+      }
+}
+
 TEST(Dfp16Quantize, StochasticDependsOnlyOnSeedAndIndex) {
   const std::vector<float> x = test::random_vec(100003, 5, -3.f, 3.f);
   auto run = [&](Context& c, uint64_t seed) {

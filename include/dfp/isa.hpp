@@ -22,9 +22,9 @@ Isa parse_isa(std::string_view text, std::string_view origin);
 struct CpuFeatures {
   std::string vendor;
   std::string brand;
-  bool avx2 = false, fma = false, f16c = false;
+  bool avx2 = false, fma = false, f16c = false, aes = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
-  bool avx512vnni = false, avx512bf16 = false, avx512fp16 = false;
+  bool avx512vnni = false, avx512bf16 = false, avx512fp16 = false, vaes = false;
   bool os_saves_zmm = false;  // XGETBV: the OS enabled the opmask/ZMM state
 
   bool supports(Isa isa) const noexcept;

@@ -19,15 +19,35 @@ float max_abs(const float* x, size_t n, uint64_t* nonfinite) {
   return m;
 }
 
+// The stochastic stream of one quantize call: ARS-5 blocks, each computed once for its four
+// elements.
+class RoundingStream {
+ public:
+  explicit RoundingStream(uint64_t seed) : seed_(seed) {}
+  uint32_t rand24(uint64_t index) {
+    if (!valid_ || index >> 2 != counter_) {
+      counter_ = index >> 2;
+      block_ = ars5(seed_, counter_);
+      valid_ = true;
+    }
+    return ars_word(block_, index) >> 8;
+  }
+
+ private:
+  uint64_t seed_, counter_ = 0;
+  Block128 block_;
+  bool valid_ = false;
+};
+
 // Rounds y (already scaled by 2^-e) to an integer-valued float.
-static inline float round_value(float y, Rounding r, uint32_t key, uint64_t index) {
+static inline float round_value(float y, Rounding r, RoundingStream& stream, uint64_t index) {
   switch (r) {
     case Rounding::nearest_even:
       return std::nearbyint(y);  // default rounding mode: half to even
     case Rounding::stochastic: {
       const float fl = std::floor(y);
       const float frac = y - fl;  // exact: y and fl share the binade or fl is 0
-      const float u = static_cast<float>(stochastic_rand24(key, index)) * 0x1p-24f;
+      const float u = static_cast<float>(stream.rand24(index)) * 0x1p-24f;
       return u < frac ? fl + 1.f : fl;
     }
     case Rounding::biased: {
@@ -42,14 +62,14 @@ static inline float round_value(float y, Rounding r, uint32_t key, uint64_t inde
 
 void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
               uint64_t index_base, QuantCounters* counters) {
-  const uint32_t key = stochastic_key(seed);
+  RoundingStream stream(seed);
   uint64_t saturated = 0, bad = 0;
   int32_t max_q = 0;
   for (size_t i = 0; i < n; ++i) {
     float x = src[i];
     if (!std::isfinite(x)) { ++bad; x = 0.f; }
     const float y = std::ldexp(x, -exponent);  // exact (correctly rounded if subnormal)
-    float q = round_value(y, rounding, key, index_base + i);
+    float q = round_value(y, rounding, stream, index_base + i);
     if (std::fabs(q) > 32767.f) { ++saturated; q = std::copysign(32767.f, q); }
     dst[i] = static_cast<int16_t>(q);
     max_q = std::max(max_q, static_cast<int32_t>(std::fabs(q)));
