@@ -57,8 +57,11 @@ class DyPrefetch {
   void reset() { n_ = run_ = 0; off_ = 0; total_ = 0; }
   void add(const void* p, size_t bytes) {
     if (n_ == kRuns) return;
-    runs_[n_++] = {static_cast<const char*>(p), bytes};
-    total_ += (bytes + 63) / 64;
+    // From the line holding the first byte to the line holding the last one.
+    const char* first = static_cast<const char*>(p);
+    const size_t skew = reinterpret_cast<uintptr_t>(first) % 64;
+    runs_[n_++] = {first - skew, bytes + skew};
+    total_ += (bytes + skew + 63) / 64;
   }
   size_t lines() const { return total_; }
   void issue(size_t count) {

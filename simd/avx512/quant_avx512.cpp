@@ -1,16 +1,9 @@
-// AVX-512 DFP16 quantization (compiled with -mavx512f/bw/dq/vl, and -maes/-mvaes for the
-// stochastic stream; the dispatcher picks the VAES or AES-NI form from CPUID). Performs the reference's
-// operations in the same order (simd/ref/quant_ref.cpp): scalef by 2^-e, round in the float
-// domain, count and clamp saturation, convert. Tails are handled with masks, not a scalar loop,
-// so every element takes the same path.
-#include <immintrin.h>
-
-#include "simd/kernel_table.hpp"
+// AVX-512 DFP16 quantization (compiled with -mavx512f/bw/dq/vl and -mvaes): max-abs, the
+// VAES form of quantization (quant_kernels.hpp), dequantization and the batch-pair interleave.
+#include "simd/avx512/quant_kernels.hpp"
 
 namespace dfp::simd::avx512 {
 namespace {
-
-constexpr int kNonFiniteClasses = 0x01 | 0x08 | 0x10 | 0x80;  // QNaN, +Inf, -Inf, SNaN
 
 // ARS-5 stream (simd/kernel_table.hpp: ars5, dfp16_rand24), 16 numbers per call: the blocks of
 // four consecutive counters. VAES runs each round on all four at once.
@@ -33,123 +26,6 @@ struct ArsVaes {
     return v;
   }
 };
-
-// The same stream with 128-bit AES-NI, for AVX-512 CPUs without VAES (Skylake-SP, Cascade Lake).
-struct ArsAesni {
-  __m128i key[kArsRounds + 1];
-  uint64_t counter;
-  ArsAesni(uint64_t seed, uint64_t counter0) : counter(counter0) {
-    for (int r = 0; r <= kArsRounds; ++r) {
-      const Block128 k = ars_round_key(seed, r);
-      key[r] = _mm_set_epi64x(static_cast<long long>(k.hi), static_cast<long long>(k.lo));
-    }
-  }
-  __m512i next() {
-    __m128i v[4];
-    for (int j = 0; j < 4; ++j)
-      v[j] = _mm_xor_si128(_mm_set_epi64x(0, static_cast<long long>(counter + uint64_t(j))), key[0]);
-    for (int r = 1; r < kArsRounds; ++r)
-      for (int j = 0; j < 4; ++j) v[j] = _mm_aesenc_si128(v[j], key[r]);
-    for (int j = 0; j < 4; ++j) v[j] = _mm_aesenclast_si128(v[j], key[kArsRounds]);
-    counter += 4;
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(v[1], v[0])), _mm256_set_m128i(v[3], v[2]), 1);
-  }
-};
-
-// Element i of a call draws word (index_base + i) % 4 of block (index_base + i) / 4. The stream
-// runs over whole blocks from block index_base / 4, so each 16 elements take 16 words that start
-// `skew` = index_base % 4 words into the current 16-word vector: one two-source permute.
-template <class Gen>
-class RoundingStream {
- public:
-  RoundingStream(uint64_t seed, uint64_t index_base)
-      : gen_(seed, index_base >> 2),
-        pick_(_mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                               _mm512_set1_epi32(static_cast<int>(index_base & 3)))),
-        cur_(gen_.next()) {}
-  // u in [0, 1) for the next 16 elements.
-  __m512 next_unit() {
-    const __m512i nxt = gen_.next();
-    const __m512i words = _mm512_permutex2var_epi32(cur_, pick_, nxt);
-    cur_ = nxt;
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(words, 8)), _mm512_set1_ps(0x1p-24f));
-  }
-
- private:
-  Gen gen_;
-  __m512i pick_, cur_;
-};
-
-struct NoStream {
-  __m512 next_unit() { return _mm512_setzero_ps(); }
-};
-
-template <Rounding R>
-inline void quantize_block(const float* src, int16_t* dst, __mmask16 m, __m512 neg_e, __m512 u,
-                           uint64_t& saturated, uint64_t& bad, __m512& max_q) {
-  __m512 x = _mm512_maskz_loadu_ps(m, src);
-  const __mmask16 nf = _mm512_fpclass_ps_mask(x, kNonFiniteClasses) & m;
-  if (nf) { bad += static_cast<uint64_t>(__builtin_popcount(nf)); x = _mm512_mask_mov_ps(x, nf, _mm512_setzero_ps()); }
-  const __m512 y = _mm512_scalef_ps(x, neg_e);
-  __m512 q;
-  if constexpr (R == Rounding::nearest_even) {
-    q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  } else if constexpr (R == Rounding::stochastic) {
-    const __m512 fl = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 frac = _mm512_sub_ps(y, fl);
-    const __mmask16 up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
-    q = _mm512_mask_add_ps(fl, up, fl, _mm512_set1_ps(1.f));
-  } else {
-    const __m512 a = _mm512_abs_ps(y);
-    const __m512 fl = _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(a, fl), _mm512_set1_ps(0.25f), _CMP_GE_OQ);
-    const __m512 qa = _mm512_mask_add_ps(fl, up, fl, _mm512_set1_ps(1.f));
-    // copysign(qa, y)
-    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(static_cast<int>(0x80000000U)));
-    q = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(qa), sign));
-  }
-  const __mmask16 sat = _mm512_cmp_ps_mask(_mm512_abs_ps(q), _mm512_set1_ps(32767.f), _CMP_GT_OQ) & m;
-  if (sat) saturated += static_cast<uint64_t>(__builtin_popcount(sat));
-  q = _mm512_min_ps(_mm512_max_ps(q, _mm512_set1_ps(-32767.f)), _mm512_set1_ps(32767.f));
-  max_q = _mm512_mask_max_ps(max_q, m, max_q, _mm512_abs_ps(q));
-  const __m256i i16 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(q));  // q is integer-valued and in range
-  _mm256_mask_storeu_epi16(dst, m, i16);
-}
-
-template <Rounding R, class Stream>
-void quantize_impl(const float* src, int16_t* dst, size_t n, int exponent, Stream stream,
-                   QuantCounters* counters) {
-  const __m512 neg_e = _mm512_set1_ps(static_cast<float>(-exponent));
-  uint64_t saturated = 0, bad = 0;
-  __m512 max_q = _mm512_setzero_ps();
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    quantize_block<R>(src + i, dst + i, 0xFFFF, neg_e, stream.next_unit(), saturated, bad, max_q);
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    quantize_block<R>(src + i, dst + i, m, neg_e, stream.next_unit(), saturated, bad, max_q);
-  }
-  if (counters) {
-    counters->saturated += saturated;
-    counters->nonfinite += bad;
-    const int32_t mq = static_cast<int32_t>(_mm512_reduce_max_ps(max_q));
-    if (mq > counters->max_abs_q) counters->max_abs_q = mq;
-  }
-}
-
-template <class Gen>
-void quantize_with(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
-                   uint64_t index_base, QuantCounters* counters) {
-  switch (rounding) {
-    case Rounding::nearest_even:
-      return quantize_impl<Rounding::nearest_even>(src, dst, n, exponent, NoStream{}, counters);
-    case Rounding::stochastic:
-      return quantize_impl<Rounding::stochastic>(src, dst, n, exponent, RoundingStream<Gen>(seed, index_base),
-                                                 counters);
-    case Rounding::biased:
-      return quantize_impl<Rounding::biased>(src, dst, n, exponent, NoStream{}, counters);
-  }
-}
 
 }  // namespace
 
@@ -177,11 +53,6 @@ float max_abs(const float* x, size_t n, uint64_t* nonfinite) {
 void quantize_vaes(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
                    uint64_t index_base, QuantCounters* counters) {
   quantize_with<ArsVaes>(src, dst, n, exponent, rounding, seed, index_base, counters);
-}
-
-void quantize_aesni(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
-                    uint64_t index_base, QuantCounters* counters) {
-  quantize_with<ArsAesni>(src, dst, n, exponent, rounding, seed, index_base, counters);
 }
 
 void dequantize(const int16_t* src, float* dst, size_t n, int exponent) {
