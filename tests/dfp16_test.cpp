@@ -251,6 +251,27 @@ TEST(Dfp16Quantize, StochasticDrawsAreUncorrelated) {
   EXPECT_LT(std::fabs(corr(a, b, 0)), bound) << "seeds 1 and 2";
 }
 
+// Every rounding mode of the best kernels against the reference on the values where rounding,
+// saturation and the max can go wrong: ties, the clamp boundary (+-32767.5 rounds to +-32768 and
+// saturates; +-32767.49 does not), values that overflow to Inf when scaled, -0, and a masked tail.
+TEST(Dfp16Quantize, EdgeValuesMatchReference) {
+  const std::vector<float> edges = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, -0.f, 0.f, 32767.f, -32767.f,
+                                    32767.49f, -32767.49f, 32767.5f, -32767.5f, 32768.f, -32768.f, 40000.5f,
+                                    -1e30f, 3e38f, -3e38f, 1e-40f, -1e-40f, 16383.5f, 16384.5f, 0.49999997f};
+  for (int exponent : {0, -1, -200, 3})
+    for (Rounding r : {Rounding::nearest_even, Rounding::stochastic, Rounding::biased})
+      for (size_t n = 1; n <= edges.size(); n += 6) {
+        std::vector<int16_t> q0(n), q1(n);
+        simd::QuantCounters c0, c1;
+        simd::ref::quantize(edges.data(), q0.data(), n, exponent, r, 5, 0, &c0);
+        best_ctx().kernels().quantize.fn(edges.data(), q1.data(), n, exponent, r, 5, 0, &c1);
+        ASSERT_EQ(q0, q1) << "exponent " << exponent << " " << rounding_name(r) << " n=" << n;
+        EXPECT_EQ(c0.saturated, c1.saturated) << "exponent " << exponent << " " << rounding_name(r);
+        EXPECT_EQ(c0.max_abs_q, c1.max_abs_q) << "exponent " << exponent << " " << rounding_name(r);
+        for (int16_t v : q1) ASSERT_NE(v, -32768);
+      }
+}
+
 // The AVX-512 stochastic kernels, VAES and AES-NI, give the reference's bits from any starting
 // index (the stream is read from the middle of an ARS block when index_base % 4 != 0).
 TEST(Dfp16Quantize, StochasticKernelsMatchReferenceFromAnyIndex) {

@@ -13,6 +13,8 @@
 
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd {
@@ -55,10 +57,22 @@ inline void quantize_block(const float* src, int16_t* dst, __mmask16 m, __m512 n
   const __mmask16 nf = _mm512_fpclass_ps_mask(x, kNonFiniteClasses) & m;
   if (nf) { bad += static_cast<uint64_t>(__builtin_popcount(nf)); x = _mm512_mask_mov_ps(x, nf, _mm512_setzero_ps()); }
   const __m512 y = _mm512_scalef_ps(x, neg_e);
-  __m512 q;
   if constexpr (R == Rounding::nearest_even) {
-    q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  } else if constexpr (R == Rounding::stochastic) {
+    // The conversion rounds half to even itself, so y is clamped and converted without a separate
+    // rounding step. Same results as rounding first: |round(y)| > 32767 exactly when
+    // |y| >= 32767.5, and every y beyond +-32767 rounds to a value that clamps to +-32767.
+    // max_q collects max|y|; quantize_impl rounds it once (rounding is monotonic and odd).
+    const __m512 a = _mm512_abs_ps(y);
+    const __mmask16 sat = _mm512_cmp_ps_mask(a, _mm512_set1_ps(32767.5f), _CMP_GE_OQ) & m;
+    if (sat) saturated += static_cast<uint64_t>(__builtin_popcount(sat));
+    max_q = _mm512_mask_max_ps(max_q, m, max_q, a);
+    const __m512 c = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-32767.f)), _mm512_set1_ps(32767.f));
+    const __m512i i32 = _mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_mask_storeu_epi16(dst, m, _mm512_cvtepi32_epi16(i32));
+    return;
+  }
+  __m512 q;
+  if constexpr (R == Rounding::stochastic) {
     const __m512 fl = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     const __m512 frac = _mm512_sub_ps(y, fl);
     const __mmask16 up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
@@ -96,7 +110,9 @@ void quantize_impl(const float* src, int16_t* dst, size_t n, int exponent, Strea
   if (counters) {
     counters->saturated += saturated;
     counters->nonfinite += bad;
-    const int32_t mq = static_cast<int32_t>(_mm512_reduce_max_ps(max_q));
+    float mqf = _mm512_reduce_max_ps(max_q);
+    if constexpr (R == Rounding::nearest_even) mqf = std::fmin(std::nearbyint(mqf), 32767.f);  // max|y| -> max|q|
+    const int32_t mq = static_cast<int32_t>(mqf);
     if (mq > counters->max_abs_q) counters->max_abs_q = mq;
   }
 }
