@@ -43,8 +43,9 @@ using InterleaveFn = void (*)(const int16_t* a, const int16_t* b, int16_t* dst, 
 //
 // DFP16 stochastic rounding draws from ARS-5 (Salmon et al., "Parallel random numbers: as easy
 // as 1, 2, 3", SC'11; Random123's ars.h): five AES rounds keyed by the seed, over the 128-bit
-// counter i/4, whose four 32-bit output words serve elements 4(i/4) .. 4(i/4)+3. Random123 found
-// five rounds the fewest that pass TestU01's BigCrush. On AVX-512 with VAES one VAESENC works on
+// counter i/4, whose four 32-bit output words serve elements 4(i/4) .. 4(i/4)+3. Salmon et al.
+// report five rounds as the fewest without statistical failures in TestU01's batteries (Random123
+// defaults to seven for a margin; rounding noise needs none). On AVX-512 with VAES one VAESENC works on
 // four counters at once, so 16 numbers cost five instructions: about 3x cheaper on Zen 4 than the
 // four VPMULLD of the multiply hash below, which made stochastic quantization compute bound.
 // The scalar form here is the specification: the AES round in software, bit for bit the
