@@ -826,76 +826,84 @@ struct ConvInt16::Impl {
       auto dy_row = [&](int n, int kb, int oh, int ow0) {
         return dyq + (((size_t(n) * KB + kb) * OHb + oh + pt) * OWb + ow0 + pl) * 16;
       };
-      // The dy rows of the next (tile, group) are fetched into L2 while this one computes, a share
-      // before each kernel call. Interleaving them straight from memory stalled on the whole tile
+      // The work runs in steps: image pair p, the tile of output positions at (oh0, ow0), and the
+      // group of output blocks from kg, kg fastest. next() advances a step and says whether one
+      // follows, so the prefetch below targets exactly the step that runs next.
+      struct Step {
+        int p, oh0, ow0, kg;
+      };
+      auto next = [&](Step& st) {
+        if ((st.kg += kWgradKbGroup) < kb1) return true;
+        st.kg = kb0;
+        if ((st.ow0 += chunk_cols) < OW) return true;
+        st.ow0 = 0;
+        if ((st.oh0 += chunk_rows) < OH) return true;
+        st.oh0 = 0;
+        return ++st.p < p1;
+      };
+      // The dy rows of the next step are fetched into L2 while this one computes, a share before
+      // each kernel call. Interleaving them straight from memory stalled on the whole tile
       // (measured: ResNet-50 c64->256 1x1 bwd_weights spent 15% of its time in the interleave).
       DyPrefetch ahead;
-      auto plan_ahead = [&](int p, int oh0, int ow0, int kg) {
+      auto plan_ahead = [&](Step st) {
         ahead.reset();
-        if ((kg += kWgradKbGroup) >= kb1) {
-          kg = kb0;
-          if ((ow0 += chunk_cols) >= OW) {
-            ow0 = 0;
-            if ((oh0 += chunk_rows) >= OH) { oh0 = 0; if (++p >= p1) return; }
-          }
-        }
-        const int oh1 = std::min(OH, oh0 + chunk_rows), ow1 = std::min(OW, ow0 + chunk_cols);
-        for (int kb = kg; kb < std::min(kb1, kg + kWgradKbGroup); ++kb)
-          for (int oh = oh0; oh < oh1; ++oh)
-            for (int n = 2 * p; n < std::min(sh.N, 2 * p + 2); ++n)
-              ahead.add(dy_row(n, kb, oh, ow0), size_t(ow1 - ow0) * 32);
+        if (!next(st)) return;
+        const int oh1 = std::min(OH, st.oh0 + chunk_rows), ow1 = std::min(OW, st.ow0 + chunk_cols);
+        for (int kb = st.kg; kb < std::min(kb1, st.kg + kWgradKbGroup); ++kb)
+          for (int oh = st.oh0; oh < oh1; ++oh)
+            for (int n = 2 * st.p; n < std::min(sh.N, 2 * st.p + 2); ++n)
+              ahead.add(dy_row(n, kb, oh, st.ow0), size_t(ow1 - st.ow0) * 32);
       };
-      for (int p = p0; p < p1; ++p)
-        for (int oh0 = 0; oh0 < OH; oh0 += chunk_rows)
-          for (int ow0 = 0; ow0 < OW; ow0 += chunk_cols) {
-            const int oh1 = std::min(OH, oh0 + chunk_rows), ow1 = std::min(OW, ow0 + chunk_cols);
-            const int cols = ow1 - ow0;
-            a.dy_row = int64_t(cols) * 32;
-            for (int kg = kb0; kg < kb1; kg += kWgradKbGroup) {
-              const int kg1 = std::min(kb1, kg + kWgradKbGroup);
-              // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps.
-              for (int kb = kg; kb < kg1; ++kb)
-                for (int oh = oh0; oh < oh1; ++oh) {
-                  const int16_t* i0 = dy_row(2 * p, kb, oh, ow0);
-                  const int16_t* i1 = 2 * p + 1 < sh.N ? dy_row(2 * p + 1, kb, oh, ow0) : nullptr;
-                  inter(i0, i1, tile[kb - kg] + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
-                }
-              plan_ahead(p, oh0, ow0, kg);
-              const size_t share = ahead.lines() / (size_t(CB) * T * (kg1 - kg)) + 1;
-              for (int cb = 0; cb < CB; ++cb) {
-                // 1x1 layers whose input planes outgrow L2 stream x from memory, and the next input
-                // block's rows of this tile are a plane away: a new stream that the hardware
-                // prefetcher finds only after a few misses. Fetch it while this block computes
-                // (measured: ResNet-50 c256->64 1x1 bwd_weights +18%; 3x3 layers reuse x from
-                // cache and lost 4% with it).
-                if (prefetch_x && cb + 1 < CB) {
-                  const int r0 = std::max(0, oh0 * sh.stride_h - sh.pad_h);
-                  const int r1 = std::min(sh.H, (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R);
-                  const char* next = reinterpret_cast<const char*>(
-                      xp.data() + ((size_t(p) * CB + cb + 1) * sh.H + r0) * sh.W * 32);
-                  const size_t bytes = size_t(std::max(0, r1 - r0)) * sh.W * 64;
-                  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
-                }
-                for (int t = 0; t < T; ++t) {
-                  const int r = t / sh.S, s2 = t % sh.S;
-                  // This tap's positions inside the image (the rest read padding: zero products).
-                  const int lo_r = std::max(oh0, tap_rows[r].first), hi_r = std::min(oh1, tap_rows[r].second);
-                  const int lo_c = std::max(ow0, tap_cols[s2].first), hi_c = std::min(ow1, tap_cols[s2].second);
-                  if (lo_r >= hi_r || lo_c >= hi_c) continue;
-                  a.rows = hi_r - lo_r;
-                  a.cols = hi_c - lo_c;
-                  a.x = xp.data() + (((size_t(p) * CB + cb) * sh.H + size_t(lo_r) * sh.stride_h + r - sh.pad_h) * sh.W +
-                                     size_t(lo_c) * sh.stride_w + s2 - sh.pad_w) * 32;
-                  for (int kb = kg; kb < kg1; ++kb) {
-                    a.dy = tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
-                    a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
-                    ahead.issue(share);
-                    fn(a);
-                  }
-                }
-              }
+      if (p0 >= p1) return;  // an empty slice (fewer image pairs than slices)
+      Step step{p0, 0, 0, kb0};
+      do {
+        const int p = step.p, oh0 = step.oh0, ow0 = step.ow0, kg = step.kg;
+        const int oh1 = std::min(OH, oh0 + chunk_rows), ow1 = std::min(OW, ow0 + chunk_cols);
+        const int cols = ow1 - ow0;
+        const int kg1 = std::min(kb1, kg + kWgradKbGroup);
+        a.dy_row = int64_t(cols) * 32;
+        // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps.
+        for (int kb = kg; kb < kg1; ++kb)
+          for (int oh = oh0; oh < oh1; ++oh) {
+            const int16_t* i0 = dy_row(2 * p, kb, oh, ow0);
+            const int16_t* i1 = 2 * p + 1 < sh.N ? dy_row(2 * p + 1, kb, oh, ow0) : nullptr;
+            inter(i0, i1, tile[kb - kg] + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
+          }
+        plan_ahead(step);
+        const size_t share = ahead.lines() / (size_t(CB) * T * (kg1 - kg)) + 1;
+        for (int cb = 0; cb < CB; ++cb) {
+          // 1x1 layers whose input planes outgrow L2 stream x from memory, and the next input
+          // block's rows of this tile are a plane away: a new stream that the hardware
+          // prefetcher finds only after a few misses. Fetch it while this block computes
+          // (measured: ResNet-50 c256->64 1x1 bwd_weights +18%; 3x3 layers reuse x from
+          // cache and lost 4% with it).
+          if (prefetch_x && cb + 1 < CB) {
+            const int r0 = std::max(0, oh0 * sh.stride_h - sh.pad_h);
+            const int r1 = std::min(sh.H, (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R);
+            const char* next_x = reinterpret_cast<const char*>(
+                xp.data() + ((size_t(p) * CB + cb + 1) * sh.H + r0) * sh.W * 32);
+            const size_t bytes = size_t(std::max(0, r1 - r0)) * sh.W * 64;
+            for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(next_x + o, _MM_HINT_T1);
+          }
+          for (int t = 0; t < T; ++t) {
+            const int r = t / sh.S, s2 = t % sh.S;
+            // This tap's positions inside the image (the rest read padding: zero products).
+            const int lo_r = std::max(oh0, tap_rows[r].first), hi_r = std::min(oh1, tap_rows[r].second);
+            const int lo_c = std::max(ow0, tap_cols[s2].first), hi_c = std::min(ow1, tap_cols[s2].second);
+            if (lo_r >= hi_r || lo_c >= hi_c) continue;
+            a.rows = hi_r - lo_r;
+            a.cols = hi_c - lo_c;
+            a.x = xp.data() + (((size_t(p) * CB + cb) * sh.H + size_t(lo_r) * sh.stride_h + r - sh.pad_h) * sh.W +
+                               size_t(lo_c) * sh.stride_w + s2 - sh.pad_w) * 32;
+            for (int kb = kg; kb < kg1; ++kb) {
+              a.dy = tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+              a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
+              ahead.issue(share);
+              fn(a);
             }
           }
+        }
+      } while (next(step));
     };
     if (by_output_block()) {
       // Enough output blocks to share out: each task owns 16 rows of dW over all positions, so
