@@ -33,14 +33,17 @@ constexpr ConvShape square_conv(int n, int c, int k, int hw, int r, int stride, 
   return s;
 }
 
-inline constexpr std::array<ConvLayer, 17> kConvLayers = {{
-    // ResNet-20, CIFAR-10, batch 128.
+inline constexpr std::array<ConvLayer, 19> kConvLayers = {{
+    // ResNet-20, CIFAR-10, batch 128. The first layer (C = 3) has no input-gradient pass in
+    // training, but its other two passes are benchmarked: three channels fill few reduction lanes.
+    {"resnet20_b128_c3_k16_in32_3x3_s1", square_conv(128, 3, 16, 32, 3, 1, 1)},
     {"resnet20_b128_c16_k16_in32_3x3_s1", square_conv(128, 16, 16, 32, 3, 1, 1)},
     {"resnet20_b128_c16_k32_in32_3x3_s2", square_conv(128, 16, 32, 32, 3, 2, 1)},
     {"resnet20_b128_c32_k32_in16_3x3_s1", square_conv(128, 32, 32, 16, 3, 1, 1)},
     {"resnet20_b128_c32_k64_in16_3x3_s2", square_conv(128, 32, 64, 16, 3, 2, 1)},
     {"resnet20_b128_c64_k64_in8_3x3_s1", square_conv(128, 64, 64, 8, 3, 1, 1)},
     // ResNet-50, ImageNet, batch 32.
+    {"resnet50_b32_c3_k64_in224_7x7_s2", square_conv(32, 3, 64, 224, 7, 2, 3)},
     {"resnet50_b32_c64_k64_in56_3x3_s1", square_conv(32, 64, 64, 56, 3, 1, 1)},
     {"resnet50_b32_c256_k64_in56_1x1_s1", square_conv(32, 256, 64, 56, 1, 1, 0)},
     {"resnet50_b32_c64_k256_in56_1x1_s1", square_conv(32, 64, 256, 56, 1, 1, 0)},

@@ -141,11 +141,13 @@ inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) noexcept {
 
 // "Pixel" kernel, used by forward propagation and backward-data. Computes, for `npix` output
 // pixels and `nob` blocks of 16 output lanes:
-//   out[ob][p][l] = sum over ib < nib, tap < ntaps, j < 8 of
+//   out[ob][p][l] = sum over ib < nib, tap < ntaps, j < pairs of
 //       pair(src[p*src_pix + tap_src[tap] + ib*src_ib + 2j .. +1],
 //            wei[ob*wei_ob + ib*wei_ib + tap_wei[tap]*256 + j*32 + 2l .. +1])
 // src holds 16 reduction channels (8 pairs) per pixel; wei is [ob][ib][tap][8][16 lanes][2].
-// Steps are ordered (ib, tap, j); a flush happens after every `chain` steps and at the end.
+// `pairs` < 8 skips channel pairs that are zero padding (a single reduction block of fewer than
+// 16 channels, as in a first layer). Steps are ordered (ib, tap, j); a flush happens after every
+// `chain` steps and at the end.
 struct PixelKernelArgs {
   const int16_t* src;
   const int16_t* wei;
@@ -154,6 +156,7 @@ struct PixelKernelArgs {
   const int32_t* tap_wei;  // weight tap index of each tap
   int ntaps;
   int nib;                 // reduction blocks of 16 channels
+  int pairs;               // channel pairs per block that can be nonzero, 1..8: steps per (ib, tap)
   int64_t src_ib;          // src elements between reduction blocks
   int64_t src_pix;         // src elements between consecutive output pixels
   int64_t wei_ob;          // wei elements between output-lane blocks

@@ -47,6 +47,8 @@ constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
 constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
 constexpr int kWgradKbGroup = 2;    // weight-gradient output blocks sharing one x tile (4: slower, L1)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
+constexpr int kUnfoldBlocks = 4;    // largest column unfolding, in 16-channel blocks
+constexpr int kUnfoldPixels = 64;   // pixels per gather tile of the column unfolding
 
 // Cache lines to fetch into L2 ahead of use, a few at a time: up to kRuns contiguous byte runs
 // (images x blocks x rows). Narrow layers have more rows per tile than fit; their later rows
@@ -95,6 +97,7 @@ struct ChainTable {
   std::vector<int> n;        // candidate window lengths in units, ascending; n[0] = 1
   std::vector<int64_t> l1;   // the largest window L1 norm for each
   int64_t pair_l1 = 0;       // the largest per-step (pair) L1, for chains shorter than a unit
+  int unit_steps = 8;        // VPDPWSSD steps per unit: the channel pairs of a block that can be nonzero
 
   // Candidates: every length up to 16, then steps of a half, and the whole sequence.
   void plan(int units) {
@@ -137,7 +140,7 @@ struct ChainTable {
     if (a == 0 || l1[0] == 0) return kMaxChain;
     int best = 0;
     for (size_t i = 0; i < n.size() && a * l1[i] <= kInt32Max; ++i) best = n[i];
-    if (best > 0) return static_cast<int>(std::min<int64_t>(int64_t(best) * 8, kMaxChain));
+    if (best > 0) return static_cast<int>(std::min<int64_t>(int64_t(best) * unit_steps, kMaxChain));
     return static_cast<int>(std::max<int64_t>(1, kInt32Max / (a * pair_l1)));  // >= 1: a, pair_l1 <= 32767, 65534
   }
 };
@@ -152,9 +155,10 @@ struct RowTaps {
   std::vector<ChainTable> chain;                 // per group
   std::vector<int> steps;                        // per group: its chain in the current pass
 
-  // valid(row, t): whether tap t of that output row reads inside the image.
+  // valid(row, t): whether tap t of that output row reads inside the image. unit_steps: channel
+  // pairs per reduction block that the kernel runs.
   template <class Valid>
-  void plan(int rows, int ntaps, int nib, Valid valid) {
+  void plan(int rows, int ntaps, int nib, int unit_steps, Valid valid) {
     for (int row = 0; row < rows; ++row) {
       int lo = 0, hi = 0;
       while (lo < ntaps && !valid(row, lo)) ++lo;
@@ -169,6 +173,7 @@ struct RowTaps {
         range.emplace_back(lo, hi);
         chain.emplace_back();
         chain.back().plan(nib * (hi - lo));
+        chain.back().unit_steps = unit_steps;
       }
     }
     steps.assign(range.size(), 0);
@@ -227,10 +232,21 @@ void split_blocks(int n, int m, std::vector<int>& start, std::vector<int>& len) 
 
 struct ConvInt16::Impl {
   const Context& ctx;
-  ConvShape sh;
+  ConvShape user;  // the caller's shape
+  ConvShape sh;    // the shape the kernels run: user's, or its column unfolding
   DfpConvOptions opt;
   std::string name;
   ConvStats stats;
+  // Column unfolding, for layers with few input channels (a first layer's 1 or 3): the kernel's S
+  // columns move into the channels, c' = s * C + c, and the layer runs as an R x 1 convolution
+  // over an input of OW columns with stride 1 and no column padding:
+  //   x'[n][c'][h][ow] = x[n][c][h][ow * stride_w + s - pad_w]   (0 outside the image)
+  //   w'[k][c'][r]     = w[k][c][r][s]
+  // Reduction lanes that held 13 padding channels of 16 now hold taps, which cuts the forward
+  // and weight-gradient work by up to S times. Weights and dW are read and written through the
+  // index map; x' is gathered row by row as it is quantized; dx is folded back from dx'.
+  bool unfold = false;
+  AlignedBuffer<float> dx_unfolded;  // dx' (backward_data only: allocated on its first call)
 
   int CB, KB, NP, T, OH, OW, Hp, Wp;
   bool gemm;  // 1x1 output from 1x1 input: pixels run over the batch
@@ -278,8 +294,20 @@ struct ConvInt16::Impl {
   }
 
   Impl(const Context& c, const ConvShape& s, const DfpConvOptions& o, std::string n)
-      : ctx(c), sh(s), opt(o), name(std::move(n)) {
-    sh.validate("convolution '" + name + "'");
+      : ctx(c), user(s), sh(s), opt(o), name(std::move(n)) {
+    user.validate("convolution '" + name + "'");
+    // Unfold when the C * S unfolded channels need fewer 16-channel blocks than the S column taps
+    // they replace (one block of C < 16 channels per tap), and at most kUnfoldBlocks of them (the
+    // gather's stack tile).
+    unfold = user.C < 16 && user.S > 1 && channel_blocks(user.C * user.S) < user.S &&
+             channel_blocks(user.C * user.S) <= kUnfoldBlocks;
+    if (unfold) {
+      sh.C = user.C * user.S;
+      sh.W = user.OW();
+      sh.S = 1;
+      sh.stride_w = 1;
+      sh.pad_w = 0;
+    }
     step_w = opt.weights;
     step_x = opt.activations;
     step_dy = opt.gradients;
@@ -323,13 +351,13 @@ struct ConvInt16::Impl {
     for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
     for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
     // FPROP output row oh reads input rows oh * stride + r - pad for kernel rows r (taps r*S + s).
-    fwd_rows.plan(OH, T, CB, [&](int oh, int t) {
+    fwd_rows.plan(OH, T, CB, pairs_of(sh.C), [&](int oh, int t) {
       const int ih = oh * sh.stride_h + t / sh.S - sh.pad_h;
       return ih >= 0 && ih < sh.H;
     });
     // BPROP: dx row i of a phase reads dy row i + dr of each tap.
     for (Phase& p : phases)
-      p.rows.plan(p.ni, static_cast<int>(p.tap_wei.size()), KB, [&](int i, int t) {
+      p.rows.plan(p.ni, static_cast<int>(p.tap_wei.size()), KB, pairs_of(sh.K), [&](int i, int t) {
         const int r = i + p.tap_dr[t];
         return r >= 0 && r < OH;
       });
@@ -345,6 +373,16 @@ struct ConvInt16::Impl {
   }
 
   static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
+  // Position in the caller's [K][C][R][S] weights of the kernels' (k, channel c, tap t).
+  size_t weight_index(int k, int c, int t) const {
+    if (!unfold) return (size_t(k) * sh.C + c) * T + t;
+    const int s = c / user.C, cu = c % user.C;  // c = s * C + cu, t = r
+    return ((size_t(k) * user.C + cu) * user.R + t) * user.S + s;
+  }
+  // Channel pairs per reduction block that the pixel kernel runs for a reduction over n channels:
+  // all 8, except for a single block of fewer than 16 (a first layer's 1 or 3 channels), whose
+  // zero-padding pairs are skipped. The INT32 sums are the same; only zero products go.
+  static int pairs_of(int n) { return n >= 16 ? 8 : (n + 1) / 2; }
   // Output positions o in [lo, hi) whose input o * stride + tap - pad lies in [0, in).
   static std::pair<int, int> valid_outputs(int tap, int pad, int stride, int in, int out) {
     int lo = 0, hi = out;
@@ -461,7 +499,7 @@ struct ConvInt16::Impl {
     // Pack both layouts and measure the L1 norms that bound the INT32 chains.
     int64_t f_pair = 0, b_pair = 0;
     auto wv = [&](int k, int c, int t) -> int16_t {
-      return (k < sh.K && c < sh.C) ? wq[(size_t(k) * sh.C + c) * T + t] : int16_t{0};
+      return (k < sh.K && c < sh.C) ? wq[weight_index(k, c, t)] : int16_t{0};
     };
     for (int kb = 0; kb < KB; ++kb)
       for (int cb = 0; cb < CB; ++cb)
@@ -506,8 +544,10 @@ struct ConvInt16::Impl {
   // or non-finite: measured here).
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
-                              float known_max) {
-    const size_t n = size_t(sh.N) * B * h * w * 16;
+                              float known_max, bool unfolded_src = false) {
+    // src is the tensor as the caller holds it: with unfolded_src, the caller's x, whose x' rows
+    // are gathered as they are quantized.
+    const size_t n = unfolded_src ? blocked_size(user.N, user.C, user.H, user.W) : size_t(sh.N) * B * h * w * 16;
     uint64_t bad = 0;
     float m = 0.f;
     int e;
@@ -536,7 +576,11 @@ struct ConvInt16::Impl {
     auto quant_row = [&](int64_t r, simd::QuantCounters& cnt) {
       const int64_t img_blk = r / h, y = r % h;
       int16_t* d = dst + ((size_t(img_blk) * hb + y + top) * wb + left) * 16;
-      quant(src + size_t(r) * row_len, d, row_len, e, qo.rounding, qo.seed, size_t(r) * row_len, &cnt);
+      if (unfolded_src)
+        quant_unfolded_row(src, static_cast<int>(img_blk / B), static_cast<int>(img_blk % B), static_cast<int>(y), d, e,
+                           qo, size_t(r) * row_len, cnt);
+      else
+        quant(src + size_t(r) * row_len, d, row_len, e, qo.rounding, qo.seed, size_t(r) * row_len, &cnt);
       int16_t* plane = dst + size_t(img_blk) * hb * wb * 16;
       if (y == 0) std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
       if (y == h - 1)
@@ -584,10 +628,44 @@ struct ConvInt16::Impl {
     return st;
   }
 
+  // Quantizes block b of row y of image n of x' (see unfold) into d, gathering it from the
+  // caller's x (one block: C < 16) a tile of pixels at a time. index_base: the row's first element
+  // in x', for the stochastic stream.
+  void quant_unfolded_row(const float* x, int n, int b, int y, int16_t* d, int e, const QuantOptions& qo,
+                          size_t index_base, simd::QuantCounters& cnt) const {
+    static constexpr float kZeros[16] = {};
+    const int C = user.C, S = user.S, WD = CB * 16;  // WD: x' pixel width
+    // Pixel-major x' (16 lanes of slack: the last copy runs past its pixel), and block b of it.
+    alignas(64) float wide[kUnfoldPixels * kUnfoldBlocks * 16 + 16];
+    alignas(64) float block[kUnfoldPixels * 16];
+    const float* xrow = x + (size_t(n) * user.H + y) * user.W * 16;
+    const auto quant = ctx.kernels().quantize.fn;
+    for (int ow0 = 0; ow0 < sh.W; ow0 += kUnfoldPixels) {
+      const int np = std::min(kUnfoldPixels, sh.W - ow0);
+      for (int i = 0; i < np; ++i) {
+        float* px = wide + size_t(i) * WD;
+        const int w0 = (ow0 + i) * user.stride_w - user.pad_w;
+        // 16 lanes from lane s * C: those past C (x's zero padding) are overwritten by the next
+        // column's copy, and past S * C cleared below.
+        for (int s = 0; s < S; ++s) {
+          const int w = w0 + s;
+          std::memcpy(px + s * C, w >= 0 && w < user.W ? xrow + size_t(w) * 16 : kZeros, 16 * sizeof(float));
+        }
+        std::fill(px + S * C, px + WD, 0.f);
+      }
+      const float* src = wide;
+      if (WD > 16) {
+        for (int i = 0; i < np; ++i) std::memcpy(block + i * 16, wide + size_t(i) * WD + b * 16, 16 * sizeof(float));
+        src = block;
+      }
+      quant(src, d + size_t(ow0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, index_base + size_t(ow0) * 16, &cnt);
+    }
+  }
+
   void quantize_input(const float* x, float known_max) {
     ensure_workspace();
     stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
-                               step_x, known_max);
+                               step_x, known_max, unfold);
     have_x = have_x_fwd = true;
     if (shared_workspace) have_dy = false;  // the workspace now holds x
   }
@@ -623,6 +701,7 @@ struct ConvInt16::Impl {
     base.tap_wei = fwd_tap_wei.data();
     base.ntaps = T;
     base.nib = CB;
+    base.pairs = pairs_of(sh.C);
     base.src_ib = int64_t(Hp) * Wp * 16;
     base.wei_ob = int64_t(CB) * T * 256;
     base.wei_ib = int64_t(T) * 256;
@@ -688,8 +767,13 @@ struct ConvInt16::Impl {
     stats.overflow_events += events.load();
   }
 
-  void backward_data(float* dx) {
+  void backward_data(float* dx_out) {
     require(have_w, "backward_data", "set_weights()");
+    float* dx = dx_out;
+    if (unfold) {
+      if (dx_unfolded.size() == 0) dx_unfolded = AlignedBuffer<float>(blocked_size(sh.N, sh.C, sh.H, sh.W));
+      dx = dx_unfolded.data();
+    }
     require(have_dy, "backward_data", "quantize_grad_output()");
     // One chain per phase and row group: each runs its own tap sequence. The pass reports the shortest.
     int chain = kMaxChain;
@@ -700,6 +784,7 @@ struct ConvInt16::Impl {
     std::atomic<int64_t> events{0};
     simd::PixelKernelArgs base{};
     base.nib = KB;
+    base.pairs = pairs_of(sh.K);
     base.src_ib = int64_t(OHb) * OWb * 16;
     base.wei_ob = int64_t(KB) * T * 256;
     base.wei_ib = int64_t(T) * 256;
@@ -774,6 +859,29 @@ struct ConvInt16::Impl {
       events += ev;
     });
     stats.overflow_events += events.load();
+    if (unfold) fold_dx(dx_out);
+  }
+
+  // dx[n][c][h][w] = sum over (ow, s) with ow * stride_w + s - pad_w = w of dx'[n][s * C + c][h][ow],
+  // added in (ow, s) order: the inverse of the unfolding's gather.
+  void fold_dx(float* dx) const {
+    const float* du = dx_unfolded.data();
+    ctx.parallel_for(int64_t(user.N) * user.H, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n = r / user.H, y = r % user.H;
+        float* d = dx + size_t(r) * user.W * 16;  // C < 16: one block
+        std::fill(d, d + size_t(user.W) * 16, 0.f);
+        for (int ow = 0; ow < sh.W; ++ow)
+          for (int s = 0; s < user.S; ++s) {
+            const int w = ow * user.stride_w + s - user.pad_w;
+            if (w < 0 || w >= user.W) continue;
+            for (int c = 0; c < user.C; ++c) {
+              const int cu = s * user.C + c;
+              d[size_t(w) * 16 + c] += du[((size_t(n) * CB + cu / 16) * sh.H + y) * sh.W * 16 + size_t(ow) * 16 + cu % 16];
+            }
+          }
+      }
+    });
   }
 
   void backward_weights(float* dw) {
@@ -946,7 +1054,7 @@ struct ConvInt16::Impl {
             const size_t off = size_t(k) * dw_k + size_t(t) * CB * 16 + c;
             float v = dw_part[off];
             for (int sl = 1; sl < ns; ++sl) v += dw_part[size_t(sl) * part + off];
-            dw[(size_t(k) * sh.C + c) * T + t] = v;
+            dw[weight_index(k, c, t)] = v;
           }
     });
   }
@@ -958,7 +1066,7 @@ ConvInt16::~ConvInt16() = default;
 ConvInt16::ConvInt16(ConvInt16&&) noexcept = default;
 ConvInt16& ConvInt16::operator=(ConvInt16&&) noexcept = default;
 
-const ConvShape& ConvInt16::shape() const noexcept { return impl_->sh; }
+const ConvShape& ConvInt16::shape() const noexcept { return impl_->user; }
 const ConvStats& ConvInt16::stats() const noexcept { return impl_->stats; }
 const char* ConvInt16::kernel_name() const noexcept {
   return impl_->opt.verify ? "conv_s16s16f32__ref_int64_shadow" : impl_->ctx.kernels().conv_s16_pixel.name;

@@ -67,9 +67,11 @@ __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NOB, NPIX>& acc,
 
 // SRC_PIX: src elements between output pixels when known at compile time (16 = stride 1,
 // 32 = stride 2), or 0 to read it from the arguments.
-// UNIT_CHAIN: the chain is a whole number of (ib, tap) units of 8 steps (the common case);
-// otherwise the chain is checked after every step (tiny chains: headroom 0 or adversarial data).
-template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN>
+// UNIT_CHAIN: the chain is a whole number of (ib, tap) units (the common case); otherwise the
+// chain is checked after every step (tiny chains: headroom 0 or adversarial data).
+// FULL: units of 8 steps (every channel pair), unrolled; otherwise a.pairs steps (a single block
+// of fewer than 16 channels), and the per-step variant always reads a.pairs.
+template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL = UNIT_CHAIN>
 void pixel_kernel(const PixelKernelArgs& a) {
   PixelAcc<NOB, NPIX> acc;
 #pragma GCC unroll 32
@@ -84,8 +86,9 @@ void pixel_kernel(const PixelKernelArgs& a) {
     for (int t = 0; t < a.ntaps; ++t) {
       const int16_t* s = src_ib + a.tap_src[t];
       const int16_t* w = wei_ib + int64_t{a.tap_wei[t]} * 256;
+      const int pairs = FULL ? 8 : a.pairs;
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < pairs; ++j) {
         const __m512i w0 = _mm512_loadu_si512(w + 32 * j);
         __m512i w1;
         if constexpr (NOB == 2) w1 = _mm512_loadu_si512(w + a.wei_ob + 32 * j);
@@ -102,7 +105,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
         }
       }
       if constexpr (UNIT_CHAIN) {
-        pending += 8;
+        pending += pairs;
         if (pending == a.chain) {
           pixel_flush(acc, a, overwrite);
           overwrite = false; flushed = true; pending = 0;
@@ -117,7 +120,11 @@ template <class Dot, int NOB, int NPIX>
 void pixel_dispatch_stride(const PixelKernelArgs& a) {
   // Chains that are not whole units only occur with headroom 0 or adversarial operands: they take
   // the generic-stride, per-step-checked variant, which keeps compile time and code size down.
-  if (a.chain % 8 != 0) return pixel_kernel<Dot, NOB, NPIX, 0, false>(a);
+  if (a.chain % a.pairs != 0) return pixel_kernel<Dot, NOB, NPIX, 0, false>(a);
+  if (a.pairs != 8) {
+    if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, false>(a);
+    return pixel_kernel<Dot, NOB, NPIX, 0, false>(a);
+  }
   if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true>(a);
   if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true>(a);
   pixel_kernel<Dot, NOB, NPIX, 0, true>(a);

@@ -52,7 +52,7 @@ void conv_s16_pixel(const PixelKernelArgs& a) {
           for (int t = 0; t < a.ntaps; ++t) {
             const int16_t* s = a.src + ib * a.src_ib + a.tap_src[t] + p * a.src_pix;
             const int16_t* w = a.wei + ob * a.wei_ob + ib * a.wei_ib + int64_t{a.tap_wei[t]} * 256 + 2 * l;
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < a.pairs; ++j) {
               lane.step(s[2 * j], w[32 * j], s[2 * j + 1], w[32 * j + 1], a.overflow_events);
               if (++steps == a.chain) {
                 lane.flush(d, a.scale, !a.accumulate && !flushed);
