@@ -496,37 +496,44 @@ struct ConvInt16::Impl {
     const size_t n = size_t(sh.K) * sh.C * T;
     ensure_workspace();
     stats.w = quantize_dfp16(ctx, w, wq, n, step_w);
-    // Pack both layouts and measure the L1 norms that bound the INT32 chains.
-    int64_t f_pair = 0, b_pair = 0;
+    // Pack both layouts and measure the L1 norms that bound the INT32 chains, one (kb, cb, tap)
+    // unit per task item: units write disjoint blocks, and the maxima do not depend on the order.
+    std::atomic<int64_t> f_pair_max{0}, b_pair_max{0};
     auto wv = [&](int k, int c, int t) -> int16_t {
       return (k < sh.K && c < sh.C) ? wq[weight_index(k, c, t)] : int16_t{0};
     };
-    for (int kb = 0; kb < KB; ++kb)
-      for (int cb = 0; cb < CB; ++cb)
-        for (int t = 0; t < T; ++t) {
-          int16_t* f = wf.data() + ((size_t(kb) * CB + cb) * T + t) * 256;
-          int16_t* b = wb.data() + ((size_t(cb) * KB + kb) * T + t) * 256;
-          for (int l = 0; l < 16; ++l) {
-            int64_t fu = 0, bu = 0;
-            for (int j = 0; j < 8; ++j) {
-              int64_t fp = 0, bp = 0;
-              for (int e = 0; e < 2; ++e) {
-                const int16_t vf = wv(kb * 16 + l, cb * 16 + 2 * j + e, t);  // lane k, pair along c
-                const int16_t vb = wv(kb * 16 + 2 * j + e, cb * 16 + l, t);  // lane c, pair along k
-                f[j * 32 + l * 2 + e] = vf;
-                b[j * 32 + l * 2 + e] = vb;
-                fp += std::abs(vf);
-                bp += std::abs(vb);
-              }
-              f_pair = std::max(f_pair, fp);
-              b_pair = std::max(b_pair, bp);
-              fu += fp;
-              bu += bp;
+    ctx.parallel_for(int64_t(KB) * CB * T, [&](int64_t u0, int64_t u1) {
+      int64_t f_pair = 0, b_pair = 0;
+      for (int64_t u = u0; u < u1; ++u) {
+        const int kb = static_cast<int>(u / (int64_t(CB) * T)), cb = static_cast<int>(u / T % CB),
+                  t = static_cast<int>(u % T);
+        int16_t* f = wf.data() + ((size_t(kb) * CB + cb) * T + t) * 256;
+        int16_t* b = wb.data() + ((size_t(cb) * KB + kb) * T + t) * 256;
+        for (int l = 0; l < 16; ++l) {
+          int64_t fu = 0, bu = 0;
+          for (int j = 0; j < 8; ++j) {
+            int64_t fp = 0, bp = 0;
+            for (int e = 0; e < 2; ++e) {
+              const int16_t vf = wv(kb * 16 + l, cb * 16 + 2 * j + e, t);  // lane k, pair along c
+              const int16_t vb = wv(kb * 16 + 2 * j + e, cb * 16 + l, t);  // lane c, pair along k
+              f[j * 32 + l * 2 + e] = vf;
+              b[j * 32 + l * 2 + e] = vb;
+              fp += std::abs(vf);
+              bp += std::abs(vb);
             }
-            unit_l1_f[(size_t(kb) * 16 + l) * CB * T + size_t(cb) * T + t] = static_cast<int32_t>(fu);
-            unit_l1_b[(size_t(cb) * 16 + l) * KB * T + size_t(kb) * T + t] = static_cast<int32_t>(bu);
+            f_pair = std::max(f_pair, fp);
+            b_pair = std::max(b_pair, bp);
+            fu += fp;
+            bu += bp;
           }
+          unit_l1_f[(size_t(kb) * 16 + l) * CB * T + size_t(cb) * T + t] = static_cast<int32_t>(fu);
+          unit_l1_b[(size_t(cb) * 16 + l) * KB * T + size_t(kb) * T + t] = static_cast<int32_t>(bu);
         }
+      }
+      atomic_max(f_pair_max, f_pair);
+      atomic_max(b_pair_max, b_pair);
+    });
+    const int64_t f_pair = f_pair_max.load(), b_pair = b_pair_max.load();
     // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
     fwd_rows.measure(unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, fwd_tap_wei.data(),
                      int64_t{1} << (14 - opt.activations.headroom), f_pair);
