@@ -12,7 +12,8 @@
 //   wf   [KB][CB][R*S][8][16][2]   w, lanes = 16 output channels, pairs along C (FPROP)
 //   wb   [CB][KB][R*S][8][16][2]   w, lanes = 16 input channels, pairs along K (BPROP)
 // xq and dyq live in a workspace that other operators may share, so quantization writes their
-// borders as well as their interiors.
+// borders as well as their interiors. All of these are in the shape the kernels run, which for a
+// layer with few input channels is its column unfolding (see Impl::unfold).
 //
 // Backward-data with stride s is split into s*s phases (output pixels with equal residues mod s);
 // each phase is a stride-1 correlation of dy with the subset of taps that reach it, so no work is

@@ -117,7 +117,9 @@ class ConvInt16 {
 
   // The three passes on the quantized operands. Outputs are FP32.
   void forward(float* y);                  // y: nChw16c [N][K/16][OH][OW][16]
-  void backward_data(float* dx);           // dx: nChw16c [N][C/16][H][W][16]
+  // dx: nChw16c [N][C/16][H][W][16]. A layer with C < 16 runs with its kernel columns unfolded
+  // into the channels and folds dx back from an unfolded copy, allocated on the first call.
+  void backward_data(float* dx);
   void backward_weights(float* dw_kcrs);   // dw: [K][C][R][S]
 
  private:
