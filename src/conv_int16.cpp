@@ -101,7 +101,8 @@ struct ChainTable {
   int unit_steps = 8;        // VPDPWSSD steps per unit: the channel pairs of a block that can be nonzero
 
   // Candidates: every length up to 16, then steps of a half, and the whole sequence.
-  void plan(int units) {
+  void plan(int units, int steps_per_unit) {
+    unit_steps = steps_per_unit;
     n.clear();
     for (int c = 1; c <= units; c = c < 16 ? c + 1 : c + c / 2) n.push_back(c);
     if (n.empty() || n.back() != units) n.push_back(std::max(units, 1));
@@ -173,8 +174,7 @@ struct RowTaps {
       if (it == range.end()) {
         range.emplace_back(lo, hi);
         chain.emplace_back();
-        chain.back().plan(nib * (hi - lo));
-        chain.back().unit_steps = unit_steps;
+        chain.back().plan(nib * (hi - lo), unit_steps);
       }
     }
     steps.assign(range.size(), 0);
