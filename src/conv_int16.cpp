@@ -247,7 +247,7 @@ struct ConvInt16::Impl {
   // and weight-gradient work by up to S times. Weights and dW are read and written through the
   // index map; x' is gathered row by row as it is quantized; dx is folded back from dx'.
   bool unfold = false;
-  AlignedBuffer<float> dx_unfolded;  // dx' (backward_data only: allocated on its first call)
+  AlignedBuffer<float> dx_unfolded;  // dx' (backward_data only: not allocated without input_gradient)
 
   int CB, KB, NP, T, OH, OW, Hp, Wp;
   bool gemm;  // 1x1 output from 1x1 input: pixels run over the batch
@@ -308,6 +308,7 @@ struct ConvInt16::Impl {
       sh.S = 1;
       sh.stride_w = 1;
       sh.pad_w = 0;
+      if (opt.input_gradient) dx_unfolded = AlignedBuffer<float>(blocked_size(sh.N, sh.C, sh.H, sh.W));
     }
     step_w = opt.weights;
     step_x = opt.activations;
@@ -776,12 +777,11 @@ struct ConvInt16::Impl {
   }
 
   void backward_data(float* dx_out) {
+    DFP_CHECK(opt.input_gradient, Status::invalid_argument,
+              "convolution '" + name + "': backward_data() called on an operator built with input_gradient = false");
     require(have_w, "backward_data", "set_weights()");
     float* dx = dx_out;
-    if (unfold) {
-      if (dx_unfolded.size() == 0) dx_unfolded = AlignedBuffer<float>(blocked_size(sh.N, sh.C, sh.H, sh.W));
-      dx = dx_unfolded.data();
-    }
+    if (unfold) dx = dx_unfolded.data();
     require(have_dy, "backward_data", "quantize_grad_output()");
     // One chain per phase and row group: each runs its own tap sequence. The pass reports the shortest.
     int chain = kMaxChain;

@@ -119,3 +119,33 @@ TEST(Allocation, TrainingStepsAllocateNothing) {
     std::printf("%s: %ld allocations inside oneDNN/libgomp in 3 steps\n", precision_name(p), foreign.load());
   }
 }
+
+// INT16 calls no oneDNN primitive and plans every buffer in build(), so even the first steps
+// allocate nothing in dfp: LeNet's second conv (6 channels, 5x5) runs with its columns unfolded
+// and needs its unfolded dx' from step 1 on.
+TEST(Allocation, FirstInt16StepsAllocateNothing) {
+  Context ctx(ContextOptions{.threads = 2});
+  find_foreign_code();
+  for (const char* model : {"lenet", "resnet20"}) {
+    Model m(ctx, "r");
+    build_model(m, model, 1, 28, 28, 10);
+    PrecisionPolicy pol;
+    pol.precision = Precision::int16;
+    m.build(4, pol);
+    Sgd sgd(ctx, m, {0.9f, 5e-4f, true});
+    std::vector<float> x(blocked_size(4, 1, 28, 28));
+    std::mt19937 g(2);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (size_t i = 0; i < x.size(); i += 16) x[i] = nd(g);  // channel 0 of each pixel
+    const std::vector<int32_t> y = {0, 1, 2, 3};
+    own = foreign = 0;
+    counting = true;
+    for (int i = 0; i < 2; ++i) {
+      m.forward(x.data(), y.data(), 4, true);
+      m.backward();
+      sgd.step(0.01f);
+    }
+    counting = false;
+    EXPECT_EQ(own.load(), 0) << model << ": allocations by dfp in the first 2 int16 training steps";
+  }
+}

@@ -352,4 +352,27 @@ TEST(ConvInt16, ClearErrors) {
     EXPECT_EQ(e.status(), Status::numerical_error);
     EXPECT_NE(std::string(e.what()).find("conv1"), std::string::npos) << e.what();
   }
+  // An operator told that no input gradient is wanted refuses backward_data, unfolded (C = 3,
+  // 3x3) or not (C = 16), before it touches dx.
+  DfpConvOptions no_dx;
+  no_dx.input_gradient = false;
+  for (int C : {3, 16}) {
+    const ConvShape f = make(1, C, 4, 4, 8, 3, 3, 1, 1);
+    ConvInt16 first(ctx, f, no_dx, "stem");
+    std::vector<float> w(size_t(8) * C * 9, 0.5f), x(blocked_size(1, C, 4, 4), 1.f), dy(blocked_size(1, 8, 4, 4), 1.f);
+    std::vector<float> dx(blocked_size(1, C, 4, 4), -1.f), dw(w.size());
+    first.set_weights(w.data());
+    first.quantize_input(x.data());
+    first.quantize_grad_output(dy.data());
+    first.backward_weights(dw.data());
+    try {
+      first.backward_data(dx.data());
+      FAIL();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("stem"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("input_gradient"), std::string::npos) << e.what();
+    }
+    for (float v : dx) ASSERT_EQ(v, -1.f);
+  }
 }

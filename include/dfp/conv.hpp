@@ -66,6 +66,9 @@ struct DfpConvOptions {
   // Run every pass through the reference kernel with INT64 shadow accumulators and count INT32
   // overflow events into ConvStats::overflow_events (slow; for verification).
   bool verify = false;
+  // false: backward_data() will not be called (a network's first layer), so buffers that only it
+  // uses are not allocated. true: they are allocated at construction, never on a pass.
+  bool input_gradient = true;
 };
 
 struct ConvStats {
@@ -118,7 +121,8 @@ class ConvInt16 {
   // The three passes on the quantized operands. Outputs are FP32.
   void forward(float* y);                  // y: nChw16c [N][K/16][OH][OW][16]
   // dx: nChw16c [N][C/16][H][W][16]. A layer with C < 16 runs with its kernel columns unfolded
-  // into the channels and folds dx back from an unfolded copy, allocated on the first call.
+  // into the channels and folds dx back from an unfolded copy (allocated at construction unless
+  // options.input_gradient is false, in which case this call is an error).
   void backward_data(float* dx);
   void backward_weights(float* dw_kcrs);   // dw: [K][C][R][S]
 

@@ -57,6 +57,9 @@ class Layer {
   virtual ~Layer() = default;
   std::string name;
   std::string kind;
+  // Set by the Model before build(): whether backward() will be asked for the gradient of input
+  // i (false for the data), so that a layer plans only the buffers its backward will use.
+  std::vector<char> needs_input_grad;
   // Output shape from input shapes (batch dimension n may be 0 before build()).
   virtual TensorShape infer(const std::vector<TensorShape>& in) const = 0;
   // Plans operators and scratch for the final shapes; initialises parameters from rng.

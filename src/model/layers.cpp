@@ -334,7 +334,9 @@ class WeightedLayer : public Layer {
     if (has_bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
     prec_ = policy.resolve(name);
     if (prec_ == Precision::int16) {
-      q_ = std::make_unique<ConvInt16>(ctx, shape, layer_dfp_options(policy, name), name);
+      DfpConvOptions o = layer_dfp_options(policy, name);
+      o.input_gradient = needs_input_grad.empty() || needs_input_grad[0];
+      q_ = std::make_unique<ConvInt16>(ctx, shape, o, name);
       return false;
     }
     if (prec_ == Precision::bf16 || prec_ == Precision::fp16) {

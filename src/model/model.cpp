@@ -267,6 +267,8 @@ struct Model::Impl {
       NodeInfo& n = nodes[i];
       n.elements = n.shape.blocked_elements();
       if (n.layer) {
+        n.layer->needs_input_grad.clear();
+        for (int j : n.inputs) n.layer->needs_input_grad.push_back(j != 0);
         n.layer->build(ctx, in_shapes(n), n.shape, policy, rng);
         n.param_begin = params.size();
         n.layer->parameters(params);
