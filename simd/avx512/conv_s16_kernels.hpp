@@ -77,6 +77,14 @@ void pixel_kernel(const PixelKernelArgs& a) {
 #pragma GCC unroll 32
   for (int i = 0; i < NOB * NPIX; ++i) acc.v[i] = _mm512_setzero_si512();
   const int64_t src_pix = SRC_PIX ? SRC_PIX : a.src_pix;
+  // Ask for the tile's output lines now, for writing: the first flush then finds them in cache
+  // instead of stalling on read-for-ownership misses. It matters where the reduction is short and
+  // the output large (1x1 layers with K >> C: +8% on ResNet-50's 64 -> 256); prefetching the next
+  // tile's lines from the driver as well measured slower.
+#pragma GCC unroll 32
+  for (int ob = 0; ob < NOB; ++ob)
+#pragma GCC unroll 32
+    for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + ob * a.dst_ob + p * a.dst_pix)));
   bool overwrite = !a.accumulate;
   bool flushed = false;
   int pending = 0;  // steps since the last flush
