@@ -209,7 +209,8 @@ using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);     
 // multiply-add, so the kernels are bit-identical to the references. Sums accumulate into the
 // caller's running FP32 lanes (the caller bounds the run length and adds runs into FP64).
 using BnScaleShiftFn = void (*)(const float* x, float* y, const float* a, const float* b, size_t pixels);  // y = x*a + b
-using BnSumMaxFn = void (*)(const float* x, size_t pixels, float* sum, float* max);  // sum += x; max = max(max, |x|) (NaN never wins)
+// sum += x; min = min(min, x); max = max(max, x) (NaN never wins)
+using BnSumMinMaxFn = void (*)(const float* x, size_t pixels, float* sum, float* min, float* max);
 using BnSqDevFn = void (*)(const float* x, const float* mean, size_t pixels, float* sq);  // sq += (x - mean)^2
 // Backward, with xhat = (x * x_scale - mean) * inv (x the saved input: DFP16 integers with
 // x_scale = 2^e, or FP32 with x_scale = 1):
@@ -260,7 +261,7 @@ struct KernelTable {
   Entry<ReluBwdFn> relu_bwd;
   Entry<AddFn> add;
   Entry<BnScaleShiftFn> bn_scale_shift;
-  Entry<BnSumMaxFn> bn_sum_max;
+  Entry<BnSumMinMaxFn> bn_sum_min_max;
   Entry<BnSqDevFn> bn_sq_dev;
   Entry<BnBwdSumsS16Fn> bn_bwd_sums_s16;
   Entry<BnBwdSumsF32Fn> bn_bwd_sums_f32;
@@ -292,7 +293,7 @@ Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
 Signature<BnScaleShiftFn> bn_scale_shift;
-Signature<BnSumMaxFn> bn_sum_max;
+Signature<BnSumMinMaxFn> bn_sum_min_max;
 Signature<BnSqDevFn> bn_sq_dev;
 Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
 Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
@@ -313,7 +314,7 @@ Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
 Signature<BnScaleShiftFn> bn_scale_shift;
-Signature<BnSumMaxFn> bn_sum_max;
+Signature<BnSumMinMaxFn> bn_sum_min_max;
 Signature<BnSqDevFn> bn_sq_dev;
 Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
 Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;

@@ -551,9 +551,13 @@ struct ConvInt16::Impl {
   // [N][B][hb][wb][16] at border (top, left), then builds the batch-pair copy [NP][B][h2][w2][16][2]
   // (with its own border) from it. known_max: max|src| measured by the tensor's producer (negative
   // or non-finite: measured here).
+  struct SpanSource {
+    ConvInt16::InputSpanFn fn;
+    void* producer;
+  };
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
-                              float known_max, bool unfolded_src = false) {
+                              float known_max, bool unfolded_src = false, const SpanSource* spans = nullptr) {
     // src is the tensor as the caller holds it: with unfolded_src, the caller's x, whose x' rows
     // are gathered as they are quantized.
     const size_t n = unfolded_src ? blocked_size(user.N, user.C, user.H, user.W) : size_t(sh.N) * B * h * w * 16;
@@ -585,7 +589,18 @@ struct ConvInt16::Impl {
     auto quant_row = [&](int64_t r, simd::QuantCounters& cnt) {
       const int64_t img_blk = r / h, y = r % h;
       int16_t* d = dst + ((size_t(img_blk) * hb + y + top) * wb + left) * 16;
-      if (unfolded_src)
+      if (spans) {
+        // The producer writes each span into an L1 tile, quantized at once.
+        constexpr int kSpan = ConvInt16::kInputSpanPixels;
+        alignas(64) float tile[kSpan * 16];
+        for (int w0 = 0; w0 < w; w0 += kSpan) {
+          const int np = std::min(kSpan, w - w0);
+          spans->fn(spans->producer, static_cast<int>(img_blk / B), static_cast<int>(img_blk % B), static_cast<int>(y),
+                    w0, np, tile);
+          quant(tile, d + size_t(w0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, size_t(r) * row_len + size_t(w0) * 16,
+                &cnt);
+        }
+      } else if (unfolded_src)
         quant_unfolded_row(src, static_cast<int>(img_blk / B), static_cast<int>(img_blk % B), static_cast<int>(y), d, e,
                            qo, size_t(r) * row_len, cnt);
       else
@@ -677,6 +692,21 @@ struct ConvInt16::Impl {
                                step_x, known_max, unfold);
     have_x = have_x_fwd = true;
     if (shared_workspace) have_dy = false;  // the workspace now holds x
+  }
+
+  void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs) {
+    DFP_CHECK(!unfold, Status::invalid_argument,
+              "convolution '" + name + "': quantize_input_spans() on a layer with unfolded columns (C = " +
+                  std::to_string(user.C) + " < 16); use quantize_input()");
+    DFP_CHECK(max_abs >= 0.f && std::isfinite(max_abs), Status::invalid_argument,
+              "convolution '" + name + "': quantize_input_spans() needs a finite max_abs >= 0, got " +
+                  std::to_string(max_abs));
+    ensure_workspace();
+    const SpanSource spans{fn, producer};
+    stats.x = quantize_blocked(nullptr, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
+                               step_x, max_abs, false, &spans);
+    have_x = have_x_fwd = true;
+    if (shared_workspace) have_dy = false;
   }
 
   void quantize_grad_output(const float* dy, float known_max) {
@@ -1083,6 +1113,10 @@ void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w); }
 void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, -1.f); }
 void ConvInt16::quantize_input_with_max_abs(const float* x, float max_abs) { impl_->quantize_input(x, max_abs); }
+bool ConvInt16::accepts_input_spans() const noexcept { return !impl_->unfold; }
+void ConvInt16::quantize_input_spans(InputSpanFn fn, void* producer, float max_abs) {
+  impl_->quantize_input_spans(fn, producer, max_abs);
+}
 void ConvInt16::quantize_grad_output_with_max_abs(const float* dy, float max_abs) {
   impl_->quantize_grad_output(dy, max_abs);
 }

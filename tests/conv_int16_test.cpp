@@ -376,3 +376,71 @@ TEST(ConvInt16, ClearErrors) {
     for (float v : dx) ASSERT_EQ(v, -1.f);
   }
 }
+
+// quantize_input_spans gives the bits of quantize_input_with_max_abs on the tensor the spans make
+// up: forward output, weight gradient (which reads the batch-pair copy), stats, for nearest and
+// stochastic rounding, rows wider than one span (W = 150 > 128) and a strided padded layer.
+TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
+  Context ctx(ContextOptions{.threads = 2});
+  struct Producer {
+    const std::vector<float>* xb;
+    ConvShape s;
+    int calls = 0;
+    static void span(void* self, int n, int b, int h, int w0, int count, float* out) {
+      auto& p = *static_cast<Producer*>(self);
+      ASSERT_LE(count, ConvInt16::kInputSpanPixels);
+      const size_t off = ((size_t(n) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
+      std::memcpy(out, p.xb->data() + off * 16, size_t(count) * 16 * sizeof(float));
+    }
+  };
+  for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1)})
+    for (Rounding r : {Rounding::nearest_even, Rounding::stochastic}) {
+      DfpConvOptions o;
+      o.activations.rounding = r;
+      o.activations.seed = 77;
+      const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 41, -2.f, 2.f);
+      const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 42, -0.3f, 0.3f);
+      const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 43, -1e-3f, 1e-3f);
+      std::vector<float> xb(blocked_size(s.N, s.C, s.H, s.W)), dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
+      to_blocked(x.data(), xb.data(), s.N, s.C, s.H, s.W);
+      to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
+      float mx = 0.f;
+      for (float v : xb) mx = std::max(mx, std::fabs(v));
+      std::vector<float> y[2], dw[2];
+      ConvStats st[2];
+      for (int k = 0; k < 2; ++k) {
+        ConvInt16 c(ctx, s, o, "spans");
+        ASSERT_TRUE(c.accepts_input_spans());
+        c.set_step(5);
+        c.set_weights(w.data());
+        Producer p{&xb, s};
+        if (k == 0)
+          c.quantize_input_with_max_abs(xb.data(), mx);
+        else
+          c.quantize_input_spans(&Producer::span, &p, mx);
+        y[k].assign(blocked_size(s.N, s.K, s.OH(), s.OW()), 0.f);
+        dw[k].assign(w.size(), 0.f);
+        c.forward(y[k].data());
+        c.quantize_grad_output(dyb.data());
+        c.backward_weights(dw[k].data());
+        st[k] = c.stats();
+      }
+      expect_bits_equal(y[0], y[1], "forward");
+      expect_bits_equal(dw[0], dw[1], "backward_weights");
+      EXPECT_EQ(st[0].x.exponent, st[1].x.exponent);
+      EXPECT_EQ(st[0].x.max_abs_int, st[1].x.max_abs_int);
+      EXPECT_EQ(st[0].x.saturated, st[1].x.saturated);
+    }
+  // A layer with unfolded columns gathers x across columns: spans are refused, naming the layer.
+  ConvInt16 first(ctx, make(1, 3, 8, 8, 16, 3, 3, 1, 1), {}, "stem");
+  EXPECT_FALSE(first.accepts_input_spans());
+  try {
+    first.quantize_input_spans(&Producer::span, nullptr, 1.f);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stem"), std::string::npos) << e.what();
+  }
+  ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
+  EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, -1.f), Error);
+  EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, INFINITY), Error);
+}

@@ -392,11 +392,18 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
     simd::ref::bn_scale_shift(x.data(), y0.data(), a.data(), b.data(), px);
     k.bn_scale_shift.fn(x.data(), y1.data(), a.data(), b.data(), px);
     ASSERT_TRUE(same(y0, y1)) << "scale_shift " << px;
-    std::vector<float> s0 = lanes(13), m0(16, 0.5f), s1 = s0, m1 = m0;
-    simd::ref::bn_sum_max(x.data(), px, s0.data(), m0.data());
-    k.bn_sum_max.fn(x.data(), px, s1.data(), m1.data());
-    ASSERT_TRUE(same(s0, s1) && same(m0, m1)) << "sum_max " << px;
-    for (float v : m0) ASSERT_FALSE(std::isnan(v));
+    std::vector<float> s0 = lanes(13), l0(16, -0.5f), m0(16, 0.5f), s1 = s0, l1 = l0, m1 = m0;
+    simd::ref::bn_sum_min_max(x.data(), px, s0.data(), l0.data(), m0.data());
+    k.bn_sum_min_max.fn(x.data(), px, s1.data(), l1.data(), m1.data());
+    ASSERT_TRUE(same(s0, s1) && same(l0, l1) && same(m0, m1)) << "sum_min_max " << px;
+    for (int l = 0; l < 16; ++l) {
+      ASSERT_FALSE(std::isnan(l0[l]) || std::isnan(m0[l]));
+      float lo = -0.5f, hi = 0.5f;  // the lane's own extremes, NaN skipped
+      for (size_t i = 0; i < px; ++i)
+        if (!std::isnan(x[i * 16 + l])) { lo = std::min(lo, x[i * 16 + l]); hi = std::max(hi, x[i * 16 + l]); }
+      ASSERT_EQ(l0[l], lo);
+      ASSERT_EQ(m0[l], hi);
+    }
     std::vector<float> q0 = lanes(14), q1 = q0;
     simd::ref::bn_sq_dev(dy.data(), mean.data(), px, q0.data());
     k.bn_sq_dev.fn(dy.data(), mean.data(), px, q1.data());

@@ -636,6 +636,33 @@ TEST(Fusion, BatchNormReluGivesTheSameBitsAsTwoLayers) {
   EXPECT_EQ(fused, (std::vector<std::string>{"r2", "r4"}));
 }
 
+// Which convs take their input as spans from the BatchNorm before them: in INT16 with fusion,
+// every ResNet-20 block's second conv (its input is bn1 + ReLU, read by nothing else); not the
+// first convs (their input also feeds the shortcut), not in FP32, not a conv kept in FP32.
+TEST(Fusion, Int16ConvsTakeTheirBatchNormReluInputAsSpans) {
+  auto linked = [](Precision p, bool fusion, const char* keep_fp32) {
+    Model m(ctx2(), "r");
+    build_model(m, "resnet20", 3, 8, 8, 10);
+    m.set_fusion(fusion);
+    PrecisionPolicy pol;
+    pol.precision = p;
+    if (keep_fp32) pol.overrides = {{keep_fp32, Precision::fp32}};
+    m.build(2, pol);
+    std::vector<std::string> names;
+    for (const LayerSpec& s : m.graph())
+      if (s.input_spans) names.push_back(s.name);
+    return names;
+  };
+  std::vector<std::string> second;
+  for (int stage = 1; stage <= 3; ++stage)
+    for (int b = 0; b < 3; ++b) second.push_back("layer" + std::to_string(stage) + "." + std::to_string(b) + ".conv2");
+  EXPECT_EQ(linked(Precision::int16, true, nullptr), second);
+  EXPECT_TRUE(linked(Precision::int16, false, nullptr).empty());
+  EXPECT_TRUE(linked(Precision::fp32, true, nullptr).empty());
+  second.erase(second.begin() + 4);  // layer2.1.conv2
+  EXPECT_EQ(linked(Precision::int16, true, "layer2.1.conv2"), second);
+}
+
 // Every buffer the plan shares is written before it is read: with every fresh buffer and the
 // workspace filled with NaN, training gives the same bits as without (and no NaN).
 TEST(Memory, PlannedBuffersAreWrittenBeforeTheyAreRead) {

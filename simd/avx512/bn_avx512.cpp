@@ -56,15 +56,17 @@ void bn_scale_shift(const float* x, float* y, const float* a, const float* b, si
     _mm512_storeu_ps(y + i * 16, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i * 16), va), vb));
 }
 
-void bn_sum_max(const float* x, size_t pixels, float* sum, float* max) {
-  __m512 s = _mm512_loadu_ps(sum), m = _mm512_loadu_ps(max);
+void bn_sum_min_max(const float* x, size_t pixels, float* sum, float* min, float* max) {
+  __m512 s = _mm512_loadu_ps(sum), lo = _mm512_loadu_ps(min), hi = _mm512_loadu_ps(max);
   for (size_t i = 0; i < pixels; ++i) {
     const __m512 v = _mm512_loadu_ps(x + i * 16);
     s = _mm512_add_ps(s, v);
-    m = _mm512_max_ps(_mm512_abs_ps(v), m);  // maxps returns its second operand when either is NaN
+    lo = _mm512_min_ps(v, lo);  // minps/maxps return their second operand when either is NaN
+    hi = _mm512_max_ps(v, hi);
   }
   _mm512_storeu_ps(sum, s);
-  _mm512_storeu_ps(max, m);
+  _mm512_storeu_ps(min, lo);
+  _mm512_storeu_ps(max, hi);
 }
 
 void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq) {

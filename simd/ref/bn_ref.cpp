@@ -45,12 +45,13 @@ void bn_scale_shift(const float* x, float* y, const float* a, const float* b, si
     for (int l = 0; l < 16; ++l) y[i * 16 + l] = x[i * 16 + l] * a[l] + b[l];
 }
 
-void bn_sum_max(const float* x, size_t pixels, float* sum, float* max) {
+void bn_sum_min_max(const float* x, size_t pixels, float* sum, float* min, float* max) {
   for (size_t i = 0; i < pixels; ++i)
     for (int l = 0; l < 16; ++l) {
-      sum[l] += x[i * 16 + l];
-      const float a = std::fabs(x[i * 16 + l]);
-      max[l] = a > max[l] ? a : max[l];  // NaN never wins
+      const float v = x[i * 16 + l];
+      sum[l] += v;
+      min[l] = v < min[l] ? v : min[l];  // NaN never wins
+      max[l] = v > max[l] ? v : max[l];
     }
 }
 

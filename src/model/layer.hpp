@@ -113,6 +113,18 @@ class Layer {
   // forward(), max|dx[0]| after backward(). The Model hands them on as StepInfo's maxima.
   virtual float output_max_abs() const { return -1.f; }
   virtual float input_grad_max_abs() const { return -1.f; }
+  // Fusion, linked by the Model after build(): an INT16 layer can take its input as spans that
+  // its producer computes on request, quantizing each while it is in L1 (ConvInt16::
+  // quantize_input_spans), so the FP32 tensor between them is never written or read. The producer
+  // (a BatchNorm with its ReLU, whose ReLU node only this layer reads) accepts the link in
+  // feed_spans_to(); in a step where it cannot feed (inference, numerics sampling) it writes its
+  // output as usual. take_input_spans() runs inside the producer's forward(); the consumer's
+  // forward() then skips its own quantization, and input_taken() says so beforehand.
+  using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
+  virtual bool accepts_input_spans() const { return false; }
+  virtual void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) {}
+  virtual bool input_taken() const { return false; }
+  virtual bool feed_spans_to(Layer* consumer) { return false; }
 };
 
 std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias);

@@ -185,8 +185,12 @@ class WeightedLayer : public Layer {
  public:
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     if (q_) {
-      q_->set_step(st.step);
-      q_->quantize_input_with_max_abs(x[0], st.input_max_abs);
+      if (input_taken_) {
+        input_taken_ = false;  // quantized by the producer, in this step
+      } else {
+        q_->set_step(st.step);
+        q_->quantize_input_with_max_abs(x[0], st.input_max_abs);
+      }
       q_->forward(y);
       if (st.sample) sample_int16_forward(x[0]);
     } else if (native_bf16_) {
@@ -385,6 +389,7 @@ class WeightedLayer : public Layer {
   Precision prec_ = Precision::fp32;
   std::vector<float> w_, gw_, b_, gb_;
   std::unique_ptr<ConvInt16> q_;
+  bool input_taken_ = false;  // q_'s input was quantized by the producer in this step
   bool float_ = false, native_bf16_ = false;
   PrecisionPolicy::ClassFormats fmt_{};
   DfpConvOptions cls_;                         // rounding and stochastic seeds per class
@@ -452,6 +457,13 @@ class Conv2d final : public WeightedLayer {
     bf_->backward_weights(xb_.data(), dy, gw_.data());
   }
   void set_weights_bf16(const float* w) override { bf_->set_weights(w); }
+  bool accepts_input_spans() const override { return q_ && q_->accepts_input_spans(); }
+  void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) override {
+    q_->set_step(st.step);
+    q_->quantize_input_spans(fn, producer, max_abs);
+    input_taken_ = true;
+  }
+  bool input_taken() const override { return input_taken_; }
 
   int r_, stride_, pad_;
   std::unique_ptr<ConvF32> f_;
@@ -550,7 +562,12 @@ class BatchNorm final : public Layer {
     k3_.assign(cp, 0.f);
     part_a_.assign(size_t(cb_of(s_)) * slices_ * 16, 0.0);
     part_b_.assign(part_a_.size(), 0.0);
+    part_min_.assign(part_a_.size(), 0.f);
     part_max_.assign(part_a_.size(), 0.f);
+    fa_.assign(cp, 0.f);
+    lo_.assign(cp, 0.f);
+    hi_.assign(cp, 0.f);
+    fb_.assign(cp, 0.f);
     if (relu_) mask_ = AlignedBuffer<uint16_t>(s_.blocked_elements() / 16);
     // INT16 policy: the input saved for backward is kept as DFP16 (Das et al. keep every saved
     // activation in 16 bits); the statistics and the arithmetic stay FP32.
@@ -573,6 +590,14 @@ class BatchNorm final : public Layer {
   float input_grad_max_abs() const override { return in_grad_max_; }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
+  // With the ReLU fused, the output's largest value follows from each channel's extremes before
+  // the fact (y = x * a + b is monotonic in x, and its rounding too), so the next INT16 conv can
+  // take the output as spans (see Layer::feed_spans_to).
+  bool feed_spans_to(Layer* consumer) override {
+    if (!relu_) return false;
+    consumer_ = consumer;
+    return true;
+  }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     const int CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
@@ -581,15 +606,29 @@ class BatchNorm final : public Layer {
       const double m = double(s_.n) * hw;
       // Pass 1: sums and max|x|.
       const float* xs = x[0];
-      const auto sum_max = ctx.kernels().bn_sum_max.fn;  // NaN never wins the max (training stops on NaN logits)
-      reduce(ctx, [&](int, size_t e, size_t np, float* sum, float*, float* mx) { sum_max(xs + e, np, sum, mx); });
+      const auto sum_min_max = ctx.kernels().bn_sum_min_max.fn;  // NaN never wins (training stops on NaN logits)
+      reduce(ctx, [&](int, size_t e, size_t np, float* sum, float*, float* lo, float* hi) {
+        sum_min_max(xs + e, np, sum, lo, hi);
+      });
       for (int c = 0; c < CB * 16; ++c) mean_[c] = static_cast<float>(total(part_a_, c) / m);
-      float mx = 0.f;
-      for (float v : part_max_) mx = v > mx ? v : mx;
+      float mx = 0.f;  // max|x|
+      for (int c = 0; c < CB * 16; ++c) {  // each channel's extremes over the slices
+        lo_[c] = std::numeric_limits<float>::infinity();
+        hi_[c] = -lo_[c];
+        for (int sl = 0; sl < slices_; ++sl) {
+          const size_t i = (size_t(c / 16) * slices_ + sl) * 16 + c % 16;
+          lo_[c] = part_min_[i] < lo_[c] ? part_min_[i] : lo_[c];
+          hi_[c] = part_max_[i] > hi_[c] ? part_max_[i] : hi_[c];
+        }
+        mx = hi_[c] > mx ? hi_[c] : mx;
+        mx = -lo_[c] > mx ? -lo_[c] : mx;
+      }
       // Pass 2: two-pass variance (no cancellation).
       const float* mean = mean_.data();
       const auto sq_dev = ctx.kernels().bn_sq_dev.fn;
-      reduce(ctx, [&](int blk, size_t e, size_t np, float* sq, float*, float*) { sq_dev(xs + e, mean + blk * 16, np, sq); });
+      reduce(ctx, [&](int blk, size_t e, size_t np, float* sq, float*, float*, float*) {
+        sq_dev(xs + e, mean + blk * 16, np, sq);
+      });
       for (int c = 0; c < CB * 16; ++c) {
         const double var = total(part_a_, c) / m;
         invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + kEps));
@@ -606,27 +645,32 @@ class BatchNorm final : public Layer {
         invstd_[c] = c < s_.c ? 1.f / std::sqrt(running_var_[c] + kEps) : 0.f;
       }
     }
-    const auto quant = ctx.kernels().quantize.fn;
-    const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
+    for (int c = 0; c < CB * 16; ++c) {
+      fa_[c] = gamma_[c] * invstd_[c];
+      fb_[c] = beta_[c] - mean_[c] * fa_[c];
+    }
+    span_ = {x[0], save_q, step_seed(xq_opts_.seed, st.step), &ctx};
+    if (consumer_ && st.train && !st.sample) {
+      // Fused into the consumer's quantization: max y from each channel's extremes, through the
+      // same kernels as the values themselves, then the spans on request.
+      const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
+      float mx = 0.f;
+      for (int blk = 0; blk < CB; ++blk) {
+        alignas(64) float ext[2][16], z[2][16];
+        std::copy_n(lo_.data() + blk * 16, 16, ext[0]);
+        std::copy_n(hi_.data() + blk * 16, 16, ext[1]);
+        scale_shift(&ext[0][0], &z[0][0], fa_.data() + blk * 16, fb_.data() + blk * 16, 2);
+        for (int l = 0; l < 16; ++l)
+          for (int k = 0; k < 2; ++k) mx = z[k][l] > mx ? z[k][l] : mx;  // the ReLU's max: from 0, NaN never wins
+      }
+      out_max_ = mx;
+      consumer_->take_input_spans(&BatchNorm::produce_span, this, mx, st);
+      return;
+    }
     std::atomic<float> out_max{0.f};
-    const auto relu_fwd = ctx.kernels().relu_fwd.fn;
-    const uint64_t qseed = step_seed(xq_opts_.seed, st.step);
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
       const size_t off = (size_t(n) * CB + blk) * plane(s_);
-      const float* p = x[0] + off;
-      float* q = y + off;
-      float a[16], b[16];
-      for (int l = 0; l < 16; ++l) {
-        const int c = blk * 16 + l;
-        a[l] = gamma_[c] * invstd_[c];
-        b[l] = beta_[c] - mean_[c] * a[l];
-      }
-      if (save_q) {  // before y, which may overwrite x (in place)
-        simd::QuantCounters cnt;
-        quant(p, xq_.data() + off, plane(s_), xq_exp_, xq_opts_.rounding, qseed, off, &cnt);
-      }
-      scale_shift(p, q, a, b, hw);
-      if (relu_) atomic_max(out_max, relu_fwd(q, q, mask_.data() + off / 16, plane(s_)));  // while in cache
+      atomic_max(out_max, normalize(off, blk, hw, y + off));  // y may overwrite x (in place)
     });
     out_max_ = relu_ ? out_max.load() : -1.f;
   }
@@ -650,15 +694,35 @@ class BatchNorm final : public Layer {
   static constexpr int kSlices = 8;
   static constexpr size_t kRun = 256;
 
-  // Calls run(blk, first element, pixels, a[16], b[16], max[16]) over runs of at most kRun pixels
-  // of every plane, accumulating into FP32 lanes that each run starts at zero (max: carried), then
-  // adds each run's lanes into the FP64 partials part_a_, part_b_ (part_max_) per (channel
-  // block, batch slice, lane).
+  // The forward's work on `pixels` pixels of channel block blk from element off of x (as of the
+  // current forward, span_): the saved DFP16 copy, y = x * a + b into out, and the fused ReLU with
+  // its mask. Returns the ReLU's max (0 without it).
+  float normalize(size_t off, int blk, size_t pixels, float* out) {
+    const Context& ctx = *span_.ctx;
+    const float* p = span_.x + off;
+    if (span_.save_q) {  // before out, which may overwrite x (in place)
+      simd::QuantCounters cnt;
+      ctx.kernels().quantize.fn(p, xq_.data() + off, pixels * 16, xq_exp_, xq_opts_.rounding, span_.qseed, off, &cnt);
+    }
+    ctx.kernels().bn_scale_shift.fn(p, out, fa_.data() + blk * 16, fb_.data() + blk * 16, pixels);
+    return relu_ ? ctx.kernels().relu_fwd.fn(out, out, mask_.data() + off / 16, pixels * 16) : 0.f;  // in cache
+  }
+  static void produce_span(void* self, int n, int b, int h, int w0, int count, float* out) {
+    BatchNorm& bn = *static_cast<BatchNorm*>(self);
+    const size_t off = (size_t(n) * cb_of(bn.s_) + b) * plane(bn.s_) + (size_t(h) * bn.s_.w + w0) * 16;
+    bn.normalize(off, b, size_t(count), out);
+  }
+
+  // Calls run(blk, first element, pixels, a[16], b[16], min[16], max[16]) over runs of at most
+  // kRun pixels of every plane, accumulating into FP32 lanes that each run starts at zero (min,
+  // max: carried), then adds each run's lanes into the FP64 partials part_a_, part_b_ (part_min_,
+  // part_max_) per (channel block, batch slice, lane).
   template <class Term>
   void reduce(const Context& ctx, Term term) {
     std::fill(part_a_.begin(), part_a_.end(), 0.0);
     std::fill(part_b_.begin(), part_b_.end(), 0.0);
-    std::fill(part_max_.begin(), part_max_.end(), 0.f);
+    std::fill(part_min_.begin(), part_min_.end(), std::numeric_limits<float>::infinity());
+    std::fill(part_max_.begin(), part_max_.end(), -std::numeric_limits<float>::infinity());
     const int S = slices_, CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     ctx.parallel_for(int64_t(CB) * S, [&](int64_t t0, int64_t t1) {
@@ -666,12 +730,13 @@ class BatchNorm final : public Layer {
         const int blk = int(t / S), sl = int(t % S);
         double* A = part_a_.data() + size_t(t) * 16;
         double* B = part_b_.data() + size_t(t) * 16;
+        float* L = part_min_.data() + size_t(t) * 16;
         float* M = part_max_.data() + size_t(t) * 16;
         for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
           for (size_t i0 = 0; i0 < hw; i0 += kRun) {
             alignas(64) float fa[16] = {}, fb[16] = {};
-            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb, M);
+            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb, L, M);
             for (int l = 0; l < 16; ++l) { A[l] += fa[l]; B[l] += fb[l]; }
           }
         }
@@ -698,7 +763,7 @@ class BatchNorm final : public Layer {
       return simd::BnCoefficients{mean + blk * 16, inv + blk * 16, k1_.data() + blk * 16, k2_.data() + blk * 16,
                                   k3_.data() + blk * 16, x_scale};
     };
-    auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx, float*) {
+    auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx, float*, float*) {
       const uint16_t* m = mask ? mask + e / 16 : nullptr;
       if constexpr (std::is_same_v<T, int16_t>)
         ctx.kernels().bn_bwd_sums_s16.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
@@ -738,7 +803,16 @@ class BatchNorm final : public Layer {
   std::vector<float> k1_, k2_, k3_;  // backward's per-channel coefficients
   int slices_ = 1;
   std::vector<double> part_a_, part_b_;  // per (channel block, slice, lane)
-  std::vector<float> part_max_;
+  std::vector<float> part_min_, part_max_;
+  std::vector<float> fa_, fb_;           // forward: y = x * fa_ + fb_ per channel
+  std::vector<float> lo_, hi_;           // forward (training): each channel's min and max of x
+  struct Span {                          // what normalize() reads, set by each forward()
+    const float* x = nullptr;
+    bool save_q = false;
+    uint64_t qseed = 0;
+    const Context* ctx = nullptr;
+  } span_;
+  Layer* consumer_ = nullptr;            // takes the output as spans (feed_spans_to)
   AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
   int xq_exp_ = 0;
   QuantOptions xq_opts_;

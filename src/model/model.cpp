@@ -275,6 +275,14 @@ struct Model::Impl {
         n.param_end = params.size();
       }
     }
+    if (fusion)  // an INT16 conv reading only a BatchNorm's fused ReLU takes the values as spans
+      for (NodeInfo& n : nodes) {
+        if (!n.layer || n.inputs.size() != 1 || !n.layer->accepts_input_spans()) continue;
+        NodeInfo& relu = nodes[n.inputs[0]];
+        if (!relu.layer || !relu.spec.fused || relu.consumers != 1) continue;
+        NodeInfo& producer = nodes[relu.inputs[0]];
+        if (producer.layer && producer.layer->feed_spans_to(n.layer.get())) n.spec.input_spans = true;
+      }
     const TensorShape& ls = nodes[loss_node].shape;
     labels.assign(b, 0);
     probs = AlignedBuffer<float>(size_t(b) * ls.c);
@@ -487,7 +495,9 @@ struct Model::Impl {
       xs.clear();
       for (int j : n.inputs) xs.push_back(nodes[j].act);
       if (std::find(xs.begin(), xs.end(), n.act) == xs.end()) poison_fresh(n.act, n.elements);  // not in place
-      poison_workspace();
+      // The workspace holds what a producer already quantized for this layer (input spans), and
+      // a fused ReLU node uses none.
+      if (!n.layer->input_taken() && !n.spec.fused) poison_workspace();
       model::StepInfo sti = st;
       if (fusion && n.inputs.size() == 1) sti.input_max_abs = nodes[n.inputs[0]].act_max;
       n.layer->forward(ctx, xs, n.act, sti);
