@@ -551,6 +551,15 @@ struct ConvInt16::Impl {
   // [N][B][hb][wb][16] at border (top, left), then builds the batch-pair copy [NP][B][h2][w2][16][2]
   // (with its own border) from it. known_max: max|src| measured by the tensor's producer (negative
   // or non-finite: measured here).
+  // Zeroes a row's border pixels (16 INT16 lanes each). Most borders are one pixel: a fixed-size
+  // copy inlines to two stores, where a memset call per border of every row cost 2% of a
+  // ResNet-20 INT16 step.
+  static void zero_pixels(int16_t* p, int pixels) {
+    if (pixels == 1)
+      std::memset(p, 0, 16 * sizeof(int16_t));
+    else if (pixels > 1)
+      std::memset(p, 0, size_t(pixels) * 16 * sizeof(int16_t));
+  }
   struct SpanSource {
     ConvInt16::InputSpanFn fn;
     void* producer;
@@ -609,8 +618,8 @@ struct ConvInt16::Impl {
       if (y == 0) std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
       if (y == h - 1)
         std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
-      std::memset(d - size_t(left) * 16, 0, size_t(left) * 16 * sizeof(int16_t));
-      std::memset(d + row_len, 0, size_t(wb - left - w) * 16 * sizeof(int16_t));
+      zero_pixels(d - size_t(left) * 16, left);
+      zero_pixels(d + row_len, wb - left - w);
     };
     auto count = [&](const simd::QuantCounters& cnt) {
       saturated.fetch_add(cnt.saturated);

@@ -1296,31 +1296,50 @@ class ShortcutPad final : public Layer {
     in_ = in[0];
     out_ = out;
   }
+  // Both passes write every element of their output once, row by row (zero-filling it first and
+  // scattering into it took 1.7% of a ResNet-20 INT16 step, in memset alone).
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
-    const int off = (out_c_ - in_.c) / 2;
-    ctx.parallel_for(in_.n, [&](int64_t b, int64_t e) {
-      for (int64_t n = b; n < e; ++n) {
-        float* q = y + size_t(n) * cb_of(out_) * plane(out_);
-        std::fill(q, q + cb_of(out_) * plane(out_), 0.f);
-        for (int c = 0; c < in_.c; ++c)
-          for (int h = 0; h < out_.h; ++h)
-            for (int w = 0; w < out_.w; ++w)
-              y[bidx(out_, int(n), c + off, h, w)] = x[0][bidx(in_, int(n), c, h * stride_, w * stride_)];
+    const int off = (out_c_ - in_.c) / 2, OB = cb_of(out_);
+    ctx.parallel_for(int64_t(out_.n) * OB * out_.h, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int n = int(r / (int64_t(OB) * out_.h)), ob = int(r / out_.h % OB), h = int(r % out_.h);
+        float* q = y + bidx(out_, n, ob * 16, h, 0);
+        for (int l = 0; l < 16; ++l) {
+          const int c = ob * 16 + l - off;  // the input channel of output lane l
+          if (c < 0 || c >= in_.c) {
+            for (int w = 0; w < out_.w; ++w) q[size_t(w) * 16 + l] = 0.f;
+          } else {
+            const float* p = x[0] + bidx(in_, n, c, h * stride_, 0);
+            for (int w = 0; w < out_.w; ++w) q[size_t(w) * 16 + l] = p[size_t(w) * stride_ * 16];
+          }
+        }
       }
     });
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     if (!dx[0]) return;
-    const int off = (out_c_ - in_.c) / 2;
-    ctx.parallel_for(in_.n, [&](int64_t b, int64_t e) {
-      for (int64_t n = b; n < e; ++n) {
-        float* d = dx[0] + size_t(n) * cb_of(in_) * plane(in_);
-        std::fill(d, d + cb_of(in_) * plane(in_), 0.f);
-        for (int c = 0; c < in_.c; ++c)
-          for (int h = 0; h < out_.h; ++h)
-            for (int w = 0; w < out_.w; ++w)
-              dx[0][bidx(in_, int(n), c, h * stride_, w * stride_)] = dy[bidx(out_, int(n), c + off, h, w)];
+    const int off = (out_c_ - in_.c) / 2, IB = cb_of(in_);
+    ctx.parallel_for(int64_t(in_.n) * IB * in_.h, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int n = int(r / (int64_t(IB) * in_.h)), ib = int(r / in_.h % IB), h = int(r % in_.h);
+        float* d = dx[0] + bidx(in_, n, ib * 16, h, 0);
+        if (h % stride_ != 0) {  // a row the shortcut skips
+          std::fill(d, d + size_t(in_.w) * 16, 0.f);
+          continue;
+        }
+        const float* g[16];  // dy row of each lane's channel, or null
+        for (int l = 0; l < 16; ++l)
+          g[l] = ib * 16 + l < in_.c ? dy + bidx(out_, n, ib * 16 + l + off, h / stride_, 0) : nullptr;
+        for (int w = 0; w < in_.w; ++w) {
+          float* px = d + size_t(w) * 16;
+          if (w % stride_ != 0) {
+            std::memset(px, 0, 16 * sizeof(float));
+          } else {
+            const size_t o = size_t(w / stride_) * 16;
+            for (int l = 0; l < 16; ++l) px[l] = g[l] ? g[l][o] : 0.f;
+          }
+        }
       }
     });
   }
