@@ -370,7 +370,7 @@ struct ConvInt16::Impl {
     xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
     dyq_bytes = round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t));
     dyp_bytes = gemm ? round64(size_t(NP) * KB * 32 * sizeof(int16_t)) : 0;
-    dw_part_bytes = round64(size_t(wgrad_partials()) * KB * 16 * dw_row() * sizeof(float));
+    dw_part_bytes = round64(size_t(wgrad_partials()) * dw_rows() * dw_row() * sizeof(float));
     use_workspace(nullptr);
   }
 
@@ -430,7 +430,17 @@ struct ConvInt16::Impl {
   // Row stride (floats) of the FP32 weight-gradient partials [K16][T][C16]. A kernel call flushes
   // 16 rows; at a multiple of 4 KiB (1x1 layers with C16 = 1024) they all fall in one L1 set and
   // every flush missed. One extra cache line per row spreads them.
-  int64_t dw_row() const { return int64_t(T) * CB * 16 + 16; }
+  // Weight-gradient orientation. The pair kernel's 16 lanes run over one operand's channels and
+  // it broadcasts the other's, one step per broadcast channel: lanes over C (dW rows k, 16 c per
+  // row) take CB * K steps per position and tap, lanes over K (rows c, 16 k per row) KB * C. Few-
+  // channel layers (an unfolded first layer: C = 9 or 21) take the second: ResNet-20's first conv
+  // 9 instead of 16 steps. Integer sums are exact and flushes fall after the same positions, so
+  // both give the same bits.
+  bool wgrad_lanes_k() const { return !gemm && int64_t(KB) * sh.C < int64_t(CB) * sh.K; }
+  // dW partials: rows of (taps x lane blocks) 16-float lane groups, one row longer (the +16 keeps
+  // rows from mapping to the same cache sets).
+  int64_t dw_rows() const { return wgrad_lanes_k() ? int64_t(CB) * 16 : int64_t(KB) * 16; }
+  int64_t dw_row() const { return int64_t(T) * (wgrad_lanes_k() ? KB : CB) * 16 + 16; }
   int slices() const { return std::min(kWgradSlices, NP); }
   // Weight-gradient parallelisation, chosen from the shape alone so results never depend on the
   // thread count: by 16-row output blocks of dW when there are at least 4, else by fixed slices
@@ -940,7 +950,8 @@ struct ConvInt16::Impl {
     const auto fn = pair_fn();
     const int ns = wgrad_partials();
     const int64_t dw_k = dw_row();
-    const size_t part = size_t(KB) * 16 * dw_k;  // [K16][T][C16], rows padded
+    const bool lanes_k = wgrad_lanes_k();
+    const size_t part = size_t(dw_rows()) * dw_k;  // [K16][T][C16] (lanes_k: [C16][T][K16]), rows padded
     // Tiles of positions per call: enough to amortise the flush; their dy pairs fit a stack tile.
     const int chunk_cols = std::min(OW, kPairTile);
     const int chunk_rows = std::max(1, std::min(OH, kPairTile / chunk_cols));
@@ -1051,7 +1062,22 @@ struct ConvInt16::Impl {
             a.x = xp.data() + (((size_t(p) * CB + cb) * sh.H + size_t(lo_r) * sh.stride_h + r - sh.pad_h) * sh.W +
                                size_t(lo_c) * sh.stride_w + s2 - sh.pad_w) * 32;
             for (int kb = kg; kb < kg1; ++kb) {
-              a.dy = tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+              const int16_t* g = tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+              if (lanes_k) {  // lanes over k from the dy tile, x's channel pairs broadcast
+                simd::PairKernelArgs b = a;
+                b.x = g;
+                b.x_row = a.dy_row;
+                b.x_col = 32;
+                b.dy = a.x;
+                b.dy_row = a.x_row;
+                b.dy_col = a.x_col;
+                b.nk = std::min(16, sh.C - cb * 16);
+                b.dw = acc + size_t(cb) * 16 * dw_k + size_t(t) * KB * 16 + size_t(kb) * 16;
+                ahead.issue(share);
+                fn(b);
+                continue;
+              }
+              a.dy = g;
               a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
               ahead.issue(share);
               fn(a);
@@ -1074,7 +1100,14 @@ struct ConvInt16::Impl {
         for (int64_t g = g0; g < g1; ++g) {
           const int kb0 = int(g) * group, kb1 = std::min(KB, kb0 + group);
           float* acc = dw_part;
-          std::memset(acc + size_t(kb0) * 16 * dw_k, 0, size_t(kb1 - kb0) * 16 * dw_k * sizeof(float));
+          if (lanes_k) {  // this group's lane blocks of every row and tap
+            for (int64_t row = 0; row < dw_rows(); ++row)
+              for (int t = 0; t < T; ++t)
+                std::memset(acc + row * dw_k + size_t(t) * KB * 16 + size_t(kb0) * 16, 0,
+                            size_t(kb1 - kb0) * 16 * sizeof(float));
+          } else {
+            std::memset(acc + size_t(kb0) * 16 * dw_k, 0, size_t(kb1 - kb0) * 16 * dw_k * sizeof(float));
+          }
           reduce(a, acc, 0, NP, kb0, kb1);
         }
         events += ev;
@@ -1098,7 +1131,8 @@ struct ConvInt16::Impl {
       for (int64_t k = k0; k < k1; ++k)
         for (int c = 0; c < sh.C; ++c)
           for (int t = 0; t < T; ++t) {
-            const size_t off = size_t(k) * dw_k + size_t(t) * CB * 16 + c;
+            const size_t off = lanes_k ? size_t(c) * dw_k + size_t(t) * KB * 16 + size_t(k)
+                                       : size_t(k) * dw_k + size_t(t) * CB * 16 + c;
             float v = dw_part[off];
             for (int sl = 1; sl < ns; ++sl) v += dw_part[size_t(sl) * part + off];
             dw[weight_index(k, c, t)] = v;
