@@ -608,18 +608,10 @@ struct ConvInt16::Impl {
     auto quant_row = [&](int64_t r, simd::QuantCounters& cnt) {
       const int64_t img_blk = r / h, y = r % h;
       int16_t* d = dst + ((size_t(img_blk) * hb + y + top) * wb + left) * 16;
-      if (spans) {
-        // The producer writes each span into an L1 tile, quantized at once.
-        constexpr int kSpan = ConvInt16::kInputSpanPixels;
-        alignas(64) float tile[kSpan * 16];
-        for (int w0 = 0; w0 < w; w0 += kSpan) {
-          const int np = std::min(kSpan, w - w0);
-          spans->fn(spans->producer, static_cast<int>(img_blk / B), static_cast<int>(img_blk % B), static_cast<int>(y),
-                    w0, np, tile);
-          quant(tile, d + size_t(w0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, size_t(r) * row_len + size_t(w0) * 16,
-                &cnt);
-        }
-      } else if (unfolded_src)
+      if (spans)
+        quant_span_row(*spans, static_cast<int>(img_blk / B), static_cast<int>(img_blk % B), static_cast<int>(y), w, d,
+                       e, qo, size_t(r) * row_len, cnt);
+      else if (unfolded_src)
         quant_unfolded_row(src, static_cast<int>(img_blk / B), static_cast<int>(img_blk % B), static_cast<int>(y), d, e,
                            qo, size_t(r) * row_len, cnt);
       else
@@ -669,6 +661,22 @@ struct ConvInt16::Impl {
       fail(Status::numerical_error, "convolution '" + name + "': " + qo.name + " tensor has " +
                                         std::to_string(st.nonfinite) + " non-finite value(s)");
     return st;
+  }
+
+  // Quantizes block b of row y of image n of x (w pixels) into d, asking the producer for it a span
+  // at a time into an L1 tile. index_base: the row's first element, for the stochastic stream.
+  // Out of line: the per-row loop of the plain path stays small enough to inline.
+  __attribute__((noinline)) void quant_span_row(const SpanSource& spans, int n, int b, int y, int w, int16_t* d, int e,
+                                                const QuantOptions& qo, size_t index_base,
+                                                simd::QuantCounters& cnt) const {
+    constexpr int kSpan = ConvInt16::kInputSpanPixels;
+    alignas(64) float tile[kSpan * 16];
+    const auto quant = ctx.kernels().quantize.fn;
+    for (int w0 = 0; w0 < w; w0 += kSpan) {
+      const int np = std::min(kSpan, w - w0);
+      spans.fn(spans.producer, n, b, y, w0, np, tile);
+      quant(tile, d + size_t(w0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, index_base + size_t(w0) * 16, &cnt);
+    }
   }
 
   // Quantizes block b of row y of image n of x' (see unfold) into d, gathering it from the
