@@ -51,6 +51,14 @@ constexpr int kWgradKbGroup = 2;    // weight-gradient output blocks sharing one
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
 constexpr int kUnfoldBlocks = 4;    // largest column unfolding, in 16-channel blocks
 constexpr int kUnfoldPixels = 64;   // pixels per gather tile of the column unfolding
+// Rows of at most this many output pixels (VGG's last 2x2 layers on CIFAR) tile across images at
+// one position instead: a 2-pixel row tile keeps 4 of 28 accumulators busy, too few to hide
+// VPDPWSSD's latency (512 channels, 2x2, N 128: 307 -> 515 GOP/s forward, 310 -> 547 backward-
+// data). Tiles take 8 images, not 14: images lie a multiple of 4 KiB apart there, so their lines
+// share one L1 set, and 14 of them thrash its 12 ways (14 images ran slower than the rows). With
+// 4-pixel rows the row tiles are as fast (4x4: 508 GOP/s vs 422 for image tiles).
+constexpr int kImageTileMaxRow = 2;
+constexpr int kImageTilePixels = 8;
 
 // Cache lines to fetch into L2 ahead of use, a few at a time: up to kRuns contiguous byte runs
 // (images x blocks x rows). Narrow layers have more rows per tile than fit; their later rows
@@ -284,6 +292,8 @@ struct ConvInt16::Impl {
   int pt = 0, pl = 0, OHb = 0, OWb = 0;
   std::vector<Phase> phases;
   std::vector<int64_t> phase_row_begin;  // prefix sums of N*ni over phases
+  std::vector<int64_t> phase_pos_begin;  // prefix sums of ni*nj over phases
+  bool bwd_image_tiles = false;          // every phase's rows are short: tile over images
   // FPROP taps
   std::vector<int64_t> fwd_tap_src;
   std::vector<int32_t> fwd_tap_wei;
@@ -523,6 +533,14 @@ struct ConvInt16::Impl {
       rows += int64_t(sh.N) * p.ni;
     }
     phase_row_begin.push_back(rows);
+    int64_t pos = 0;
+    bwd_image_tiles = true;
+    for (const Phase& p : phases) {
+      phase_pos_begin.push_back(pos);
+      pos += int64_t(p.ni) * p.nj;
+      bwd_image_tiles = bwd_image_tiles && p.nj <= kImageTileMaxRow;
+    }
+    phase_pos_begin.push_back(pos);
   }
 
   simd::PixelKernelFn pixel_fn() const {
@@ -789,6 +807,16 @@ struct ConvInt16::Impl {
   }
 
   // ---- passes ------------------------------------------------------------------------------
+  // Points a kernel call at the taps of row group rg (a contiguous range of the pass's taps) and
+  // that group's chain.
+  static void use_row_group(simd::PixelKernelArgs& a, const RowTaps& rows, int rg, const int64_t* tap_src,
+                            const int32_t* tap_wei) {
+    const auto [t0, t1] = rows.range[rg];
+    a.tap_src = tap_src + t0;
+    a.tap_wei = tap_wei + t0;
+    a.ntaps = t1 - t0;
+    a.chain = rows.steps[rg];
+  }
   struct EventSink {
     std::atomic<int64_t> total{0};
   };
@@ -836,6 +864,32 @@ struct ConvInt16::Impl {
         }
         events += ev;
       });
+    } else if (OW <= kImageTileMaxRow) {
+      // Tiles of images at one output position; items run output-block groups outermost, so a
+      // thread's consecutive items share the group's weights (in L2).
+      base.src_pix = int64_t(CB) * Hp * Wp * 16;
+      base.dst_ob = int64_t(OH) * OW * 16;
+      base.dst_pix = int64_t(KB) * OH * OW * 16;
+      const int per = kImageTilePixels;
+      const int64_t nblk = (sh.N + per - 1) / per, per_group = int64_t(OH) * OW * nblk;
+      ctx.parallel_for(ngroups * per_group, [&](int64_t r0, int64_t r1) {
+        int64_t ev = 0;
+        simd::PixelKernelArgs a = base;
+        a.overflow_events = opt.verify ? &ev : nullptr;
+        for (int64_t r = r0; r < r1; ++r) {
+          const int g = static_cast<int>(r / per_group);
+          const int oh = static_cast<int>(r / (int64_t(OW) * nblk) % OH), ow = static_cast<int>(r / nblk % OW);
+          const int n0 = static_cast<int>(r % nblk) * per;
+          use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
+          a.nob = std::min(2, KB - 2 * g);
+          a.npix = std::min(per, sh.N - n0);
+          a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
+          a.src = xq + (size_t(n0) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16 + size_t(ow) * sh.stride_w * 16;
+          a.dst = y + ((size_t(n0) * KB + 2 * g) * OH + oh) * OW * 16 + size_t(ow) * 16;
+          fn(a);
+        }
+        events += ev;
+      });
     } else {
       base.src_pix = int64_t(sh.stride_w) * 16;
       base.dst_ob = int64_t(OH) * OW * 16;
@@ -847,12 +901,7 @@ struct ConvInt16::Impl {
         for (int64_t r = r0; r < r1; ++r) {
           const int n = static_cast<int>(r / OH), oh = static_cast<int>(r % OH);
           const int16_t* src_row = xq + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
-          const int rg = fwd_rows.row_group[oh];
-          const auto [t0, t1] = fwd_rows.range[rg];
-          a.tap_src = fwd_tap_src.data() + t0;
-          a.tap_wei = fwd_tap_wei.data() + t0;
-          a.ntaps = t1 - t0;
-          a.chain = fwd_rows.steps[rg];
+          use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
           for (int g = 0; g < ngroups; ++g) {
             a.nob = std::min(2, KB - 2 * g);
             const auto& bs = a.nob == 2 ? fwd_blocks.start2 : fwd_blocks.start1;
@@ -924,6 +973,40 @@ struct ConvInt16::Impl {
       stats.overflow_events += events.load();
       return;
     }
+    if (bwd_image_tiles) {
+      // As in forward(): tiles of images at one dx position, output-block groups outermost.
+      base.src_pix = int64_t(KB) * OHb * OWb * 16;
+      base.dst_ob = int64_t(sh.H) * sh.W * 16;
+      base.dst_pix = int64_t(CB) * sh.H * sh.W * 16;
+      const int per = kImageTilePixels;
+      const int64_t nblk = (sh.N + per - 1) / per, per_group = phase_pos_begin.back() * nblk;
+      ctx.parallel_for(ngroups * per_group, [&](int64_t r0, int64_t r1) {
+        int64_t ev = 0;
+        simd::PixelKernelArgs a = base;
+        a.overflow_events = opt.verify ? &ev : nullptr;
+        for (int64_t r = r0; r < r1; ++r) {
+          const int g = static_cast<int>(r / per_group);
+          const int64_t pos = r % per_group / nblk;
+          const int n0 = static_cast<int>(r % nblk) * per;
+          size_t q = 0;
+          while (pos >= phase_pos_begin[q + 1]) ++q;
+          const Phase& p = phases[q];
+          const int i = static_cast<int>((pos - phase_pos_begin[q]) / p.nj), j = static_cast<int>((pos - phase_pos_begin[q]) % p.nj);
+          use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
+          a.nob = std::min(2, CB - 2 * g);
+          a.npix = std::min(per, sh.N - n0);
+          a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
+          a.src = dyq + (size_t(n0) * KB * OHb + i) * OWb * 16 + size_t(j) * 16;
+          a.dst = dx + ((size_t(n0) * CB + 2 * g) * sh.H + p.ph + size_t(i) * sh.stride_h) * sh.W * 16 +
+                  (size_t(p.pw) + size_t(j) * sh.stride_w) * 16;
+          fn(a);
+        }
+        events += ev;
+      });
+      stats.overflow_events += events.load();
+      if (unfold) fold_dx(dx_out);
+      return;
+    }
     base.src_pix = 16;
     base.dst_ob = int64_t(sh.H) * sh.W * 16;
     base.dst_pix = int64_t(sh.stride_w) * 16;
@@ -938,12 +1021,7 @@ struct ConvInt16::Impl {
         const Phase& p = phases[q];
         const int64_t local = r - phase_row_begin[q];
         const int n = static_cast<int>(local / p.ni), i = static_cast<int>(local % p.ni);
-        const int rg = p.rows.row_group[i];
-        const auto [t0, t1] = p.rows.range[rg];
-        a.tap_src = p.tap_src.data() + t0;
-        a.tap_wei = p.tap_wei.data() + t0;
-        a.ntaps = t1 - t0;
-        a.chain = p.rows.steps[rg];
+        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
         const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
         const int ih = p.ph + i * sh.stride_h;
         for (int g = 0; g < ngroups; ++g) {
