@@ -909,10 +909,19 @@ class Pool final : public Layer {
             float acc[16];
             uint8_t arg[16];
             for (int l = 0; l < 16; ++l) { acc[l] = -std::numeric_limits<float>::infinity(); arg[l] = kNoTap; }
+            bool first = true;
             for_window(oh, ow, [&](size_t off, int tap) {
               const float* v = p + off;
-              for (int l = 0; l < 16; ++l)
-                if (v[l] > acc[l] || arg[l] == kNoTap) { acc[l] = v[l]; arg[l] = uint8_t(tap); }
+              if (first) {  // the first tap is taken as it is (NaN included)
+                for (int l = 0; l < 16; ++l) { acc[l] = v[l]; arg[l] = uint8_t(tap); }
+                first = false;
+                return;
+              }
+              for (int l = 0; l < 16; ++l) {  // branch-free, so the lanes vectorise
+                const bool gt = v[l] > acc[l];
+                acc[l] = gt ? v[l] : acc[l];
+                arg[l] = gt ? uint8_t(tap) : arg[l];
+              }
             });
             std::memcpy(q + o, acc, sizeof acc);
             std::memcpy(argmax_.data() + out_off + o, arg, sizeof arg);
