@@ -1251,11 +1251,13 @@ struct ConvInt16::Impl {
       });
     }
     stats.overflow_events += events.load();
-    // Sum the slices in a fixed order into [K][C][R][S].
+    // Sum the slices in a fixed order into [K][C][R][S]. Channels innermost: the partials are read
+    // in order (with taps innermost, a 512-channel 3x3 layer read them 2 KiB apart and took 4% of
+    // a VGG step), the writes T floats apart stay within one k's [C][T] in L1.
     ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k)
-        for (int c = 0; c < sh.C; ++c)
-          for (int t = 0; t < T; ++t) {
+        for (int t = 0; t < T; ++t)
+          for (int c = 0; c < sh.C; ++c) {
             const size_t off = lanes_k ? size_t(c) * dw_k + size_t(t) * KB * 16 + size_t(k)
                                        : size_t(k) * dw_k + size_t(t) * CB * 16 + c;
             float v = dw_part[off];
