@@ -807,6 +807,21 @@ struct ConvInt16::Impl {
   }
 
   // ---- passes ------------------------------------------------------------------------------
+  // Runs call(args, item) for items [0, n) on the context's threads. Each range of items works on
+  // its own copy of base, whose overflow counter (verification mode only) is added into stats.
+  template <class Args, class Call>
+  void run_calls(int64_t n, const Args& base, Call&& call) {
+    std::atomic<int64_t> events{0};
+    ctx.parallel_for(n, [&](int64_t i0, int64_t i1) {
+      int64_t ev = 0;
+      Args a = base;
+      a.overflow_events = opt.verify ? &ev : nullptr;
+      for (int64_t i = i0; i < i1; ++i) call(a, i);
+      events += ev;
+    });
+    stats.overflow_events += events.load();
+  }
+
   // Points a kernel call at the taps of row group rg (a contiguous range of the pass's taps) and
   // that group's chain.
   static void use_row_group(simd::PixelKernelArgs& a, const RowTaps& rows, int rg, const int64_t* tap_src,
@@ -828,7 +843,6 @@ struct ConvInt16::Impl {
     stats.chain_fwd = chain;
     const float scale = pow2(stats.x.exponent + stats.w.exponent, name, "forward");
     const auto fn = pixel_fn();
-    std::atomic<int64_t> events{0};
     simd::PixelKernelArgs base{};
     base.tap_src = fwd_tap_src.data();
     base.tap_wei = fwd_tap_wei.data();
@@ -848,21 +862,15 @@ struct ConvInt16::Impl {
       base.dst_ob = 16;
       base.dst_pix = int64_t(KB) * 16;
       const int64_t blocks = (sh.N + simd::max_pixels(2) - 1) / simd::max_pixels(2);
-      ctx.parallel_for(blocks * ngroups, [&](int64_t b0, int64_t b1) {
-        int64_t ev = 0;
-        simd::PixelKernelArgs a = base;
-        a.overflow_events = opt.verify ? &ev : nullptr;
-        for (int64_t it = b0; it < b1; ++it) {
-          const int g = static_cast<int>(it % ngroups);
-          const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
-          a.nob = std::min(2, KB - 2 * g);
-          a.npix = std::min(simd::max_pixels(2), sh.N - n0);
-          a.src = xq + size_t(n0) * CB * 16;
-          a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
-          a.dst = y + (size_t(n0) * KB + 2 * g) * 16;
-          fn(a);
-        }
-        events += ev;
+      run_calls(blocks * ngroups, base, [&](simd::PixelKernelArgs& a, int64_t it) {
+        const int g = static_cast<int>(it % ngroups);
+        const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
+        a.nob = std::min(2, KB - 2 * g);
+        a.npix = std::min(simd::max_pixels(2), sh.N - n0);
+        a.src = xq + size_t(n0) * CB * 16;
+        a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
+        a.dst = y + (size_t(n0) * KB + 2 * g) * 16;
+        fn(a);
       });
     } else if (OW <= kImageTileMaxRow) {
       // Tiles of images at one output position; items run output-block groups outermost, so a
@@ -872,53 +880,40 @@ struct ConvInt16::Impl {
       base.dst_pix = int64_t(KB) * OH * OW * 16;
       const int per = kImageTilePixels;
       const int64_t nblk = (sh.N + per - 1) / per, per_group = int64_t(OH) * OW * nblk;
-      ctx.parallel_for(ngroups * per_group, [&](int64_t r0, int64_t r1) {
-        int64_t ev = 0;
-        simd::PixelKernelArgs a = base;
-        a.overflow_events = opt.verify ? &ev : nullptr;
-        for (int64_t r = r0; r < r1; ++r) {
-          const int g = static_cast<int>(r / per_group);
-          const int oh = static_cast<int>(r / (int64_t(OW) * nblk) % OH), ow = static_cast<int>(r / nblk % OW);
-          const int n0 = static_cast<int>(r % nblk) * per;
-          use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
-          a.nob = std::min(2, KB - 2 * g);
-          a.npix = std::min(per, sh.N - n0);
-          a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
-          a.src = xq + (size_t(n0) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16 + size_t(ow) * sh.stride_w * 16;
-          a.dst = y + ((size_t(n0) * KB + 2 * g) * OH + oh) * OW * 16 + size_t(ow) * 16;
-          fn(a);
-        }
-        events += ev;
+      run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
+        const int g = static_cast<int>(r / per_group);
+        const int oh = static_cast<int>(r / (int64_t(OW) * nblk) % OH), ow = static_cast<int>(r / nblk % OW);
+        const int n0 = static_cast<int>(r % nblk) * per;
+        use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
+        a.nob = std::min(2, KB - 2 * g);
+        a.npix = std::min(per, sh.N - n0);
+        a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
+        a.src = xq + (size_t(n0) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16 + size_t(ow) * sh.stride_w * 16;
+        a.dst = y + ((size_t(n0) * KB + 2 * g) * OH + oh) * OW * 16 + size_t(ow) * 16;
+        fn(a);
       });
     } else {
       base.src_pix = int64_t(sh.stride_w) * 16;
       base.dst_ob = int64_t(OH) * OW * 16;
       base.dst_pix = 16;
-      ctx.parallel_for(int64_t(sh.N) * OH, [&](int64_t r0, int64_t r1) {
-        int64_t ev = 0;
-        simd::PixelKernelArgs a = base;
-        a.overflow_events = opt.verify ? &ev : nullptr;
-        for (int64_t r = r0; r < r1; ++r) {
-          const int n = static_cast<int>(r / OH), oh = static_cast<int>(r % OH);
-          const int16_t* src_row = xq + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
-          use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
-          for (int g = 0; g < ngroups; ++g) {
-            a.nob = std::min(2, KB - 2 * g);
-            const auto& bs = a.nob == 2 ? fwd_blocks.start2 : fwd_blocks.start1;
-            const auto& bl = a.nob == 2 ? fwd_blocks.len2 : fwd_blocks.len1;
-            a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
-            for (size_t b = 0; b < bs.size(); ++b) {
-              a.npix = bl[b];
-              a.src = src_row + size_t(bs[b]) * sh.stride_w * 16;
-              a.dst = y + ((size_t(n) * KB + 2 * g) * OH + oh) * OW * 16 + size_t(bs[b]) * 16;
-              fn(a);
-            }
+      run_calls(int64_t(sh.N) * OH, base, [&](simd::PixelKernelArgs& a, int64_t r) {
+        const int n = static_cast<int>(r / OH), oh = static_cast<int>(r % OH);
+        const int16_t* src_row = xq + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
+        use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
+        for (int g = 0; g < ngroups; ++g) {
+          a.nob = std::min(2, KB - 2 * g);
+          const auto& bs = a.nob == 2 ? fwd_blocks.start2 : fwd_blocks.start1;
+          const auto& bl = a.nob == 2 ? fwd_blocks.len2 : fwd_blocks.len1;
+          a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
+          for (size_t b = 0; b < bs.size(); ++b) {
+            a.npix = bl[b];
+            a.src = src_row + size_t(bs[b]) * sh.stride_w * 16;
+            a.dst = y + ((size_t(n) * KB + 2 * g) * OH + oh) * OW * 16 + size_t(bs[b]) * 16;
+            fn(a);
           }
         }
-        events += ev;
       });
     }
-    stats.overflow_events += events.load();
   }
 
   void backward_data(float* dx_out) {
@@ -934,7 +929,6 @@ struct ConvInt16::Impl {
     stats.chain_bwd = chain;
     const float scale = pow2(stats.dy.exponent + stats.w.exponent, name, "backward_data");
     const auto fn = pixel_fn();
-    std::atomic<int64_t> events{0};
     simd::PixelKernelArgs base{};
     base.nib = KB;
     base.pairs = pairs_of(sh.K);
@@ -954,23 +948,16 @@ struct ConvInt16::Impl {
       base.dst_ob = 16;
       base.dst_pix = int64_t(CB) * 16;
       const int64_t blocks = (sh.N + simd::max_pixels(2) - 1) / simd::max_pixels(2);
-      ctx.parallel_for(blocks * ngroups, [&](int64_t b0, int64_t b1) {
-        int64_t ev = 0;
-        simd::PixelKernelArgs a = base;
-        a.overflow_events = opt.verify ? &ev : nullptr;
-        for (int64_t it = b0; it < b1; ++it) {
-          const int g = static_cast<int>(it % ngroups);
-          const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
-          a.nob = std::min(2, CB - 2 * g);
-          a.npix = std::min(simd::max_pixels(2), sh.N - n0);
-          a.src = dyq + size_t(n0) * KB * 16;
-          a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
-          a.dst = dx + (size_t(n0) * CB + 2 * g) * 16;
-          fn(a);
-        }
-        events += ev;
+      run_calls(blocks * ngroups, base, [&](simd::PixelKernelArgs& a, int64_t it) {
+        const int g = static_cast<int>(it % ngroups);
+        const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
+        a.nob = std::min(2, CB - 2 * g);
+        a.npix = std::min(simd::max_pixels(2), sh.N - n0);
+        a.src = dyq + size_t(n0) * KB * 16;
+        a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
+        a.dst = dx + (size_t(n0) * CB + 2 * g) * 16;
+        fn(a);
       });
-      stats.overflow_events += events.load();
       return;
     }
     if (bwd_image_tiles) {
@@ -980,30 +967,23 @@ struct ConvInt16::Impl {
       base.dst_pix = int64_t(CB) * sh.H * sh.W * 16;
       const int per = kImageTilePixels;
       const int64_t nblk = (sh.N + per - 1) / per, per_group = phase_pos_begin.back() * nblk;
-      ctx.parallel_for(ngroups * per_group, [&](int64_t r0, int64_t r1) {
-        int64_t ev = 0;
-        simd::PixelKernelArgs a = base;
-        a.overflow_events = opt.verify ? &ev : nullptr;
-        for (int64_t r = r0; r < r1; ++r) {
-          const int g = static_cast<int>(r / per_group);
-          const int64_t pos = r % per_group / nblk;
-          const int n0 = static_cast<int>(r % nblk) * per;
-          size_t q = 0;
-          while (pos >= phase_pos_begin[q + 1]) ++q;
-          const Phase& p = phases[q];
-          const int i = static_cast<int>((pos - phase_pos_begin[q]) / p.nj), j = static_cast<int>((pos - phase_pos_begin[q]) % p.nj);
-          use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
-          a.nob = std::min(2, CB - 2 * g);
-          a.npix = std::min(per, sh.N - n0);
-          a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
-          a.src = dyq + (size_t(n0) * KB * OHb + i) * OWb * 16 + size_t(j) * 16;
-          a.dst = dx + ((size_t(n0) * CB + 2 * g) * sh.H + p.ph + size_t(i) * sh.stride_h) * sh.W * 16 +
-                  (size_t(p.pw) + size_t(j) * sh.stride_w) * 16;
-          fn(a);
-        }
-        events += ev;
+      run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
+        const int g = static_cast<int>(r / per_group);
+        const int64_t pos = r % per_group / nblk;
+        const int n0 = static_cast<int>(r % nblk) * per;
+        size_t q = 0;
+        while (pos >= phase_pos_begin[q + 1]) ++q;
+        const Phase& p = phases[q];
+        const int i = static_cast<int>((pos - phase_pos_begin[q]) / p.nj), j = static_cast<int>((pos - phase_pos_begin[q]) % p.nj);
+        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
+        a.nob = std::min(2, CB - 2 * g);
+        a.npix = std::min(per, sh.N - n0);
+        a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
+        a.src = dyq + (size_t(n0) * KB * OHb + i) * OWb * 16 + size_t(j) * 16;
+        a.dst = dx + ((size_t(n0) * CB + 2 * g) * sh.H + p.ph + size_t(i) * sh.stride_h) * sh.W * 16 +
+                (size_t(p.pw) + size_t(j) * sh.stride_w) * 16;
+        fn(a);
       });
-      stats.overflow_events += events.load();
       if (unfold) fold_dx(dx_out);
       return;
     }
@@ -1011,36 +991,29 @@ struct ConvInt16::Impl {
     base.dst_ob = int64_t(sh.H) * sh.W * 16;
     base.dst_pix = int64_t(sh.stride_w) * 16;
     const int64_t total_rows = phase_row_begin.back();
-    ctx.parallel_for(total_rows, [&](int64_t r0, int64_t r1) {
-      int64_t ev = 0;
-      simd::PixelKernelArgs a = base;
-      a.overflow_events = opt.verify ? &ev : nullptr;
-      size_t q = 0;
-      for (int64_t r = r0; r < r1; ++r) {
-        while (r >= phase_row_begin[q + 1]) ++q;
-        const Phase& p = phases[q];
-        const int64_t local = r - phase_row_begin[q];
-        const int n = static_cast<int>(local / p.ni), i = static_cast<int>(local % p.ni);
-        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
-        const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
-        const int ih = p.ph + i * sh.stride_h;
-        for (int g = 0; g < ngroups; ++g) {
-          a.nob = std::min(2, CB - 2 * g);
-          const auto& bs = a.nob == 2 ? phase_blocks[q].start2 : phase_blocks[q].start1;
-          const auto& bl = a.nob == 2 ? phase_blocks[q].len2 : phase_blocks[q].len1;
-          a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
-          for (size_t b = 0; b < bs.size(); ++b) {
-            a.npix = bl[b];
-            a.src = src_row + size_t(bs[b]) * 16;
-            a.dst = dx + ((size_t(n) * CB + 2 * g) * sh.H + ih) * sh.W * 16 +
-                    (size_t(p.pw) + size_t(bs[b]) * sh.stride_w) * 16;
-            fn(a);
-          }
+    run_calls(total_rows, base, [&](simd::PixelKernelArgs& a, int64_t r) {
+      size_t q = 0;  // the phase of row r
+      while (r >= phase_row_begin[q + 1]) ++q;
+      const Phase& p = phases[q];
+      const int64_t local = r - phase_row_begin[q];
+      const int n = static_cast<int>(local / p.ni), i = static_cast<int>(local % p.ni);
+      use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
+      const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
+      const int ih = p.ph + i * sh.stride_h;
+      for (int g = 0; g < ngroups; ++g) {
+        a.nob = std::min(2, CB - 2 * g);
+        const auto& bs = a.nob == 2 ? phase_blocks[q].start2 : phase_blocks[q].start1;
+        const auto& bl = a.nob == 2 ? phase_blocks[q].len2 : phase_blocks[q].len1;
+        a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
+        for (size_t b = 0; b < bs.size(); ++b) {
+          a.npix = bl[b];
+          a.src = src_row + size_t(bs[b]) * 16;
+          a.dst = dx + ((size_t(n) * CB + 2 * g) * sh.H + ih) * sh.W * 16 +
+                  (size_t(p.pw) + size_t(bs[b]) * sh.stride_w) * 16;
+          fn(a);
         }
       }
-      events += ev;
     });
-    stats.overflow_events += events.load();
     if (unfold) fold_dx(dx_out);
   }
 
@@ -1081,7 +1054,6 @@ struct ConvInt16::Impl {
     const int chunk_cols = std::min(OW, kPairTile);
     const int chunk_rows = std::max(1, std::min(OH, kPairTile / chunk_cols));
     const auto inter = ctx.kernels().interleave.fn;
-    std::atomic<int64_t> events{0};
     simd::PairKernelArgs base{};
     base.dw_k = dw_k;
     base.nk = 16;
@@ -1218,39 +1190,26 @@ struct ConvInt16::Impl {
       // enough that every thread gets one). Each kb sees the same calls in the same order however
       // the blocks are grouped, so the result does not depend on the thread count.
       const int group = std::max(1, std::min(kWgradKbGroup, (KB + ctx.threads() - 1) / ctx.threads()));
-      ctx.parallel_for((KB + group - 1) / group, [&](int64_t g0, int64_t g1) {
-        int64_t ev = 0;
-        simd::PairKernelArgs a = base;
-        a.overflow_events = opt.verify ? &ev : nullptr;
-        for (int64_t g = g0; g < g1; ++g) {
-          const int kb0 = int(g) * group, kb1 = std::min(KB, kb0 + group);
-          float* acc = dw_part;
-          if (lanes_k) {  // this group's lane blocks of every row and tap
-            for (int64_t row = 0; row < dw_rows(); ++row)
-              for (int t = 0; t < T; ++t)
-                std::memset(acc + row * dw_k + size_t(t) * KB * 16 + size_t(kb0) * 16, 0,
-                            size_t(kb1 - kb0) * 16 * sizeof(float));
-          } else {
-            std::memset(acc + size_t(kb0) * 16 * dw_k, 0, size_t(kb1 - kb0) * 16 * dw_k * sizeof(float));
-          }
-          reduce(a, acc, 0, NP, kb0, kb1);
+      run_calls((KB + group - 1) / group, base, [&](simd::PairKernelArgs& a, int64_t g) {
+        const int kb0 = int(g) * group, kb1 = std::min(KB, kb0 + group);
+        float* acc = dw_part;
+        if (lanes_k) {  // this group's lane blocks of every row and tap
+          for (int64_t row = 0; row < dw_rows(); ++row)
+            for (int t = 0; t < T; ++t)
+              std::memset(acc + row * dw_k + size_t(t) * KB * 16 + size_t(kb0) * 16, 0,
+                          size_t(kb1 - kb0) * 16 * sizeof(float));
+        } else {
+          std::memset(acc + size_t(kb0) * 16 * dw_k, 0, size_t(kb1 - kb0) * 16 * dw_k * sizeof(float));
         }
-        events += ev;
+        reduce(a, acc, 0, NP, kb0, kb1);
       });
     } else {
-      ctx.parallel_for(ns, [&](int64_t s0, int64_t s1) {
-        int64_t ev = 0;
-        simd::PairKernelArgs a = base;
-        a.overflow_events = opt.verify ? &ev : nullptr;
-        for (int64_t sl = s0; sl < s1; ++sl) {
-          float* acc = dw_part + size_t(sl) * part;
-          std::memset(acc, 0, part * sizeof(float));
-          reduce(a, acc, int(sl * NP / ns), int((sl + 1) * NP / ns), 0, KB);
-        }
-        events += ev;
+      run_calls(ns, base, [&](simd::PairKernelArgs& a, int64_t sl) {
+        float* acc = dw_part + size_t(sl) * part;
+        std::memset(acc, 0, part * sizeof(float));
+        reduce(a, acc, int(sl * NP / ns), int((sl + 1) * NP / ns), 0, KB);
       });
     }
-    stats.overflow_events += events.load();
     // Sum the slices in a fixed order into [K][C][R][S]. Channels innermost: the partials are read
     // in order (with taps innermost, a 512-channel 3x3 layer read them 2 KiB apart and took 4% of
     // a VGG step), the writes T floats apart stay within one k's [C][T] in L1.
