@@ -123,12 +123,13 @@ struct ChainTable {
   // [0, nib) outer, taps[] inner, as the kernel runs it. Sources are at least a_min in magnitude
   // (the quantizer puts the largest in [2^(14-headroom), 2^(15-headroom))), so lengths past the
   // first that overflows for a_min are never chosen and are not measured.
-  // Lanes run on the context's threads, and each lane's windows come from its prefix sums: one
-  // pass over its units, then units / n differences per candidate n (a 512-channel 3x3 layer has
-  // 512 lanes of 288 units; scanning them once per candidate took a third of its set_weights,
-  // serially). The maxima do not depend on how the lanes are split.
-  static constexpr size_t kMaxCandidates = 64;   // 16 lengths, then x1.5 steps: enough for 10^6 units
-  static constexpr int kMaxPrefixUnits = 4096;   // longer sequences scan per candidate instead
+  // Lanes run on the context's threads, and each lane's windows come from prefix sums over
+  // chunks of its unit sequence: one pass over the units, then about units / n differences per
+  // candidate n, with each candidate's open window carried from chunk to chunk (a 512-channel 3x3
+  // layer has 512 lanes of 288 units; scanning them once per candidate took a third of its
+  // set_weights, serially). The maxima do not depend on how the lanes are split.
+  static constexpr size_t kMaxCandidates = 64;  // 16 lengths, then x1.5 steps: enough for 10^6 units
+  static constexpr int kPrefixChunk = 1024;     // units per prefix-sum chunk (8 KiB of stack)
   void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
                const int32_t* taps, int ntaps, int64_t a_min) {
     const int units = nib * ntaps;
@@ -137,32 +138,36 @@ struct ChainTable {
     const int64_t grain = std::max<int64_t>(1, 8192 / std::max(1, units));  // lanes per task item
     ctx.parallel_for((lanes + grain - 1) / grain, [&](int64_t g0, int64_t g1) {
       int64_t local[kMaxCandidates] = {};
-      int64_t pre[kMaxPrefixUnits + 1];
+      int64_t open_sum[kMaxCandidates];  // the open (not yet full) window of each candidate
+      int open_len[kMaxCandidates];
+      int64_t pre[kPrefixChunk + 1];
       for (int64_t lane = g0 * grain; lane < std::min<int64_t>(lanes, g1 * grain); ++lane) {
         const int32_t* u = unit_l1 + lane * lane_stride;
-        if (units <= kMaxPrefixUnits) {
+        std::fill_n(open_sum, nc, 0);
+        std::fill_n(open_len, nc, 0);
+        int ib = 0, t = 0;  // the sequence: ib outer, taps[] inner, as the kernel runs it
+        for (int m0 = 0; m0 < units; m0 += kPrefixChunk) {
+          const int len = std::min(kPrefixChunk, units - m0);
           pre[0] = 0;
-          int m = 0;
-          for (int ib = 0; ib < nib; ++ib)
-            for (int t = 0; t < ntaps; ++t, ++m) pre[m + 1] = pre[m] + u[int64_t(ib) * T + taps[t]];
-          for (size_t i = 0; i < nc; ++i)
-            for (int s0 = 0; s0 < units; s0 += n[i])
-              local[i] = std::max(local[i], pre[std::min(units, s0 + n[i])] - pre[s0]);
-          continue;
-        }
-        for (size_t i = 0; i < nc; ++i) {  // windows of n[i] consecutive units, the last one partial
-          int64_t sum = 0;
-          int count = 0;
-          for (int ib = 0; ib < nib; ++ib)
-            for (int t = 0; t < ntaps; ++t) {
-              sum += u[int64_t(ib) * T + taps[t]];
-              if (++count == n[i]) {
-                local[i] = std::max(local[i], sum);
-                sum = count = 0;
-              }
+          for (int k = 0; k < len; ++k) {
+            pre[k + 1] = pre[k] + u[int64_t(ib) * T + taps[t]];
+            if (++t == ntaps) t = 0, ++ib;
+          }
+          for (size_t i = 0; i < nc; ++i) {
+            const int need = n[i] - open_len[i];  // >= 1
+            if (need > len) {
+              open_sum[i] += pre[len];
+              open_len[i] += len;
+              continue;
             }
-          local[i] = std::max(local[i], sum);
+            local[i] = std::max(local[i], open_sum[i] + pre[need]);
+            int k = need;
+            for (; k + n[i] <= len; k += n[i]) local[i] = std::max(local[i], pre[k + n[i]] - pre[k]);
+            open_sum[i] = pre[len] - pre[k];
+            open_len[i] = len - k;
+          }
         }
+        for (size_t i = 0; i < nc; ++i) local[i] = std::max(local[i], open_sum[i]);  // the last, partial window
       }
       for (size_t i = 0; i < nc; ++i) atomic_max(best[i], local[i]);
     });
