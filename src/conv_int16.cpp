@@ -471,9 +471,6 @@ struct ConvInt16::Impl {
     xq = reinterpret_cast<int16_t*>(input);
   }
 
-  // Row stride (floats) of the FP32 weight-gradient partials [K16][T][C16]. A kernel call flushes
-  // 16 rows; at a multiple of 4 KiB (1x1 layers with C16 = 1024) they all fall in one L1 set and
-  // every flush missed. One extra cache line per row spreads them.
   // Weight-gradient orientation. The pair kernel's 16 lanes run over one operand's channels and
   // it broadcasts the other's, one step per broadcast channel: lanes over C (dW rows k, 16 c per
   // row) take CB * K steps per position and tap, lanes over K (rows c, 16 k per row) KB * C. Few-
@@ -481,8 +478,9 @@ struct ConvInt16::Impl {
   // 9 instead of 16 steps. Integer sums are exact and flushes fall after the same positions, so
   // both give the same bits.
   bool wgrad_lanes_k() const { return !gemm && int64_t(KB) * sh.C < int64_t(CB) * sh.K; }
-  // dW partials: rows of (taps x lane blocks) 16-float lane groups, one row longer (the +16 keeps
-  // rows from mapping to the same cache sets).
+  // FP32 dW partials: [K16][T][C16], or [C16][T][K16] with lanes over K. A kernel call flushes 16
+  // rows; at a row stride that is a multiple of 4 KiB (1x1 layers with C16 = 1024) they all fell
+  // in one L1 set and every flush missed, so each row is one cache line longer.
   int64_t dw_rows() const { return wgrad_lanes_k() ? int64_t(CB) * 16 : int64_t(KB) * 16; }
   int64_t dw_row() const { return int64_t(T) * (wgrad_lanes_k() ? KB : CB) * 16 + 16; }
   int slices() const { return std::min(kWgradSlices, NP); }
@@ -619,10 +617,6 @@ struct ConvInt16::Impl {
   }
 
   // ---- activations and gradients -----------------------------------------------------------
-  // Quantizes a blocked FP32 tensor [N][B][h][w][16] into the interior of a padded int16 tensor
-  // [N][B][hb][wb][16] at border (top, left), then builds the batch-pair copy [NP][B][h2][w2][16][2]
-  // (with its own border) from it. known_max: max|src| measured by the tensor's producer (negative
-  // or non-finite: measured here).
   // Zeroes a row's border pixels (16 INT16 lanes each). Most borders are one pixel: a fixed-size
   // copy inlines to two stores, where a memset call per border of every row cost 2% of a
   // ResNet-20 INT16 step.
@@ -636,6 +630,11 @@ struct ConvInt16::Impl {
     ConvInt16::InputSpanFn fn;
     void* producer;
   };
+  // Quantizes a blocked FP32 tensor [N][B][h][w][16] into the interior of a padded int16 tensor
+  // [N][B][hb][wb][16] at border (top, left), then builds the batch-pair copy [NP][B][h2][w2][16][2]
+  // (with its own border) from it. known_max: max|src| measured by the tensor's producer (negative
+  // or non-finite: measured here). The rows come from src, from src's column unfolding
+  // (unfolded_src) or from a producer (spans).
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
                               float known_max, bool unfolded_src = false, const SpanSource* spans = nullptr) {
@@ -775,13 +774,16 @@ struct ConvInt16::Impl {
     }
   }
 
-  void quantize_input(const float* x, float known_max) {
+  // x -> its padded forward copy xq and batch-pair copy xp: from the caller's tensor (gathered
+  // into its column unfolding where the layer unfolds), or from a producer's spans.
+  void quantize_x(const float* x, float known_max, const SpanSource* spans) {
     ensure_workspace();
     stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
-                               step_x, known_max, unfold);
+                               step_x, known_max, unfold && !spans, spans);
     have_x = have_x_fwd = true;
     if (shared_workspace) have_dy = false;  // the workspace now holds x
   }
+  void quantize_input(const float* x, float known_max) { quantize_x(x, known_max, nullptr); }
 
   void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs) {
     DFP_CHECK(!unfold, Status::invalid_argument,
@@ -790,12 +792,8 @@ struct ConvInt16::Impl {
     DFP_CHECK(max_abs >= 0.f && std::isfinite(max_abs), Status::invalid_argument,
               "convolution '" + name + "': quantize_input_spans() needs a finite max_abs >= 0, got " +
                   std::to_string(max_abs));
-    ensure_workspace();
     const SpanSource spans{fn, producer};
-    stats.x = quantize_blocked(nullptr, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
-                               step_x, max_abs, false, &spans);
-    have_x = have_x_fwd = true;
-    if (shared_workspace) have_dy = false;
+    quantize_x(nullptr, max_abs, &spans);
   }
 
   void quantize_grad_output(const float* dy, float known_max) {
