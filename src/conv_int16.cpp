@@ -919,7 +919,7 @@ struct ConvInt16::Impl {
     }
   }
 
-  void backward_data(float* dx_out) {
+  void backward_data(float* dx_out, bool accumulate) {
     DFP_CHECK(opt.input_gradient, Status::invalid_argument,
               "convolution '" + name + "': backward_data() called on an operator built with input_gradient = false");
     require(have_w, "backward_data", "set_weights()");
@@ -940,7 +940,7 @@ struct ConvInt16::Impl {
     base.wei_ib = int64_t(T) * 256;
     base.chain = chain;
     base.scale = scale;
-    base.accumulate = false;
+    base.accumulate = accumulate && !unfold;  // unfolded: dx' is scratch, folded into dx_out below
     const int ngroups = (CB + 1) / 2;
     if (gemm) {
       const Phase& p = phases[0];
@@ -987,7 +987,7 @@ struct ConvInt16::Impl {
                 (size_t(p.pw) + size_t(j) * sh.stride_w) * 16;
         fn(a);
       });
-      if (unfold) fold_dx(dx_out);
+      if (unfold) fold_dx(dx_out, accumulate);
       return;
     }
     base.src_pix = 16;
@@ -1017,18 +1017,18 @@ struct ConvInt16::Impl {
         }
       }
     });
-    if (unfold) fold_dx(dx_out);
+    if (unfold) fold_dx(dx_out, accumulate);
   }
 
   // dx[n][c][h][w] = sum over (ow, s) with ow * stride_w + s - pad_w = w of dx'[n][s * C + c][h][ow],
-  // added in (ow, s) order: the inverse of the unfolding's gather.
-  void fold_dx(float* dx) const {
+  // added in (ow, s) order: the inverse of the unfolding's gather (to what dx holds with accumulate).
+  void fold_dx(float* dx, bool accumulate) const {
     const float* du = dx_unfolded.data();
     ctx.parallel_for(int64_t(user.N) * user.H, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n = r / user.H, y = r % user.H;
         float* d = dx + size_t(r) * user.W * 16;  // C < 16: one block
-        std::fill(d, d + size_t(user.W) * 16, 0.f);
+        if (!accumulate) std::fill(d, d + size_t(user.W) * 16, 0.f);
         for (int ow = 0; ow < sh.W; ++ow)
           for (int s = 0; s < user.S; ++s) {
             const int w = ow * user.stride_w + s - user.pad_w;
@@ -1256,7 +1256,7 @@ void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_out
 void ConvInt16::forward(float* y) { impl_->forward(y); }
 size_t ConvInt16::workspace_bytes() const noexcept { return impl_->workspace_bytes(); }
 void ConvInt16::use_workspace(void* p) { impl_->use_workspace(p); }
-void ConvInt16::backward_data(float* dx) { impl_->backward_data(dx); }
+void ConvInt16::backward_data(float* dx, bool accumulate) { impl_->backward_data(dx, accumulate); }
 void ConvInt16::backward_weights(float* dw) { impl_->backward_weights(dw); }
 
 }  // namespace dfp

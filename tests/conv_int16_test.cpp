@@ -446,3 +446,38 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
   EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, -1.f), Error);
   EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, INFINITY), Error);
 }
+
+// backward_data(dx, accumulate = true) adds the gradient to what dx holds, on every path (direct,
+// strided phases, image tiles, GEMM, unfolded columns folded back) and ISA, with derived and
+// forced short chains (several flushes per output). Integer data: every order of the sums is exact.
+TEST(ConvInt16, BackwardDataAccumulatesOntoDx) {
+  for (const char* isa : {"ref", "avx512bw", "avx512vnni"}) {
+    if (!detect_cpu_features().supports(parse_isa(isa, "test"))) continue;
+    Context ctx(ContextOptions{.threads = 2, .isa = isa});
+    for (const ConvShape& s : edge_shapes()) {
+      SCOPED_TRACE(describe(s) + " " + isa);
+      const auto w = random_ints(size_t(s.K) * s.C * s.R * s.S, 52, -7, 7);
+      const auto dy = random_ints(size_t(s.N) * s.K * s.OH() * s.OW(), 53, -7, 7);
+      const auto before = random_ints(size_t(s.N) * s.C * s.H * s.W, 54, -1000, 1000);
+      std::vector<double> dx;
+      test::conv_bwd_data_ref(s, dy, w, dx);
+      std::vector<float> dyb(blocked_size(s.N, s.K, s.OH(), s.OW())), dxb(blocked_size(s.N, s.C, s.H, s.W));
+      to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
+      for (int chain : {0, 3}) {
+        DfpConvOptions o;
+        o.chain_override = chain;
+        ConvInt16 conv(ctx, s, o, "acc");
+        conv.set_weights(w.data());
+        conv.quantize_grad_output(dyb.data());
+        to_blocked(before.data(), dxb.data(), s.N, s.C, s.H, s.W);  // padding lanes 0
+        conv.backward_data(dxb.data(), true);
+        std::vector<float> got(before.size());
+        from_blocked(dxb.data(), got.data(), s.N, s.C, s.H, s.W);
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], before[i] + dx[i]) << "dx " << i << " chain " << chain;
+        for (size_t i = 0; i < dxb.size(); ++i)
+          if (i % 16 + 16 * (i / (16 * size_t(s.H) * s.W) % channel_blocks(s.C)) >= size_t(s.C))
+            ASSERT_EQ(dxb[i], 0.f) << "padding lane " << i;
+      }
+    }
+  }
+}

@@ -707,6 +707,34 @@ TEST(Memory, ArenaSharesBytesAndInt16KeepsLittleFp32) {
               plan[1].arena_bytes, plan[0].unshared_bytes, plan[0].workspace_bytes, plan[1].workspace_bytes);
 }
 
+// An INT16 conv that reads a node another layer also reads (each ResNet block's first conv, beside
+// the shortcut) adds its part of that node's gradient into the gradient itself: no buffer is
+// planned for the part. FP32 convs, and every conv under adaptive loss scaling (per-layer scales),
+// write the part into a buffer of its own, summed after.
+TEST(Memory, Int16ConvsAddTheirGradientPartInPlace) {
+  auto unshared = [](Precision p, const char* keep_fp32, bool adaptive) {
+    Model m(ctx2(), "r");
+    build_model(m, "resnet20", 3, 32, 32, 10);
+    PrecisionPolicy pol;
+    pol.precision = p;
+    if (keep_fp32) pol.overrides = {{keep_fp32, Precision::fp32}};
+    m.build(8, pol);
+    if (adaptive) {
+      LossScaleOptions o;
+      o.mode = LossScaleMode::adaptive;
+      m.set_loss_scaling(o);
+    }
+    return m.memory_plan().unshared_bytes;
+  };
+  // The nine block inputs, FP32: 4 of 16 x 32 x 32 (stage 1, and stage 2's first block), 3 of
+  // 32 x 16 x 16, 2 of 64 x 8 x 8.
+  const size_t parts = size_t(8) * 4 * (4 * 16 * 32 * 32 + 3 * 32 * 16 * 16 + 2 * 64 * 8 * 8);
+  const size_t fp32 = unshared(Precision::fp32, nullptr, false);
+  EXPECT_EQ(fp32 - unshared(Precision::int16, nullptr, false), parts);
+  EXPECT_EQ(fp32 - unshared(Precision::int16, "layer1.0.conv1", false), parts - size_t(8) * 4 * 16 * 32 * 32);
+  EXPECT_EQ(fp32, unshared(Precision::int16, nullptr, true));
+}
+
 // backward() consumes what a training forward saved: a second backward, or one after an
 // evaluation forward, is refused.
 TEST(Memory, BackwardNeedsItsOwnTrainingForward) {

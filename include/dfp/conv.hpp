@@ -135,8 +135,11 @@ class ConvInt16 {
   void forward(float* y);                  // y: nChw16c [N][K/16][OH][OW][16]
   // dx: nChw16c [N][C/16][H][W][16]. A layer with C < 16 runs with its kernel columns unfolded
   // into the channels and folds dx back from an unfolded copy (allocated at construction unless
-  // options.input_gradient is false, in which case this call is an error).
-  void backward_data(float* dx);
+  // options.input_gradient is false, in which case this call is an error). accumulate: add the
+  // gradient to what dx holds instead of overwriting it (the first flush of every INT32 chain
+  // adds), so a second consumer's part of an input gradient is summed without a pass of its own;
+  // the sum then runs in flush order, dx + c1 + c2 ..., rather than dx + (c1 + c2 ...).
+  void backward_data(float* dx, bool accumulate = false);
   void backward_weights(float* dw_kcrs);   // dw: [K][C][R][S]
 
  private:

@@ -26,6 +26,9 @@ struct StepInfo {
   // derives its DFP16 exponent without a pass over the tensor.
   float input_max_abs = -1.f;
   float grad_max_abs = -1.f;
+  // Backward: bit i set when dx[i] already holds another consumer's part of input i's gradient and
+  // backward() adds its own to it (only for inputs where accumulates_input_grad(i) is true).
+  uint32_t accumulate_dx = 0;
 };
 
 // Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.
@@ -84,6 +87,10 @@ class Layer {
   // dx[i] = dy for every input (residual Add): the Model may hand every input the output
   // gradient's own buffer, and backward then has nothing to write.
   virtual bool backward_passes_gradient() const { return false; }
+  // backward() can add input i's gradient to what dx[i] holds (StepInfo::accumulate_dx), as part
+  // of its own writes: the Model then sums a second consumer's part without a buffer and a pass
+  // of its own (an INT16 conv's flushes add; FP32 order: dx + c1 + c2 ..., not dx + (c1 + ...)).
+  virtual bool accumulates_input_grad(size_t i) const { return false; }
   // Transient scratch, one region shared by all layers: valid only within one forward() or
   // backward() call.
   virtual size_t workspace_bytes() const { return 0; }

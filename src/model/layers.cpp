@@ -223,7 +223,7 @@ class WeightedLayer : public Layer {
                 const std::vector<float*>& dx, const StepInfo& st) override {
     if (q_) {
       q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs);
-      if (dx[0]) q_->backward_data(dx[0]);
+      if (dx[0]) q_->backward_data(dx[0], st.accumulate_dx & 1);
       q_->backward_weights(gw_.data());
       if (st.sample) sample_.dy = measure_dfp16(dy, out_size_, q_->stats().dy.exponent);
     } else if (native_bf16_) {
@@ -279,6 +279,7 @@ class WeightedLayer : public Layer {
     }
   }
   const char* precision() const override { return precision_name(prec_); }
+  bool accumulates_input_grad(size_t) const override { return q_ != nullptr; }
   size_t workspace_bytes() const override { return q_ ? q_->workspace_bytes() : dy_bytes_; }
   void use_workspace(void* region) override {
     if (q_) q_->use_workspace(region);

@@ -366,7 +366,14 @@ struct Model::Impl {
       grad_of[i] = int(lt.size());
       lt.push_back({bytes_of(n.elements), first_write, 2 * N - i, &n.grad});
       naive += bytes_of(n.elements);
-      if (n.consumers > 1) {
+      // Consumers after the first write their part into acc, to be summed, unless each of them
+      // adds it to the gradient itself: always at one scale, so without adaptive loss scaling.
+      bool summed_in_place = !adaptive;
+      for (auto [j, k] : readers[i])
+        summed_in_place = summed_in_place && (j == cons[0] || (nodes[j].layer->accumulates_input_grad(k) && k < 32 &&
+                                                               std::count(cons.begin(), cons.end(), j) == 1));
+      n.acc = nullptr;
+      if (n.consumers > 1 && !summed_in_place) {
         lt.push_back({bytes_of(n.elements), 2 * N - cons[1], 2 * N - cons.back(), &n.acc});
         naive += bytes_of(n.elements);
       }
@@ -611,28 +618,38 @@ struct Model::Impl {
       }
       xs.clear();
       dxs.clear();
+      model::StepInfo stb = st;
       for (size_t k = 0; k < n.inputs.size(); ++k) {
         NodeInfo& in = nodes[n.inputs[k]];
         // Only what the layer declared is still planned to hold the forward values.
         xs.push_back(n.layer->backward_reads_input(k) ? in.act : nullptr);
         if (n.inputs[k] == 0) {
           dxs.push_back(nullptr);  // no gradient for the data
+        } else if (k < 32 && in.grad_written && in.grad_scale == n.grad_scale && n.layer->accumulates_input_grad(k) &&
+                   std::count(n.inputs.begin(), n.inputs.end(), n.inputs[k]) == 1) {
+          // Second consumer at the same scale: the layer adds its part to the gradient itself.
+          dxs.push_back(in.grad);
+          stb.accumulate_dx |= uint32_t{1} << k;
         } else {
+          DFP_CHECK(!in.grad_written || in.acc, Status::internal,
+                    "model '" + name + "': no buffer planned for a second part of the gradient of '" + in.spec.name + "'");
           dxs.push_back(in.grad_written ? in.acc : in.grad);
           if (dxs.back() != n.grad) poison_fresh(dxs.back(), in.elements);  // not in place
         }
       }
       poison_workspace();
-      model::StepInfo stb = st;
       if (fusion) stb.grad_max_abs = n.grad_max;
       n.layer->backward(ctx, xs, n.layer->backward_reads_output() ? n.act : nullptr, n.grad, dxs, stb);
       finite &= unscale_params(n);
-      for (int j : n.inputs) {
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        const int j = n.inputs[k];
         if (j == 0) continue;
         NodeInfo& in = nodes[j];
         // The max a layer measured holds for its input's gradient only if no other consumer adds to it.
         in.grad_max = !in.grad_written && fusion && n.inputs.size() == 1 ? n.layer->input_grad_max_abs() : -1.f;
-        if (in.grad_written) {
+        if (k < 32 && (stb.accumulate_dx >> k & 1)) {
+          // Summed by the layer, at the common scale.
+        } else if (in.grad_written) {
           // Second consumer: sum at the smaller of the two scales, so neither part can overflow.
           const double target = std::min(in.grad_scale, n.grad_scale);
           scale_add(in.grad, static_cast<float>(target / in.grad_scale), in.acc,
