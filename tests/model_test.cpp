@@ -565,6 +565,19 @@ std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
          auto s4 = m.add(e, s3, "add4");  // shares; add3, its higher input, then copies
          m.softmax_cross_entropy(m.linear(m.global_avgpool(m.relu(s4, "r"), "gap"), 3, true, "fc"));
        }},
+      {"bn-into-add",  // BatchNorms feeding an add as spans, computed there from their inputs
+       [](Model& m) {
+         auto x = m.input(3, 6, 6);
+         auto a = m.conv(x, 4, 3, 1, 1, false, "c1");
+         auto b = m.batchnorm(a, "bn1");              // not in place: a is read again, by c2
+         auto d = m.relu(m.conv(a, 4, 3, 1, 1, false, "c2"), "r2");  // a's last plain reader
+         auto e = m.conv(d, 4, 3, 1, 1, false, "c3");  // may take a's bytes but for the spans
+         auto s = m.add(b, e, "add1");
+         auto f = m.batchnorm(m.conv(s, 4, 1, 1, 0, false, "c4"), "bn4");
+         auto g = m.relu(m.batchnorm(m.conv(s, 4, 3, 1, 1, false, "c5"), "bn5"), "r5");
+         auto t = m.relu(m.add(f, g, "add2"), "r");  // both inputs as spans, one through a ReLU
+         m.softmax_cross_entropy(m.linear(m.global_avgpool(t, "gap"), 3, true, "fc"));
+       }},
       {"concat-lrn-dropout",
        [](Model& m) {
          auto x = m.input(3, 5, 5);
@@ -636,10 +649,11 @@ TEST(Fusion, BatchNormReluGivesTheSameBitsAsTwoLayers) {
   EXPECT_EQ(fused, (std::vector<std::string>{"r2", "r4"}));
 }
 
-// Which convs take their input as spans from the BatchNorm before them: in INT16 with fusion,
-// every ResNet-20 block's second conv (its input is bn1 + ReLU, read by nothing else); not the
-// first convs (their input also feeds the shortcut), not in FP32, not a conv kept in FP32.
-TEST(Fusion, Int16ConvsTakeTheirBatchNormReluInputAsSpans) {
+// Which layers take an input as spans from the BatchNorm before them: with fusion, every ResNet-20
+// block's add (bn2, read by nothing else) in every precision, and in INT16 every block's second
+// conv (its input is bn1 + ReLU, read by nothing else); not the first convs (their input also
+// feeds the shortcut), not a conv kept in FP32.
+TEST(Fusion, LayersTakeTheirBatchNormInputAsSpans) {
   auto linked = [](Precision p, bool fusion, const char* keep_fp32) {
     Model m(ctx2(), "r");
     build_model(m, "resnet20", 3, 8, 8, 10);
@@ -653,14 +667,19 @@ TEST(Fusion, Int16ConvsTakeTheirBatchNormReluInputAsSpans) {
       if (s.input_spans) names.push_back(s.name);
     return names;
   };
-  std::vector<std::string> second;
+  std::vector<std::string> adds, both;
   for (int stage = 1; stage <= 3; ++stage)
-    for (int b = 0; b < 3; ++b) second.push_back("layer" + std::to_string(stage) + "." + std::to_string(b) + ".conv2");
-  EXPECT_EQ(linked(Precision::int16, true, nullptr), second);
+    for (int b = 0; b < 3; ++b) {
+      const std::string block = "layer" + std::to_string(stage) + "." + std::to_string(b);
+      adds.push_back(block + ".add");
+      both.push_back(block + ".conv2");
+      both.push_back(block + ".add");
+    }
+  EXPECT_EQ(linked(Precision::int16, true, nullptr), both);
   EXPECT_TRUE(linked(Precision::int16, false, nullptr).empty());
-  EXPECT_TRUE(linked(Precision::fp32, true, nullptr).empty());
-  second.erase(second.begin() + 4);  // layer2.1.conv2
-  EXPECT_EQ(linked(Precision::int16, true, "layer2.1.conv2"), second);
+  EXPECT_EQ(linked(Precision::fp32, true, nullptr), adds);
+  both.erase(std::find(both.begin(), both.end(), "layer2.1.conv2"));
+  EXPECT_EQ(linked(Precision::int16, true, "layer2.1.conv2"), both);
 }
 
 // Every buffer the plan shares is written before it is read: with every fresh buffer and the

@@ -122,9 +122,10 @@ struct LayerSpec {
   int lrn_size = 0;              // lrn: across-channel window, alpha, beta, k as in PyTorch
   float lrn_alpha = 0.f, lrn_beta = 0.f, lrn_k = 0.f;
   bool fused = false;            // relu: applied by its producer (Model::set_fusion), once built
-  // conv (int16): its input, a BatchNorm's output through a fused ReLU that only it reads, is
-  // quantized span by span as the BatchNorm computes it; the FP32 tensor is not written
-  // (Model::set_fusion; training steps without numerics sampling), once built
+  // conv (int16), add: an input that is a BatchNorm's output (through its fused ReLU, if any)
+  // that only this layer reads is taken span by span as the BatchNorm computes it -- the conv
+  // quantizes each span, the add adds it -- and the FP32 tensor is not written (Model::set_fusion;
+  // training steps without numerics sampling), once built
   bool input_spans = false;
   uint64_t seed = 0;             // dropout: its random stream (set by build())
 };

@@ -120,18 +120,25 @@ class Layer {
   // forward(), max|dx[0]| after backward(). The Model hands them on as StepInfo's maxima.
   virtual float output_max_abs() const { return -1.f; }
   virtual float input_grad_max_abs() const { return -1.f; }
-  // Fusion, linked by the Model after build(): an INT16 layer can take its input as spans that
-  // its producer computes on request, quantizing each while it is in L1 (ConvInt16::
-  // quantize_input_spans), so the FP32 tensor between them is never written or read. The producer
-  // (a BatchNorm with its ReLU, whose ReLU node only this layer reads) accepts the link in
-  // feed_spans_to(); in a step where it cannot feed (inference, numerics sampling) it writes its
-  // output as usual. take_input_spans() runs inside the producer's forward(); the consumer's
-  // forward() then skips its own quantization, and input_taken() says so beforehand.
+  // Fusion, linked by the Model after build(): a layer can take input i as spans that its
+  // producer computes on request, so the FP32 tensor between them is never written or read. The
+  // producer is a BatchNorm (with or without its ReLU) whose output only this layer reads; it
+  // accepts the link in feed_spans_to() and, in a step where it cannot feed (inference, numerics
+  // sampling), writes its output as usual. In a step where it feeds, it calls take_input_spans()
+  // from its forward(), with max|input| known before any span is asked for:
+  //   - an INT16 conv quantizes its input there and then, a span at a time while each is in L1
+  //     (ConvInt16::quantize_input_spans); its forward() then skips its own quantization, and
+  //     input_taken() says so beforehand;
+  //   - a residual Add records the source and asks for the spans in its own forward(), adding
+  //     each to the other input while it is in L1 (the Model keeps the producer's own input, which
+  //     the spans are computed from, alive until then).
+  // A span is `count` pixels of channel block b of image n from pixel w0 of row h; an Add's run on
+  // into the following rows of the same plane (w0 + count <= (H - h) * W).
   using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
-  virtual bool accepts_input_spans() const { return false; }
-  virtual void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) {}
+  virtual bool accepts_input_spans(size_t i) const { return false; }
+  virtual void take_input_spans(size_t i, InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) {}
   virtual bool input_taken() const { return false; }
-  virtual bool feed_spans_to(Layer* consumer) { return false; }
+  virtual bool feed_spans_to(Layer* consumer, size_t i) { return false; }
 };
 
 std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias);

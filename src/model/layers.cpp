@@ -458,8 +458,8 @@ class Conv2d final : public WeightedLayer {
     bf_->backward_weights(xb_.data(), dy, gw_.data());
   }
   void set_weights_bf16(const float* w) override { bf_->set_weights(w); }
-  bool accepts_input_spans() const override { return q_ && q_->accepts_input_spans(); }
-  void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) override {
+  bool accepts_input_spans(size_t i) const override { return i == 0 && q_ && q_->accepts_input_spans(); }
+  void take_input_spans(size_t, InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) override {
     q_->set_step(st.step);
     q_->quantize_input_spans(fn, producer, max_abs);
     input_taken_ = true;
@@ -591,12 +591,12 @@ class BatchNorm final : public Layer {
   float input_grad_max_abs() const override { return in_grad_max_; }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
-  // With the ReLU fused, the output's largest value follows from each channel's extremes before
-  // the fact (y = x * a + b is monotonic in x, and its rounding too), so the next INT16 conv can
-  // take the output as spans (see Layer::feed_spans_to).
-  bool feed_spans_to(Layer* consumer) override {
-    if (!relu_) return false;
+  // The output's largest magnitude follows from each channel's extremes before the fact (y = x *
+  // a + b is monotonic in x, and its rounding too), so the consumer (an INT16 conv, which needs
+  // it first, or a residual Add) can take the output as spans (see Layer::feed_spans_to).
+  bool feed_spans_to(Layer* consumer, size_t slot) override {
     consumer_ = consumer;
+    consumer_slot_ = slot;
     return true;
   }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
@@ -652,8 +652,8 @@ class BatchNorm final : public Layer {
     }
     span_ = {x[0], save_q, step_seed(xq_opts_.seed, st.step), &ctx};
     if (consumer_ && st.train && !st.sample) {
-      // Fused into the consumer's quantization: max y from each channel's extremes, through the
-      // same kernels as the values themselves, then the spans on request.
+      // Fused into the consumer: max|y| from each channel's extremes, through the same kernels as
+      // the values themselves, then the spans on request.
       const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
       float mx = 0.f;
       for (int blk = 0; blk < CB; ++blk) {
@@ -662,10 +662,13 @@ class BatchNorm final : public Layer {
         std::copy_n(hi_.data() + blk * 16, 16, ext[1]);
         scale_shift(&ext[0][0], &z[0][0], fa_.data() + blk * 16, fb_.data() + blk * 16, 2);
         for (int l = 0; l < 16; ++l)
-          for (int k = 0; k < 2; ++k) mx = z[k][l] > mx ? z[k][l] : mx;  // the ReLU's max: from 0, NaN never wins
+          for (int k = 0; k < 2; ++k) {
+            const float v = relu_ ? z[k][l] : std::fabs(z[k][l]);  // the ReLU's max: from 0
+            mx = v > mx ? v : mx;                                   // NaN never wins
+          }
       }
-      out_max_ = mx;
-      consumer_->take_input_spans(&BatchNorm::produce_span, this, mx, st);
+      out_max_ = relu_ ? mx : -1.f;
+      consumer_->take_input_spans(consumer_slot_, &BatchNorm::produce_span, this, mx, st);
       return;
     }
     std::atomic<float> out_max{0.f};
@@ -814,6 +817,7 @@ class BatchNorm final : public Layer {
     const Context* ctx = nullptr;
   } span_;
   Layer* consumer_ = nullptr;            // takes the output as spans (feed_spans_to)
+  size_t consumer_slot_ = 0;             // as its input consumer_slot_
   AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
   int xq_exp_ = 0;
   QuantOptions xq_opts_;
@@ -1077,8 +1081,15 @@ class Add final : public Layer {
   }
   void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
              std::mt19937_64&) override {
+    s_ = in[0];
     n_ = in[0].blocked_elements();
     if (relu_) mask_ = AlignedBuffer<uint16_t>((n_ + 15) / 16);
+  }
+  // Either input may come as spans from a BatchNorm (its scale-shift, and the DFP16 copy it saves,
+  // computed here piece by piece), so its FP32 output is never written or read.
+  bool accepts_input_spans(size_t i) const override { return i < 2; }
+  void take_input_spans(size_t i, InputSpanFn fn, void* producer, float, const StepInfo&) override {
+    spans_[i] = {fn, producer};
   }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }
@@ -1098,11 +1109,41 @@ class Add final : public Layer {
     const size_t n = n_;
     uint16_t* mask = relu_ ? mask_.data() : nullptr;
     std::atomic<float> mx{0.f};
+    if (!spans_[0].fn && !spans_[1].fn) {
+      for_chunks(ctx, n, [&](size_t b, size_t e) {
+        fn(a + b, c + b, y + b, e - b);
+        if (mask) atomic_max(mx, relu(y + b, y + b, mask + b / 16, e - b));
+      });
+      out_max_ = mask ? mx.load() : -1.f;
+      return;
+    }
+    // Pieces of each chunk that stay within one plane (the spans' unit), each input from its
+    // producer into an L1 tile where it comes as spans. Element-wise: the bits of the plain path.
+    const size_t pl = plane(s_);
+    const int CB = cb_of(s_), W = s_.w;
     for_chunks(ctx, n, [&](size_t b, size_t e) {
-      fn(a + b, c + b, y + b, e - b);
-      if (mask) atomic_max(mx, relu(y + b, y + b, mask + b / 16, e - b));
+      alignas(64) float tile[2][kSpanPixels * 16];
+      float m = 0.f;
+      for (size_t i = b; i < e;) {
+        const size_t end = std::min({e, i + kSpanPixels * 16, (i / pl + 1) * pl});
+        const float* in[2] = {a + i, c + i};
+        for (int k = 0; k < 2; ++k) {
+          if (!spans_[k].fn) continue;
+          const size_t p = i / pl, px = i % pl / 16;
+          spans_[k].fn(spans_[k].producer, int(p / CB), int(p % CB), int(px / W), int(px % W), int(end - i) / 16, tile[k]);
+          in[k] = tile[k];
+        }
+        fn(in[0], in[1], y + i, end - i);
+        if (mask) {
+          const float r = relu(y + i, y + i, mask + i / 16, end - i);
+          m = r > m ? r : m;
+        }
+        i = end;
+      }
+      if (mask) atomic_max(mx, m);
     });
     out_max_ = mask ? mx.load() : -1.f;
+    spans_[0] = spans_[1] = {};
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
@@ -1120,10 +1161,16 @@ class Add final : public Layer {
   }
 
  private:
+  static constexpr size_t kSpanPixels = 128;
+  TensorShape s_;
   size_t n_ = 0;
   bool relu_ = false;
   AlignedBuffer<uint16_t> mask_;
   float out_max_ = -1.f;
+  struct {
+    InputSpanFn fn = nullptr;
+    void* producer = nullptr;
+  } spans_[2];  // inputs fed as spans in this step (take_input_spans)
 };
 
 class Concat final : public Layer {

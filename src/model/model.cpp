@@ -175,6 +175,9 @@ struct Model::Impl {
     // max|act| and max|grad| when the layer that wrote them measured it (negative: unknown),
     // handed to the next layer through StepInfo (fusion only).
     float act_max = -1.f, grad_max = -1.f;
+    // Fusion: the node whose input this layer feeds as spans, computed from this layer's own
+    // input (see Layer::feed_spans_to), or -1.
+    int feeds_spans_to = -1;
   };
   const Context& ctx;
   std::string name;
@@ -275,13 +278,23 @@ struct Model::Impl {
         n.param_end = params.size();
       }
     }
-    if (fusion)  // an INT16 conv reading only a BatchNorm's fused ReLU takes the values as spans
-      for (NodeInfo& n : nodes) {
-        if (!n.layer || n.inputs.size() != 1 || !n.layer->accepts_input_spans()) continue;
-        NodeInfo& relu = nodes[n.inputs[0]];
-        if (!relu.layer || !relu.spec.fused || relu.consumers != 1) continue;
-        NodeInfo& producer = nodes[relu.inputs[0]];
-        if (producer.layer && producer.layer->feed_spans_to(n.layer.get())) n.spec.input_spans = true;
+    if (fusion)  // a layer reading only what a BatchNorm (and its fused ReLU) writes takes it as spans
+      for (size_t c = 0; c < nodes.size(); ++c) {
+        NodeInfo& n = nodes[c];
+        for (size_t k = 0; n.layer && k < n.inputs.size(); ++k) {
+          int src = n.inputs[k];
+          if (!n.layer->accepts_input_spans(k) || std::count(n.inputs.begin(), n.inputs.end(), src) != 1) continue;
+          if (nodes[src].spec.fused) {  // the ReLU node: its producer computes the values
+            if (nodes[src].consumers != 1) continue;
+            src = nodes[src].inputs[0];
+          }
+          NodeInfo& producer = nodes[src];
+          if (!producer.layer || producer.consumers != 1) continue;
+          if (producer.layer->feed_spans_to(n.layer.get(), k)) {
+            n.spec.input_spans = true;
+            producer.feeds_spans_to = int(c);
+          }
+        }
       }
     const TensorShape& ls = nodes[loss_node].shape;
     labels.assign(b, 0);
@@ -350,6 +363,7 @@ struct Model::Impl {
       for (auto [j, k] : readers[i]) {
         end = std::max(end, j);
         if (nodes[j].layer->backward_reads_input(k)) end = std::max(end, 2 * N - j);
+        end = std::max(end, nodes[j].feeds_spans_to);  // the spans are computed from it then
       }
       if (i == loss_node) end = std::max(end, N);
       if (n.layer && n.layer->backward_reads_output()) end = std::max(end, 2 * N - i);
