@@ -4,6 +4,7 @@
 // Counter "img_per_s"; label: model, precision, batch, input.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,39 @@ void train_step(benchmark::State& state, Config cfg, dfp::Precision precision, i
   state.SetLabel(dfp::bench::case_label(cfg, precision));
 }
 
+// INT16 against FP32 with their steps interleaved (one of each per iteration, timed apart): both
+// see the same machine state, so their ratio holds on a shared machine whose speed drifts between
+// separate measurements (here by up to 17% from one minute to the next). Counters: each
+// precision's images/s and int16_over_fp32, their ratio.
+void train_ratio(benchmark::State& state, Config cfg, int threads) {
+  using clock = std::chrono::steady_clock;
+  dfp::ContextOptions o;
+  o.threads = threads;
+  dfp::Context ctx(o);
+  const dfp::bench::TrainBatch batch(cfg);
+  dfp::bench::TrainRun fp32(ctx, cfg, dfp::Precision::fp32), int16(ctx, cfg, dfp::Precision::int16);
+  for (int i = 0; i < 2; ++i) {
+    fp32.step(batch, cfg.batch);
+    int16.step(batch, cfg.batch);
+  }
+  double t_fp32 = 0, t_int16 = 0;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    fp32.step(batch, cfg.batch);
+    const auto t1 = clock::now();
+    int16.step(batch, cfg.batch);
+    const auto t2 = clock::now();
+    t_fp32 += std::chrono::duration<double>(t1 - t0).count();
+    t_int16 += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double steps = double(state.iterations());
+  state.counters["fp32_img_per_s"] = steps * cfg.batch / t_fp32;
+  state.counters["int16_img_per_s"] = steps * cfg.batch / t_int16;
+  state.counters["int16_over_fp32"] = t_fp32 / t_int16;
+  state.SetLabel(std::string(cfg.model) + " int16:fp32 b" + std::to_string(cfg.batch) + " " + std::to_string(cfg.c) +
+                 "x" + std::to_string(cfg.h) + "x" + std::to_string(cfg.w));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,6 +81,14 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime()
             ->MinTime(2.0);
+  for (const Config& c : {configs[0], configs[2]})
+    benchmark::RegisterBenchmark(("train_ratio/" + std::string(c.model) + "_" + std::to_string(c.c) + "x" +
+                                  std::to_string(c.h) + "/int16:fp32/threads:2")
+                                     .c_str(),
+                                 train_ratio, c, 2)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->MinTime(8.0);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -508,8 +508,11 @@ struct Model::Impl {
     have_training_forward = false;
     const TensorShape& is = nodes[0].shape;
     const size_t per_image = is.blocked_elements() / size_t(batch);
-    std::memcpy(nodes[0].act, images, per_image * count * sizeof(float));
-    std::memset(nodes[0].act + per_image * count, 0, per_image * (batch - count) * sizeof(float));
+    const size_t given = per_image * count;  // the rest of the planned batch: zeros
+    model::for_chunks(ctx, per_image * batch, [&](size_t b, size_t e) {
+      if (b < given) std::memcpy(nodes[0].act + b, images + b, (std::min(e, given) - b) * sizeof(float));
+      if (e > given) std::memset(nodes[0].act + std::max(b, given), 0, (e - std::max(b, given)) * sizeof(float));
+    });
     model::StepInfo st{count, train, step, train && sample_step()};
     for (size_t i = 1; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
