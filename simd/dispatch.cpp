@@ -17,8 +17,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.relu_bwd = {&ref::relu_bwd, "relu_bwd_f32__ref"};
   t.add = {&ref::add, "add_f32__ref"};
   t.bn_scale_shift = {&ref::bn_scale_shift, "bn_scale_shift_f32__ref"};
-  t.bn_sum_min_max = {&ref::bn_sum_min_max, "bn_sum_min_max_f32__ref"};
-  t.bn_sq_dev = {&ref::bn_sq_dev, "bn_sq_dev_f32__ref"};
+  t.bn_moments = {&ref::bn_moments, "bn_moments_f32__ref"};
   t.bn_bwd_sums_s16 = {&ref::bn_bwd_sums_s16, "bn_bwd_sums_s16__ref"};
   t.bn_bwd_sums_f32 = {&ref::bn_bwd_sums_f32, "bn_bwd_sums_f32__ref"};
   t.bn_bwd_apply_s16 = {&ref::bn_bwd_apply_s16, "bn_bwd_apply_s16__ref"};
@@ -41,8 +40,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
     t.relu_bwd = {&avx512::relu_bwd, "relu_bwd_f32__avx512"};
     t.add = {&avx512::add, "add_f32__avx512"};
     t.bn_scale_shift = {&avx512::bn_scale_shift, "bn_scale_shift_f32__avx512"};
-    t.bn_sum_min_max = {&avx512::bn_sum_min_max, "bn_sum_min_max_f32__avx512"};
-    t.bn_sq_dev = {&avx512::bn_sq_dev, "bn_sq_dev_f32__avx512"};
+    t.bn_moments = {&avx512::bn_moments, "bn_moments_f32__avx512"};
     t.bn_bwd_sums_s16 = {&avx512::bn_bwd_sums_s16, "bn_bwd_sums_s16__avx512"};
     t.bn_bwd_sums_f32 = {&avx512::bn_bwd_sums_f32, "bn_bwd_sums_f32__avx512"};
     t.bn_bwd_apply_s16 = {&avx512::bn_bwd_apply_s16, "bn_bwd_apply_s16__avx512"};

@@ -209,9 +209,13 @@ using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);     
 // multiply-add, so the kernels are bit-identical to the references. Sums accumulate into the
 // caller's running FP32 lanes (the caller bounds the run length and adds runs into FP64).
 using BnScaleShiftFn = void (*)(const float* x, float* y, const float* a, const float* b, size_t pixels);  // y = x*a + b
-// sum += x; min = min(min, x); max = max(max, x) (NaN never wins)
-using BnSumMinMaxFn = void (*)(const float* x, size_t pixels, float* sum, float* min, float* max);
-using BnSqDevFn = void (*)(const float* x, const float* mean, size_t pixels, float* sq);  // sq += (x - mean)^2
+// Moments of one run of pixels, one pass over memory (the caller keeps the run short enough for
+// L1, where the second pass finds it): centre = (sum of x) / pixels, dev = sum(x - centre),
+// sq = sum((x - centre)^2) (all overwritten); min = min(min, x), max = max(max, x) (carried, NaN
+// never wins). The run's mean is centre + dev / pixels and its sum of squared deviations
+// sq - dev^2 / pixels, to be combined across runs in FP64 (Chan et al.): no cancellation.
+using BnMomentsFn = void (*)(const float* x, size_t pixels, float* centre, float* dev, float* sq, float* min,
+                             float* max);
 // Backward, with xhat = (x * x_scale - mean) * inv (x the saved input: DFP16 integers with
 // x_scale = 2^e, or FP32 with x_scale = 1):
 //   sums:  sdy += dy;  sdyx += dy * (x * x_scale - mean) * inv
@@ -261,8 +265,7 @@ struct KernelTable {
   Entry<ReluBwdFn> relu_bwd;
   Entry<AddFn> add;
   Entry<BnScaleShiftFn> bn_scale_shift;
-  Entry<BnSumMinMaxFn> bn_sum_min_max;
-  Entry<BnSqDevFn> bn_sq_dev;
+  Entry<BnMomentsFn> bn_moments;
   Entry<BnBwdSumsS16Fn> bn_bwd_sums_s16;
   Entry<BnBwdSumsF32Fn> bn_bwd_sums_f32;
   Entry<BnBwdApplyS16Fn> bn_bwd_apply_s16;
@@ -293,8 +296,7 @@ Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
 Signature<BnScaleShiftFn> bn_scale_shift;
-Signature<BnSumMinMaxFn> bn_sum_min_max;
-Signature<BnSqDevFn> bn_sq_dev;
+Signature<BnMomentsFn> bn_moments;
 Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
 Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
 Signature<BnBwdApplyS16Fn> bn_bwd_apply_s16;
@@ -314,8 +316,7 @@ Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
 Signature<BnScaleShiftFn> bn_scale_shift;
-Signature<BnSumMinMaxFn> bn_sum_min_max;
-Signature<BnSqDevFn> bn_sq_dev;
+Signature<BnMomentsFn> bn_moments;
 Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
 Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
 Signature<BnBwdApplyS16Fn> bn_bwd_apply_s16;

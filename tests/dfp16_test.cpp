@@ -392,10 +392,10 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
     simd::ref::bn_scale_shift(x.data(), y0.data(), a.data(), b.data(), px);
     k.bn_scale_shift.fn(x.data(), y1.data(), a.data(), b.data(), px);
     ASSERT_TRUE(same(y0, y1)) << "scale_shift " << px;
-    std::vector<float> s0 = lanes(13), l0(16, -0.5f), m0(16, 0.5f), s1 = s0, l1 = l0, m1 = m0;
-    simd::ref::bn_sum_min_max(x.data(), px, s0.data(), l0.data(), m0.data());
-    k.bn_sum_min_max.fn(x.data(), px, s1.data(), l1.data(), m1.data());
-    ASSERT_TRUE(same(s0, s1) && same(l0, l1) && same(m0, m1)) << "sum_min_max " << px;
+    std::vector<float> c0(16), d0(16), q0(16), l0(16, -0.5f), m0(16, 0.5f), c1 = c0, d1 = d0, q1 = q0, l1 = l0, m1 = m0;
+    simd::ref::bn_moments(x.data(), px, c0.data(), d0.data(), q0.data(), l0.data(), m0.data());
+    k.bn_moments.fn(x.data(), px, c1.data(), d1.data(), q1.data(), l1.data(), m1.data());
+    ASSERT_TRUE(same(c0, c1) && same(d0, d1) && same(q0, q1) && same(l0, l1) && same(m0, m1)) << "moments " << px;
     for (int l = 0; l < 16; ++l) {
       ASSERT_FALSE(std::isnan(l0[l]) || std::isnan(m0[l]));
       float lo = -0.5f, hi = 0.5f;  // the lane's own extremes, NaN skipped
@@ -404,10 +404,18 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
       ASSERT_EQ(l0[l], lo);
       ASSERT_EQ(m0[l], hi);
     }
-    std::vector<float> q0 = lanes(14), q1 = q0;
-    simd::ref::bn_sq_dev(dy.data(), mean.data(), px, q0.data());
-    k.bn_sq_dev.fn(dy.data(), mean.data(), px, q1.data());
-    ASSERT_TRUE(same(q0, q1)) << "sq_dev " << px;
+    // Far from zero (mean 1000, spread 1), the run's mean and squared deviations still come out
+    // to FP32 accuracy against FP64, with no cancellation (FP32 E[x^2] - E[x]^2 would lose all).
+    std::vector<float> far = test::random_vec(n, 17, 999.f, 1001.f);
+    k.bn_moments.fn(far.data(), px, c1.data(), d1.data(), q1.data(), l1.data(), m1.data());
+    for (int l = 0; l < 16; ++l) {
+      double mean = 0, m2 = 0;
+      for (size_t i = 0; i < px; ++i) mean += far[i * 16 + l];
+      mean /= double(px);
+      for (size_t i = 0; i < px; ++i) m2 += (far[i * 16 + l] - mean) * (far[i * 16 + l] - mean);
+      EXPECT_NEAR(double(c1[l]) + double(d1[l]) / double(px), mean, 1e-4) << px;
+      EXPECT_NEAR(double(q1[l]) - double(d1[l]) * d1[l] / double(px), m2, 1e-5 * std::max(1.0, m2)) << px;
+    }
     std::vector<uint16_t> relu_mask(px);
     for (size_t i = 0; i < px; ++i) relu_mask[i] = uint16_t(i * 0x9E37u + 0x1234u);
     for (const uint16_t* mk : {static_cast<const uint16_t*>(nullptr), static_cast<const uint16_t*>(relu_mask.data())})

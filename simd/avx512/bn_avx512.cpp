@@ -56,27 +56,26 @@ void bn_scale_shift(const float* x, float* y, const float* a, const float* b, si
     _mm512_storeu_ps(y + i * 16, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i * 16), va), vb));
 }
 
-void bn_sum_min_max(const float* x, size_t pixels, float* sum, float* min, float* max) {
-  __m512 s = _mm512_loadu_ps(sum), lo = _mm512_loadu_ps(min), hi = _mm512_loadu_ps(max);
+void bn_moments(const float* x, size_t pixels, float* centre, float* dev, float* sq, float* min, float* max) {
+  __m512 s = _mm512_setzero_ps(), lo = _mm512_loadu_ps(min), hi = _mm512_loadu_ps(max);
   for (size_t i = 0; i < pixels; ++i) {
     const __m512 v = _mm512_loadu_ps(x + i * 16);
     s = _mm512_add_ps(s, v);
     lo = _mm512_min_ps(v, lo);  // minps/maxps return their second operand when either is NaN
     hi = _mm512_max_ps(v, hi);
   }
-  _mm512_storeu_ps(sum, s);
+  const __m512 c = _mm512_div_ps(s, _mm512_set1_ps(static_cast<float>(pixels)));
+  __m512 d = _mm512_setzero_ps(), q = _mm512_setzero_ps();
+  for (size_t i = 0; i < pixels; ++i) {
+    const __m512 t = _mm512_sub_ps(_mm512_loadu_ps(x + i * 16), c);
+    d = _mm512_add_ps(d, t);
+    q = _mm512_add_ps(q, _mm512_mul_ps(t, t));
+  }
+  _mm512_storeu_ps(centre, c);
+  _mm512_storeu_ps(dev, d);
+  _mm512_storeu_ps(sq, q);
   _mm512_storeu_ps(min, lo);
   _mm512_storeu_ps(max, hi);
-}
-
-void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq) {
-  const __m512 mu = _mm512_loadu_ps(mean);
-  __m512 s = _mm512_loadu_ps(sq);
-  for (size_t i = 0; i < pixels; ++i) {
-    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i * 16), mu);
-    s = _mm512_add_ps(s, _mm512_mul_ps(d, d));
-  }
-  _mm512_storeu_ps(sq, s);
 }
 
 void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,

@@ -45,22 +45,26 @@ void bn_scale_shift(const float* x, float* y, const float* a, const float* b, si
     for (int l = 0; l < 16; ++l) y[i * 16 + l] = x[i * 16 + l] * a[l] + b[l];
 }
 
-void bn_sum_min_max(const float* x, size_t pixels, float* sum, float* min, float* max) {
-  for (size_t i = 0; i < pixels; ++i)
-    for (int l = 0; l < 16; ++l) {
+void bn_moments(const float* x, size_t pixels, float* centre, float* dev, float* sq, float* min, float* max) {
+  for (int l = 0; l < 16; ++l) {
+    float s = 0.f;
+    for (size_t i = 0; i < pixels; ++i) {
       const float v = x[i * 16 + l];
-      sum[l] += v;
+      s += v;
       min[l] = v < min[l] ? v : min[l];  // NaN never wins
       max[l] = v > max[l] ? v : max[l];
     }
-}
-
-void bn_sq_dev(const float* x, const float* mean, size_t pixels, float* sq) {
-  for (size_t i = 0; i < pixels; ++i)
-    for (int l = 0; l < 16; ++l) {
-      const float d = x[i * 16 + l] - mean[l];
-      sq[l] += d * d;
+    const float c = s / static_cast<float>(pixels);
+    float d = 0.f, q = 0.f;
+    for (size_t i = 0; i < pixels; ++i) {
+      const float t = x[i * 16 + l] - c;
+      d += t;
+      q += t * t;
     }
+    centre[l] = c;
+    dev[l] = d;
+    sq[l] = q;
+  }
 }
 
 void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,

@@ -563,6 +563,7 @@ class BatchNorm final : public Layer {
     k3_.assign(cp, 0.f);
     part_a_.assign(size_t(cb_of(s_)) * slices_ * 16, 0.0);
     part_b_.assign(part_a_.size(), 0.0);
+    part_n_.assign(size_t(cb_of(s_)) * slices_, 0.0);
     part_min_.assign(part_a_.size(), 0.f);
     part_max_.assign(part_a_.size(), 0.f);
     fa_.assign(cp, 0.f);
@@ -605,33 +606,24 @@ class BatchNorm final : public Layer {
     const bool save_q = st.train && xq_.size() > 0;
     if (st.train) {
       const double m = double(s_.n) * hw;
-      // Pass 1: sums and max|x|.
-      const float* xs = x[0];
-      const auto sum_min_max = ctx.kernels().bn_sum_min_max.fn;  // NaN never wins (training stops on NaN logits)
-      reduce(ctx, [&](int, size_t e, size_t np, float* sum, float*, float* lo, float* hi) {
-        sum_min_max(xs + e, np, sum, lo, hi);
-      });
-      for (int c = 0; c < CB * 16; ++c) mean_[c] = static_cast<float>(total(part_a_, c) / m);
+      // One pass: each channel's mean, sum of squared deviations and extremes, and max|x|.
+      moments(ctx, x[0]);
       float mx = 0.f;  // max|x|
-      for (int c = 0; c < CB * 16; ++c) {  // each channel's extremes over the slices
+      for (int c = 0; c < CB * 16; ++c) {  // combined over the slices, in slice order
+        double mean = 0, m2 = 0, count = 0;
         lo_[c] = std::numeric_limits<float>::infinity();
         hi_[c] = -lo_[c];
         for (int sl = 0; sl < slices_; ++sl) {
-          const size_t i = (size_t(c / 16) * slices_ + sl) * 16 + c % 16;
+          const size_t t = size_t(c / 16) * slices_ + sl, i = t * 16 + c % 16;
+          combine_moments(mean, m2, count, part_a_[i], part_b_[i], part_n_[t]);
+          count += part_n_[t];
           lo_[c] = part_min_[i] < lo_[c] ? part_min_[i] : lo_[c];
           hi_[c] = part_max_[i] > hi_[c] ? part_max_[i] : hi_[c];
         }
         mx = hi_[c] > mx ? hi_[c] : mx;
         mx = -lo_[c] > mx ? -lo_[c] : mx;
-      }
-      // Pass 2: two-pass variance (no cancellation).
-      const float* mean = mean_.data();
-      const auto sq_dev = ctx.kernels().bn_sq_dev.fn;
-      reduce(ctx, [&](int blk, size_t e, size_t np, float* sq, float*, float*, float*) {
-        sq_dev(xs + e, mean + blk * 16, np, sq);
-      });
-      for (int c = 0; c < CB * 16; ++c) {
-        const double var = total(part_a_, c) / m;
+        const double var = m2 / m;
+        mean_[c] = static_cast<float>(mean);
         invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + kEps));
         if (c < s_.c) {  // PyTorch: running var uses the unbiased estimate
           running_mean_[c] = (1 - kMomentum) * running_mean_[c] + kMomentum * mean_[c];
@@ -715,6 +707,50 @@ class BatchNorm final : public Layer {
     BatchNorm& bn = *static_cast<BatchNorm*>(self);
     const size_t off = (size_t(n) * cb_of(bn.s_) + b) * plane(bn.s_) + (size_t(h) * bn.s_.w + w0) * 16;
     bn.normalize(off, b, size_t(count), out);
+  }
+
+  // Per (channel block, batch slice) task: runs of at most kRun pixels of each plane through
+  // bn_moments (one pass over memory), combined in FP64 in run order: part_a_ the mean and part_b_
+  // the sum of squared deviations per lane over part_n_ values, part_min_ and part_max_ the extremes.
+  void moments(const Context& ctx, const float* x) {
+    std::fill(part_min_.begin(), part_min_.end(), std::numeric_limits<float>::infinity());
+    std::fill(part_max_.begin(), part_max_.end(), -std::numeric_limits<float>::infinity());
+    const int S = slices_, CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    const auto run_moments = ctx.kernels().bn_moments.fn;
+    ctx.parallel_for(int64_t(CB) * S, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int blk = int(t / S), sl = int(t % S);
+        double* A = part_a_.data() + size_t(t) * 16;
+        double* B = part_b_.data() + size_t(t) * 16;
+        std::fill(A, A + 16, 0.0);
+        std::fill(B, B + 16, 0.0);
+        double count = 0;
+        for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
+          const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          for (size_t i0 = 0; i0 < hw; i0 += kRun) {
+            const size_t np = std::min(hw, i0 + kRun) - i0;
+            alignas(64) float c[16], d[16], q[16];
+            run_moments(x + off + i0 * 16, np, c, d, q, part_min_.data() + size_t(t) * 16,
+                        part_max_.data() + size_t(t) * 16);
+            const double r = double(np);
+            for (int l = 0; l < 16; ++l) {
+              const double dev = d[l];  // the run's mean and squared deviations about it
+              combine_moments(A[l], B[l], count, double(c[l]) + dev / r, std::max(0.0, double(q[l]) - dev * dev / r), r);
+            }
+            count += r;
+          }
+        }
+        part_n_[size_t(t)] = count;
+      }
+    });
+  }
+  // Adds a part of `count_b` values with mean mean_b and sum of squared deviations m2_b to one of
+  // `count` values (Chan, Golub and LeVeque's pairwise update).
+  static void combine_moments(double& mean, double& m2, double count, double mean_b, double m2_b, double count_b) {
+    const double total = count + count_b, delta = mean_b - mean;
+    mean += delta * (count_b / total);
+    m2 += m2_b + delta * delta * (count * count_b / total);
   }
 
   // Calls run(blk, first element, pixels, a[16], b[16], min[16], max[16]) over runs of at most
@@ -807,6 +843,7 @@ class BatchNorm final : public Layer {
   std::vector<float> k1_, k2_, k3_;  // backward's per-channel coefficients
   int slices_ = 1;
   std::vector<double> part_a_, part_b_;  // per (channel block, slice, lane)
+  std::vector<double> part_n_;           // forward: values per (channel block, slice)
   std::vector<float> part_min_, part_max_;
   std::vector<float> fa_, fb_;           // forward: y = x * fa_ + fb_ per channel
   std::vector<float> lo_, hi_;           // forward (training): each channel's min and max of x
