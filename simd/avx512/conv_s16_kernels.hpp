@@ -7,11 +7,11 @@
 // Everything here has internal linkage: the two translation units are compiled with different
 // ISA flags, and a shared inline symbol could let the linker keep the VNNI copy for the BW path.
 //
-// Register budget (32 ZMM): up to 28 accumulators + 2 weight registers (pixel kernel), or 16
-// accumulators + 1 activation register (pair kernel). GCC 12 adds register copies around the
-// _mm512_dpwssd_epi32 intrinsic once many accumulators are live (see peers.md), so the VNNI step
-// is inline asm with the accumulator tied in place and the activation pair as an embedded
-// broadcast memory operand: one instruction, no copies.
+// Register budget (32 ZMM): up to 28 accumulators + 2 weight registers (pixel kernel), or up to
+// 22 accumulators (16 rows, or fewer rows in sets) + 1 activation register (pair kernel). GCC 12
+// adds register copies around the _mm512_dpwssd_epi32 intrinsic once many accumulators are live
+// (see peers.md), so the VNNI step is inline asm with the accumulator tied in place and the
+// activation pair as an embedded broadcast memory operand: one instruction, no copies.
 #pragma once
 
 #include <immintrin.h>
@@ -157,28 +157,44 @@ void pixel_entry(const PixelKernelArgs& a) {
 
 template <class Dot, int NK>
 void pair_kernel(const PairKernelArgs& a) {
-  __m512i acc[NK];
+  // Few rows leave too few independent VPDPWSSD chains to hide its latency (12 or more needed, see
+  // peers.md; ResNet stems' weight gradients run 9 and 5 rows): consecutive positions then rotate
+  // over SETS accumulator sets, added together at each flush. The INT32 sums are exact, so the
+  // flushed values, and the flush points, are those of one set.
+  constexpr int SETS = NK <= 4 ? 3 : NK <= 11 ? 2 : 1;
+  __m512i acc[SETS][NK];
+#pragma GCC unroll 3
+  for (int s = 0; s < SETS; ++s)
 #pragma GCC unroll 16
-  for (int k = 0; k < NK; ++k) acc[k] = _mm512_setzero_si512();
+    for (int k = 0; k < NK; ++k) acc[s][k] = _mm512_setzero_si512();
   const __m512 scale = _mm512_set1_ps(a.scale);
   auto flush = [&]() __attribute__((always_inline)) {
 #pragma GCC unroll 16
     for (int k = 0; k < NK; ++k) {
+      __m512i sum = acc[0][k];
+#pragma GCC unroll 3
+      for (int s = 1; s < SETS; ++s) sum = _mm512_add_epi32(sum, acc[s][k]);
       float* d = a.dw + k * a.dw_k;
-      _mm512_storeu_ps(d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[k]), scale, _mm512_loadu_ps(d)));
-      acc[k] = _mm512_setzero_si512();
+      _mm512_storeu_ps(d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, _mm512_loadu_ps(d)));
+#pragma GCC unroll 3
+      for (int s = 0; s < SETS; ++s) acc[s][k] = _mm512_setzero_si512();
     }
   };
   int pending = 0;
   for (int r = 0; r < a.rows; ++r) {
     const int16_t* xr = a.x + r * a.x_row;
     const int16_t* gr = a.dy + r * a.dy_row;
-    for (int c = 0; c < a.cols; ++c) {
-      const __m512i xv = _mm512_loadu_si512(xr + c * a.x_col);
-      const int16_t* g = gr + c * a.dy_col;
+    for (int c0 = 0; c0 < a.cols; c0 += SETS) {
+#pragma GCC unroll 3
+      for (int s = 0; s < SETS; ++s) {
+        const int c = c0 + s;
+        if (c >= a.cols) break;
+        const __m512i xv = _mm512_loadu_si512(xr + c * a.x_col);
+        const int16_t* g = gr + c * a.dy_col;
 #pragma GCC unroll 16
-      for (int k = 0; k < NK; ++k) Dot::step(acc[k], xv, g + 2 * k);
-      if (++pending == a.chain) { flush(); pending = 0; }
+        for (int k = 0; k < NK; ++k) Dot::step(acc[s][k], xv, g + 2 * k);
+        if (++pending == a.chain) { flush(); pending = 0; }
+      }
     }
   }
   if (pending > 0) flush();
