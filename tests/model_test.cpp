@@ -563,12 +563,14 @@ std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
          auto s2 = m.add(s1, m.batchnorm(m.conv(s1, 4, 3, 1, 1, false, "c3"), "bn3"), "add2");  // shares
          auto s3 = m.add(s2, f, "add3");  // shares
          auto s4 = m.add(e, s3, "add4");  // shares; add3, its higher input, then copies
+         s4 = m.add(s4, s4, "add5");      // one consumer, two parts
          m.softmax_cross_entropy(m.linear(m.global_avgpool(m.relu(s4, "r"), "gap"), 3, true, "fc"));
        }},
       {"bn-into-add",  // BatchNorms feeding an add as spans, computed there from their inputs
        [](Model& m) {
          auto x = m.input(3, 6, 6);
-         auto a = m.conv(x, 4, 3, 1, 1, false, "c1");
+         // A BatchNorm without a ReLU feeding an INT16 conv (16 channels: not unfolded) as spans.
+         auto a = m.conv(m.batchnorm(m.conv(x, 16, 3, 1, 1, false, "c0"), "bn0"), 4, 3, 1, 1, false, "c1");
          auto b = m.batchnorm(a, "bn1");              // not in place: a is read again, by c2
          auto d = m.relu(m.conv(a, 4, 3, 1, 1, false, "c2"), "r2");  // a's last plain reader
          auto e = m.conv(d, 4, 3, 1, 1, false, "c3");  // may take a's bytes but for the spans
@@ -647,6 +649,24 @@ TEST(Fusion, BatchNormReluGivesTheSameBitsAsTwoLayers) {
   for (const LayerSpec& s : m.graph())
     if (s.fused) fused.push_back(s.name);
   EXPECT_EQ(fused, (std::vector<std::string>{"r2", "r4"}));
+}
+
+// A layer may read one tensor twice (add(x, x): two parts of x's gradient, summed) if it is that
+// tensor's last reader; otherwise both parts would need x's one spare buffer, and build() says so.
+TEST(Memory, LayerReadingATensorTwiceMustBeItsLastReader) {
+  Model m(ctx2(), "twice");
+  auto x = m.input(3, 4, 4);
+  auto a = m.conv(x, 4, 3, 1, 1, false, "c1");
+  auto d = m.add(a, a, "double");
+  m.softmax_cross_entropy(m.linear(m.global_avgpool(m.add(d, a, "late"), "gap"), 3, true, "fc"));
+  try {
+    m.build(2, PrecisionPolicy{});
+    FAIL() << "build() accepted a layer reading a tensor twice before another reader";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::unsupported);
+    EXPECT_NE(std::string(e.what()).find("'double' reads 'c1' twice"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'late'"), std::string::npos) << e.what();
+  }
 }
 
 // Which layers take an input as spans from the BatchNorm before them: with fusion, every ResNet-20

@@ -296,6 +296,21 @@ struct Model::Impl {
           }
         }
       }
+    for (size_t c = 1; c < nodes.size(); ++c)  // add(x, x): both parts of x's gradient need x's one spare buffer
+      for (size_t k = 1; k < nodes[c].inputs.size(); ++k) {
+        const int i = nodes[c].inputs[k];
+        if (i == 0 || std::find(nodes[c].inputs.begin(), nodes[c].inputs.begin() + k, i) == nodes[c].inputs.begin() + k)
+          continue;
+        DFP_CHECK(std::count(nodes[c].inputs.begin(), nodes[c].inputs.end(), i) == 2, Status::unsupported,
+                  "model '" + name + "': layer '" + nodes[c].spec.name + "' reads '" + nodes[i].spec.name +
+                      "' more than twice");
+        for (size_t r = c + 1; r < nodes.size(); ++r)
+          DFP_CHECK(std::find(nodes[r].inputs.begin(), nodes[r].inputs.end(), i) == nodes[r].inputs.end(),
+                    Status::unsupported,
+                    "model '" + name + "': layer '" + nodes[c].spec.name + "' reads '" + nodes[i].spec.name +
+                        "' twice, and the later layer '" + nodes[r].spec.name +
+                        "' reads it too; a layer that reads a tensor twice must be its last reader");
+      }
     const TensorShape& ls = nodes[loss_node].shape;
     labels.assign(b, 0);
     probs = AlignedBuffer<float>(size_t(b) * ls.c);
@@ -382,10 +397,11 @@ struct Model::Impl {
       naive += bytes_of(n.elements);
       // Consumers after the first write their part into acc, to be summed, unless each of them
       // adds it to the gradient itself: always at one scale, so without adaptive loss scaling.
+      // (A consumer reading the node twice, add(x, x), writes a second part of its own.)
       bool summed_in_place = !adaptive;
       for (auto [j, k] : readers[i])
-        summed_in_place = summed_in_place && (j == cons[0] || (nodes[j].layer->accumulates_input_grad(k) && k < 32 &&
-                                                               std::count(cons.begin(), cons.end(), j) == 1));
+        summed_in_place = summed_in_place && std::count(cons.begin(), cons.end(), j) == 1 &&
+                          (j == cons[0] || (k < 32 && nodes[j].layer->accumulates_input_grad(k)));
       n.acc = nullptr;
       if (n.consumers > 1 && !summed_in_place) {
         lt.push_back({bytes_of(n.elements), 2 * N - cons[1], 2 * N - cons.back(), &n.acc});
@@ -640,6 +656,8 @@ struct Model::Impl {
         NodeInfo& in = nodes[n.inputs[k]];
         // Only what the layer declared is still planned to hold the forward values.
         xs.push_back(n.layer->backward_reads_input(k) ? in.act : nullptr);
+        // A second slot of the same node in this layer (add(x, x)) is a second part too.
+        const bool again = std::find(n.inputs.begin(), n.inputs.begin() + k, n.inputs[k]) != n.inputs.begin() + k;
         if (n.inputs[k] == 0) {
           dxs.push_back(nullptr);  // no gradient for the data
         } else if (k < 32 && in.grad_written && in.grad_scale == n.grad_scale && n.layer->accumulates_input_grad(k) &&
@@ -648,9 +666,10 @@ struct Model::Impl {
           dxs.push_back(in.grad);
           stb.accumulate_dx |= uint32_t{1} << k;
         } else {
-          DFP_CHECK(!in.grad_written || in.acc, Status::internal,
+          const bool second = in.grad_written || again;
+          DFP_CHECK(!second || in.acc, Status::internal,
                     "model '" + name + "': no buffer planned for a second part of the gradient of '" + in.spec.name + "'");
-          dxs.push_back(in.grad_written ? in.acc : in.grad);
+          dxs.push_back(second ? in.acc : in.grad);
           if (dxs.back() != n.grad) poison_fresh(dxs.back(), in.elements);  // not in place
         }
       }
