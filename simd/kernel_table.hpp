@@ -202,6 +202,12 @@ struct PairKernelArgs {
 using ReluFwdFn = float (*)(const float* x, float* y, uint16_t* mask, size_t n);  // y = x > 0 ? x : 0
 using ReluBwdFn = void (*)(const uint16_t* mask, const float* dy, float* dx, size_t n);  // dx = bit ? dy : 0
 using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);        // y = a + b
+// Channel-shifted pixel copy (the zero-padding shortcut's both passes): for p < pixels and lane l,
+//   out[p * out_step * 16 + l] = keep bit l ? v : 0,  v = l + shift < 16 ? a[p * in_step * 16 + l + shift]
+//                                                                      : b[p * in_step * 16 + l + shift - 16]
+// where a and b are pixel rows of two consecutive 16-channel blocks (null: zeros), 0 <= shift < 16.
+using ShiftLanesFn = void (*)(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step,
+                              size_t pixels, uint16_t keep);
 
 // ---- BatchNorm over blocked pixels ---------------------------------------------------------------
 // A pixel is 16 channels (one zmm); per-channel operands (a, b, mean, ...) are 16-lane arrays.
@@ -264,6 +270,7 @@ struct KernelTable {
   Entry<ReluFwdFn> relu_fwd;
   Entry<ReluBwdFn> relu_bwd;
   Entry<AddFn> add;
+  Entry<ShiftLanesFn> shift_lanes;
   Entry<BnScaleShiftFn> bn_scale_shift;
   Entry<BnMomentsFn> bn_moments;
   Entry<BnBwdSumsS16Fn> bn_bwd_sums_s16;
@@ -295,6 +302,7 @@ Signature<PairKernelFn> conv_s16_pair;
 Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
+Signature<ShiftLanesFn> shift_lanes;
 Signature<BnScaleShiftFn> bn_scale_shift;
 Signature<BnMomentsFn> bn_moments;
 Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
@@ -315,6 +323,7 @@ Signature<PairKernelFn> conv_s16_pair_bw;
 Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
+Signature<ShiftLanesFn> shift_lanes;
 Signature<BnScaleShiftFn> bn_scale_shift;
 Signature<BnMomentsFn> bn_moments;
 Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;

@@ -371,6 +371,38 @@ TEST_P(Dfp16Isa, ElementwiseBitIdenticalToReference) {
   }
 }
 
+// shift_lanes (the zero-padding shortcut) matches its scalar twin bit for bit and picks lane l + shift
+// of the two blocks, for every shift, absent blocks, kept lanes, and pixel steps in and out.
+TEST_P(Dfp16Isa, ShiftLanesBitIdenticalToReference) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const size_t px = 5;
+  std::vector<float> a = test::random_vec(px * 2 * 16, 21, -1.f, 1.f), b = test::random_vec(px * 2 * 16, 22, -1.f, 1.f);
+  a[3] = -0.f;
+  b[7] = std::numeric_limits<float>::quiet_NaN();
+  for (int shift = 0; shift < 16; ++shift)
+    for (int which = 0; which < 4; ++which)  // both blocks, a only, b only, none
+      for (uint16_t keep : {uint16_t(0xFFFF), uint16_t(0x0FF0), uint16_t(0x8001)})
+        for (size_t in_step : {size_t(1), size_t(2)})
+          for (size_t out_step : {size_t(1), size_t(2)}) {
+            const float* pa = which == 0 || which == 1 ? a.data() : nullptr;
+            const float* pb = which == 0 || which == 2 ? b.data() : nullptr;
+            std::vector<float> r0(px * out_step * 16, 7.f), r1 = r0;
+            simd::ref::shift_lanes(pa, pb, shift, in_step, r0.data(), out_step, px, keep);
+            c.kernels().shift_lanes.fn(pa, pb, shift, in_step, r1.data(), out_step, px, keep);
+            ASSERT_EQ(0, std::memcmp(r0.data(), r1.data(), r0.size() * sizeof(float))) << shift << " " << which;
+            for (size_t p = 0; p < px; ++p)
+              for (int l = 0; l < 16; ++l) {
+                const int j = l + shift;
+                const float* src = j < 16 ? pa : pb;
+                const float want = (keep >> l & 1) && src ? src[p * in_step * 16 + j % 16] : 0.f;
+                const float got = r0[p * out_step * 16 + l];
+                ASSERT_EQ(0, std::memcmp(&want, &got, sizeof want)) << shift << " " << p << " " << l;
+                if (out_step == 2) ASSERT_EQ(r0[(p * 2 + 1) * 16 + l], 7.f);  // skipped pixels untouched
+              }
+          }
+}
+
 // The BatchNorm kernels match their scalar twins bit for bit (no fused multiply-add on either
 // side), sums continuing from non-zero lanes, the max ignoring NaN.
 TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {

@@ -24,4 +24,13 @@ void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n) {
 void add(const float* a, const float* b, float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
+void shift_lanes(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step, size_t pixels,
+                 uint16_t keep) {
+  for (size_t p = 0; p < pixels; ++p)
+    for (int l = 0; l < 16; ++l) {
+      const int j = l + shift;
+      const float* src = j < 16 ? a : b;
+      out[p * out_step * 16 + l] = (keep >> l & 1) && src ? src[p * in_step * 16 + j % 16] : 0.f;
+    }
+}
 }  // namespace dfp::simd::ref
