@@ -664,25 +664,28 @@ struct ConvInt16::Impl {
     std::atomic<uint64_t> saturated{0}, nonfinite{0};
     std::atomic<int32_t> max_q{0};
     const size_t row_len = size_t(w) * 16;
-    // Row r = (image * B + block) * h + y of src into dst, with its share of the zero border (dst
-    // is workspace that other operators wrote in between).
-    auto quant_row = [&](int64_t r, simd::QuantCounters& cnt) {
-      const int64_t img_blk = r / h, y = r % h;
-      int16_t* d = dst + ((size_t(img_blk) * hb + y + top) * wb + left) * 16;
-      if (spans)
-        quant_span_row(*spans, static_cast<int>(img_blk / B), static_cast<int>(img_blk % B), static_cast<int>(y), w, d,
-                       e, qo, size_t(r) * row_len, cnt);
-      else if (unfolded_src)
-        quant_unfolded_row(src, static_cast<int>(img_blk / B), static_cast<int>(img_blk % B), static_cast<int>(y), d, e,
-                           qo, size_t(r) * row_len, cnt);
-      else
-        quant(src + size_t(r) * row_len, d, row_len, e, qo.rounding, qo.seed, size_t(r) * row_len, &cnt);
-      int16_t* plane = dst + size_t(img_blk) * hb * wb * 16;
-      if (y == 0) std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
-      if (y == h - 1)
-        std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
-      zero_pixels(d - size_t(left) * 16, left);
-      zero_pixels(d + row_len, wb - left - w);
+    // Plane (image n, block b) of src into dst, row by row, with its zero border (dst is workspace
+    // that other operators wrote in between); each row is then handed to after_row(y). Planes are
+    // the parallel unit: per-row work with a 64-bit division or two per row cost as much as
+    // quantizing a 32-pixel row.
+    auto quant_plane = [&](int n, int b, simd::QuantCounters& cnt, auto&& after_row) {
+      const size_t img_blk = size_t(n) * B + b;
+      int16_t* plane = dst + img_blk * hb * wb * 16;
+      std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
+      for (int y = 0; y < h; ++y) {
+        const size_t r = img_blk * h + y;  // the row's index in src
+        int16_t* d = plane + ((size_t(y) + top) * wb + left) * 16;
+        if (spans)
+          quant_span_row(*spans, n, b, y, w, d, e, qo, r * row_len, cnt);
+        else if (unfolded_src)
+          quant_unfolded_row(src, n, b, y, d, e, qo, r * row_len, cnt);
+        else
+          quant(src + r * row_len, d, row_len, e, qo.rounding, qo.seed, r * row_len, &cnt);
+        zero_pixels(d - size_t(left) * 16, left);
+        zero_pixels(d + row_len, wb - left - w);
+        after_row(y);
+      }
+      std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
     };
     auto count = [&](const simd::QuantCounters& cnt) {
       saturated.fetch_add(cnt.saturated);
@@ -690,25 +693,31 @@ struct ConvInt16::Impl {
       atomic_max(max_q, cnt.max_abs_q);
     };
     if (pair) {
-      // With the batch-pair copy: row y of images 2p and 2p+1 (absent for odd N: zeros) are
-      // quantized and then interleaved while they are still in L1.
-      ctx.parallel_for(int64_t(NP) * B * h, [&](int64_t r0, int64_t r1) {
+      // With the batch-pair copy: plane b of images 2p and 2p+1 (absent for odd N: zeros), each
+      // row interleaved once both images have it, while it is still in L1.
+      ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
         simd::QuantCounters cnt;
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t y = r % h, b = (r / h) % B, p = r / (int64_t(h) * B);
+        for (int64_t t = t0; t < t1; ++t) {
+          const int p = static_cast<int>(t / B), b = static_cast<int>(t % B);
           const bool second = 2 * p + 1 < sh.N;
-          quant_row((2 * p * B + b) * h + y, cnt);
-          if (second) quant_row(((2 * p + 1) * B + b) * h + y, cnt);
-          const int16_t* a = dst + (((size_t(2 * p) * B + b) * hb + y + top) * wb + left) * 16;
-          int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
-          inter(a, second ? a + size_t(B) * hb * wb * 16 : nullptr, d, row_len);
+          auto interleave_row = [&](int y) {
+            const int16_t* a = dst + (((size_t(2 * p) * B + b) * hb + y + top) * wb + left) * 16;
+            int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
+            inter(a, second ? a + size_t(B) * hb * wb * 16 : nullptr, d, row_len);
+          };
+          if (second) {
+            quant_plane(2 * p, b, cnt, [](int) {});
+            quant_plane(2 * p + 1, b, cnt, interleave_row);
+          } else {
+            quant_plane(2 * p, b, cnt, interleave_row);
+          }
         }
         count(cnt);
       });
     } else {
-      ctx.parallel_for(int64_t(sh.N) * B * h, [&](int64_t r0, int64_t r1) {
+      ctx.parallel_for(int64_t(sh.N) * B, [&](int64_t t0, int64_t t1) {
         simd::QuantCounters cnt;
-        for (int64_t r = r0; r < r1; ++r) quant_row(r, cnt);
+        for (int64_t t = t0; t < t1; ++t) quant_plane(static_cast<int>(t / B), static_cast<int>(t % B), cnt, [](int) {});
         count(cnt);
       });
     }
