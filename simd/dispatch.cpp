@@ -16,6 +16,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.relu_fwd = {&ref::relu_fwd, "relu_fwd_f32__ref"};
   t.relu_bwd = {&ref::relu_bwd, "relu_bwd_f32__ref"};
   t.add = {&ref::add, "add_f32__ref"};
+  t.add_relu = {&ref::add_relu, "add_relu_f32__ref"};
   t.shift_lanes = {&ref::shift_lanes, "shift_lanes_f32__ref"};
   t.bn_scale_shift = {&ref::bn_scale_shift, "bn_scale_shift_f32__ref"};
   t.bn_moments = {&ref::bn_moments, "bn_moments_f32__ref"};
@@ -40,6 +41,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
     t.relu_fwd = {&avx512::relu_fwd, "relu_fwd_f32__avx512"};
     t.relu_bwd = {&avx512::relu_bwd, "relu_bwd_f32__avx512"};
     t.add = {&avx512::add, "add_f32__avx512"};
+    t.add_relu = {&avx512::add_relu, "add_relu_f32__avx512"};
     t.shift_lanes = {&avx512::shift_lanes, "shift_lanes_f32__avx512"};
     t.bn_scale_shift = {&avx512::bn_scale_shift, "bn_scale_shift_f32__avx512"};
     t.bn_moments = {&avx512::bn_moments, "bn_moments_f32__avx512"};

@@ -202,6 +202,8 @@ struct PairKernelArgs {
 using ReluFwdFn = float (*)(const float* x, float* y, uint16_t* mask, size_t n);  // y = x > 0 ? x : 0
 using ReluBwdFn = void (*)(const uint16_t* mask, const float* dy, float* dx, size_t n);  // dx = bit ? dy : 0
 using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);        // y = a + b
+// y = relu(a + b) with relu_fwd's mask and max: the bits of add, then relu_fwd on the sum.
+using AddReluFn = float (*)(const float* a, const float* b, float* y, uint16_t* mask, size_t n);
 // Channel-shifted pixel copy (the zero-padding shortcut's both passes): for p < pixels and lane l,
 //   out[p * out_step * 16 + l] = keep bit l ? v : 0,  v = l + shift < 16 ? a[p * in_step * 16 + l + shift]
 //                                                                      : b[p * in_step * 16 + l + shift - 16]
@@ -270,6 +272,7 @@ struct KernelTable {
   Entry<ReluFwdFn> relu_fwd;
   Entry<ReluBwdFn> relu_bwd;
   Entry<AddFn> add;
+  Entry<AddReluFn> add_relu;
   Entry<ShiftLanesFn> shift_lanes;
   Entry<BnScaleShiftFn> bn_scale_shift;
   Entry<BnMomentsFn> bn_moments;
@@ -302,6 +305,7 @@ Signature<PairKernelFn> conv_s16_pair;
 Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
+Signature<AddReluFn> add_relu;
 Signature<ShiftLanesFn> shift_lanes;
 Signature<BnScaleShiftFn> bn_scale_shift;
 Signature<BnMomentsFn> bn_moments;
@@ -323,6 +327,7 @@ Signature<PairKernelFn> conv_s16_pair_bw;
 Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
+Signature<AddReluFn> add_relu;
 Signature<ShiftLanesFn> shift_lanes;
 Signature<BnScaleShiftFn> bn_scale_shift;
 Signature<BnMomentsFn> bn_moments;

@@ -368,6 +368,18 @@ TEST_P(Dfp16Isa, ElementwiseBitIdenticalToReference) {
     simd::ref::add(a.data(), b.data(), r0.data(), n);
     c.kernels().add.fn(a.data(), b.data(), r1.data(), n);
     ASSERT_EQ(0, std::memcmp(r0.data(), r1.data(), n * sizeof(float)));
+    // add_relu: the bits, mask and max of add followed by relu_fwd on the sum.
+    std::vector<float> s0(n), s1(n);
+    std::vector<uint16_t> k0((n + 15) / 16), k1((n + 15) / 16, 0x5555);
+    const float sm0 = simd::ref::relu_fwd(r0.data(), s0.data(), k0.data(), n);
+    const float sm1 = c.kernels().add_relu.fn(a.data(), b.data(), s1.data(), k1.data(), n);
+    ASSERT_EQ(0, std::memcmp(s0.data(), s1.data(), n * sizeof(float)));
+    ASSERT_EQ(k0, k1);
+    ASSERT_EQ(sm0, sm1);
+    std::vector<uint16_t> k2((n + 15) / 16);
+    ASSERT_EQ(sm0, simd::ref::add_relu(a.data(), b.data(), s1.data(), k2.data(), n));
+    ASSERT_EQ(0, std::memcmp(s0.data(), s1.data(), n * sizeof(float)));
+    ASSERT_EQ(k0, k2);
   }
 }
 

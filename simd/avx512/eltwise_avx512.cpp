@@ -24,6 +24,21 @@ float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n) {
   return _mm512_reduce_max_ps(mx);
 }
 
+float add_relu(const float* a, const float* b, float* y, uint16_t* mask, size_t n) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 mx = z;
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail(n - i);
+    const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
+    const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ) & m;  // as relu_fwd
+    const __m512 r = _mm512_maskz_mov_ps(pos, v);
+    _mm512_mask_storeu_ps(y + i, m, r);
+    mx = _mm512_max_ps(mx, r);
+    mask[i / 16] = pos;
+  }
+  return _mm512_reduce_max_ps(mx);
+}
+
 void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n) {
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = tail(n - i);

@@ -18,6 +18,21 @@ float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n) {
   }
   return mx;
 }
+float add_relu(const float* a, const float* b, float* y, uint16_t* mask, size_t n) {
+  float mx = 0.f;
+  for (size_t i = 0; i < n; i += 16) {
+    uint16_t bits = 0;
+    for (size_t j = 0; j < 16 && i + j < n; ++j) {
+      const float s = a[i + j] + b[i + j];
+      const bool pos = s > 0.f;
+      y[i + j] = pos ? s : 0.f;
+      mx = y[i + j] > mx ? y[i + j] : mx;
+      bits |= uint16_t(pos) << j;
+    }
+    mask[i / 16] = bits;
+  }
+  return mx;
+}
 void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n) {
   for (size_t i = 0; i < n; ++i) dx[i] = (mask[i / 16] >> (i % 16)) & 1 ? dy[i] : 0.f;
 }

@@ -1141,15 +1141,15 @@ class Add final : public Layer {
   float output_max_abs() const override { return out_max_; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const auto fn = ctx.kernels().add.fn;
-    const auto relu = ctx.kernels().relu_fwd.fn;
+    const auto add_relu = ctx.kernels().add_relu.fn;  // the bits of add, then the ReLU on the sum
     const float *a = x[0], *c = x[1];
     const size_t n = n_;
     uint16_t* mask = relu_ ? mask_.data() : nullptr;
     std::atomic<float> mx{0.f};
     if (!spans_[0].fn && !spans_[1].fn) {
       for_chunks(ctx, n, [&](size_t b, size_t e) {
-        fn(a + b, c + b, y + b, e - b);
-        if (mask) atomic_max(mx, relu(y + b, y + b, mask + b / 16, e - b));
+        if (mask) atomic_max(mx, add_relu(a + b, c + b, y + b, mask + b / 16, e - b));
+        else fn(a + b, c + b, y + b, e - b);
       });
       out_max_ = mask ? mx.load() : -1.f;
       return;
@@ -1170,10 +1170,11 @@ class Add final : public Layer {
           spans_[k].fn(spans_[k].producer, int(p / CB), int(p % CB), int(px / W), int(px % W), int(end - i) / 16, tile[k]);
           in[k] = tile[k];
         }
-        fn(in[0], in[1], y + i, end - i);
         if (mask) {
-          const float r = relu(y + i, y + i, mask + i / 16, end - i);
+          const float r = add_relu(in[0], in[1], y + i, mask + i / 16, end - i);
           m = r > m ? r : m;
+        } else {
+          fn(in[0], in[1], y + i, end - i);
         }
         i = end;
       }
