@@ -539,8 +539,10 @@ class Linear final : public WeightedLayer {
 
 // Per-channel reductions run over (channel block, batch slice) tasks with a fixed number of
 // slices, summed in slice order: both cores work even on a 16-channel layer, and results do not
-// depend on the thread count. Within a task, FP32 partial sums over runs of kRun pixels are added
-// into FP64 totals: vectorized at 16 lanes, with the error of a 256-term FP32 sum at most.
+// depend on the thread count. Within a task, runs of kRun pixels are reduced in FP32 lanes and
+// combined in FP64: the forward statistics as each run's mean and squared deviations about it
+// (bn_moments, Chan et al.), the backward sums as plain run totals (the error of a 256-term FP32
+// sum at most).
 class BatchNorm final : public Layer {
  public:
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
@@ -753,16 +755,14 @@ class BatchNorm final : public Layer {
     m2 += m2_b + delta * delta * (count * count_b / total);
   }
 
-  // Calls run(blk, first element, pixels, a[16], b[16], min[16], max[16]) over runs of at most
-  // kRun pixels of every plane, accumulating into FP32 lanes that each run starts at zero (min,
-  // max: carried), then adds each run's lanes into the FP64 partials part_a_, part_b_ (part_min_,
-  // part_max_) per (channel block, batch slice, lane).
+  // Backward's sums: calls term(blk, first element, pixels, a[16], b[16]) over runs of at most
+  // kRun pixels of every plane, accumulating into FP32 lanes that each run starts at zero, then
+  // adds each run's lanes into the FP64 partials part_a_, part_b_ per (channel block, batch slice,
+  // lane).
   template <class Term>
   void reduce(const Context& ctx, Term term) {
     std::fill(part_a_.begin(), part_a_.end(), 0.0);
     std::fill(part_b_.begin(), part_b_.end(), 0.0);
-    std::fill(part_min_.begin(), part_min_.end(), std::numeric_limits<float>::infinity());
-    std::fill(part_max_.begin(), part_max_.end(), -std::numeric_limits<float>::infinity());
     const int S = slices_, CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     ctx.parallel_for(int64_t(CB) * S, [&](int64_t t0, int64_t t1) {
@@ -770,13 +770,11 @@ class BatchNorm final : public Layer {
         const int blk = int(t / S), sl = int(t % S);
         double* A = part_a_.data() + size_t(t) * 16;
         double* B = part_b_.data() + size_t(t) * 16;
-        float* L = part_min_.data() + size_t(t) * 16;
-        float* M = part_max_.data() + size_t(t) * 16;
         for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
           for (size_t i0 = 0; i0 < hw; i0 += kRun) {
             alignas(64) float fa[16] = {}, fb[16] = {};
-            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb, L, M);
+            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb);
             for (int l = 0; l < 16; ++l) { A[l] += fa[l]; B[l] += fb[l]; }
           }
         }
@@ -803,7 +801,7 @@ class BatchNorm final : public Layer {
       return simd::BnCoefficients{mean + blk * 16, inv + blk * 16, k1_.data() + blk * 16, k2_.data() + blk * 16,
                                   k3_.data() + blk * 16, x_scale};
     };
-    auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx, float*, float*) {
+    auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx) {
       const uint16_t* m = mask ? mask + e / 16 : nullptr;
       if constexpr (std::is_same_v<T, int16_t>)
         ctx.kernels().bn_bwd_sums_s16.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
