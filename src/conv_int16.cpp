@@ -844,9 +844,28 @@ struct ConvInt16::Impl {
     a.ntaps = t1 - t0;
     a.chain = rows.steps[rg];
   }
-  struct EventSink {
-    std::atomic<int64_t> total{0};
-  };
+  // A pass of a layer that is a pure GEMM (1x1 kernel over 1x1 images): pixels run over the batch,
+  // images in_blocks * 16 values apart in src and out_blocks * 16 apart in dst; items are tiles of
+  // images for one pair of output blocks. Forward: x -> y with the forward weights; backward-data:
+  // dy -> dx with the backward ones.
+  void run_gemm(simd::PixelKernelArgs base, const int16_t* src, int in_blocks, const int16_t* wei, int out_blocks,
+                float* dst) {
+    const auto fn = pixel_fn();
+    base.src_pix = int64_t(in_blocks) * 16;
+    base.dst_ob = 16;
+    base.dst_pix = int64_t(out_blocks) * 16;
+    const int per = simd::max_pixels(2), ngroups = (out_blocks + 1) / 2;
+    const int64_t tiles = (sh.N + per - 1) / per;
+    run_calls(tiles * ngroups, base, [&](simd::PixelKernelArgs& a, int64_t it) {
+      const int g = static_cast<int>(it % ngroups), n0 = static_cast<int>(it / ngroups) * per;
+      a.nob = std::min(2, out_blocks - 2 * g);
+      a.npix = std::min(per, sh.N - n0);
+      a.src = src + size_t(n0) * in_blocks * 16;
+      a.wei = wei + size_t(2 * g) * in_blocks * T * 256;
+      a.dst = dst + (size_t(n0) * out_blocks + 2 * g) * 16;
+      fn(a);
+    });
+  }
 
   void forward(float* y) {
     require(have_w, "forward", "set_weights()");
@@ -869,21 +888,7 @@ struct ConvInt16::Impl {
     base.accumulate = false;
     const int ngroups = (KB + 1) / 2;
     if (gemm) {
-      // Pixels run over the batch: image stride in xq is CB*16, in y KB*16.
-      base.src_pix = int64_t(CB) * 16;
-      base.dst_ob = 16;
-      base.dst_pix = int64_t(KB) * 16;
-      const int64_t blocks = (sh.N + simd::max_pixels(2) - 1) / simd::max_pixels(2);
-      run_calls(blocks * ngroups, base, [&](simd::PixelKernelArgs& a, int64_t it) {
-        const int g = static_cast<int>(it % ngroups);
-        const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
-        a.nob = std::min(2, KB - 2 * g);
-        a.npix = std::min(simd::max_pixels(2), sh.N - n0);
-        a.src = xq + size_t(n0) * CB * 16;
-        a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
-        a.dst = y + (size_t(n0) * KB + 2 * g) * 16;
-        fn(a);
-      });
+      run_gemm(base, xq, CB, wf.data(), KB, y);
     } else if (OW <= kImageTileMaxRow) {
       // Tiles of images at one output position; items run output-block groups outermost, so a
       // thread's consecutive items share the group's weights (in L2).
@@ -956,20 +961,7 @@ struct ConvInt16::Impl {
       base.tap_src = p.tap_src.data();
       base.tap_wei = p.tap_wei.data();
       base.ntaps = static_cast<int>(p.tap_wei.size());
-      base.src_pix = int64_t(KB) * 16;
-      base.dst_ob = 16;
-      base.dst_pix = int64_t(CB) * 16;
-      const int64_t blocks = (sh.N + simd::max_pixels(2) - 1) / simd::max_pixels(2);
-      run_calls(blocks * ngroups, base, [&](simd::PixelKernelArgs& a, int64_t it) {
-        const int g = static_cast<int>(it % ngroups);
-        const int n0 = static_cast<int>(it / ngroups) * simd::max_pixels(2);
-        a.nob = std::min(2, CB - 2 * g);
-        a.npix = std::min(simd::max_pixels(2), sh.N - n0);
-        a.src = dyq + size_t(n0) * KB * 16;
-        a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
-        a.dst = dx + (size_t(n0) * CB + 2 * g) * 16;
-        fn(a);
-      });
+      run_gemm(base, dyq, KB, wb.data(), CB, dx);
       return;
     }
     if (bwd_image_tiles) {

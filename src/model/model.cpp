@@ -362,6 +362,14 @@ struct Model::Impl {
     return total;
   }
 
+  // Whether `consumer` adds its part of input k's gradient to the gradient itself (the planner
+  // then leaves the part's buffer out, and backward hands the layer the gradient): a layer that
+  // accumulates, reading that input once, in a slot StepInfo::accumulate_dx can flag.
+  static bool adds_own_part(const NodeInfo& consumer, size_t k) {
+    return k < 32 && consumer.layer->accumulates_input_grad(k) &&
+           std::count(consumer.inputs.begin(), consumer.inputs.end(), consumer.inputs[k]) == 1;
+  }
+
   void plan_memory() {
     const int N = int(nodes.size());
     std::vector<std::vector<std::pair<int, size_t>>> readers(nodes.size());  // (consumer, input slot)
@@ -401,7 +409,7 @@ struct Model::Impl {
       bool summed_in_place = !adaptive;
       for (auto [j, k] : readers[i])
         summed_in_place = summed_in_place && std::count(cons.begin(), cons.end(), j) == 1 &&
-                          (j == cons[0] || (k < 32 && nodes[j].layer->accumulates_input_grad(k)));
+                          (j == cons[0] || adds_own_part(nodes[j], k));
       n.acc = nullptr;
       if (n.consumers > 1 && !summed_in_place) {
         lt.push_back({bytes_of(n.elements), 2 * N - cons[1], 2 * N - cons.back(), &n.acc});
@@ -660,8 +668,7 @@ struct Model::Impl {
         const bool again = std::find(n.inputs.begin(), n.inputs.begin() + k, n.inputs[k]) != n.inputs.begin() + k;
         if (n.inputs[k] == 0) {
           dxs.push_back(nullptr);  // no gradient for the data
-        } else if (k < 32 && in.grad_written && in.grad_scale == n.grad_scale && n.layer->accumulates_input_grad(k) &&
-                   std::count(n.inputs.begin(), n.inputs.end(), n.inputs[k]) == 1) {
+        } else if (in.grad_written && in.grad_scale == n.grad_scale && adds_own_part(n, k)) {
           // Second consumer at the same scale: the layer adds its part to the gradient itself.
           dxs.push_back(in.grad);
           stb.accumulate_dx |= uint32_t{1} << k;
