@@ -29,8 +29,8 @@ struct QuantCounters {
 
 // max|x| over finite elements; adds the count of NaN/Inf elements to *nonfinite.
 using MaxAbsFn = float (*)(const float* x, size_t n, uint64_t* nonfinite);
-// dst[i] = sat16(R(src[i] * 2^-exponent)); stochastic rounding draws u = dfp16_rand24(seed,
-// index_base + i) * 2^-24 for element i.
+// dst[i] = sat16(R(src[i] * 2^-exponent)); stochastic rounding is floor(src[i] * 2^-exponent + u)
+// in exact arithmetic, with u = dfp16_rand24(seed, index_base + i) * 2^-24 for element i.
 using QuantizeFn = void (*)(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding,
                             uint64_t seed, uint64_t index_base, QuantCounters* counters);
 using DequantizeFn = void (*)(const int16_t* src, float* dst, size_t n, int exponent);

@@ -258,7 +258,8 @@ TEST(Dfp16Quantize, EdgeValuesMatchReference) {
   const std::vector<float> edges = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, -0.f, 0.f, 32767.f, -32767.f,
                                     32767.49f, -32767.49f, 32767.5f, -32767.5f, 32768.f, -32768.f, 40000.5f,
                                     -1e30f, 3e38f, -3e38f, 1e-40f, -1e-40f, 16383.5f, 16384.5f, 0.49999997f};
-  for (int exponent : {0, -1, -200, 3})
+  // -200, -127, 130: the stochastic FMA's 2^k is out of range and x is pre-scaled first.
+  for (int exponent : {0, -1, -200, 3, -127, 130})
     for (Rounding r : {Rounding::nearest_even, Rounding::stochastic, Rounding::biased})
       for (size_t n = 1; n <= edges.size(); n += 6) {
         std::vector<int16_t> q0(n), q1(n);
@@ -270,6 +271,63 @@ TEST(Dfp16Quantize, EdgeValuesMatchReference) {
         EXPECT_EQ(c0.max_abs_q, c1.max_abs_q) << "exponent " << exponent << " " << rounding_name(r);
         for (int16_t v : q1) ASSERT_NE(v, -32768);
       }
+}
+
+// The kernels quantize without per-element checks and redo the call on the checked path when an
+// element could have saturated or was NaN/Inf. One such value anywhere -- in the first element,
+// a middle 32-element step, the last full step or the masked tail -- must still give the
+// reference's bits and counters; so must a value that rounds to exactly 32767 without saturating.
+TEST(Dfp16Quantize, OneOutOfRangeElementAnywhereMatchesReference) {
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 40000.f, -32767.5f, 32767.f, -32766.6f};
+  const std::vector<float> base = test::random_vec(77, 3, -300.f, 300.f);
+  for (float special : specials)
+    for (size_t at : {size_t(0), size_t(33), size_t(63), size_t(64), size_t(76)})
+      for (Rounding r : {Rounding::nearest_even, Rounding::stochastic, Rounding::biased}) {
+        std::vector<float> x = base;
+        x[at] = special;
+        std::vector<int16_t> q0(x.size()), q1(x.size());
+        simd::QuantCounters c0, c1;
+        simd::ref::quantize(x.data(), q0.data(), x.size(), 0, r, 9, 16, &c0);
+        best_ctx().kernels().quantize.fn(x.data(), q1.data(), x.size(), 0, r, 9, 16, &c1);
+        ASSERT_EQ(q0, q1) << special << " at " << at << " " << rounding_name(r);
+        EXPECT_EQ(c0.saturated, c1.saturated) << special << " at " << at << " " << rounding_name(r);
+        EXPECT_EQ(c0.nonfinite, c1.nonfinite) << special << " at " << at << " " << rounding_name(r);
+        EXPECT_EQ(c0.max_abs_q, c1.max_abs_q) << special << " at " << at << " " << rounding_name(r);
+      }
+}
+
+// Stochastic rounding of values far below one step (|y| down to 2^-30) and just below an integer:
+// floor(y + u) must come out of the kernels' rounded-down FMA exactly as the reference's exact
+// arithmetic gives it, with the rounding-up probability floor(frac * 2^24) / 2^24.
+TEST(Dfp16Quantize, StochasticTinyAndNearIntegerValuesMatchReference) {
+  std::vector<float> x;
+  for (int p = 1; p <= 30; ++p)
+    for (float sign : {1.f, -1.f}) {
+      x.push_back(sign * std::ldexp(1.f, -p));
+      x.push_back(sign * (3.f - std::ldexp(1.f, -std::min(p, 22))));  // 3 - 2^-p: the ulp of 3 is 2^-22
+      x.push_back(sign * std::nextafter(float(p), 0.f));
+    }
+  std::vector<int16_t> q0(x.size()), q1(x.size());
+  simd::QuantCounters c0, c1;
+  for (uint64_t seed : {1, 2, 3})
+    for (int e : {0, -8, 8}) {
+      simd::ref::quantize(x.data(), q0.data(), x.size(), e, Rounding::stochastic, seed, 0, &c0);
+      best_ctx().kernels().quantize.fn(x.data(), q1.data(), x.size(), e, Rounding::stochastic, seed, 0, &c1);
+      ASSERT_EQ(q0, q1) << "seed " << seed << " exponent " << e;
+    }
+  // 2^-14 above an integer rounds up with probability 2^-14; 2^-26, below the stream's 2^-24
+  // resolution, never does (floor(2^-26 * 2^24) = 0).
+  const size_t n = 1 << 22;
+  for (auto [v, p] : {std::pair{5.f + 0x1p-14f, 0x1p-14}, std::pair{-7.f + 0x1p-14f, 0x1p-14}, std::pair{0x1p-26f, 0.0}}) {
+    std::vector<float> xs(n, v);
+    std::vector<int16_t> q(n);
+    quantize_dfp16_with_exponent(best_ctx(), xs.data(), q.data(), n, 0, opts(0, Rounding::stochastic, 77));
+    double ups = 0;
+    for (int16_t i : q) ups += i - std::floor(v);
+    if (p == 0) EXPECT_EQ(ups, 0) << v;
+    else EXPECT_NEAR(ups, p * n, test::kStochasticZ * std::sqrt(p * n)) << v;
+  }
 }
 
 // The AVX-512 stochastic kernels, VAES and AES-NI, give the reference's bits from any starting

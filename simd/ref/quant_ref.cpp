@@ -1,6 +1,6 @@
 // Scalar reference for DFP16 quantization: the specification the AVX-512 kernels match bit for
-// bit. Every step is an exactly specified IEEE operation (ldexp, nearbyint, floor, compare), so a
-// vector kernel doing the same operations in the same order gets the same bits.
+// bit. Every step is an exactly specified operation (ldexp, nearbyint, floor, compare, exact double
+// arithmetic), so a vector kernel that computes the same exact values gets the same bits.
 #include <algorithm>
 #include <cmath>
 
@@ -39,25 +39,28 @@ class RoundingStream {
   bool valid_ = false;
 };
 
-// Rounds y (already scaled by 2^-e) to an integer-valued float.
-static inline float round_value(float y, Rounding r, RoundingStream& stream, uint64_t index) {
-  switch (r) {
-    case Rounding::nearest_even:
-      return std::nearbyint(y);  // default rounding mode: half to even
-    case Rounding::stochastic: {
-      const float fl = std::floor(y);
-      const float frac = y - fl;  // exact: y and fl share the binade or fl is 0
-      const float u = static_cast<float>(stream.rand24(index)) * 0x1p-24f;
-      return u < frac ? fl + 1.f : fl;
-    }
-    case Rounding::biased: {
-      const float a = std::fabs(y);
-      const float fl = std::floor(a);
-      const float q = (a - fl) >= 0.25f ? fl + 1.f : fl;
-      return std::copysign(q, y);
-    }
-  }
-  return 0.f;
+// Rounds y = x * 2^-e to an integer-valued value, nearest-even or biased.
+static inline float round_value(float y, Rounding r) {
+  if (r == Rounding::nearest_even) return std::nearbyint(y);  // default rounding mode: half to even
+  const float a = std::fabs(y);
+  const float fl = std::floor(a);
+  const float q = (a - fl) >= 0.25f ? fl + 1.f : fl;
+  return std::copysign(q, y);
+}
+
+// Stochastic rounding: q = floor(y + u), u = rand24 * 2^-24, in exact arithmetic. Rounds up with
+// probability floor(frac(y) * 2^24) / 2^24, within 2^-24 of frac(y) and never above it. y is
+// x * 2^-e as x1 * 2^k with 2^k a normal float (the kernels' FMA takes 2^k as an operand): k =
+// clamp(-e, -126, 127), x1 = ldexp(x, -e - k), correctly rounded, which is x itself unless the
+// tensor lies below 2^-110. In double, y is exact and so is y - floor(y).
+static inline double round_stochastic(float x, int exponent, uint32_t rand24) {
+  const int k = std::clamp(-exponent, -126, 127);
+  const float x1 = -exponent == k ? x : std::ldexp(x, -exponent - k);
+  const double y = std::ldexp(static_cast<double>(x1), k);
+  if (!(std::fabs(y) < 0x1p24)) return y;  // saturates (Inf included)
+  const double fl = std::floor(y);
+  const double f24 = std::floor((y - fl) * 0x1p24);  // y + u >= fl + 1  <=>  rand24 >= 2^24 - f24
+  return static_cast<double>(rand24) >= 0x1p24 - f24 ? fl + 1 : fl;
 }
 
 void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,
@@ -68,9 +71,10 @@ void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding r
   for (size_t i = 0; i < n; ++i) {
     float x = src[i];
     if (!std::isfinite(x)) { ++bad; x = 0.f; }
-    const float y = std::ldexp(x, -exponent);  // exact (correctly rounded if subnormal)
-    float q = round_value(y, rounding, stream, index_base + i);
-    if (std::fabs(q) > 32767.f) { ++saturated; q = std::copysign(32767.f, q); }
+    double q = rounding == Rounding::stochastic
+                   ? round_stochastic(x, exponent, stream.rand24(index_base + i))
+                   : round_value(std::ldexp(x, -exponent), rounding);  // ldexp: exact (correctly rounded if subnormal)
+    if (std::fabs(q) > 32767) { ++saturated; q = std::copysign(32767., q); }
     dst[i] = static_cast<int16_t>(q);
     max_q = std::max(max_q, static_cast<int32_t>(std::fabs(q)));
   }
