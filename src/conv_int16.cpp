@@ -240,23 +240,6 @@ struct RowTaps {
   }
 };
 
-struct Phase {
-  int ph = 0, pw = 0;    // residues of the dx rows/columns this phase writes
-  int ni = 0, nj = 0;    // its output rows and columns
-  std::vector<int64_t> tap_src;
-  std::vector<int32_t> tap_wei;
-  std::vector<int> tap_dr;  // dy row offset of each tap: dx row i reads dy row i + dr
-  RowTaps rows;
-};
-
-// 2^e for a pass's product scale; the message is built only on failure (no allocation per pass).
-float pow2(int e, const std::string& name, const char* pass) {
-  DFP_CHECK(e >= -126 && e <= 127, Status::numerical_error,
-            "convolution '" + name + "' " + pass + ": product scale 2^" + std::to_string(e) +
-                " is outside the normal FP32 range (operands too small or too large for DFP16 here)");
-  return std::ldexp(1.f, e);
-}
-
 // Splits n into the fewest blocks of at most m, as even as possible.
 void split_blocks(int n, int m, std::vector<int>& start, std::vector<int>& len) {
   const int nb = (n + m - 1) / m;
@@ -269,6 +252,113 @@ void split_blocks(int n, int m, std::vector<int>& start, std::vector<int>& len) 
     len.push_back(l);
     s += l;
   }
+}
+
+// Output columns at the ends of a row whose taps read column padding. A row call runs every tap
+// for all of its pixels, so the first and last pixels of a 3x3 layer's rows multiplied zeros in a
+// third of their taps: 1/12 of the work on 8-pixel rows, as much as RowTaps saves at the top and
+// bottom. Row calls cover the middle columns [lo, ncols - hi); each edge column runs as calls
+// down its rows (pixels one row apart) with only the taps that read inside the image. At the
+// corners the rows' own padding taps stay: they read the zero border. Each edge column has its
+// own tap sequence and so its own chain table.
+struct EdgeColumns {
+  // A middle narrower than this keeps the whole row in row calls: the calls would be too short
+  // to run at the VPDPWSSD rate.
+  static constexpr int kMinMiddle = 5;
+  struct Column {
+    int col = 0;
+    std::vector<int64_t> tap_src;
+    std::vector<int32_t> tap_wei;
+    ChainTable chain;
+    int steps = 0;
+  };
+  int lo = 0, hi = 0;
+  std::vector<Column> cols;
+  std::vector<int> chunk_start, chunk_len;  // the row chunks an edge column's calls take
+
+  // valid(col, t): whether tap t of output column col reads inside the image. It is monotone in
+  // col (a kernel window slides right), so the columns whose taps are all valid are contiguous.
+  template <class Valid>
+  void plan(int ncols, int nrows, const std::vector<int64_t>& tap_src, const std::vector<int32_t>& tap_wei, int nib,
+            int unit_steps, Valid valid) {
+    const int ntaps = static_cast<int>(tap_wei.size());
+    auto full = [&](int c) {
+      for (int t = 0; t < ntaps; ++t)
+        if (!valid(c, t)) return false;
+      return true;
+    };
+    lo = hi = 0;
+    while (lo < ncols && !full(lo)) ++lo;
+    while (hi < ncols - lo && !full(ncols - 1 - hi)) ++hi;
+    if (ncols - lo - hi < kMinMiddle) {
+      lo = hi = 0;
+      return;
+    }
+    for (int c = 0; c < ncols; ++c) {
+      if (c == lo) c = ncols - hi;
+      if (c >= ncols) break;
+      Column col;
+      col.col = c;
+      for (int t = 0; t < ntaps; ++t)
+        if (valid(c, t)) {
+          col.tap_src.push_back(tap_src[t]);
+          col.tap_wei.push_back(tap_wei[t]);
+        }
+      col.chain.plan(nib * static_cast<int>(col.tap_wei.size()), unit_steps);
+      cols.push_back(std::move(col));
+    }
+    split_blocks(nrows, simd::max_pixels(2), chunk_start, chunk_len);
+  }
+  void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
+               int64_t a_min, int64_t pair_l1) {
+    for (Column& c : cols) {
+      c.chain.pair_l1 = pair_l1;
+      c.chain.measure(ctx, unit_l1, lanes, lane_stride, nib, T, c.tap_wei.data(), static_cast<int>(c.tap_wei.size()),
+                      a_min);
+    }
+  }
+  // Sets each column's chain for sources of magnitude <= a (or the override); returns the shortest.
+  int choose(int64_t a, int override_chain) {
+    int shortest = kMaxChain;
+    for (Column& c : cols) {
+      c.steps = override_chain ? override_chain : c.chain.chain(a);
+      if (!c.tap_wei.empty()) shortest = std::min(shortest, c.steps);
+    }
+    return shortest;
+  }
+  // Kernel calls per image (per phase image, for backward-data), each for every output-block group.
+  int64_t calls() const { return int64_t(cols.size()) * static_cast<int64_t>(chunk_start.size()); }
+  // Points a call at edge call e's column taps and chain; returns its column, and its first row in r0.
+  int use(simd::PixelKernelArgs& a, int64_t e, int& r0) const {
+    const int nch = static_cast<int>(chunk_start.size());
+    const Column& c = cols[size_t(e / nch)];
+    r0 = chunk_start[size_t(e % nch)];
+    a.npix = chunk_len[size_t(e % nch)];
+    a.tap_src = c.tap_src.data();
+    a.tap_wei = c.tap_wei.data();
+    a.ntaps = static_cast<int>(c.tap_wei.size());
+    a.chain = c.steps;
+    return c.col;
+  }
+};
+
+struct Phase {
+  int ph = 0, pw = 0;    // residues of the dx rows/columns this phase writes
+  int ni = 0, nj = 0;    // its output rows and columns
+  std::vector<int64_t> tap_src;
+  std::vector<int32_t> tap_wei;
+  std::vector<int> tap_dr;  // dy row offset of each tap: dx row i reads dy row i + dr
+  std::vector<int> tap_dc;  // and column: dx column j reads dy column j + dc
+  RowTaps rows;
+  EdgeColumns edges;
+};
+
+// 2^e for a pass's product scale; the message is built only on failure (no allocation per pass).
+float pow2(int e, const std::string& name, const char* pass) {
+  DFP_CHECK(e >= -126 && e <= 127, Status::numerical_error,
+            "convolution '" + name + "' " + pass + ": product scale 2^" + std::to_string(e) +
+                " is outside the normal FP32 range (operands too small or too large for DFP16 here)");
+  return std::ldexp(1.f, e);
 }
 
 }  // namespace
@@ -296,7 +386,7 @@ struct ConvInt16::Impl {
   // BPROP geometry
   int pt = 0, pl = 0, OHb = 0, OWb = 0;
   std::vector<Phase> phases;
-  std::vector<int64_t> phase_row_begin;  // prefix sums of N*ni over phases
+  std::vector<int64_t> phase_row_begin;  // prefix sums over phases of N * (ni rows + edge-column calls)
   std::vector<int64_t> phase_pos_begin;  // prefix sums of ni*nj over phases
   bool bwd_image_tiles = false;          // every phase's rows are short: tile over images
   // FPROP taps
@@ -309,6 +399,17 @@ struct ConvInt16::Impl {
   };
   RowBlocks fwd_blocks;
   std::vector<RowBlocks> phase_blocks;
+  EdgeColumns fwd_edges;
+  // The pixel blocks of a row's middle columns (all of them without edge columns).
+  static RowBlocks row_blocks(int ncols, const EdgeColumns& edges) {
+    RowBlocks rb;
+    const int middle = ncols - edges.lo - edges.hi;
+    split_blocks(middle, simd::max_pixels(1), rb.start1, rb.len1);
+    split_blocks(middle, simd::max_pixels(2), rb.start2, rb.len2);
+    for (int& s : rb.start1) s += edges.lo;
+    for (int& s : rb.start2) s += edges.lo;
+    return rb;
+  }
 
   // xp (the batch-pair copy of x) is the activation saved for the weight gradient and persists
   // from forward to backward. The rest is transient and lives in the workspace: xq during the
@@ -380,16 +481,26 @@ struct ConvInt16::Impl {
         fwd_tap_wei.push_back(r * sh.S + s2);
       }
     plan_backward_data();
-    split_blocks(OW, simd::max_pixels(1), fwd_blocks.start1, fwd_blocks.len1);
-    split_blocks(OW, simd::max_pixels(2), fwd_blocks.start2, fwd_blocks.len2);
-    for (const Phase& p : phases) {
-      RowBlocks rb;
-      if (p.nj > 0) {
-        split_blocks(p.nj, simd::max_pixels(1), rb.start1, rb.len1);
-        split_blocks(p.nj, simd::max_pixels(2), rb.start2, rb.len2);
-      }
-      phase_blocks.push_back(std::move(rb));
+    // Edge columns, for the passes that run row calls. FPROP output column ow reads input column
+    // ow * stride + s - pad; BPROP dx column j of a phase reads dy column j + dc.
+    if (!gemm && OW > kImageTileMaxRow)
+      fwd_edges.plan(OW, OH, fwd_tap_src, fwd_tap_wei, CB, pairs_of(sh.C), [&](int ow, int t) {
+        const int iw = ow * sh.stride_w + t % sh.S - sh.pad_w;
+        return iw >= 0 && iw < sh.W;
+      });
+    fwd_blocks = row_blocks(OW, fwd_edges);
+    int64_t rows = 0;
+    for (Phase& p : phases) {
+      if (!gemm && !bwd_image_tiles && p.nj > 0)
+        p.edges.plan(p.nj, p.ni, p.tap_src, p.tap_wei, KB, pairs_of(sh.K), [&](int j, int t) {
+          const int c = j + p.tap_dc[t];
+          return c >= 0 && c < OW;
+        });
+      phase_blocks.push_back(p.nj > 0 ? row_blocks(p.nj, p.edges) : RowBlocks{});
+      phase_row_begin.push_back(rows);
+      rows += int64_t(sh.N) * (p.ni + p.edges.calls());
     }
+    phase_row_begin.push_back(rows);
 
     // Unpadded: the weight gradient clips each tap's positions to where x is inside the image
     // (padding taps contribute zero), so the saved activation carries no border.
@@ -518,6 +629,7 @@ struct ConvInt16::Impl {
             p.tap_src.push_back(dc);
             p.tap_wei.push_back(r * sh.S + s2);
             p.tap_dr.push_back(dr);
+            p.tap_dc.push_back(dc);
           }
         }
         phases.push_back(std::move(p));
@@ -526,16 +638,12 @@ struct ConvInt16::Impl {
     pl = -min_c;
     OHb = max_r + 1 + pt;
     OWb = max_c + 1 + pl;
-    int64_t rows = 0;
     for (Phase& p : phases) {
       std::vector<int64_t> off;
       for (size_t t = 0; t < p.tap_wei.size(); ++t)
         off.push_back((int64_t(p.tap_src[2 * t] + pt) * OWb + (p.tap_src[2 * t + 1] + pl)) * 16);
       p.tap_src = std::move(off);
-      phase_row_begin.push_back(rows);
-      rows += int64_t(sh.N) * p.ni;
     }
-    phase_row_begin.push_back(rows);
     int64_t pos = 0;
     bwd_image_tiles = true;
     for (const Phase& p : phases) {
@@ -609,9 +717,14 @@ struct ConvInt16::Impl {
     // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
     fwd_rows.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, fwd_tap_wei.data(),
                      int64_t{1} << (14 - opt.activations.headroom), f_pair);
-    for (Phase& p : phases)
+    fwd_edges.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, int64_t{1} << (14 - opt.activations.headroom),
+                      f_pair);
+    for (Phase& p : phases) {
       p.rows.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, p.tap_wei.data(),
                      int64_t{1} << (14 - opt.gradients.headroom), b_pair);
+      p.edges.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, int64_t{1} << (14 - opt.gradients.headroom),
+                      b_pair);
+    }
     have_w = true;
     if (shared_workspace) have_dy = have_x_fwd = false;  // wq overwrote them
   }
@@ -870,7 +983,8 @@ struct ConvInt16::Impl {
   void forward(float* y) {
     require(have_w, "forward", "set_weights()");
     require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
-    const int chain = fwd_rows.choose(stats.x.max_abs_int, opt.chain_override);
+    const int chain = std::min(fwd_rows.choose(stats.x.max_abs_int, opt.chain_override),
+                               fwd_edges.choose(stats.x.max_abs_int, opt.chain_override));
     stats.chain_fwd = chain;
     const float scale = pow2(stats.x.exponent + stats.w.exponent, name, "forward");
     const auto fn = pixel_fn();
@@ -910,11 +1024,28 @@ struct ConvInt16::Impl {
         fn(a);
       });
     } else {
-      base.src_pix = int64_t(sh.stride_w) * 16;
       base.dst_ob = int64_t(OH) * OW * 16;
-      base.dst_pix = 16;
-      run_calls(int64_t(sh.N) * OH, base, [&](simd::PixelKernelArgs& a, int64_t r) {
-        const int n = static_cast<int>(r / OH), oh = static_cast<int>(r % OH);
+      // Per image: OH row calls (the middle columns), then the edge-column calls.
+      const int64_t per_image = OH + fwd_edges.calls();
+      run_calls(int64_t(sh.N) * per_image, base, [&](simd::PixelKernelArgs& a, int64_t r) {
+        const int n = static_cast<int>(r / per_image);
+        if (r % per_image >= OH) {
+          int oh0;
+          const int ow = fwd_edges.use(a, r % per_image - OH, oh0);
+          a.src_pix = int64_t(sh.stride_h) * Wp * 16;
+          a.dst_pix = int64_t(OW) * 16;
+          a.src = xq + (size_t(n) * CB * Hp + size_t(oh0) * sh.stride_h) * Wp * 16 + size_t(ow) * sh.stride_w * 16;
+          for (int g = 0; g < ngroups; ++g) {
+            a.nob = std::min(2, KB - 2 * g);
+            a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
+            a.dst = y + ((size_t(n) * KB + 2 * g) * OH + oh0) * OW * 16 + size_t(ow) * 16;
+            fn(a);
+          }
+          return;
+        }
+        const int oh = static_cast<int>(r % per_image);
+        a.src_pix = int64_t(sh.stride_w) * 16;
+        a.dst_pix = 16;
         const int16_t* src_row = xq + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
         use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
         for (int g = 0; g < ngroups; ++g) {
@@ -942,7 +1073,9 @@ struct ConvInt16::Impl {
     require(have_dy, "backward_data", "quantize_grad_output()");
     // One chain per phase and row group: each runs its own tap sequence. The pass reports the shortest.
     int chain = kMaxChain;
-    for (Phase& p : phases) chain = std::min(chain, p.rows.choose(stats.dy.max_abs_int, opt.chain_override));
+    for (Phase& p : phases)
+      chain = std::min({chain, p.rows.choose(stats.dy.max_abs_int, opt.chain_override),
+                        p.edges.choose(stats.dy.max_abs_int, opt.chain_override)});
     stats.chain_bwd = chain;
     const float scale = pow2(stats.dy.exponent + stats.w.exponent, name, "backward_data");
     const auto fn = pixel_fn();
@@ -991,16 +1124,32 @@ struct ConvInt16::Impl {
       if (unfold) fold_dx(dx_out, accumulate);
       return;
     }
-    base.src_pix = 16;
     base.dst_ob = int64_t(sh.H) * sh.W * 16;
-    base.dst_pix = int64_t(sh.stride_w) * 16;
-    const int64_t total_rows = phase_row_begin.back();
-    run_calls(total_rows, base, [&](simd::PixelKernelArgs& a, int64_t r) {
-      size_t q = 0;  // the phase of row r
+    // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls.
+    run_calls(phase_row_begin.back(), base, [&](simd::PixelKernelArgs& a, int64_t r) {
+      size_t q = 0;  // the phase of item r
       while (r >= phase_row_begin[q + 1]) ++q;
       const Phase& p = phases[q];
-      const int64_t local = r - phase_row_begin[q];
-      const int n = static_cast<int>(local / p.ni), i = static_cast<int>(local % p.ni);
+      const int64_t local = r - phase_row_begin[q], per_image = p.ni + p.edges.calls();
+      const int n = static_cast<int>(local / per_image);
+      if (local % per_image >= p.ni) {
+        int i0;
+        const int j = p.edges.use(a, local % per_image - p.ni, i0);
+        a.src_pix = int64_t(OWb) * 16;
+        a.dst_pix = int64_t(sh.stride_h) * sh.W * 16;
+        a.src = dyq + (size_t(n) * KB * OHb + i0) * OWb * 16 + size_t(j) * 16;
+        for (int g = 0; g < ngroups; ++g) {
+          a.nob = std::min(2, CB - 2 * g);
+          a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
+          a.dst = dx + ((size_t(n) * CB + 2 * g) * sh.H + p.ph + size_t(i0) * sh.stride_h) * sh.W * 16 +
+                  (size_t(p.pw) + size_t(j) * sh.stride_w) * 16;
+          fn(a);
+        }
+        return;
+      }
+      const int i = static_cast<int>(local % per_image);
+      a.src_pix = 16;
+      a.dst_pix = int64_t(sh.stride_w) * 16;
       use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
       const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
       const int ih = p.ph + i * sh.stride_h;

@@ -235,10 +235,12 @@ TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
   o.chain_override = 96;
   EXPECT_GT(run_int16(ctx, s, x, w, dy, o).stats.overflow_events, 0);
 
-  // With padding, edge rows skip the taps that read padding rows and run shorter unit sequences,
-  // each with its own chain; the bound holds for all of them, in both passes.
-  for (int stride : {1, 2}) {
-    const ConvShape sp = make(2, 32, 6, 6, 32, 3, 3, stride, 1);
+  // With padding, edge rows skip the taps that read padding rows, and edge columns (where the
+  // middle of a row is at least 5 pixels: 8x8, and 12x12 at stride 2) the taps that read padding
+  // columns. Each runs a shorter unit sequence with its own chain; the bound holds for all of them,
+  // in both passes. 64 channels: an edge column's 4 x 6 units would overflow in one chain.
+  for (auto [size, stride] : {std::pair{6, 1}, std::pair{6, 2}, std::pair{8, 1}, std::pair{12, 2}}) {
+    const ConvShape sp = make(2, 64, size, size, 32, 3, 3, stride, 1);
     std::vector<float> wp(size_t(sp.K) * sp.C * 9);
     for (size_t i = 0; i < wp.size(); ++i) wp[i] = (i % 9) % 2 == 0 ? 1.f : 0.25f;
     const std::vector<float> xp(size_t(sp.N) * sp.C * sp.H * sp.W, 1.f),
@@ -249,9 +251,9 @@ TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
     DfpConvOptions ov;
     ov.verify = true;
     const Outputs rp = run_int16(ctx, sp, xp, wp, dyp, ov);
-    EXPECT_EQ(rp.stats.overflow_events, 0) << "stride " << stride;
-    for (size_t i = 0; i < yp.size(); ++i) ASSERT_EQ(rp.y[i], yp[i]) << "stride " << stride << " y " << i;
-    for (size_t i = 0; i < dxp.size(); ++i) ASSERT_EQ(rp.dx[i], dxp[i]) << "stride " << stride << " dx " << i;
+    EXPECT_EQ(rp.stats.overflow_events, 0) << size << " stride " << stride;
+    for (size_t i = 0; i < yp.size(); ++i) ASSERT_EQ(rp.y[i], yp[i]) << size << " stride " << stride << " y " << i;
+    for (size_t i = 0; i < dxp.size(); ++i) ASSERT_EQ(rp.dx[i], dxp[i]) << size << " stride " << stride << " dx " << i;
   }
 }
 
