@@ -95,6 +95,15 @@ void pixel_kernel(const PixelKernelArgs& a) {
       const int16_t* s = src_ib + a.tap_src[t];
       const int16_t* w = wei_ib + int64_t{a.tap_wei[t]} * 256;
       const int pairs = FULL ? 8 : a.pairs;
+      // With a run-time pixel stride, one pointer per pixel for the tap: computing p * src_pix
+      // for each step took an LEA per step and spilled the stride (edge-column calls, pixels a
+      // row apart). With a compile-time stride the pixels are displacements from s.
+      const int16_t* sp[SRC_PIX ? 1 : NPIX];
+      if constexpr (!SRC_PIX) {
+#pragma GCC unroll 32
+        for (int p = 0; p < NPIX; ++p) sp[p] = s + p * src_pix;
+      }
+      auto pix = [&](int p) { return SRC_PIX ? s + p * SRC_PIX : sp[p]; };
 #pragma GCC unroll 8
       for (int j = 0; j < pairs; ++j) {
         const __m512i w0 = _mm512_loadu_si512(w + 32 * j);
@@ -102,8 +111,8 @@ void pixel_kernel(const PixelKernelArgs& a) {
         if constexpr (NOB == 2) w1 = _mm512_loadu_si512(w + a.wei_ob + 32 * j);
 #pragma GCC unroll 32
         for (int p = 0; p < NPIX; ++p) {
-          Dot::step(acc.v[p], w0, s + p * src_pix + 2 * j);
-          if constexpr (NOB == 2) Dot::step(acc.v[NPIX + p], w1, s + p * src_pix + 2 * j);
+          Dot::step(acc.v[p], w0, pix(p) + 2 * j);
+          if constexpr (NOB == 2) Dot::step(acc.v[NPIX + p], w1, pix(p) + 2 * j);
         }
         if constexpr (!UNIT_CHAIN) {
           if (++pending == a.chain) {
