@@ -90,6 +90,12 @@ class DyPrefetch {
   size_t off_ = 0, total_ = 0;
 };
 
+// The smallest source bound chain tables measure lengths for: 1/16 of the least largest |q| a
+// tensor quantized with this headroom has (the quantizer puts it in [2^(14-h), 2^(15-h))). A call
+// whose rows are bounded lower takes this bound's chain, which already flushes 16 times less
+// often than the tensor maximum's.
+int64_t measure_floor(int headroom) { return std::max<int64_t>(1, (int64_t{1} << (14 - headroom)) / 16); }
+
 int pair_chain(int64_t a, int64_t b) {
   if (a == 0 || b == 0) return kMaxChain;
   return static_cast<int>(std::min<int64_t>(kInt32Max / (2 * a * b), kMaxChain));
@@ -120,9 +126,9 @@ struct ChainTable {
     l1.assign(n.size(), 0);
   }
   // unit_l1[lane * lane_stride + ib * T + tap]: per-lane L1 of one unit. The sequence is ib in
-  // [0, nib) outer, taps[] inner, as the kernel runs it. Sources are at least a_min in magnitude
-  // (the quantizer puts the largest in [2^(14-headroom), 2^(15-headroom))), so lengths past the
-  // first that overflows for a_min are never chosen and are not measured.
+  // [0, nib) outer, taps[] inner, as the kernel runs it. Lengths past the first that overflows
+  // for sources of magnitude a_min are not measured: calls whose bound is below a_min take a_min's
+  // chain (measure_floor()).
   // Lanes run on the context's threads, and each lane's windows come from prefix sums over
   // chunks of its unit sequence: one pass over the units, then about units / n differences per
   // candidate n, with each candidate's open window carried from chunk to chunk (a 512-channel 3x3
@@ -189,6 +195,41 @@ struct ChainTable {
   }
 };
 
+// Chains per call. The bound a * L1(n) holds for any a at least the largest |q| a call reads, and
+// the quantizer records each row's largest |q|: a call's own rows are typically bounded well
+// below the tensor's maximum (by 0.4-0.7 of it on ResNet-20), so its chains can be longer. Calls
+// look their chain up by their bound's bucket, whose upper edge is the bound rounded up to its top
+// 3 significant bits (within 25%): buckets 0-7 hold 0-7 exactly, then 4 per octave up to 32767.
+constexpr int kChainBuckets = 56;
+constexpr int chain_bucket(int32_t a) {
+  if (a < 8) return a;
+  const int bl = 32 - __builtin_clz(static_cast<uint32_t>(a));
+  return 8 + (bl - 4) * 4 + ((a >> (bl - 3)) - 4);
+}
+constexpr int32_t bucket_top(int i) {
+  if (i < 8) return i;
+  const int bl = (i - 8) / 4 + 4, m = (i - 8) % 4 + 4;
+  return ((m + 1) << (bl - 3)) - 1;
+}
+// Every |q| lands in a bucket whose top is at least itself and under 5/4 of it, buckets in order.
+constexpr bool buckets_cover() {
+  for (int32_t a = 0; a <= 32767; ++a) {
+    const int i = chain_bucket(a);
+    if (i < 0 || i >= kChainBuckets || bucket_top(i) < a || 4 * bucket_top(i) > 5 * a + 3) return false;
+    if (a > 0 && chain_bucket(a - 1) > i) return false;
+  }
+  return true;
+}
+static_assert(buckets_cover());
+struct ChainLookup {
+  std::array<int, kChainBuckets> steps{};
+  void fill(const ChainTable& t, int override_chain) {
+    for (int i = 0; i < kChainBuckets; ++i) steps[size_t(i)] = override_chain ? override_chain : t.chain(bucket_top(i));
+  }
+  // Steps per chain for a call whose sources are at most a in magnitude (a <= 32767).
+  int at(int32_t a) const { return steps[size_t(chain_bucket(a))]; }
+};
+
 // Output rows grouped by the taps that read inside the image. A row at the top or bottom edge
 // skips the taps whose input row is padding (zero products: 1/8 of the work of a 3x3 layer on an
 // 8x8 image). Taps are ordered by kernel row, so a row's taps are a contiguous range; each group
@@ -197,7 +238,8 @@ struct RowTaps {
   std::vector<int> row_group;                    // per output row
   std::vector<std::pair<int, int>> range;        // per group: taps [first, last)
   std::vector<ChainTable> chain;                 // per group
-  std::vector<int> steps;                        // per group: its chain in the current pass
+  std::vector<int> steps;                        // per group: its chain for the tensor's largest |q|
+  std::vector<ChainLookup> lookup;               // per group: its chain for a call's own bound
 
   // valid(row, t): whether tap t of that output row reads inside the image. unit_steps: channel
   // pairs per reduction block that the kernel runs.
@@ -220,6 +262,7 @@ struct RowTaps {
       }
     }
     steps.assign(range.size(), 0);
+    lookup.assign(range.size(), ChainLookup{});
   }
   void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
                const int32_t* taps, int64_t a_min, int64_t pair_l1) {
@@ -234,6 +277,7 @@ struct RowTaps {
     int shortest = kMaxChain;
     for (size_t g = 0; g < range.size(); ++g) {
       steps[g] = override_chain ? override_chain : chain[g].chain(a);
+      lookup[g].fill(chain[g], override_chain);
       if (range[g].second > range[g].first) shortest = std::min(shortest, steps[g]);
     }
     return shortest;
@@ -271,6 +315,7 @@ struct EdgeColumns {
     std::vector<int32_t> tap_wei;
     ChainTable chain;
     int steps = 0;
+    ChainLookup lookup;
   };
   int lo = 0, hi = 0;
   std::vector<Column> cols;
@@ -322,14 +367,16 @@ struct EdgeColumns {
     int shortest = kMaxChain;
     for (Column& c : cols) {
       c.steps = override_chain ? override_chain : c.chain.chain(a);
+      c.lookup.fill(c.chain, override_chain);
       if (!c.tap_wei.empty()) shortest = std::min(shortest, c.steps);
     }
     return shortest;
   }
   // Kernel calls per image (per phase image, for backward-data), each for every output-block group.
   int64_t calls() const { return int64_t(cols.size()) * static_cast<int64_t>(chunk_start.size()); }
-  // Points a call at edge call e's column taps and chain; returns its column, and its first row in r0.
-  int use(simd::PixelKernelArgs& a, int64_t e, int& r0) const {
+  // Points a call at edge call e's column taps; returns its column, and its first row in r0. The
+  // caller sets the chain with chain_for() once it knows the call's bound.
+  const Column& use(simd::PixelKernelArgs& a, int64_t e, int& r0) const {
     const int nch = static_cast<int>(chunk_start.size());
     const Column& c = cols[size_t(e / nch)];
     r0 = chunk_start[size_t(e % nch)];
@@ -337,8 +384,7 @@ struct EdgeColumns {
     a.tap_src = c.tap_src.data();
     a.tap_wei = c.tap_wei.data();
     a.ntaps = static_cast<int>(c.tap_wei.size());
-    a.chain = c.steps;
-    return c.col;
+    return c;
   }
 };
 
@@ -349,6 +395,7 @@ struct Phase {
   std::vector<int32_t> tap_wei;
   std::vector<int> tap_dr;  // dy row offset of each tap: dx row i reads dy row i + dr
   std::vector<int> tap_dc;  // and column: dx column j reads dy column j + dc
+  int dr_min = 0, dr_max = 1;  // dx row i reads dy rows [i + dr_min, i + dr_max)
   RowTaps rows;
   EdgeColumns edges;
 };
@@ -418,6 +465,8 @@ struct ConvInt16::Impl {
   int16_t* wq = nullptr;  // the unpacked DFP16 weights, in the workspace while set_weights() packs them
   std::vector<std::pair<int, int>> tap_rows, tap_cols;  // per kernel row / column: valid output range
   int16_t *xq = nullptr, *dyq = nullptr, *dyp = nullptr;
+  std::vector<int16_t> x_row_max, dy_row_max;  // max|q| of each quantized row: [N][CB][H], [N][KB][OH]
+  std::vector<int16_t> x_img_max, dy_img_max;  // and over the blocks: [N][H], [N][OH] (per pass)
   float* dw_part = nullptr;
   size_t xq_bytes = 0, dyq_bytes = 0, dyp_bytes = 0, dw_part_bytes = 0, wq_bytes = 0;
   AlignedBuffer<std::byte> own_workspace;  // unless the caller provides one
@@ -522,6 +571,10 @@ struct ConvInt16::Impl {
     wq_bytes = round64(size_t(sh.K) * sh.C * T * sizeof(int16_t)) + 2 * unit_l1_bytes;
     wf = AlignedBuffer<int16_t>(size_t(KB) * CB * T * 256);
     wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
+    x_row_max.assign(size_t(sh.N) * CB * sh.H, 0);
+    dy_row_max.assign(size_t(sh.N) * KB * OH, 0);
+    x_img_max.assign(size_t(sh.N) * sh.H, 0);
+    dy_img_max.assign(size_t(sh.N) * OH, 0);
     xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
     dyq_bytes = round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t));
     dyp_bytes = gemm ? round64(size_t(NP) * KB * 32 * sizeof(int16_t)) : 0;
@@ -634,6 +687,11 @@ struct ConvInt16::Impl {
         }
         phases.push_back(std::move(p));
       }
+    for (Phase& p : phases)
+      if (!p.tap_dr.empty()) {
+        p.dr_min = *std::min_element(p.tap_dr.begin(), p.tap_dr.end());
+        p.dr_max = *std::max_element(p.tap_dr.begin(), p.tap_dr.end()) + 1;
+      }
     pt = -min_r;
     pl = -min_c;
     OHb = max_r + 1 + pt;
@@ -716,13 +774,13 @@ struct ConvInt16::Impl {
     const int64_t f_pair = f_pair_max.load(), b_pair = b_pair_max.load();
     // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
     fwd_rows.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, fwd_tap_wei.data(),
-                     int64_t{1} << (14 - opt.activations.headroom), f_pair);
-    fwd_edges.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, int64_t{1} << (14 - opt.activations.headroom),
+                     measure_floor(opt.activations.headroom), f_pair);
+    fwd_edges.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, measure_floor(opt.activations.headroom),
                       f_pair);
     for (Phase& p : phases) {
       p.rows.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, p.tap_wei.data(),
-                     int64_t{1} << (14 - opt.gradients.headroom), b_pair);
-      p.edges.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, int64_t{1} << (14 - opt.gradients.headroom),
+                     measure_floor(opt.gradients.headroom), b_pair);
+      p.edges.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, measure_floor(opt.gradients.headroom),
                       b_pair);
     }
     have_w = true;
@@ -750,7 +808,8 @@ struct ConvInt16::Impl {
   // (unfolded_src) or from a producer (spans).
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
-                              float known_max, bool unfolded_src = false, const SpanSource* spans = nullptr) {
+                              float known_max, int16_t* row_max, bool unfolded_src = false,
+                              const SpanSource* spans = nullptr) {
     // src is the tensor as the caller holds it: with unfolded_src, the caller's x, whose x' rows
     // are gathered as they are quantized.
     const size_t n = unfolded_src ? blocked_size(user.N, user.C, user.H, user.W) : size_t(sh.N) * B * h * w * 16;
@@ -788,12 +847,16 @@ struct ConvInt16::Impl {
       for (int y = 0; y < h; ++y) {
         const size_t r = img_blk * h + y;  // the row's index in src
         int16_t* d = plane + ((size_t(y) + top) * wb + left) * 16;
+        const int32_t before = cnt.max_abs_q;
+        cnt.max_abs_q = 0;
         if (spans)
           quant_span_row(*spans, n, b, y, w, d, e, qo, r * row_len, cnt);
         else if (unfolded_src)
           quant_unfolded_row(src, n, b, y, d, e, qo, r * row_len, cnt);
         else
           quant(src + r * row_len, d, row_len, e, qo.rounding, qo.seed, r * row_len, &cnt);
+        if (row_max) row_max[r] = static_cast<int16_t>(cnt.max_abs_q);
+        cnt.max_abs_q = std::max(before, cnt.max_abs_q);
         zero_pixels(d - size_t(left) * 16, left);
         zero_pixels(d + row_len, wb - left - w);
         after_row(y);
@@ -901,7 +964,7 @@ struct ConvInt16::Impl {
   void quantize_x(const float* x, float known_max, const SpanSource* spans) {
     ensure_workspace();
     stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), sh.H, sh.W, 0, 0,
-                               step_x, known_max, unfold && !spans, spans);
+                               step_x, known_max, x_row_max.data(), unfold && !spans, spans);
     have_x = have_x_fwd = true;
     if (shared_workspace) have_dy = false;  // the workspace now holds x
   }
@@ -921,7 +984,7 @@ struct ConvInt16::Impl {
   void quantize_grad_output(const float* dy, float known_max) {
     ensure_workspace();
     stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, gemm ? dyp : nullptr, OH, OW, 0, 0,
-                                step_dy, known_max);
+                                step_dy, known_max, dy_row_max.data());
     have_dy = true;
     if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
   }
@@ -948,14 +1011,38 @@ struct ConvInt16::Impl {
   }
 
   // Points a kernel call at the taps of row group rg (a contiguous range of the pass's taps) and
-  // that group's chain.
+  // that group's chain for sources bounded by `bound` (the largest |q| of the rows the call reads).
+  // Both the tensor-maximum chain and the bound's bucket chain are safe; the longer one runs.
   static void use_row_group(simd::PixelKernelArgs& a, const RowTaps& rows, int rg, const int64_t* tap_src,
-                            const int32_t* tap_wei) {
+                            const int32_t* tap_wei, int32_t bound) {
     const auto [t0, t1] = rows.range[rg];
     a.tap_src = tap_src + t0;
     a.tap_wei = tap_wei + t0;
     a.ntaps = t1 - t0;
-    a.chain = rows.steps[rg];
+    a.chain = std::max(rows.steps[rg], rows.lookup[rg].at(bound));
+  }
+  static void use_edge_chain(simd::PixelKernelArgs& a, const EdgeColumns::Column& c, int32_t bound) {
+    a.chain = std::max(c.steps, c.lookup.at(bound));
+  }
+  // img[n * rows + y] = the largest row_max[(n * blocks + b) * rows + y] over the blocks b: the
+  // bound on every source of image n's row y.
+  void image_row_max(const int16_t* row_max, int blocks, int rows, int16_t* img) const {
+    ctx.parallel_for(sh.N, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        int16_t* d = img + n * rows;
+        std::copy_n(row_max + n * blocks * rows, rows, d);
+        for (int b = 1; b < blocks; ++b) {
+          const int16_t* m = row_max + (n * blocks + b) * rows;
+          for (int y = 0; y < rows; ++y) d[y] = std::max(d[y], m[y]);
+        }
+      }
+    });
+  }
+  // The largest of m[y] over y in [lo, hi) clipped to [0, rows).
+  static int32_t span_max(const int16_t* m, int lo, int hi, int rows) {
+    int32_t v = 0;
+    for (int y = std::max(lo, 0); y < std::min(hi, rows); ++y) v = std::max<int32_t>(v, m[y]);
+    return v;
   }
   // A pass of a layer that is a pure GEMM (1x1 kernel over 1x1 images): pixels run over the batch,
   // images in_blocks * 16 values apart in src and out_blocks * 16 apart in dst; items are tiles of
@@ -1015,7 +1102,8 @@ struct ConvInt16::Impl {
         const int g = static_cast<int>(r / per_group);
         const int oh = static_cast<int>(r / (int64_t(OW) * nblk) % OH), ow = static_cast<int>(r / nblk % OW);
         const int n0 = static_cast<int>(r % nblk) * per;
-        use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
+        use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data(),
+                      stats.x.max_abs_int);
         a.nob = std::min(2, KB - 2 * g);
         a.npix = std::min(per, sh.N - n0);
         a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
@@ -1025,13 +1113,21 @@ struct ConvInt16::Impl {
       });
     } else {
       base.dst_ob = int64_t(OH) * OW * 16;
+      image_row_max(x_row_max.data(), CB, sh.H, x_img_max.data());
+      // Output rows [oh0, oh1) read input rows [oh0 * stride - pad, (oh1 - 1) * stride - pad + R).
+      auto bound = [&](int n, int oh0, int oh1) {
+        return span_max(x_img_max.data() + size_t(n) * sh.H, oh0 * sh.stride_h - sh.pad_h,
+                        (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R, sh.H);
+      };
       // Per image: OH row calls (the middle columns), then the edge-column calls.
       const int64_t per_image = OH + fwd_edges.calls();
       run_calls(int64_t(sh.N) * per_image, base, [&](simd::PixelKernelArgs& a, int64_t r) {
         const int n = static_cast<int>(r / per_image);
         if (r % per_image >= OH) {
           int oh0;
-          const int ow = fwd_edges.use(a, r % per_image - OH, oh0);
+          const EdgeColumns::Column& col = fwd_edges.use(a, r % per_image - OH, oh0);
+          const int ow = col.col;
+          use_edge_chain(a, col, bound(n, oh0, oh0 + a.npix));
           a.src_pix = int64_t(sh.stride_h) * Wp * 16;
           a.dst_pix = int64_t(OW) * 16;
           a.src = xq + (size_t(n) * CB * Hp + size_t(oh0) * sh.stride_h) * Wp * 16 + size_t(ow) * sh.stride_w * 16;
@@ -1047,7 +1143,7 @@ struct ConvInt16::Impl {
         a.src_pix = int64_t(sh.stride_w) * 16;
         a.dst_pix = 16;
         const int16_t* src_row = xq + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
-        use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data());
+        use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data(), bound(n, oh, oh + 1));
         for (int g = 0; g < ngroups; ++g) {
           a.nob = std::min(2, KB - 2 * g);
           const auto& bs = a.nob == 2 ? fwd_blocks.start2 : fwd_blocks.start1;
@@ -1112,7 +1208,7 @@ struct ConvInt16::Impl {
         while (pos >= phase_pos_begin[q + 1]) ++q;
         const Phase& p = phases[q];
         const int i = static_cast<int>((pos - phase_pos_begin[q]) / p.nj), j = static_cast<int>((pos - phase_pos_begin[q]) % p.nj);
-        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
+        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), stats.dy.max_abs_int);
         a.nob = std::min(2, CB - 2 * g);
         a.npix = std::min(per, sh.N - n0);
         a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
@@ -1125,6 +1221,11 @@ struct ConvInt16::Impl {
       return;
     }
     base.dst_ob = int64_t(sh.H) * sh.W * 16;
+    image_row_max(dy_row_max.data(), KB, OH, dy_img_max.data());
+    // A phase's dx rows [i0, i1) read dy rows [i0 + dr_min, i1 + dr_max).
+    auto bound = [&](const Phase& p, int n, int i0, int i1) {
+      return span_max(dy_img_max.data() + size_t(n) * OH, i0 + p.dr_min, i1 + p.dr_max, OH);
+    };
     // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls.
     run_calls(phase_row_begin.back(), base, [&](simd::PixelKernelArgs& a, int64_t r) {
       size_t q = 0;  // the phase of item r
@@ -1134,7 +1235,9 @@ struct ConvInt16::Impl {
       const int n = static_cast<int>(local / per_image);
       if (local % per_image >= p.ni) {
         int i0;
-        const int j = p.edges.use(a, local % per_image - p.ni, i0);
+        const EdgeColumns::Column& col = p.edges.use(a, local % per_image - p.ni, i0);
+        const int j = col.col;
+        use_edge_chain(a, col, bound(p, n, i0, i0 + a.npix));
         a.src_pix = int64_t(OWb) * 16;
         a.dst_pix = int64_t(sh.stride_h) * sh.W * 16;
         a.src = dyq + (size_t(n) * KB * OHb + i0) * OWb * 16 + size_t(j) * 16;
@@ -1150,7 +1253,7 @@ struct ConvInt16::Impl {
       const int i = static_cast<int>(local % per_image);
       a.src_pix = 16;
       a.dst_pix = int64_t(sh.stride_w) * 16;
-      use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data());
+      use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), bound(p, n, i, i + 1));
       const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
       const int ih = p.ph + i * sh.stride_h;
       for (int g = 0; g < ngroups; ++g) {
@@ -1287,7 +1390,24 @@ struct ConvInt16::Impl {
           }
         plan_ahead(step);
         const size_t share = ahead.lines() / (size_t(CB) * T * (kg1 - kg)) + 1;
+        // Chains for this step's sources: the largest |q| of the rows it reads, per block, over
+        // both images (pair_chain's bound holds for any bounds on |x| and |dy|).
+        const int n1 = std::min(sh.N, 2 * p + 2);
+        int32_t dy_bound[kWgradKbGroup];
+        for (int kb = kg; kb < kg1; ++kb) {
+          dy_bound[kb - kg] = 0;
+          for (int n = 2 * p; n < n1; ++n)
+            dy_bound[kb - kg] = std::max(dy_bound[kb - kg],
+                                         span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, oh0, oh1, OH));
+        }
+        const int ih0 = oh0 * sh.stride_h - sh.pad_h, ih1 = (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R;
+        int chains[kWgradKbGroup];
         for (int cb = 0; cb < CB; ++cb) {
+          int32_t x_bound = 0;
+          for (int n = 2 * p; n < n1; ++n)
+            x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
+          for (int kb = kg; kb < kg1; ++kb)
+            chains[kb - kg] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[kb - kg]));
           // 1x1 layers whose input planes outgrow L2 stream x from memory, and the next input
           // block's rows of this tile are a plane away: a new stream that the hardware
           // prefetcher finds only after a few misses. Fetch it while this block computes
@@ -1322,12 +1442,14 @@ struct ConvInt16::Impl {
                 b.dy_row = a.x_row;
                 b.dy_col = a.x_col;
                 b.nk = std::min(16, sh.C - cb * 16);
+                b.chain = chains[kb - kg];
                 b.dw = acc + size_t(cb) * 16 * dw_k + size_t(t) * KB * 16 + size_t(kb) * 16;
                 ahead.issue(share);
                 fn(b);
                 continue;
               }
               a.dy = g;
+              a.chain = chains[kb - kg];
               a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
               ahead.issue(share);
               fn(a);

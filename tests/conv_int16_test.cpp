@@ -257,6 +257,46 @@ TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
   }
 }
 
+// Calls take their chains from the largest |q| of the rows they read, not the tensor's. Big values
+// (1.5: 6144 = 3 * 2^11 as DFP16, products of 2^25.2, so 57 of them pass INT32) sit in image 3 of
+// x, in one row of image 2 of x, in the rows of image 3 of dy that do not start a weight-gradient
+// tile (every 8th row does, at 16 x 16), and in one row of image 1 of dy; everything else is 1/64
+// of them, and every weight is big. One big input row under a tap gives 64 big products, so a
+// call whose bound missed a row it reads -- a tap's row, a row of an edge column's chunk, a row
+// of a weight-gradient tile, the second image of its pair -- would run a chain that overflows,
+// and verification counts it. Powers of two times 3 keep every result exact.
+TEST(ConvInt16, ChainsFollowTheRowsEachCallReads) {
+  for (int stride : {1, 2}) {
+    const ConvShape s = make(4, 64, 16, 16, 64, 3, 3, stride, 1);
+    SCOPED_TRACE(describe(s));
+    const int OH = s.OH(), OW = s.OW();
+    const float big = 1.5f, small = 1.5f / 64;
+    std::vector<float> x(size_t(s.N) * s.C * s.H * s.W), dy(size_t(s.N) * s.K * OH * OW);
+    const std::vector<float> w(size_t(s.K) * s.C * 9, big);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const size_t n = i / (size_t(s.C) * s.H * s.W), h = i / s.W % s.H;
+      x[i] = n == 3 || (n == 2 && h == 5) ? big : small;
+    }
+    for (size_t i = 0; i < dy.size(); ++i) {
+      const size_t n = i / (size_t(s.K) * OH * OW), h = i / OW % OH;
+      dy[i] = (n == 3 && h % 8 != 0) || (n == 1 && h == 2) ? big : small;
+    }
+    std::vector<double> y, dx, dw;
+    test::conv_fwd_ref(s, x, w, y);
+    test::conv_bwd_data_ref(s, dy, w, dx);
+    test::conv_bwd_weights_ref(s, x, dy, dw);
+    Context ctx(ContextOptions{.threads = 2});
+    DfpConvOptions o;
+    o.verify = true;
+    const Outputs r = run_int16(ctx, s, x, w, dy, o);
+    EXPECT_EQ(r.stats.x.max_abs_int, 6144);
+    EXPECT_EQ(r.stats.overflow_events, 0);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(r.y[i], y[i]) << "y " << i;
+    for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(r.dx[i], dx[i]) << "dx " << i;
+    for (size_t i = 0; i < dw.size(); ++i) ASSERT_EQ(r.dw[i], dw[i]) << "dw " << i;
+  }
+}
+
 TEST(ConvInt16, IndependentOfThreadCount) {
   // K = 40: the weight gradient sums fixed slices of image pairs; K = 72 (5 output blocks): it
   // runs by groups of output blocks, grouped differently for each thread count.
