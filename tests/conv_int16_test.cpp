@@ -210,6 +210,31 @@ TEST(ConvInt16, AdversarialOperandsGiveExactAnswer) {
   }
 }
 
+// Runs the three passes in verification mode and expects no INT32 overflow and results equal to
+// the FP64 reference (exact: the data's products and sums fit FP32). Returns the outputs.
+Outputs run_verified_exact(const Context& ctx, const ConvShape& s, const std::vector<float>& x,
+                           const std::vector<float>& w, const std::vector<float>& dy) {
+  std::vector<double> y, dx, dw;
+  test::conv_fwd_ref(s, x, w, y);
+  test::conv_bwd_data_ref(s, dy, w, dx);
+  test::conv_bwd_weights_ref(s, x, dy, dw);
+  DfpConvOptions o;
+  o.verify = true;
+  Outputs r = run_int16(ctx, s, x, w, dy, o);
+  EXPECT_EQ(r.stats.overflow_events, 0);
+  auto expect_equal = [](const std::vector<float>& got, const std::vector<double>& want, const char* what) {
+    for (size_t i = 0; i < want.size(); ++i)
+      if (got[i] != want[i]) {
+        ADD_FAILURE() << what << " " << i << ": " << got[i] << " != " << want[i];
+        return;
+      }
+  };
+  expect_equal(r.y, y, "y");
+  expect_equal(r.dx, dx, "dx");
+  expect_equal(r.dw, dw, "dw");
+  return r;
+}
+
 TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
   // Weights 1.0 on even taps and 0.25 on odd ones, x and dy all 1.0, no padding: every output's
   // INT32 sum reaches the bound, a = 4096, and a unit (one input block, one tap: 16 products per
@@ -220,17 +245,10 @@ TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
   std::vector<float> w(size_t(s.K) * s.C * 9);
   for (size_t i = 0; i < w.size(); ++i) w[i] = (i % 9) % 2 == 0 ? 1.f : 0.25f;
   const std::vector<float> x(size_t(s.N) * s.C * s.H * s.W, 1.f), dy(size_t(s.N) * s.K * s.OH() * s.OW(), 1.f);
-  std::vector<double> y, dx;
-  test::conv_fwd_ref(s, x, w, y);
-  test::conv_bwd_data_ref(s, dy, w, dx);
   Context ctx(ContextOptions{.threads = 2});
+  EXPECT_EQ(run_verified_exact(ctx, s, x, w, dy).stats.chain_fwd, 88);
   DfpConvOptions o;
   o.verify = true;
-  const Outputs r = run_int16(ctx, s, x, w, dy, o);
-  EXPECT_EQ(r.stats.chain_fwd, 88);
-  EXPECT_EQ(r.stats.overflow_events, 0);
-  for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(r.y[i], y[i]) << "y " << i;
-  for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(r.dx[i], dx[i]) << "dx " << i;
   // One unit more overflows: the bound is the longest safe chain, not just a safe one.
   o.chain_override = 96;
   EXPECT_GT(run_int16(ctx, s, x, w, dy, o).stats.overflow_events, 0);
@@ -245,15 +263,8 @@ TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
     for (size_t i = 0; i < wp.size(); ++i) wp[i] = (i % 9) % 2 == 0 ? 1.f : 0.25f;
     const std::vector<float> xp(size_t(sp.N) * sp.C * sp.H * sp.W, 1.f),
         dyp(size_t(sp.N) * sp.K * sp.OH() * sp.OW(), 1.f);
-    std::vector<double> yp, dxp;
-    test::conv_fwd_ref(sp, xp, wp, yp);
-    test::conv_bwd_data_ref(sp, dyp, wp, dxp);
-    DfpConvOptions ov;
-    ov.verify = true;
-    const Outputs rp = run_int16(ctx, sp, xp, wp, dyp, ov);
-    EXPECT_EQ(rp.stats.overflow_events, 0) << size << " stride " << stride;
-    for (size_t i = 0; i < yp.size(); ++i) ASSERT_EQ(rp.y[i], yp[i]) << size << " stride " << stride << " y " << i;
-    for (size_t i = 0; i < dxp.size(); ++i) ASSERT_EQ(rp.dx[i], dxp[i]) << size << " stride " << stride << " dx " << i;
+    SCOPED_TRACE(describe(sp));
+    run_verified_exact(ctx, sp, xp, wp, dyp);
   }
 }
 
@@ -281,19 +292,8 @@ TEST(ConvInt16, ChainsFollowTheRowsEachCallReads) {
       const size_t n = i / (size_t(s.K) * OH * OW), h = i / OW % OH;
       dy[i] = (n == 3 && h % 8 != 0) || (n == 1 && h == 2) ? big : small;
     }
-    std::vector<double> y, dx, dw;
-    test::conv_fwd_ref(s, x, w, y);
-    test::conv_bwd_data_ref(s, dy, w, dx);
-    test::conv_bwd_weights_ref(s, x, dy, dw);
     Context ctx(ContextOptions{.threads = 2});
-    DfpConvOptions o;
-    o.verify = true;
-    const Outputs r = run_int16(ctx, s, x, w, dy, o);
-    EXPECT_EQ(r.stats.x.max_abs_int, 6144);
-    EXPECT_EQ(r.stats.overflow_events, 0);
-    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(r.y[i], y[i]) << "y " << i;
-    for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(r.dx[i], dx[i]) << "dx " << i;
-    for (size_t i = 0; i < dw.size(); ++i) ASSERT_EQ(r.dw[i], dw[i]) << "dw " << i;
+    EXPECT_EQ(run_verified_exact(ctx, s, x, w, dy).stats.x.max_abs_int, 6144);
   }
 }
 
