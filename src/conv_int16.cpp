@@ -323,9 +323,11 @@ struct EdgeColumns {
 
   // valid(col, t): whether tap t of output column col reads inside the image. It is monotone in
   // col (a kernel window slides right), so the columns whose taps are all valid are contiguous.
+  // out_blocks: the pass's 16-lane output blocks; with one, every call is a single-block call
+  // and takes up to max_pixels(1) rows.
   template <class Valid>
   void plan(int ncols, int nrows, const std::vector<int64_t>& tap_src, const std::vector<int32_t>& tap_wei, int nib,
-            int unit_steps, Valid valid) {
+            int unit_steps, int out_blocks, Valid valid) {
     const int ntaps = static_cast<int>(tap_wei.size());
     auto full = [&](int c) {
       for (int t = 0; t < ntaps; ++t)
@@ -352,7 +354,7 @@ struct EdgeColumns {
       col.chain.plan(nib * static_cast<int>(col.tap_wei.size()), unit_steps);
       cols.push_back(std::move(col));
     }
-    split_blocks(nrows, simd::max_pixels(2), chunk_start, chunk_len);
+    split_blocks(nrows, simd::max_pixels(out_blocks == 1 ? 1 : 2), chunk_start, chunk_len);
   }
   void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
                int64_t a_min, int64_t pair_l1) {
@@ -533,7 +535,7 @@ struct ConvInt16::Impl {
     // Edge columns, for the passes that run row calls. FPROP output column ow reads input column
     // ow * stride + s - pad; BPROP dx column j of a phase reads dy column j + dc.
     if (!gemm && OW > kImageTileMaxRow)
-      fwd_edges.plan(OW, OH, fwd_tap_src, fwd_tap_wei, CB, pairs_of(sh.C), [&](int ow, int t) {
+      fwd_edges.plan(OW, OH, fwd_tap_src, fwd_tap_wei, CB, pairs_of(sh.C), KB, [&](int ow, int t) {
         const int iw = ow * sh.stride_w + t % sh.S - sh.pad_w;
         return iw >= 0 && iw < sh.W;
       });
@@ -541,7 +543,7 @@ struct ConvInt16::Impl {
     int64_t rows = 0;
     for (Phase& p : phases) {
       if (!gemm && !bwd_image_tiles && p.nj > 0)
-        p.edges.plan(p.nj, p.ni, p.tap_src, p.tap_wei, KB, pairs_of(sh.K), [&](int j, int t) {
+        p.edges.plan(p.nj, p.ni, p.tap_src, p.tap_wei, KB, pairs_of(sh.K), CB, [&](int j, int t) {
           const int c = j + p.tap_dc[t];
           return c >= 0 && c < OW;
         });
