@@ -221,13 +221,26 @@ constexpr bool buckets_cover() {
   return true;
 }
 static_assert(buckets_cover());
-struct ChainLookup {
-  std::array<int, kChainBuckets> steps{};
-  void fill(const ChainTable& t, int override_chain) {
-    for (int i = 0; i < kChainBuckets; ++i) steps[size_t(i)] = override_chain ? override_chain : t.chain(bucket_top(i));
+
+// The chains of one tap sequence (a row group, an edge column): its table, the chain for the
+// tensor's largest |q| (set per pass, and reported), and the chain for each bucket of a call's own
+// bound (set with the table, once per weight version). override_chain > 0 replaces both.
+struct TapChain {
+  ChainTable table;
+  int steps = 0;
+  std::array<int, kChainBuckets> by_bound{};
+
+  void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
+               const int32_t* taps, int ntaps, int64_t a_min, int64_t pair_l1, int override_chain) {
+    table.pair_l1 = pair_l1;
+    table.measure(ctx, unit_l1, lanes, lane_stride, nib, T, taps, ntaps, a_min);
+    for (int i = 0; i < kChainBuckets; ++i)
+      by_bound[size_t(i)] = override_chain ? override_chain : table.chain(bucket_top(i));
   }
-  // Steps per chain for a call whose sources are at most a in magnitude (a <= 32767).
-  int at(int32_t a) const { return steps[size_t(chain_bucket(a))]; }
+  int choose(int64_t a, int override_chain) { return steps = override_chain ? override_chain : table.chain(a); }
+  // The chain of a call whose sources are at most `bound` (<= 32767) in magnitude. Both chains are
+  // safe for it; the longer one runs.
+  int for_bound(int32_t bound) const { return std::max(steps, by_bound[size_t(chain_bucket(bound))]); }
 };
 
 // Output rows grouped by the taps that read inside the image. A row at the top or bottom edge
@@ -237,9 +250,7 @@ struct ChainLookup {
 struct RowTaps {
   std::vector<int> row_group;                    // per output row
   std::vector<std::pair<int, int>> range;        // per group: taps [first, last)
-  std::vector<ChainTable> chain;                 // per group
-  std::vector<int> steps;                        // per group: its chain for the tensor's largest |q|
-  std::vector<ChainLookup> lookup;               // per group: its chain for a call's own bound
+  std::vector<TapChain> chain;                   // per group
 
   // valid(row, t): whether tap t of that output row reads inside the image. unit_steps: channel
   // pairs per reduction block that the kernel runs.
@@ -258,27 +269,22 @@ struct RowTaps {
       if (it == range.end()) {
         range.emplace_back(lo, hi);
         chain.emplace_back();
-        chain.back().plan(nib * (hi - lo), unit_steps);
+        chain.back().table.plan(nib * (hi - lo), unit_steps);
       }
     }
-    steps.assign(range.size(), 0);
-    lookup.assign(range.size(), ChainLookup{});
   }
   void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
-               const int32_t* taps, int64_t a_min, int64_t pair_l1) {
-    for (size_t g = 0; g < range.size(); ++g) {
-      chain[g].pair_l1 = pair_l1;
+               const int32_t* taps, int64_t a_min, int64_t pair_l1, int override_chain) {
+    for (size_t g = 0; g < range.size(); ++g)
       chain[g].measure(ctx, unit_l1, lanes, lane_stride, nib, T, taps + range[g].first, range[g].second - range[g].first,
-                       a_min);
-    }
+                       a_min, pair_l1, override_chain);
   }
-  // Sets steps for sources of magnitude <= a (or the override); returns the shortest.
+  // Sets each group's chain for sources of magnitude <= a (or the override); returns the shortest.
   int choose(int64_t a, int override_chain) {
     int shortest = kMaxChain;
     for (size_t g = 0; g < range.size(); ++g) {
-      steps[g] = override_chain ? override_chain : chain[g].chain(a);
-      lookup[g].fill(chain[g], override_chain);
-      if (range[g].second > range[g].first) shortest = std::min(shortest, steps[g]);
+      const int steps = chain[g].choose(a, override_chain);
+      if (range[g].second > range[g].first) shortest = std::min(shortest, steps);
     }
     return shortest;
   }
@@ -313,9 +319,7 @@ struct EdgeColumns {
     int col = 0;
     std::vector<int64_t> tap_src;
     std::vector<int32_t> tap_wei;
-    ChainTable chain;
-    int steps = 0;
-    ChainLookup lookup;
+    TapChain chain;
   };
   int lo = 0, hi = 0;
   std::vector<Column> cols;
@@ -351,33 +355,30 @@ struct EdgeColumns {
           col.tap_src.push_back(tap_src[t]);
           col.tap_wei.push_back(tap_wei[t]);
         }
-      col.chain.plan(nib * static_cast<int>(col.tap_wei.size()), unit_steps);
+      col.chain.table.plan(nib * static_cast<int>(col.tap_wei.size()), unit_steps);
       cols.push_back(std::move(col));
     }
     split_blocks(nrows, simd::max_pixels(out_blocks == 1 ? 1 : 2), chunk_start, chunk_len);
   }
   void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
-               int64_t a_min, int64_t pair_l1) {
-    for (Column& c : cols) {
-      c.chain.pair_l1 = pair_l1;
+               int64_t a_min, int64_t pair_l1, int override_chain) {
+    for (Column& c : cols)
       c.chain.measure(ctx, unit_l1, lanes, lane_stride, nib, T, c.tap_wei.data(), static_cast<int>(c.tap_wei.size()),
-                      a_min);
-    }
+                      a_min, pair_l1, override_chain);
   }
   // Sets each column's chain for sources of magnitude <= a (or the override); returns the shortest.
   int choose(int64_t a, int override_chain) {
     int shortest = kMaxChain;
     for (Column& c : cols) {
-      c.steps = override_chain ? override_chain : c.chain.chain(a);
-      c.lookup.fill(c.chain, override_chain);
-      if (!c.tap_wei.empty()) shortest = std::min(shortest, c.steps);
+      const int steps = c.chain.choose(a, override_chain);
+      if (!c.tap_wei.empty()) shortest = std::min(shortest, steps);
     }
     return shortest;
   }
   // Kernel calls per image (per phase image, for backward-data), each for every output-block group.
   int64_t calls() const { return int64_t(cols.size()) * static_cast<int64_t>(chunk_start.size()); }
   // Points a call at edge call e's column taps; returns its column, and its first row in r0. The
-  // caller sets the chain with chain_for() once it knows the call's bound.
+  // caller sets the chain (Column::chain.for_bound) once it knows the call's bound.
   const Column& use(simd::PixelKernelArgs& a, int64_t e, int& r0) const {
     const int nch = static_cast<int>(chunk_start.size());
     const Column& c = cols[size_t(e / nch)];
@@ -776,14 +777,14 @@ struct ConvInt16::Impl {
     const int64_t f_pair = f_pair_max.load(), b_pair = b_pair_max.load();
     // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
     fwd_rows.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, fwd_tap_wei.data(),
-                     measure_floor(opt.activations.headroom), f_pair);
+                     measure_floor(opt.activations.headroom), f_pair, opt.chain_override);
     fwd_edges.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, measure_floor(opt.activations.headroom),
-                      f_pair);
+                      f_pair, opt.chain_override);
     for (Phase& p : phases) {
       p.rows.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, p.tap_wei.data(),
-                     measure_floor(opt.gradients.headroom), b_pair);
+                     measure_floor(opt.gradients.headroom), b_pair, opt.chain_override);
       p.edges.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, measure_floor(opt.gradients.headroom),
-                      b_pair);
+                      b_pair, opt.chain_override);
     }
     have_w = true;
     if (shared_workspace) have_dy = have_x_fwd = false;  // wq overwrote them
@@ -1014,17 +1015,13 @@ struct ConvInt16::Impl {
 
   // Points a kernel call at the taps of row group rg (a contiguous range of the pass's taps) and
   // that group's chain for sources bounded by `bound` (the largest |q| of the rows the call reads).
-  // Both the tensor-maximum chain and the bound's bucket chain are safe; the longer one runs.
   static void use_row_group(simd::PixelKernelArgs& a, const RowTaps& rows, int rg, const int64_t* tap_src,
                             const int32_t* tap_wei, int32_t bound) {
     const auto [t0, t1] = rows.range[rg];
     a.tap_src = tap_src + t0;
     a.tap_wei = tap_wei + t0;
     a.ntaps = t1 - t0;
-    a.chain = std::max(rows.steps[rg], rows.lookup[rg].at(bound));
-  }
-  static void use_edge_chain(simd::PixelKernelArgs& a, const EdgeColumns::Column& c, int32_t bound) {
-    a.chain = std::max(c.steps, c.lookup.at(bound));
+    a.chain = rows.chain[rg].for_bound(bound);
   }
   // img[n * rows + y] = the largest row_max[(n * blocks + b) * rows + y] over the blocks b: the
   // bound on every source of image n's row y.
@@ -1129,7 +1126,7 @@ struct ConvInt16::Impl {
           int oh0;
           const EdgeColumns::Column& col = fwd_edges.use(a, r % per_image - OH, oh0);
           const int ow = col.col;
-          use_edge_chain(a, col, bound(n, oh0, oh0 + a.npix));
+          a.chain = col.chain.for_bound(bound(n, oh0, oh0 + a.npix));
           a.src_pix = int64_t(sh.stride_h) * Wp * 16;
           a.dst_pix = int64_t(OW) * 16;
           a.src = xq + (size_t(n) * CB * Hp + size_t(oh0) * sh.stride_h) * Wp * 16 + size_t(ow) * sh.stride_w * 16;
@@ -1239,7 +1236,7 @@ struct ConvInt16::Impl {
         int i0;
         const EdgeColumns::Column& col = p.edges.use(a, local % per_image - p.ni, i0);
         const int j = col.col;
-        use_edge_chain(a, col, bound(p, n, i0, i0 + a.npix));
+        a.chain = col.chain.for_bound(bound(p, n, i0, i0 + a.npix));
         a.src_pix = int64_t(OWb) * 16;
         a.dst_pix = int64_t(sh.stride_h) * sh.W * 16;
         a.src = dyq + (size_t(n) * KB * OHb + i0) * OWb * 16 + size_t(j) * 16;
