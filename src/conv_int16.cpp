@@ -197,7 +197,7 @@ struct ChainTable {
 
 // Chains per call. The bound a * L1(n) holds for any a at least the largest |q| a call reads, and
 // the quantizer records each row's largest |q|: a call's own rows are typically bounded well
-// below the tensor's maximum (by 0.4-0.7 of it on ResNet-20), so its chains can be longer. Calls
+// below the tensor's maximum (by 0.5-0.8 of it on ResNet-20, README), so its chains can be longer. Calls
 // look their chain up by their bound's bucket, whose upper edge is the bound rounded up to its top
 // 3 significant bits (within 25%): buckets 0-7 hold 0-7 exactly, then 4 per octave up to 32767.
 constexpr int kChainBuckets = 56;
