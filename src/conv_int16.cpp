@@ -391,14 +391,19 @@ struct EdgeColumns {
   }
 };
 
+// One lattice of output positions of a pixel-kernel pass, with its own taps: the forward pass
+// has one (every output pixel), backward-data one per stride phase (the dx rows and columns
+// congruent to (ph, pw), each reading its own subset of the taps).
 struct Phase {
-  int ph = 0, pw = 0;    // residues of the dx rows/columns this phase writes
+  int ph = 0, pw = 0;    // residues of the output rows/columns this phase writes (backward-data)
   int ni = 0, nj = 0;    // its output rows and columns
+  int64_t dst_off = 0;   // offset of its output (0, 0) in an image's output block
   std::vector<int64_t> tap_src;
   std::vector<int32_t> tap_wei;
-  std::vector<int> tap_dr;  // dy row offset of each tap: dx row i reads dy row i + dr
-  std::vector<int> tap_dc;  // and column: dx column j reads dy column j + dc
-  int dr_min = 0, dr_max = 1;  // dx row i reads dy rows [i + dr_min, i + dr_max)
+  // Output (i, j) reads source row i * row_step + tap_dr[t] and column j * col_step + tap_dc[t]
+  // (the pass's steps): forward r - pad_h and s - pad_w, backward-data the dy offsets.
+  std::vector<int> tap_dr, tap_dc;
+  int dr_min = 0, dr_max = 1;  // so output rows [i0, i1) read source rows [i0 * row_step + dr_min, (i1 - 1) * row_step + dr_max)
   RowTaps rows;
   EdgeColumns edges;
 };
@@ -433,24 +438,11 @@ struct ConvInt16::Impl {
 
   int CB, KB, NP, T, OH, OW, Hp, Wp;
   bool gemm;  // 1x1 output from 1x1 input: pixels run over the batch
-  // BPROP geometry
-  int pt = 0, pl = 0, OHb = 0, OWb = 0;
-  std::vector<Phase> phases;
-  std::vector<int64_t> phase_row_begin;  // prefix sums over phases of N * (ni rows + edge-column calls)
-  std::vector<int64_t> phase_pos_begin;  // prefix sums of ni*nj over phases
-  bool bwd_image_tiles = false;          // every phase's rows are short: tile over images
-  // FPROP taps
-  std::vector<int64_t> fwd_tap_src;
-  std::vector<int32_t> fwd_tap_wei;
-  // Pixel blocks of an output row (for 1 or 2 output-lane blocks), planned once: FPROP over OW,
-  // BPROP per phase over its columns.
+  int pt = 0, pl = 0, OHb = 0, OWb = 0;  // dyq's zero border (top rows, left columns) and padded size
+  // Pixel blocks of an output row's middle columns (for 1 or 2 output-lane blocks), planned once.
   struct RowBlocks {
     std::vector<int> start1, len1, start2, len2;
   };
-  RowBlocks fwd_blocks;
-  std::vector<RowBlocks> phase_blocks;
-  EdgeColumns fwd_edges;
-  // The pixel blocks of a row's middle columns (all of them without edge columns).
   static RowBlocks row_blocks(int ncols, const EdgeColumns& edges) {
     RowBlocks rb;
     const int middle = ncols - edges.lo - edges.hi;
@@ -460,6 +452,25 @@ struct ConvInt16::Impl {
     for (int& s : rb.start2) s += edges.lo;
     return rb;
   }
+  // A pixel-kernel pass: forward (x -> y, one phase) or backward-data (dy -> dx, a phase per
+  // stride residue). They differ only in these numbers, so one planner and one driver run both.
+  // Output (i, j) of a phase in image n reads its sources at src + n * src_img + i * src_row +
+  // j * src_col (plus the tap offsets) and writes output block ob at dst + n * dst_img +
+  // ob * dst_ob + dst_off + i * dst_row + j * dst_col.
+  struct PixelPass {
+    std::vector<Phase> phases;
+    std::vector<RowBlocks> blocks;    // per phase
+    std::vector<int64_t> row_begin;   // prefix sums over phases of N * (ni rows + edge-column calls)
+    std::vector<int64_t> pos_begin;   // prefix sums of ni * nj over phases
+    bool image_tiles = false;         // every phase's rows are short: tile over images instead
+    int in_channels = 0, in_blocks = 0, out_blocks = 0;
+    int row_step = 1, col_step = 1;   // source rows/columns per output row/column
+    int src_rows = 0, src_cols = 0;   // the source image (unpadded), for the taps' validity
+    int64_t src_img = 0, src_ib = 0, src_row = 0, src_col = 0;
+    int64_t dst_img = 0, dst_ob = 0, dst_row = 0, dst_col = 0;
+    std::vector<int16_t> img_max;     // per pass: the largest |q| of each source row over its blocks, [N][src_rows]
+  };
+  PixelPass fwd, bwd;
 
   // xp (the batch-pair copy of x) is the activation saved for the weight gradient and persists
   // from forward to backward. The rest is transient and lives in the workspace: xq during the
@@ -469,14 +480,12 @@ struct ConvInt16::Impl {
   std::vector<std::pair<int, int>> tap_rows, tap_cols;  // per kernel row / column: valid output range
   int16_t *xq = nullptr, *dyq = nullptr, *dyp = nullptr;
   std::vector<int16_t> x_row_max, dy_row_max;  // max|q| of each quantized row: [N][CB][H], [N][KB][OH]
-  std::vector<int16_t> x_img_max, dy_img_max;  // and over the blocks: [N][H], [N][OH] (per pass)
   float* dw_part = nullptr;
   size_t xq_bytes = 0, dyq_bytes = 0, dyp_bytes = 0, dw_part_bytes = 0, wq_bytes = 0;
   AlignedBuffer<std::byte> own_workspace;  // unless the caller provides one
   bool shared_workspace = false;
-  // INT32 chain bounds of the packed weights: FPROP, and BPROP per phase (set_weights() measures
-  // them from per-lane unit L1 norms, which live in the workspace after wq while it packs).
-  RowTaps fwd_rows;
+  // Per-lane unit L1 norms of the packed weights, from which set_weights() measures each phase's
+  // INT32 chain tables; they live in the workspace after wq while it packs.
   int32_t *unit_l1_f = nullptr, *unit_l1_b = nullptr;
   size_t unit_l1_bytes = 0;
   bool have_w = false, have_x = false, have_x_fwd = false, have_dy = false;
@@ -527,57 +536,22 @@ struct ConvInt16::Impl {
     Wp = sh.W + 2 * sh.pad_w;
     gemm = sh.H == 1 && sh.W == 1 && sh.R == 1 && sh.S == 1;
 
-    for (int r = 0; r < sh.R; ++r)
-      for (int s2 = 0; s2 < sh.S; ++s2) {
-        fwd_tap_src.push_back((int64_t(r) * Wp + s2) * 16);
-        fwd_tap_wei.push_back(r * sh.S + s2);
-      }
+    plan_forward();
     plan_backward_data();
-    // Edge columns, for the passes that run row calls. FPROP output column ow reads input column
-    // ow * stride + s - pad; BPROP dx column j of a phase reads dy column j + dc.
-    if (!gemm && OW > kImageTileMaxRow)
-      fwd_edges.plan(OW, OH, fwd_tap_src, fwd_tap_wei, CB, pairs_of(sh.C), KB, [&](int ow, int t) {
-        const int iw = ow * sh.stride_w + t % sh.S - sh.pad_w;
-        return iw >= 0 && iw < sh.W;
-      });
-    fwd_blocks = row_blocks(OW, fwd_edges);
-    int64_t rows = 0;
-    for (Phase& p : phases) {
-      if (!gemm && !bwd_image_tiles && p.nj > 0)
-        p.edges.plan(p.nj, p.ni, p.tap_src, p.tap_wei, KB, pairs_of(sh.K), CB, [&](int j, int t) {
-          const int c = j + p.tap_dc[t];
-          return c >= 0 && c < OW;
-        });
-      phase_blocks.push_back(p.nj > 0 ? row_blocks(p.nj, p.edges) : RowBlocks{});
-      phase_row_begin.push_back(rows);
-      rows += int64_t(sh.N) * (p.ni + p.edges.calls());
-    }
-    phase_row_begin.push_back(rows);
+    plan_pixel_pass(fwd);
+    plan_pixel_pass(bwd);
 
     // Unpadded: the weight gradient clips each tap's positions to where x is inside the image
     // (padding taps contribute zero), so the saved activation carries no border.
     xp = AlignedBuffer<int16_t>(size_t(NP) * CB * sh.H * sh.W * 32);
     for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
     for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
-    // FPROP output row oh reads input rows oh * stride + r - pad for kernel rows r (taps r*S + s).
-    fwd_rows.plan(OH, T, CB, pairs_of(sh.C), [&](int oh, int t) {
-      const int ih = oh * sh.stride_h + t / sh.S - sh.pad_h;
-      return ih >= 0 && ih < sh.H;
-    });
-    // BPROP: dx row i of a phase reads dy row i + dr of each tap.
-    for (Phase& p : phases)
-      p.rows.plan(p.ni, static_cast<int>(p.tap_wei.size()), KB, pairs_of(sh.K), [&](int i, int t) {
-        const int r = i + p.tap_dr[t];
-        return r >= 0 && r < OH;
-      });
     unit_l1_bytes = round64(size_t(KB) * 16 * CB * T * sizeof(int32_t));  // = CB*16 * KB*T too
     wq_bytes = round64(size_t(sh.K) * sh.C * T * sizeof(int16_t)) + 2 * unit_l1_bytes;
     wf = AlignedBuffer<int16_t>(size_t(KB) * CB * T * 256);
     wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
     x_row_max.assign(size_t(sh.N) * CB * sh.H, 0);
     dy_row_max.assign(size_t(sh.N) * KB * OH, 0);
-    x_img_max.assign(size_t(sh.N) * sh.H, 0);
-    dy_img_max.assign(size_t(sh.N) * OH, 0);
     xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
     dyq_bytes = round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t));
     dyp_bytes = gemm ? round64(size_t(NP) * KB * 32 * sizeof(int16_t)) : 0;
@@ -658,7 +632,38 @@ struct ConvInt16::Impl {
   // FP32 partial buffers of dW: one per slice, or one shared by the output blocks.
   int wgrad_partials() const { return by_output_block() ? 1 : slices(); }
 
-  // Phases, their taps, and the zero border of dyq that makes every tap read in bounds.
+  // FPROP: one phase, every output pixel. Output (oh, ow) reads input row oh * stride_h + r - pad_h
+  // and column ow * stride_w + s - pad_w through tap (r, s); xq carries the padding as a zero border.
+  void plan_forward() {
+    Phase p;
+    p.ni = OH;
+    p.nj = OW;
+    for (int r = 0; r < sh.R; ++r)
+      for (int s2 = 0; s2 < sh.S; ++s2) {
+        p.tap_src.push_back((int64_t(r) * Wp + s2) * 16);
+        p.tap_wei.push_back(r * sh.S + s2);
+        p.tap_dr.push_back(r - sh.pad_h);
+        p.tap_dc.push_back(s2 - sh.pad_w);
+      }
+    fwd.phases.push_back(std::move(p));
+    fwd.in_channels = sh.C;
+    fwd.in_blocks = CB;
+    fwd.out_blocks = KB;
+    fwd.row_step = sh.stride_h;
+    fwd.col_step = sh.stride_w;
+    fwd.src_rows = sh.H;
+    fwd.src_cols = sh.W;
+    fwd.src_ib = int64_t(Hp) * Wp * 16;
+    fwd.src_img = int64_t(CB) * fwd.src_ib;
+    fwd.src_row = int64_t(sh.stride_h) * Wp * 16;
+    fwd.src_col = int64_t(sh.stride_w) * 16;
+    fwd.dst_ob = int64_t(OH) * OW * 16;
+    fwd.dst_img = int64_t(KB) * fwd.dst_ob;
+    fwd.dst_row = int64_t(OW) * 16;
+    fwd.dst_col = 16;
+  }
+
+  // BPROP: the phases, their taps, and the zero border of dyq that makes every tap read in bounds.
   void plan_backward_data() {
     auto div_exact = [](int a, int b) { return a / b; };  // callers pass multiples of b
     int min_r = 0, max_r = OH - 1, min_c = 0, max_c = OW - 1;
@@ -688,31 +693,67 @@ struct ConvInt16::Impl {
             p.tap_dc.push_back(dc);
           }
         }
-        phases.push_back(std::move(p));
-      }
-    for (Phase& p : phases)
-      if (!p.tap_dr.empty()) {
-        p.dr_min = *std::min_element(p.tap_dr.begin(), p.tap_dr.end());
-        p.dr_max = *std::max_element(p.tap_dr.begin(), p.tap_dr.end()) + 1;
+        p.dst_off = (int64_t(ph) * sh.W + pw) * 16;
+        bwd.phases.push_back(std::move(p));
       }
     pt = -min_r;
     pl = -min_c;
     OHb = max_r + 1 + pt;
     OWb = max_c + 1 + pl;
-    for (Phase& p : phases) {
+    for (Phase& p : bwd.phases) {
       std::vector<int64_t> off;
       for (size_t t = 0; t < p.tap_wei.size(); ++t)
         off.push_back((int64_t(p.tap_src[2 * t] + pt) * OWb + (p.tap_src[2 * t + 1] + pl)) * 16);
       p.tap_src = std::move(off);
     }
-    int64_t pos = 0;
-    bwd_image_tiles = true;
-    for (const Phase& p : phases) {
-      phase_pos_begin.push_back(pos);
+    bwd.in_channels = sh.K;
+    bwd.in_blocks = KB;
+    bwd.out_blocks = CB;
+    bwd.src_rows = OH;
+    bwd.src_cols = OW;
+    bwd.src_ib = int64_t(OHb) * OWb * 16;
+    bwd.src_img = int64_t(KB) * bwd.src_ib;
+    bwd.src_row = int64_t(OWb) * 16;
+    bwd.src_col = 16;
+    bwd.dst_ob = int64_t(sh.H) * sh.W * 16;
+    bwd.dst_img = int64_t(CB) * bwd.dst_ob;
+    bwd.dst_row = int64_t(sh.stride_h) * sh.W * 16;
+    bwd.dst_col = int64_t(sh.stride_w) * 16;
+  }
+
+  // The rest of a pass's plan, from its phases' taps: source-row spans, image tiles or row calls,
+  // edge columns, row groups and pixel blocks.
+  void plan_pixel_pass(PixelPass& pp) {
+    const int unit_steps = pairs_of(pp.in_channels);
+    int64_t pos = 0, rows = 0;
+    pp.image_tiles = true;
+    for (const Phase& p : pp.phases) {
+      pp.pos_begin.push_back(pos);
       pos += int64_t(p.ni) * p.nj;
-      bwd_image_tiles = bwd_image_tiles && p.nj <= kImageTileMaxRow;
+      pp.image_tiles = pp.image_tiles && p.nj <= kImageTileMaxRow;
     }
-    phase_pos_begin.push_back(pos);
+    pp.pos_begin.push_back(pos);
+    for (Phase& p : pp.phases) {
+      if (!p.tap_dr.empty()) {
+        p.dr_min = *std::min_element(p.tap_dr.begin(), p.tap_dr.end());
+        p.dr_max = *std::max_element(p.tap_dr.begin(), p.tap_dr.end()) + 1;
+      }
+      // Edge columns, for passes that run row calls.
+      if (!gemm && !pp.image_tiles && p.nj > 0)
+        p.edges.plan(p.nj, p.ni, p.tap_src, p.tap_wei, pp.in_blocks, unit_steps, pp.out_blocks, [&](int j, int t) {
+          const int c = j * pp.col_step + p.tap_dc[t];
+          return c >= 0 && c < pp.src_cols;
+        });
+      pp.blocks.push_back(p.nj > 0 ? row_blocks(p.nj, p.edges) : RowBlocks{});
+      pp.row_begin.push_back(rows);
+      rows += int64_t(sh.N) * (p.ni + p.edges.calls());
+      p.rows.plan(p.ni, static_cast<int>(p.tap_wei.size()), pp.in_blocks, unit_steps, [&](int i, int t) {
+        const int r = i * pp.row_step + p.tap_dr[t];
+        return r >= 0 && r < pp.src_rows;
+      });
+    }
+    pp.row_begin.push_back(rows);
+    pp.img_max.assign(size_t(sh.N) * pp.src_rows, 0);
   }
 
   simd::PixelKernelFn pixel_fn() const {
@@ -776,18 +817,21 @@ struct ConvInt16::Impl {
     });
     const int64_t f_pair = f_pair_max.load(), b_pair = b_pair_max.load();
     // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
-    fwd_rows.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, fwd_tap_wei.data(),
-                     measure_floor(opt.activations.headroom), f_pair, opt.chain_override);
-    fwd_edges.measure(ctx, unit_l1_f, KB * 16, int64_t(CB) * T, CB, T, measure_floor(opt.activations.headroom),
-                      f_pair, opt.chain_override);
-    for (Phase& p : phases) {
-      p.rows.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, p.tap_wei.data(),
-                     measure_floor(opt.gradients.headroom), b_pair, opt.chain_override);
-      p.edges.measure(ctx, unit_l1_b, CB * 16, int64_t(KB) * T, KB, T, measure_floor(opt.gradients.headroom),
-                      b_pair, opt.chain_override);
-    }
+    measure_chains(fwd, unit_l1_f, f_pair, opt.activations.headroom);
+    measure_chains(bwd, unit_l1_b, b_pair, opt.gradients.headroom);
     have_w = true;
     if (shared_workspace) have_dy = have_x_fwd = false;  // wq overwrote them
+  }
+
+  // Chain tables of every phase's row groups and edge columns, from the per-lane unit L1 norms
+  // (lanes: the pass's output channels; units: (input block, tap)).
+  void measure_chains(PixelPass& pp, const int32_t* unit_l1, int64_t pair_l1, int headroom) {
+    for (Phase& p : pp.phases) {
+      p.rows.measure(ctx, unit_l1, pp.out_blocks * 16, int64_t(pp.in_blocks) * T, pp.in_blocks, T, p.tap_wei.data(),
+                     measure_floor(headroom), pair_l1, opt.chain_override);
+      p.edges.measure(ctx, unit_l1, pp.out_blocks * 16, int64_t(pp.in_blocks) * T, pp.in_blocks, T,
+                      measure_floor(headroom), pair_l1, opt.chain_override);
+    }
   }
 
   // ---- activations and gradients -----------------------------------------------------------
@@ -1066,209 +1110,134 @@ struct ConvInt16::Impl {
     });
   }
 
+  // Sets every chain of a pass for sources of magnitude <= a (or the override); returns the
+  // shortest, which the pass reports.
+  int choose_chains(PixelPass& pp, int64_t a) {
+    int chain = kMaxChain;
+    for (Phase& p : pp.phases)
+      chain = std::min({chain, p.rows.choose(a, opt.chain_override), p.edges.choose(a, opt.chain_override)});
+    return chain;
+  }
+
+  // Runs a pixel-kernel pass from src (quantized with src_stats, per-row maxima row_max
+  // [N][in_blocks][src_rows]) through the packed weights wei into dst (added to it with
+  // accumulate). Returns the pass's shortest chain, which it reports.
+  int run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats, const int16_t* row_max,
+                     const int16_t* wei, float* dst, bool accumulate, const char* pass) {
+    const auto fn = pixel_fn();
+    const int32_t tensor_max = src_stats.max_abs_int;
+    simd::PixelKernelArgs base{};
+    base.chain = choose_chains(pp, tensor_max);
+    base.scale = pow2(src_stats.exponent + stats.w.exponent, name, pass);
+    base.accumulate = accumulate;
+    base.nib = pp.in_blocks;
+    base.pairs = pairs_of(pp.in_channels);
+    base.src_ib = pp.src_ib;
+    base.wei_ib = int64_t(T) * 256;
+    base.wei_ob = int64_t(pp.in_blocks) * base.wei_ib;
+    const int64_t wei_group = 2 * base.wei_ob;  // weights of a group of two output blocks
+    const int ngroups = (pp.out_blocks + 1) / 2;
+    if (gemm) {
+      const Phase& p = pp.phases[0];
+      base.tap_src = p.tap_src.data();
+      base.tap_wei = p.tap_wei.data();
+      base.ntaps = static_cast<int>(p.tap_wei.size());
+      run_gemm(base, src, pp.in_blocks, wei, pp.out_blocks, dst);
+      return base.chain;
+    }
+    base.dst_ob = pp.dst_ob;
+    if (pp.image_tiles) {
+      // Tiles of images at one output position; items run output-block groups outermost, so a
+      // thread's consecutive items share the group's weights (in L2).
+      base.src_pix = pp.src_img;
+      base.dst_pix = pp.dst_img;
+      const int per = kImageTilePixels;
+      const int64_t nblk = (sh.N + per - 1) / per, per_group = pp.pos_begin.back() * nblk;
+      run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
+        const int g = static_cast<int>(r / per_group);
+        const int64_t pos = r % per_group / nblk;
+        const int n0 = static_cast<int>(r % nblk) * per;
+        size_t q = 0;
+        while (pos >= pp.pos_begin[q + 1]) ++q;
+        const Phase& p = pp.phases[q];
+        const int i = static_cast<int>((pos - pp.pos_begin[q]) / p.nj), j = static_cast<int>((pos - pp.pos_begin[q]) % p.nj);
+        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), tensor_max);
+        a.nob = std::min(2, pp.out_blocks - 2 * g);
+        a.npix = std::min(per, sh.N - n0);
+        a.wei = wei + g * wei_group;
+        a.src = src + n0 * pp.src_img + i * pp.src_row + j * pp.src_col;
+        a.dst = dst + n0 * pp.dst_img + 2 * g * pp.dst_ob + p.dst_off + i * pp.dst_row + j * pp.dst_col;
+        fn(a);
+      });
+      return base.chain;
+    }
+    image_row_max(row_max, pp.in_blocks, pp.src_rows, pp.img_max.data());
+    // The largest |q| of the source rows that a phase's output rows [i0, i1) of image n read.
+    auto bound = [&](const Phase& p, int n, int i0, int i1) {
+      return span_max(pp.img_max.data() + size_t(n) * pp.src_rows, i0 * pp.row_step + p.dr_min,
+                      (i1 - 1) * pp.row_step + p.dr_max, pp.src_rows);
+    };
+    // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls.
+    run_calls(pp.row_begin.back(), base, [&](simd::PixelKernelArgs& a, int64_t r) {
+      size_t q = 0;  // the phase of item r
+      while (r >= pp.row_begin[q + 1]) ++q;
+      const Phase& p = pp.phases[q];
+      const int64_t local = r - pp.row_begin[q], per_image = p.ni + p.edges.calls();
+      const int n = static_cast<int>(local / per_image);
+      const int16_t* src_n = src + n * pp.src_img;
+      float* dst_n = dst + n * pp.dst_img + p.dst_off;
+      if (local % per_image >= p.ni) {  // an edge column's call: pixels down its rows
+        int i0;
+        const EdgeColumns::Column& col = p.edges.use(a, local % per_image - p.ni, i0);
+        a.chain = col.chain.for_bound(bound(p, n, i0, i0 + a.npix));
+        a.src_pix = pp.src_row;
+        a.dst_pix = pp.dst_row;
+        a.src = src_n + i0 * pp.src_row + col.col * pp.src_col;
+        for (int g = 0; g < ngroups; ++g) {
+          a.nob = std::min(2, pp.out_blocks - 2 * g);
+          a.wei = wei + g * wei_group;
+          a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
+          fn(a);
+        }
+        return;
+      }
+      const int i = static_cast<int>(local % per_image);
+      a.src_pix = pp.src_col;
+      a.dst_pix = pp.dst_col;
+      use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), bound(p, n, i, i + 1));
+      const int16_t* src_row = src_n + i * pp.src_row;
+      float* dst_row = dst_n + i * pp.dst_row;
+      for (int g = 0; g < ngroups; ++g) {
+        a.nob = std::min(2, pp.out_blocks - 2 * g);
+        const RowBlocks& rb = pp.blocks[q];
+        const auto& bs = a.nob == 2 ? rb.start2 : rb.start1;
+        const auto& bl = a.nob == 2 ? rb.len2 : rb.len1;
+        a.wei = wei + g * wei_group;
+        for (size_t b = 0; b < bs.size(); ++b) {
+          a.npix = bl[b];
+          a.src = src_row + bs[b] * pp.src_col;
+          a.dst = dst_row + 2 * g * pp.dst_ob + bs[b] * pp.dst_col;
+          fn(a);
+        }
+      }
+    });
+    return base.chain;
+  }
+
   void forward(float* y) {
     require(have_w, "forward", "set_weights()");
     require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
-    const int chain = std::min(fwd_rows.choose(stats.x.max_abs_int, opt.chain_override),
-                               fwd_edges.choose(stats.x.max_abs_int, opt.chain_override));
-    stats.chain_fwd = chain;
-    const float scale = pow2(stats.x.exponent + stats.w.exponent, name, "forward");
-    const auto fn = pixel_fn();
-    simd::PixelKernelArgs base{};
-    base.tap_src = fwd_tap_src.data();
-    base.tap_wei = fwd_tap_wei.data();
-    base.ntaps = T;
-    base.nib = CB;
-    base.pairs = pairs_of(sh.C);
-    base.src_ib = int64_t(Hp) * Wp * 16;
-    base.wei_ob = int64_t(CB) * T * 256;
-    base.wei_ib = int64_t(T) * 256;
-    base.chain = chain;
-    base.scale = scale;
-    base.accumulate = false;
-    const int ngroups = (KB + 1) / 2;
-    if (gemm) {
-      run_gemm(base, xq, CB, wf.data(), KB, y);
-    } else if (OW <= kImageTileMaxRow) {
-      // Tiles of images at one output position; items run output-block groups outermost, so a
-      // thread's consecutive items share the group's weights (in L2).
-      base.src_pix = int64_t(CB) * Hp * Wp * 16;
-      base.dst_ob = int64_t(OH) * OW * 16;
-      base.dst_pix = int64_t(KB) * OH * OW * 16;
-      const int per = kImageTilePixels;
-      const int64_t nblk = (sh.N + per - 1) / per, per_group = int64_t(OH) * OW * nblk;
-      run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
-        const int g = static_cast<int>(r / per_group);
-        const int oh = static_cast<int>(r / (int64_t(OW) * nblk) % OH), ow = static_cast<int>(r / nblk % OW);
-        const int n0 = static_cast<int>(r % nblk) * per;
-        use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data(),
-                      stats.x.max_abs_int);
-        a.nob = std::min(2, KB - 2 * g);
-        a.npix = std::min(per, sh.N - n0);
-        a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
-        a.src = xq + (size_t(n0) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16 + size_t(ow) * sh.stride_w * 16;
-        a.dst = y + ((size_t(n0) * KB + 2 * g) * OH + oh) * OW * 16 + size_t(ow) * 16;
-        fn(a);
-      });
-    } else {
-      base.dst_ob = int64_t(OH) * OW * 16;
-      image_row_max(x_row_max.data(), CB, sh.H, x_img_max.data());
-      // Output rows [oh0, oh1) read input rows [oh0 * stride - pad, (oh1 - 1) * stride - pad + R).
-      auto bound = [&](int n, int oh0, int oh1) {
-        return span_max(x_img_max.data() + size_t(n) * sh.H, oh0 * sh.stride_h - sh.pad_h,
-                        (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R, sh.H);
-      };
-      // Per image: OH row calls (the middle columns), then the edge-column calls.
-      const int64_t per_image = OH + fwd_edges.calls();
-      run_calls(int64_t(sh.N) * per_image, base, [&](simd::PixelKernelArgs& a, int64_t r) {
-        const int n = static_cast<int>(r / per_image);
-        if (r % per_image >= OH) {
-          int oh0;
-          const EdgeColumns::Column& col = fwd_edges.use(a, r % per_image - OH, oh0);
-          const int ow = col.col;
-          a.chain = col.chain.for_bound(bound(n, oh0, oh0 + a.npix));
-          a.src_pix = int64_t(sh.stride_h) * Wp * 16;
-          a.dst_pix = int64_t(OW) * 16;
-          a.src = xq + (size_t(n) * CB * Hp + size_t(oh0) * sh.stride_h) * Wp * 16 + size_t(ow) * sh.stride_w * 16;
-          for (int g = 0; g < ngroups; ++g) {
-            a.nob = std::min(2, KB - 2 * g);
-            a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
-            a.dst = y + ((size_t(n) * KB + 2 * g) * OH + oh0) * OW * 16 + size_t(ow) * 16;
-            fn(a);
-          }
-          return;
-        }
-        const int oh = static_cast<int>(r % per_image);
-        a.src_pix = int64_t(sh.stride_w) * 16;
-        a.dst_pix = 16;
-        const int16_t* src_row = xq + (size_t(n) * CB * Hp + size_t(oh) * sh.stride_h) * Wp * 16;
-        use_row_group(a, fwd_rows, fwd_rows.row_group[oh], fwd_tap_src.data(), fwd_tap_wei.data(), bound(n, oh, oh + 1));
-        for (int g = 0; g < ngroups; ++g) {
-          a.nob = std::min(2, KB - 2 * g);
-          const auto& bs = a.nob == 2 ? fwd_blocks.start2 : fwd_blocks.start1;
-          const auto& bl = a.nob == 2 ? fwd_blocks.len2 : fwd_blocks.len1;
-          a.wei = wf.data() + size_t(2 * g) * CB * T * 256;
-          for (size_t b = 0; b < bs.size(); ++b) {
-            a.npix = bl[b];
-            a.src = src_row + size_t(bs[b]) * sh.stride_w * 16;
-            a.dst = y + ((size_t(n) * KB + 2 * g) * OH + oh) * OW * 16 + size_t(bs[b]) * 16;
-            fn(a);
-          }
-        }
-      });
-    }
+    stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, x_row_max.data(), wf.data(), y, false, "forward");
   }
 
   void backward_data(float* dx_out, bool accumulate) {
     DFP_CHECK(opt.input_gradient, Status::invalid_argument,
               "convolution '" + name + "': backward_data() called on an operator built with input_gradient = false");
     require(have_w, "backward_data", "set_weights()");
-    float* dx = dx_out;
-    if (unfold) dx = dx_unfolded.data();
     require(have_dy, "backward_data", "quantize_grad_output()");
-    // One chain per phase and row group: each runs its own tap sequence. The pass reports the shortest.
-    int chain = kMaxChain;
-    for (Phase& p : phases)
-      chain = std::min({chain, p.rows.choose(stats.dy.max_abs_int, opt.chain_override),
-                        p.edges.choose(stats.dy.max_abs_int, opt.chain_override)});
-    stats.chain_bwd = chain;
-    const float scale = pow2(stats.dy.exponent + stats.w.exponent, name, "backward_data");
-    const auto fn = pixel_fn();
-    simd::PixelKernelArgs base{};
-    base.nib = KB;
-    base.pairs = pairs_of(sh.K);
-    base.src_ib = int64_t(OHb) * OWb * 16;
-    base.wei_ob = int64_t(KB) * T * 256;
-    base.wei_ib = int64_t(T) * 256;
-    base.chain = chain;
-    base.scale = scale;
-    base.accumulate = accumulate && !unfold;  // unfolded: dx' is scratch, folded into dx_out below
-    const int ngroups = (CB + 1) / 2;
-    if (gemm) {
-      const Phase& p = phases[0];
-      base.tap_src = p.tap_src.data();
-      base.tap_wei = p.tap_wei.data();
-      base.ntaps = static_cast<int>(p.tap_wei.size());
-      run_gemm(base, dyq, KB, wb.data(), CB, dx);
-      return;
-    }
-    if (bwd_image_tiles) {
-      // As in forward(): tiles of images at one dx position, output-block groups outermost.
-      base.src_pix = int64_t(KB) * OHb * OWb * 16;
-      base.dst_ob = int64_t(sh.H) * sh.W * 16;
-      base.dst_pix = int64_t(CB) * sh.H * sh.W * 16;
-      const int per = kImageTilePixels;
-      const int64_t nblk = (sh.N + per - 1) / per, per_group = phase_pos_begin.back() * nblk;
-      run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
-        const int g = static_cast<int>(r / per_group);
-        const int64_t pos = r % per_group / nblk;
-        const int n0 = static_cast<int>(r % nblk) * per;
-        size_t q = 0;
-        while (pos >= phase_pos_begin[q + 1]) ++q;
-        const Phase& p = phases[q];
-        const int i = static_cast<int>((pos - phase_pos_begin[q]) / p.nj), j = static_cast<int>((pos - phase_pos_begin[q]) % p.nj);
-        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), stats.dy.max_abs_int);
-        a.nob = std::min(2, CB - 2 * g);
-        a.npix = std::min(per, sh.N - n0);
-        a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
-        a.src = dyq + (size_t(n0) * KB * OHb + i) * OWb * 16 + size_t(j) * 16;
-        a.dst = dx + ((size_t(n0) * CB + 2 * g) * sh.H + p.ph + size_t(i) * sh.stride_h) * sh.W * 16 +
-                (size_t(p.pw) + size_t(j) * sh.stride_w) * 16;
-        fn(a);
-      });
-      if (unfold) fold_dx(dx_out, accumulate);
-      return;
-    }
-    base.dst_ob = int64_t(sh.H) * sh.W * 16;
-    image_row_max(dy_row_max.data(), KB, OH, dy_img_max.data());
-    // A phase's dx rows [i0, i1) read dy rows [i0 + dr_min, i1 + dr_max).
-    auto bound = [&](const Phase& p, int n, int i0, int i1) {
-      return span_max(dy_img_max.data() + size_t(n) * OH, i0 + p.dr_min, i1 + p.dr_max, OH);
-    };
-    // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls.
-    run_calls(phase_row_begin.back(), base, [&](simd::PixelKernelArgs& a, int64_t r) {
-      size_t q = 0;  // the phase of item r
-      while (r >= phase_row_begin[q + 1]) ++q;
-      const Phase& p = phases[q];
-      const int64_t local = r - phase_row_begin[q], per_image = p.ni + p.edges.calls();
-      const int n = static_cast<int>(local / per_image);
-      if (local % per_image >= p.ni) {
-        int i0;
-        const EdgeColumns::Column& col = p.edges.use(a, local % per_image - p.ni, i0);
-        const int j = col.col;
-        a.chain = col.chain.for_bound(bound(p, n, i0, i0 + a.npix));
-        a.src_pix = int64_t(OWb) * 16;
-        a.dst_pix = int64_t(sh.stride_h) * sh.W * 16;
-        a.src = dyq + (size_t(n) * KB * OHb + i0) * OWb * 16 + size_t(j) * 16;
-        for (int g = 0; g < ngroups; ++g) {
-          a.nob = std::min(2, CB - 2 * g);
-          a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
-          a.dst = dx + ((size_t(n) * CB + 2 * g) * sh.H + p.ph + size_t(i0) * sh.stride_h) * sh.W * 16 +
-                  (size_t(p.pw) + size_t(j) * sh.stride_w) * 16;
-          fn(a);
-        }
-        return;
-      }
-      const int i = static_cast<int>(local % per_image);
-      a.src_pix = 16;
-      a.dst_pix = int64_t(sh.stride_w) * 16;
-      use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), bound(p, n, i, i + 1));
-      const int16_t* src_row = dyq + (size_t(n) * KB * OHb + i) * OWb * 16;
-      const int ih = p.ph + i * sh.stride_h;
-      for (int g = 0; g < ngroups; ++g) {
-        a.nob = std::min(2, CB - 2 * g);
-        const auto& bs = a.nob == 2 ? phase_blocks[q].start2 : phase_blocks[q].start1;
-        const auto& bl = a.nob == 2 ? phase_blocks[q].len2 : phase_blocks[q].len1;
-        a.wei = wb.data() + size_t(2 * g) * KB * T * 256;
-        for (size_t b = 0; b < bs.size(); ++b) {
-          a.npix = bl[b];
-          a.src = src_row + size_t(bs[b]) * 16;
-          a.dst = dx + ((size_t(n) * CB + 2 * g) * sh.H + ih) * sh.W * 16 +
-                  (size_t(p.pw) + size_t(bs[b]) * sh.stride_w) * 16;
-          fn(a);
-        }
-      }
-    });
+    // Unfolded: dx' is scratch, folded into dx_out below.
+    stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, dy_row_max.data(), wb.data(),
+                                     unfold ? dx_unfolded.data() : dx_out, accumulate && !unfold, "backward_data");
     if (unfold) fold_dx(dx_out, accumulate);
   }
 
