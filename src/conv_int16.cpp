@@ -1087,29 +1087,6 @@ struct ConvInt16::Impl {
     for (int y = std::max(lo, 0); y < std::min(hi, rows); ++y) v = std::max<int32_t>(v, m[y]);
     return v;
   }
-  // A pass of a layer that is a pure GEMM (1x1 kernel over 1x1 images): pixels run over the batch,
-  // images in_blocks * 16 values apart in src and out_blocks * 16 apart in dst; items are tiles of
-  // images for one pair of output blocks. Forward: x -> y with the forward weights; backward-data:
-  // dy -> dx with the backward ones.
-  void run_gemm(simd::PixelKernelArgs base, const int16_t* src, int in_blocks, const int16_t* wei, int out_blocks,
-                float* dst) {
-    const auto fn = pixel_fn();
-    base.src_pix = int64_t(in_blocks) * 16;
-    base.dst_ob = 16;
-    base.dst_pix = int64_t(out_blocks) * 16;
-    const int per = simd::max_pixels(2), ngroups = (out_blocks + 1) / 2;
-    const int64_t tiles = (sh.N + per - 1) / per;
-    run_calls(tiles * ngroups, base, [&](simd::PixelKernelArgs& a, int64_t it) {
-      const int g = static_cast<int>(it % ngroups), n0 = static_cast<int>(it / ngroups) * per;
-      a.nob = std::min(2, out_blocks - 2 * g);
-      a.npix = std::min(per, sh.N - n0);
-      a.src = src + size_t(n0) * in_blocks * 16;
-      a.wei = wei + size_t(2 * g) * in_blocks * T * 256;
-      a.dst = dst + (size_t(n0) * out_blocks + 2 * g) * 16;
-      fn(a);
-    });
-  }
-
   // Sets every chain of a pass for sources of magnitude <= a (or the override); returns the
   // shortest, which the pass reports.
   int choose_chains(PixelPass& pp, int64_t a) {
@@ -1125,9 +1102,8 @@ struct ConvInt16::Impl {
   int run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats, const int16_t* row_max,
                      const int16_t* wei, float* dst, bool accumulate, const char* pass) {
     const auto fn = pixel_fn();
-    const int32_t tensor_max = src_stats.max_abs_int;
     simd::PixelKernelArgs base{};
-    base.chain = choose_chains(pp, tensor_max);
+    base.chain = choose_chains(pp, src_stats.max_abs_int);
     base.scale = pow2(src_stats.exponent + stats.w.exponent, name, pass);
     base.accumulate = accumulate;
     base.nib = pp.in_blocks;
@@ -1137,21 +1113,22 @@ struct ConvInt16::Impl {
     base.wei_ob = int64_t(pp.in_blocks) * base.wei_ib;
     const int64_t wei_group = 2 * base.wei_ob;  // weights of a group of two output blocks
     const int ngroups = (pp.out_blocks + 1) / 2;
-    if (gemm) {
-      const Phase& p = pp.phases[0];
-      base.tap_src = p.tap_src.data();
-      base.tap_wei = p.tap_wei.data();
-      base.ntaps = static_cast<int>(p.tap_wei.size());
-      run_gemm(base, src, pp.in_blocks, wei, pp.out_blocks, dst);
-      return base.chain;
-    }
     base.dst_ob = pp.dst_ob;
+    image_row_max(row_max, pp.in_blocks, pp.src_rows, pp.img_max.data());
+    // The largest |q| of the source rows that a phase's output rows [i0, i1) of image n read.
+    auto bound = [&](const Phase& p, int n, int i0, int i1) {
+      return span_max(pp.img_max.data() + size_t(n) * pp.src_rows, i0 * pp.row_step + p.dr_min,
+                      (i1 - 1) * pp.row_step + p.dr_max, pp.src_rows);
+    };
     if (pp.image_tiles) {
       // Tiles of images at one output position; items run output-block groups outermost, so a
-      // thread's consecutive items share the group's weights (in L2).
+      // thread's consecutive items share the group's weights (in L2: a fully connected layer
+      // reads its weights once, not once per tile). A GEMM layer's images lie in_blocks * 16
+      // values apart, clear of the L1 set conflicts that limit other tiles to 8 (see
+      // kImageTilePixels), and take the kernel's full 14.
       base.src_pix = pp.src_img;
       base.dst_pix = pp.dst_img;
-      const int per = kImageTilePixels;
+      const int per = gemm ? simd::max_pixels(2) : kImageTilePixels;
       const int64_t nblk = (sh.N + per - 1) / per, per_group = pp.pos_begin.back() * nblk;
       run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
         const int g = static_cast<int>(r / per_group);
@@ -1161,9 +1138,11 @@ struct ConvInt16::Impl {
         while (pos >= pp.pos_begin[q + 1]) ++q;
         const Phase& p = pp.phases[q];
         const int i = static_cast<int>((pos - pp.pos_begin[q]) / p.nj), j = static_cast<int>((pos - pp.pos_begin[q]) % p.nj);
-        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), tensor_max);
-        a.nob = std::min(2, pp.out_blocks - 2 * g);
         a.npix = std::min(per, sh.N - n0);
+        int32_t tile_bound = 0;  // over the tile's images
+        for (int n = n0; n < n0 + a.npix; ++n) tile_bound = std::max(tile_bound, bound(p, n, i, i + 1));
+        use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), tile_bound);
+        a.nob = std::min(2, pp.out_blocks - 2 * g);
         a.wei = wei + g * wei_group;
         a.src = src + n0 * pp.src_img + i * pp.src_row + j * pp.src_col;
         a.dst = dst + n0 * pp.dst_img + 2 * g * pp.dst_ob + p.dst_off + i * pp.dst_row + j * pp.dst_col;
@@ -1171,12 +1150,6 @@ struct ConvInt16::Impl {
       });
       return base.chain;
     }
-    image_row_max(row_max, pp.in_blocks, pp.src_rows, pp.img_max.data());
-    // The largest |q| of the source rows that a phase's output rows [i0, i1) of image n read.
-    auto bound = [&](const Phase& p, int n, int i0, int i1) {
-      return span_max(pp.img_max.data() + size_t(n) * pp.src_rows, i0 * pp.row_step + p.dr_min,
-                      (i1 - 1) * pp.row_step + p.dr_max, pp.src_rows);
-    };
     // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls.
     run_calls(pp.row_begin.back(), base, [&](simd::PixelKernelArgs& a, int64_t r) {
       size_t q = 0;  // the phase of item r

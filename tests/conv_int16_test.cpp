@@ -297,6 +297,24 @@ TEST(ConvInt16, ChainsFollowTheRowsEachCallReads) {
   }
 }
 
+// Image tiles (rows of at most 2 pixels: 8 images at one position) and GEMM layers (1x1 over 1x1
+// images: 14 images per call) bound each call by the largest |q| over the images it takes. One
+// image of x and one of dy are big, each in the second tile; every weight is big. A call whose
+// bound missed an image it reads would run a chain that overflows, and verification counts it.
+TEST(ConvInt16, ChainsFollowTheImagesEachTileReads) {
+  for (const ConvShape& s : {make(20, 64, 2, 2, 64, 3, 3, 1, 1), make(30, 512, 1, 1, 64, 1, 1, 1, 0)}) {
+    SCOPED_TRACE(describe(s));
+    const int OH = s.OH(), OW = s.OW();
+    const float big = 1.5f, small = 1.5f / 64;
+    std::vector<float> x(size_t(s.N) * s.C * s.H * s.W), dy(size_t(s.N) * s.K * OH * OW);
+    const std::vector<float> w(size_t(s.K) * s.C * s.R * s.S, big);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = i / (size_t(s.C) * s.H * s.W) == 15 ? big : small;
+    for (size_t i = 0; i < dy.size(); ++i) dy[i] = i / (size_t(s.K) * OH * OW) == 9 ? big : small;
+    Context ctx(ContextOptions{.threads = 2});
+    EXPECT_EQ(run_verified_exact(ctx, s, x, w, dy).stats.x.max_abs_int, 6144);
+  }
+}
+
 TEST(ConvInt16, IndependentOfThreadCount) {
   // K = 40: the weight gradient sums fixed slices of image pairs; K = 72 (5 output blocks): it
   // runs by groups of output blocks, grouped differently for each thread count.
@@ -517,8 +535,9 @@ TEST(ConvInt16, BackwardDataAccumulatesOntoDx) {
         from_blocked(dxb.data(), got.data(), s.N, s.C, s.H, s.W);
         for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], before[i] + dx[i]) << "dx " << i << " chain " << chain;
         for (size_t i = 0; i < dxb.size(); ++i)
-          if (i % 16 + 16 * (i / (16 * size_t(s.H) * s.W) % channel_blocks(s.C)) >= size_t(s.C))
+          if (i % 16 + 16 * (i / (16 * size_t(s.H) * s.W) % channel_blocks(s.C)) >= size_t(s.C)) {
             ASSERT_EQ(dxb[i], 0.f) << "padding lane " << i;
+          }
       }
     }
   }
