@@ -1124,8 +1124,9 @@ struct ConvInt16::Impl {
       // Tiles of images at one output position; items run output-block groups outermost, so a
       // thread's consecutive items share the group's weights (in L2: a fully connected layer
       // reads its weights once, not once per tile). A GEMM layer's images lie in_blocks * 16
-      // values apart, clear of the L1 set conflicts that limit other tiles to 8 (see
-      // kImageTilePixels), and take the kernel's full 14.
+      // values apart, not a plane apart as in other tiles, and take the kernel's full 14 (as the
+      // separate GEMM driver did; at in_blocks a multiple of 128, 4 KiB apart, they share an L1
+      // set as kImageTilePixels describes: not measured).
       base.src_pix = pp.src_img;
       base.dst_pix = pp.dst_img;
       const int per = gemm ? simd::max_pixels(2) : kImageTilePixels;
