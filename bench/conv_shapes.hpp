@@ -2,7 +2,7 @@
 // (ImageNet 224x224). One table for the benchmarks and any test that wants realistic shapes.
 //
 // Names follow <net>_b<N>_c<C>_k<K>_in<H>_<R>x<S>_s<stride>; bench/ratio_table.py parses C, R and
-// S back out of them, so keep the pattern.
+// S back out of them, so keep the pattern (fully connected layers: <net>_fc_b<N>_c<C>_k<K>).
 #pragma once
 
 #include <array>
@@ -33,7 +33,7 @@ constexpr ConvShape square_conv(int n, int c, int k, int hw, int r, int stride, 
   return s;
 }
 
-inline constexpr std::array<ConvLayer, 19> kConvLayers = {{
+inline constexpr std::array<ConvLayer, 22> kConvLayers = {{
     // ResNet-20, CIFAR-10, batch 128. The first layer (C = 3) has no input-gradient pass in
     // training, but its other two passes are benchmarked: three channels fill few reduction lanes.
     {"resnet20_b128_c3_k16_in32_3x3_s1", square_conv(128, 3, 16, 32, 3, 1, 1)},
@@ -57,6 +57,11 @@ inline constexpr std::array<ConvLayer, 19> kConvLayers = {{
     {"vgg16_b8_c256_k256_in56_3x3_s1", square_conv(8, 256, 256, 56, 3, 1, 1)},
     {"vgg16_b8_c512_k512_in28_3x3_s1", square_conv(8, 512, 512, 28, 3, 1, 1)},
     {"vgg16_b8_c512_k512_in14_3x3_s1", square_conv(8, 512, 512, 14, 3, 1, 1)},
+    // Fully connected layers, batch 32: 1x1 over 1x1 images (dfp's GEMM mode). Named without the
+    // _in<H>_<R>x<S>_s<stride> part: they are not convolutions, and no conv target applies.
+    {"resnet50_fc_b32_c2048_k1000", square_conv(32, 2048, 1000, 1, 1, 1, 0)},
+    {"googlenet_fc_b32_c1024_k1000", square_conv(32, 1024, 1000, 1, 1, 1, 0)},
+    {"vgg16_fc_b32_c4096_k4096", square_conv(32, 4096, 4096, 1, 1, 1, 0)},
 }};
 
 }  // namespace dfp::bench

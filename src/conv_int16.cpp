@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -403,7 +404,8 @@ struct Phase {
   // Output (i, j) reads source row i * row_step + tap_dr[t] and column j * col_step + tap_dc[t]
   // (the pass's steps): forward r - pad_h and s - pad_w, backward-data the dy offsets.
   std::vector<int> tap_dr, tap_dc;
-  int dr_min = 0, dr_max = 1;  // so output rows [i0, i1) read source rows [i0 * row_step + dr_min, (i1 - 1) * row_step + dr_max)
+  // So output rows [i0, i1) read source rows [i0 * row_step + dr_min, (i1 - 1) * row_step + dr_max).
+  int dr_min = 0, dr_max = 1;
   RowTaps rows;
   EdgeColumns edges;
 };
@@ -468,7 +470,7 @@ struct ConvInt16::Impl {
     int src_rows = 0, src_cols = 0;   // the source image (unpadded), for the taps' validity
     int64_t src_img = 0, src_ib = 0, src_row = 0, src_col = 0;
     int64_t dst_img = 0, dst_ob = 0, dst_row = 0, dst_col = 0;
-    std::vector<int16_t> img_max;     // per pass: the largest |q| of each source row over its blocks, [N][src_rows]
+    std::vector<int16_t> img_max;     // per run: each source row's largest |q| over its blocks, [N][src_rows]
   };
   PixelPass fwd, bwd;
 
@@ -1081,6 +1083,13 @@ struct ConvInt16::Impl {
       }
     });
   }
+  // Of n lines `stride` bytes apart, the most that share one L1 set (64 sets of 64-byte lines:
+  // addresses 4 KiB apart share a set).
+  static int same_set_lines(int64_t stride, int n) {
+    const int64_t r = stride % 4096 / 64;  // set step per line
+    const int64_t sets = r == 0 ? 1 : 64 / std::gcd(r, int64_t{64});
+    return static_cast<int>((n + sets - 1) / sets);
+  }
   // The largest of m[y] over y in [lo, hi) clipped to [0, rows).
   static int32_t span_max(const int16_t* m, int lo, int hi, int rows) {
     int32_t v = 0;
@@ -1123,13 +1132,19 @@ struct ConvInt16::Impl {
     if (pp.image_tiles) {
       // Tiles of images at one output position; items run output-block groups outermost, so a
       // thread's consecutive items share the group's weights (in L2: a fully connected layer
-      // reads its weights once, not once per tile). A GEMM layer's images lie in_blocks * 16
-      // values apart, not a plane apart as in other tiles, and take the kernel's full 14 (as the
-      // separate GEMM driver did; at in_blocks a multiple of 128, 4 KiB apart, they share an L1
-      // set as kImageTilePixels describes: not measured).
+      // reads its weights once, not once per tile). A GEMM layer's images lie one row of C (or
+      // K) values apart, not a plane apart as in other tiles: the kernel's full 14 fit in L1
+      // unless the source or output rows are a multiple of 2 KiB long, when 14 lines fall in one
+      // or two L1 sets (see kImageTilePixels). Measured at batch 32, forward, 14 -> 8 images:
+      // 4096 -> 4096 205 -> 345-363 GOP/s, 2048 -> 1000 222 -> 358-370, 1024 -> 1024 249-282 ->
+      // 331-333; 512 -> 512 (1 KiB rows, 4 lines per set) gained nothing.
       base.src_pix = pp.src_img;
       base.dst_pix = pp.dst_img;
-      const int per = gemm ? simd::max_pixels(2) : kImageTilePixels;
+      const int wide = simd::max_pixels(2);
+      const int per = gemm && same_set_lines(pp.src_img * int64_t(sizeof(int16_t)), wide) <= 4 &&
+                              same_set_lines(pp.dst_img * int64_t(sizeof(float)), wide) <= 4
+                          ? wide
+                          : kImageTilePixels;
       const int64_t nblk = (sh.N + per - 1) / per, per_group = pp.pos_begin.back() * nblk;
       run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
         const int g = static_cast<int>(r / per_group);
@@ -1427,9 +1442,34 @@ struct ConvInt16::Impl {
         reduce(a, acc, int(sl * NP / ns), int((sl + 1) * NP / ns), 0, KB);
       });
     }
-    // Sum the slices in a fixed order into [K][C][R][S]. Channels innermost: the partials are read
-    // in order (with taps innermost, a 512-channel 3x3 layer read them 2 KiB apart and took 4% of
-    // a VGG step), the writes T floats apart stay within one k's [C][T] in L1.
+    // Sum the slices in a fixed order into [K][C][R][S].
+    if (!lanes_k && !unfold) {
+      // Partials [k][T][C16] to dW [k][C][T], 16 channels at a time: each tap's 16 partials are
+      // read in order and the block's 16 * T results written in order, in L1. A per-element
+      // index map (the general loop below) took 61% of a 4096 x 4096 fully connected layer's
+      // weight gradient at batch 32, and 13% of a 512-channel 3x3 one's on 7x7 images.
+      const int64_t cs = int64_t(CB) * 16;
+      ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) {
+          const float* src = dw_part + k * dw_k;
+          float* dst = dw + size_t(k) * sh.C * T;
+          for (int c0 = 0; c0 < sh.C; c0 += 16) {
+            const int nc = std::min(16, sh.C - c0);
+            for (int t = 0; t < T; ++t)
+              for (int c = 0; c < nc; ++c) {
+                const size_t off = size_t(t) * cs + c0 + c;
+                float v = src[off];
+                for (int sl = 1; sl < ns; ++sl) v += src[size_t(sl) * part + off];
+                dst[size_t(c0 + c) * T + t] = v;
+              }
+          }
+        }
+      });
+      return;
+    }
+    // Channels innermost: the partials are read in order (with taps innermost, a 512-channel 3x3
+    // layer read them 2 KiB apart and took 4% of a VGG step), the writes T floats apart stay
+    // within one k's [C][T] in L1.
     ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k)
         for (int t = 0; t < T; ++t)
