@@ -179,8 +179,9 @@ inline constexpr int max_pixels(int nob) { return kPixelAccumulators / nob; }
 //   dw[k*dw_k + l] += sum over positions q of
 //       pair(x[q_off_x + 2l .. +1], dy[q_off_dy + 2k .. +1])
 // with positions q = (row < rows, col < cols), q_off = row*row_stride + col*col_stride.
-// The INT32 sums are flushed with fma into dw after every `chain` positions and at the end
-// (always accumulating: planning zeroes dw).
+// The INT32 sums are flushed with fma into dw after every `chain` positions and at the end;
+// with accumulate false the first flush stores instead (dw need not be zeroed), and the call
+// always writes dw.
 struct PairKernelArgs {
   const int16_t* x;   // [..][16 c][2 images]
   const int16_t* dy;  // [..][16 k][2 images]
@@ -192,6 +193,7 @@ struct PairKernelArgs {
   int chain;
   float scale;
   int64_t* overflow_events;  // verification (reference only), or null
+  bool accumulate = true;
 };
 
 // ---- element-wise FP32 (ReLU, residual add) ---------------------------------------------------

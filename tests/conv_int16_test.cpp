@@ -41,6 +41,9 @@ const std::vector<ConvShape>& edge_shapes() {
       make(17, 32, 2, 2, 40, 3, 3, 1, 1), make(15, 20, 3, 4, 36, 3, 3, 2, 1),
       // >= 4 output blocks: the weight gradient is split by output block instead of by slices.
       make(3, 20, 7, 9, 70, 3, 3, 1, 1),  make(5, 40, 1, 1, 80, 1, 1, 1, 0),
+      // GEMM with whole channel blocks and >= 4 output blocks: the weight gradient writes dW in
+      // place; and with 2 KiB input rows (C = 1024): tiles of 8 images, not 14.
+      make(7, 48, 1, 1, 72, 1, 1, 1, 0),  make(17, 1024, 1, 1, 40, 1, 1, 1, 0),
   };
   return v;
 }

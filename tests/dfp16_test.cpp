@@ -468,7 +468,9 @@ TEST_P(Dfp16Isa, ShiftLanesBitIdenticalToReference) {
                 const float want = (keep >> l & 1) && src ? src[p * in_step * 16 + j % 16] : 0.f;
                 const float got = r0[p * out_step * 16 + l];
                 ASSERT_EQ(0, std::memcmp(&want, &got, sizeof want)) << shift << " " << p << " " << l;
-                if (out_step == 2) ASSERT_EQ(r0[(p * 2 + 1) * 16 + l], 7.f);  // skipped pixels untouched
+                if (out_step == 2) {
+                  ASSERT_EQ(r0[(p * 2 + 1) * 16 + l], 7.f);  // skipped pixels untouched
+                }
               }
           }
 }

@@ -177,6 +177,7 @@ void pair_kernel(const PairKernelArgs& a) {
 #pragma GCC unroll 16
     for (int k = 0; k < NK; ++k) acc[s][k] = _mm512_setzero_si512();
   const __m512 scale = _mm512_set1_ps(a.scale);
+  bool overwrite = !a.accumulate;
   auto flush = [&]() __attribute__((always_inline)) {
 #pragma GCC unroll 16
     for (int k = 0; k < NK; ++k) {
@@ -184,10 +185,12 @@ void pair_kernel(const PairKernelArgs& a) {
 #pragma GCC unroll 3
       for (int s = 1; s < SETS; ++s) sum = _mm512_add_epi32(sum, acc[s][k]);
       float* d = a.dw + k * a.dw_k;
-      _mm512_storeu_ps(d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, _mm512_loadu_ps(d)));
+      const __m512 f = _mm512_cvtepi32_ps(sum);
+      _mm512_storeu_ps(d, overwrite ? _mm512_mul_ps(f, scale) : _mm512_fmadd_ps(f, scale, _mm512_loadu_ps(d)));
 #pragma GCC unroll 3
       for (int s = 0; s < SETS; ++s) acc[s][k] = _mm512_setzero_si512();
     }
+    overwrite = false;
   };
   int pending = 0;
   for (int r = 0; r < a.rows; ++r) {
@@ -206,7 +209,7 @@ void pair_kernel(const PairKernelArgs& a) {
       }
     }
   }
-  if (pending > 0) flush();
+  if (pending > 0 || overwrite) flush();
 }
 
 template <class Dot, int... K>

@@ -73,6 +73,7 @@ void conv_s16_pair(const PairKernelArgs& a) {
     for (int l = 0; l < 16; ++l) {
       float* d = a.dw + k * a.dw_k + l;
       Lane lane;
+      bool overwrite = !a.accumulate;
       int steps = 0;
       for (int r = 0; r < a.rows; ++r) {
         for (int c = 0; c < a.cols; ++c) {
@@ -80,12 +81,13 @@ void conv_s16_pair(const PairKernelArgs& a) {
           const int16_t* g = a.dy + r * a.dy_row + c * a.dy_col + 2 * k;
           lane.step(x[0], g[0], x[1], g[1], a.overflow_events);
           if (++steps == a.chain) {
-            lane.flush(d, a.scale, false);
+            lane.flush(d, a.scale, overwrite);
+            overwrite = false;
             steps = 0;
           }
         }
       }
-      if (steps > 0) lane.flush(d, a.scale, false);
+      if (steps > 0 || overwrite) lane.flush(d, a.scale, overwrite);
     }
   }
 }
