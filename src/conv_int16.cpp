@@ -274,21 +274,6 @@ struct RowTaps {
       }
     }
   }
-  void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
-               const int32_t* taps, int64_t a_min, int64_t pair_l1, int override_chain) {
-    for (size_t g = 0; g < range.size(); ++g)
-      chain[g].measure(ctx, unit_l1, lanes, lane_stride, nib, T, taps + range[g].first, range[g].second - range[g].first,
-                       a_min, pair_l1, override_chain);
-  }
-  // Sets each group's chain for sources of magnitude <= a (or the override); returns the shortest.
-  int choose(int64_t a, int override_chain) {
-    int shortest = kMaxChain;
-    for (size_t g = 0; g < range.size(); ++g) {
-      const int steps = chain[g].choose(a, override_chain);
-      if (range[g].second > range[g].first) shortest = std::min(shortest, steps);
-    }
-    return shortest;
-  }
 };
 
 // Splits n into the fewest blocks of at most m, as even as possible.
@@ -361,21 +346,6 @@ struct EdgeColumns {
     }
     split_blocks(nrows, simd::max_pixels(out_blocks == 1 ? 1 : 2), chunk_start, chunk_len);
   }
-  void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
-               int64_t a_min, int64_t pair_l1, int override_chain) {
-    for (Column& c : cols)
-      c.chain.measure(ctx, unit_l1, lanes, lane_stride, nib, T, c.tap_wei.data(), static_cast<int>(c.tap_wei.size()),
-                      a_min, pair_l1, override_chain);
-  }
-  // Sets each column's chain for sources of magnitude <= a (or the override); returns the shortest.
-  int choose(int64_t a, int override_chain) {
-    int shortest = kMaxChain;
-    for (Column& c : cols) {
-      const int steps = c.chain.choose(a, override_chain);
-      if (!c.tap_wei.empty()) shortest = std::min(shortest, steps);
-    }
-    return shortest;
-  }
   // Kernel calls per image (per phase image, for backward-data), each for every output-block group.
   int64_t calls() const { return int64_t(cols.size()) * static_cast<int64_t>(chunk_start.size()); }
   // Points a call at edge call e's column taps; returns its column, and its first row in r0. The
@@ -396,7 +366,6 @@ struct EdgeColumns {
 // has one (every output pixel), backward-data one per stride phase (the dx rows and columns
 // congruent to (ph, pw), each reading its own subset of the taps).
 struct Phase {
-  int ph = 0, pw = 0;    // residues of the output rows/columns this phase writes (backward-data)
   int ni = 0, nj = 0;    // its output rows and columns
   int64_t dst_off = 0;   // offset of its output (0, 0) in an image's output block
   std::vector<int64_t> tap_src;
@@ -672,8 +641,6 @@ struct ConvInt16::Impl {
     for (int ph = 0; ph < sh.stride_h; ++ph)
       for (int pw = 0; pw < sh.stride_w; ++pw) {
         Phase p;
-        p.ph = ph;
-        p.pw = pw;
         p.ni = ph < sh.H ? (sh.H - ph + sh.stride_h - 1) / sh.stride_h : 0;
         p.nj = pw < sh.W ? (sh.W - pw + sh.stride_w - 1) / sh.stride_w : 0;
         for (int r = 0; r < sh.R; ++r) {
@@ -828,11 +795,21 @@ struct ConvInt16::Impl {
   // Chain tables of every phase's row groups and edge columns, from the per-lane unit L1 norms
   // (lanes: the pass's output channels; units: (input block, tap)).
   void measure_chains(PixelPass& pp, const int32_t* unit_l1, int64_t pair_l1, int headroom) {
+    for_each_tap_chain(pp, [&](TapChain& c, const int32_t* taps, int ntaps) {
+      c.measure(ctx, unit_l1, pp.out_blocks * 16, int64_t(pp.in_blocks) * T, pp.in_blocks, T, taps, ntaps,
+                measure_floor(headroom), pair_l1, opt.chain_override);
+    });
+  }
+  // Calls f(chain, taps, ntaps) for every tap sequence of a pass: each phase's row groups (a
+  // range of its taps) and edge columns (their own taps).
+  template <class F>
+  static void for_each_tap_chain(PixelPass& pp, F&& f) {
     for (Phase& p : pp.phases) {
-      p.rows.measure(ctx, unit_l1, pp.out_blocks * 16, int64_t(pp.in_blocks) * T, pp.in_blocks, T, p.tap_wei.data(),
-                     measure_floor(headroom), pair_l1, opt.chain_override);
-      p.edges.measure(ctx, unit_l1, pp.out_blocks * 16, int64_t(pp.in_blocks) * T, pp.in_blocks, T,
-                      measure_floor(headroom), pair_l1, opt.chain_override);
+      for (size_t g = 0; g < p.rows.range.size(); ++g) {
+        const auto [t0, t1] = p.rows.range[g];
+        f(p.rows.chain[g], p.tap_wei.data() + t0, t1 - t0);
+      }
+      for (EdgeColumns::Column& c : p.edges.cols) f(c.chain, c.tap_wei.data(), static_cast<int>(c.tap_wei.size()));
     }
   }
 
@@ -1097,12 +1074,14 @@ struct ConvInt16::Impl {
     return v;
   }
   // Sets every chain of a pass for sources of magnitude <= a (or the override); returns the
-  // shortest, which the pass reports.
+  // shortest over the sequences that have taps, which the pass reports.
   int choose_chains(PixelPass& pp, int64_t a) {
-    int chain = kMaxChain;
-    for (Phase& p : pp.phases)
-      chain = std::min({chain, p.rows.choose(a, opt.chain_override), p.edges.choose(a, opt.chain_override)});
-    return chain;
+    int shortest = kMaxChain;
+    for_each_tap_chain(pp, [&](TapChain& c, const int32_t*, int ntaps) {
+      const int steps = c.choose(a, opt.chain_override);
+      if (ntaps > 0) shortest = std::min(shortest, steps);
+    });
+    return shortest;
   }
 
   // Runs a pixel-kernel pass from src (quantized with src_stats, per-row maxima row_max
@@ -1451,45 +1430,34 @@ struct ConvInt16::Impl {
       });
     }
     if (direct) return;
-    // Sum the slices in a fixed order into [K][C][R][S].
-    if (!lanes_k && !unfold) {
-      // Partials [k][T][C16] to dW [k][C][T], 16 channels at a time: each tap's 16 partials are
-      // read in order and the block's 16 * T results written in order, in L1. A per-element
-      // index map (the general loop below) took 61% of a 4096 x 4096 fully connected layer's
-      // weight gradient at batch 32, and 13% of a 512-channel 3x3 one's on 7x7 images.
-      const int64_t cs = int64_t(CB) * 16;
+    // Sum the slices in a fixed order into dW [K][C][R][S], 16 channels at a time: each tap's
+    // partials of a channel block are read in order (with taps innermost, a 512-channel 3x3
+    // layer read them 2 KiB apart) and the block's 16 * T results written in order, in L1.
+    // partial(k, c, t) is a partial's offset and out(k, c, t) its place in dW; the common layout
+    // spells both out, so its loop has no per-element branches or index map (through
+    // weight_index(), a 4096 x 4096 fully connected layer at batch 32 spent 61% of its weight
+    // gradient here, a 512-channel 3x3 layer on 7x7 images about 10%).
+    auto sum_into_dw = [&](auto partial, auto out) {
       ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
-        for (int64_t k = k0; k < k1; ++k) {
-          const float* src = dw_part + k * dw_k;
-          float* dst = dw + size_t(k) * sh.C * T;
-          for (int c0 = 0; c0 < sh.C; c0 += 16) {
-            const int nc = std::min(16, sh.C - c0);
+        for (int64_t k = k0; k < k1; ++k)
+          for (int c0 = 0; c0 < sh.C; c0 += 16)
             for (int t = 0; t < T; ++t)
-              for (int c = 0; c < nc; ++c) {
-                const size_t off = size_t(t) * cs + c0 + c;
-                float v = src[off];
-                for (int sl = 1; sl < ns; ++sl) v += src[size_t(sl) * part + off];
-                dst[size_t(c0 + c) * T + t] = v;
+              for (int c = c0; c < std::min(sh.C, c0 + 16); ++c) {
+                const size_t off = partial(k, c, t);
+                float v = dw_part[off];
+                for (int sl = 1; sl < ns; ++sl) v += dw_part[size_t(sl) * part + off];
+                dw[out(k, c, t)] = v;
               }
-          }
-        }
       });
-      return;
-    }
-    // Channels innermost: the partials are read in order (with taps innermost, a 512-channel 3x3
-    // layer read them 2 KiB apart and took 4% of a VGG step), the writes T floats apart stay
-    // within one k's [C][T] in L1.
-    ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
-      for (int64_t k = k0; k < k1; ++k)
-        for (int t = 0; t < T; ++t)
-          for (int c = 0; c < sh.C; ++c) {
-            const size_t off = lanes_k ? size_t(c) * dw_k + size_t(t) * KB * 16 + size_t(k)
-                                       : size_t(k) * dw_k + size_t(t) * CB * 16 + c;
-            float v = dw_part[off];
-            for (int sl = 1; sl < ns; ++sl) v += dw_part[size_t(sl) * part + off];
-            dw[weight_index(k, c, t)] = v;
-          }
-    });
+    };
+    const auto rows_k = [&](int64_t k, int c, int t) { return size_t(k) * dw_k + size_t(t) * CB * 16 + c; };  // [K16][T][C16]
+    const auto mapped = [&](int64_t k, int c, int t) { return weight_index(int(k), c, t); };
+    if (lanes_k)  // [C16][T][K16]
+      sum_into_dw([&](int64_t k, int c, int t) { return size_t(c) * dw_k + size_t(t) * KB * 16 + size_t(k); }, mapped);
+    else if (unfold)
+      sum_into_dw(rows_k, mapped);
+    else
+      sum_into_dw(rows_k, [&](int64_t k, int c, int t) { return (size_t(k) * sh.C + c) * T + t; });
   }
 };
 
