@@ -13,6 +13,7 @@
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
+#include "tests/common/expect_error.hpp"
 
 namespace {
 
@@ -317,27 +318,18 @@ TEST(LinearF32, ReferenceSmallExample) {
 
 // ---- errors --------------------------------------------------------------------------------
 
-template <class F>
-void expect_error(F f, dfp::Status status, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "expected dfp::Error containing '" << fragment << "'";
-  } catch (const dfp::Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using dfp::test::expect_error;
 
 TEST(ConvF32Errors, InvalidShapeNamesLayerAndField) {
   dfp::Context ref_ctx(ref_options()), fast_ctx(fast_options());
   for (dfp::Context* ctx : {&ref_ctx, &fast_ctx}) {
     ConvShape s = conv(1, 8, 8, 8, 8, 3, 3, 1, 1);
     s.pad_h = 3;  // pad must be < R
-    expect_error([&] { dfp::ConvF32 op(*ctx, s, "layer7"); }, dfp::Status::invalid_argument, "layer7");
-    expect_error([&] { dfp::ConvF32 op(*ctx, s, "layer7"); }, dfp::Status::invalid_argument, "pad_h");
+    expect_error([&] { dfp::ConvF32 op(*ctx, s, "layer7"); }, dfp::Status::invalid_argument, {"layer7"});
+    expect_error([&] { dfp::ConvF32 op(*ctx, s, "layer7"); }, dfp::Status::invalid_argument, {"pad_h"});
     ConvShape z = conv(1, 8, 8, 8, 8, 3, 3, 1, 1);
     z.K = 0;
-    expect_error([&] { dfp::ConvF32 op(*ctx, z, "layer8"); }, dfp::Status::invalid_argument, "K");
+    expect_error([&] { dfp::ConvF32 op(*ctx, z, "layer8"); }, dfp::Status::invalid_argument, {"K"});
   }
 }
 
@@ -347,22 +339,22 @@ TEST(ConvF32Errors, PassesBeforeSetWeights) {
     const ConvShape s = conv(1, 16, 4, 4, 16, 3, 3, 1, 1);
     dfp::ConvF32 op(*ctx, s, "conv_a");
     std::vector<float> x(dfp::blocked_size(1, 16, 4, 4)), y(x.size());
-    expect_error([&] { op.forward(x.data(), y.data()); }, dfp::Status::invalid_argument, "set_weights");
-    expect_error([&] { op.backward_data(y.data(), x.data()); }, dfp::Status::invalid_argument, "conv_a");
+    expect_error([&] { op.forward(x.data(), y.data()); }, dfp::Status::invalid_argument, {"set_weights"});
+    expect_error([&] { op.backward_data(y.data(), x.data()); }, dfp::Status::invalid_argument, {"conv_a"});
     std::vector<float> w(16 * 16 * 9);
     op.set_weights(w.data());
-    expect_error([&] { op.forward(nullptr, y.data()); }, dfp::Status::invalid_argument, "'x'");
+    expect_error([&] { op.forward(nullptr, y.data()); }, dfp::Status::invalid_argument, {"'x'"});
   }
 }
 
 TEST(LinearF32Errors, InvalidSizes) {
   dfp::Context ref_ctx(ref_options()), fast_ctx(fast_options());
-  expect_error([&] { dfp::LinearF32 op(ref_ctx, 0, 4, 4, "fc1"); }, dfp::Status::invalid_argument, "batch");
+  expect_error([&] { dfp::LinearF32 op(ref_ctx, 0, 4, 4, "fc1"); }, dfp::Status::invalid_argument, {"batch"});
   expect_error([&] { dfp::LinearF32 op(fast_ctx, 2, 4, -1, "fc1"); }, dfp::Status::invalid_argument,
-               "out_features");
+               {"out_features"});
   dfp::LinearF32 op(fast_ctx, 2, 4, 4, "fc2");
   float x[8] = {}, y[8] = {};
-  expect_error([&] { op.forward(x, y); }, dfp::Status::invalid_argument, "fc2");
+  expect_error([&] { op.forward(x, y); }, dfp::Status::invalid_argument, {"fc2"});
 }
 
 TEST(ConvF32, MoveKeepsState) {

@@ -13,6 +13,7 @@
 #include "dfp/status.hpp"
 #include "tests/common/reference.hpp"
 #include "tests/common/tolerance.hpp"
+#include "tests/common/expect_error.hpp"
 
 using namespace dfp;
 using test::random_ints;
@@ -397,26 +398,14 @@ TEST(LinearInt16, MatchesConvolutionAndFp64) {
 TEST(ConvInt16, ClearErrors) {
   Context ctx(ContextOptions{.threads = 1});
   ConvShape bad = make(1, 3, 4, 4, 8, 3, 3, 0, 1);
-  try {
-    ConvInt16 c(ctx, bad, {}, "layer2.conv1");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer2.conv1"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("stride_h"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { ConvInt16 c(ctx, bad, {}, "layer2.conv1"); }, Status::invalid_argument, {"layer2.conv1", "stride_h"});
   const ConvShape s = make(1, 3, 4, 4, 8, 3, 3, 1, 1);
   ConvInt16 c(ctx, s, {}, "conv1");
   std::vector<float> y(blocked_size(1, 8, 4, 4));
   EXPECT_THROW(c.forward(y.data()), Error);  // no weights yet
   std::vector<float> xb(blocked_size(1, 3, 4, 4), 1.f);
   xb[5] = NAN;
-  try {
-    c.quantize_input(xb.data());
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::numerical_error);
-    EXPECT_NE(std::string(e.what()).find("conv1"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { c.quantize_input(xb.data()); }, Status::numerical_error, {"conv1"});
   // An operator told that no input gradient is wanted refuses backward_data, unfolded (C = 3,
   // 3x3) or not (C = 16), before it touches dx.
   DfpConvOptions no_dx;
@@ -430,14 +419,7 @@ TEST(ConvInt16, ClearErrors) {
     first.quantize_input(x.data());
     first.quantize_grad_output(dy.data());
     first.backward_weights(dw.data());
-    try {
-      first.backward_data(dx.data());
-      FAIL();
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find("stem"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("input_gradient"), std::string::npos) << e.what();
-    }
+    test::expect_error([&] { first.backward_data(dx.data()); }, Status::invalid_argument, {"stem", "input_gradient"});
     for (float v : dx) ASSERT_EQ(v, -1.f);
   }
 }
@@ -499,12 +481,7 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
   // A layer with unfolded columns gathers x across columns: spans are refused, naming the layer.
   ConvInt16 first(ctx, make(1, 3, 8, 8, 16, 3, 3, 1, 1), {}, "stem");
   EXPECT_FALSE(first.accepts_input_spans());
-  try {
-    first.quantize_input_spans(&Producer::span, nullptr, 1.f);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("stem"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { first.quantize_input_spans(&Producer::span, nullptr, 1.f); }, Status::invalid_argument, {"stem"});
   ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
   EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, -1.f), Error);
   EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, INFINITY), Error);

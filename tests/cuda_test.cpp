@@ -19,6 +19,7 @@
 #include "src/cuda/executor.hpp"
 #include "tests/common/cuda_cases.hpp"
 #include "tests/common/tolerance.hpp"
+#include "tests/common/expect_error.hpp"
 
 using namespace dfp;
 
@@ -54,13 +55,7 @@ TEST(Cuda, AvailabilityComesWithAReason) {
   Model m(ctx2(), "linear");
   m.softmax_cross_entropy(m.linear(m.input(4, 1, 1), 3, true, "fc"));
   m.build(2, PrecisionPolicy{});
-  try {
-    CudaModel d(ctx2(), m, Precision::fp16, SgdOptions{});
-    FAIL() << "a CudaModel was built without a usable GPU";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::unsupported);
-    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { CudaModel d(ctx2(), m, Precision::fp16, SgdOptions{}); }, Status::unsupported, {why});
 }
 
 TEST(Cuda, DeviceFlagWithoutAGpuIsAClearError) {
@@ -70,14 +65,7 @@ TEST(Cuda, DeviceFlagWithoutAGpuIsAClearError) {
   c.model = "lenet";
   c.device = "cuda";
   c.policy.precision = Precision::fp16;
-  try {
-    train(c, nullptr);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::unsupported);
-    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { train(c, nullptr); }, Status::unsupported, {"--device cuda", why});
   c.device = "tpu";
   EXPECT_THROW(train(c, nullptr), Error);
 }
@@ -96,12 +84,8 @@ TEST(Cuda, OnlyFp16AndFp32RunOnTheDevice) {
   m.softmax_cross_entropy(m.linear(m.input(4, 1, 1), 3, true, "fc"));
   m.build(2, PrecisionPolicy{});
   for (Precision p : {Precision::int16, Precision::bf16}) {
-    try {
-      CudaModel d(ctx2(), m, p, SgdOptions{});
-      FAIL() << precision_name(p);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
-    }
+    SCOPED_TRACE(precision_name(p));
+    test::expect_error([&] { CudaModel d(ctx2(), m, p, SgdOptions{}); }, Status::invalid_argument);
   }
   TrainConfig c;
   c.device = "cuda";

@@ -28,6 +28,7 @@
 #include "tests/common/temp_dir.hpp"
 #include "src/counter_rng.hpp"
 #include "src/jpeg.hpp"
+#include "tests/common/expect_error.hpp"
 
 using namespace dfp;
 namespace fs = std::filesystem;
@@ -110,16 +111,7 @@ struct IdxFixture {
 };
 
 // Runs f, requires a dfp::Error with `status` whose message contains every one of `parts`.
-template <class F>
-void expect_error(F&& f, Status status, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected dfp::Error(" << status_name(status) << "), nothing was thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
-}
+using test::expect_error;
 
 std::vector<uint8_t> cifar_record(int label, size_t image, int coarse = -1) {
   std::vector<uint8_t> r;

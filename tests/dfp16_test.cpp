@@ -15,6 +15,7 @@
 #include "simd/kernel_table.hpp"
 #include "tests/common/reference.hpp"
 #include "tests/common/tolerance.hpp"
+#include "tests/common/expect_error.hpp"
 
 using namespace dfp;
 
@@ -99,14 +100,7 @@ TEST(Dfp16Quantize, NonFiniteIsAnErrorNamingTheTensor) {
   std::vector<int16_t> q(x.size());
   QuantOptions o = opts(2, Rounding::nearest_even);
   o.name = "conv3.activations";
-  try {
-    quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), o);
-    FAIL() << "expected dfp::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::numerical_error);
-    EXPECT_NE(std::string(e.what()).find("conv3.activations"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("element 17"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), o); }, Status::numerical_error, {"conv3.activations", "element 17"});
 }
 
 TEST(Dfp16Quantize, NonFiniteCountPolicyStoresZero) {
@@ -561,11 +555,5 @@ TEST(Dfp16Quantize, RejectsBadHeadroom) {
 }
 
 TEST(Context, RejectsUnknownIsa) {
-  try {
-    Context c(ContextOptions{.isa = "avx9000"});
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("avx9000"), std::string::npos);
-  }
+  test::expect_error([&] { Context c(ContextOptions{.isa = "avx9000"}); }, Status::invalid_argument, {"avx9000"});
 }

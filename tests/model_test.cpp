@@ -24,6 +24,7 @@
 #include "dfp/trainer.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/common/tolerance.hpp"
+#include "tests/common/expect_error.hpp"
 
 using namespace dfp;
 
@@ -505,22 +506,11 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
   const std::string bad = a + "/corrupt.dfp";
   std::ofstream(bad, std::ios::binary) << bytes;
   c.resume = bad;
-  try {
-    train(c, nullptr);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::corrupt_data);
-    EXPECT_NE(std::string(e.what()).find("corrupt.dfp"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { train(c, nullptr); }, Status::corrupt_data, {"corrupt.dfp"});
   // A checkpoint of another configuration is refused, naming the field.
   c.resume = a + "/checkpoint.dfp";
   c.batch_size = 16;
-  try {
-    train(c, nullptr);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("batch_size"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"batch_size"});
   const EvalResult r = evaluate_checkpoint(a + "/checkpoint.dfp", "", 2, nullptr);
   EXPECT_EQ(r.images, 10000);  // eval uses the whole test split
   EXPECT_GT(r.top1, 40.0);
@@ -659,14 +649,7 @@ TEST(Memory, LayerReadingATensorTwiceMustBeItsLastReader) {
   auto a = m.conv(x, 4, 3, 1, 1, false, "c1");
   auto d = m.add(a, a, "double");
   m.softmax_cross_entropy(m.linear(m.global_avgpool(m.add(d, a, "late"), "gap"), 3, true, "fc"));
-  try {
-    m.build(2, PrecisionPolicy{});
-    FAIL() << "build() accepted a layer reading a tensor twice before another reader";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::unsupported);
-    EXPECT_NE(std::string(e.what()).find("'double' reads 'c1' twice"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'late'"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { m.build(2, PrecisionPolicy{}); }, Status::unsupported, {"'double' reads 'c1' twice", "'late'"});
 }
 
 // Which layers take an input as spans from the BatchNorm before them: with fusion, every ResNet-20

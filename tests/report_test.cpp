@@ -20,6 +20,7 @@
 #include "tests/common/temp_dir.hpp"
 #include "src/report/json.hpp"
 #include "src/report/report.hpp"
+#include "tests/common/expect_error.hpp"
 
 using namespace dfp;
 namespace fs = std::filesystem;
@@ -181,15 +182,7 @@ std::map<std::string, std::vector<std::string>> read_md(const std::string& path)
   return rows;
 }
 
-void expect_error(const std::function<void()>& f, Status status, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no dfp::Error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
-}
+using test::expect_error;
 
 bool non_empty(const std::string& path) {
   std::error_code ec;
