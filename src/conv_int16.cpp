@@ -55,11 +55,12 @@ constexpr int kUnfoldPixels = 64;   // pixels per gather tile of the column unfo
 // Rows of at most this many output pixels (VGG's last 2x2 layers on CIFAR) tile across images at
 // one position instead: a 2-pixel row tile keeps 4 of 28 accumulators busy, too few to hide
 // VPDPWSSD's latency (512 channels, 2x2, N 128: 307 -> 515 GOP/s forward, 310 -> 547 backward-
-// data). Tiles take 8 images, not 14: images lie a multiple of 4 KiB apart there, so their lines
-// share one L1 set, and 14 of them thrash its 12 ways (14 images ran slower than the rows). With
-// 4-pixel rows the row tiles are as fast (4x4: 508 GOP/s vs 422 for image tiles).
+// data). A tile takes the kernel's 14 images, or 8 where the images' source or output lines lie a
+// multiple of 2 KiB apart (a 512-channel layer's: 16 KiB): then 14 lines share one or two L1 sets
+// and thrash them (14 images ran slower than the rows). With 4-pixel rows the row tiles are as
+// fast (4x4: 508 GOP/s vs 422 for image tiles).
 constexpr int kImageTileMaxRow = 2;
-constexpr int kImageTilePixels = 8;
+constexpr int kImageTileNarrow = 8;
 
 // Cache lines to fetch into L2 ahead of use, a few at a time: up to kRuns contiguous byte runs
 // (images x blocks x rows). Narrow layers have more rows per tile than fit; their later rows
@@ -1111,19 +1112,17 @@ struct ConvInt16::Impl {
     if (pp.image_tiles) {
       // Tiles of images at one output position; items run output-block groups outermost, so a
       // thread's consecutive items share the group's weights (in L2: a fully connected layer
-      // reads its weights once, not once per tile). A GEMM layer's images lie one row of C (or
-      // K) values apart, not a plane apart as in other tiles: the kernel's full 14 fit in L1
-      // unless the source or output rows are a multiple of 2 KiB long, when 14 lines fall in one
-      // or two L1 sets (see kImageTilePixels). Measured at batch 32, forward, 14 -> 8 images:
+      // reads its weights once, not once per tile). 14 images, or 8 where 14 lines would crowd
+      // L1 sets (kImageTileNarrow). Fully connected layers at batch 32, forward, 14 -> 8 images:
       // 4096 -> 4096 205 -> 345-363 GOP/s, 2048 -> 1000 222 -> 358-370, 1024 -> 1024 249-282 ->
-      // 331-333; 512 -> 512 (1 KiB rows, 4 lines per set) gained nothing.
+      // 331-333; 512 -> 512 (1 KiB rows, 4 lines per set, keeps 14) gained nothing.
       base.src_pix = pp.src_img;
       base.dst_pix = pp.dst_img;
       const int wide = simd::max_pixels(2);
-      const int per = gemm && same_set_lines(pp.src_img * int64_t(sizeof(int16_t)), wide) <= 4 &&
+      const int per = same_set_lines(pp.src_img * int64_t(sizeof(int16_t)), wide) <= 4 &&
                               same_set_lines(pp.dst_img * int64_t(sizeof(float)), wide) <= 4
                           ? wide
-                          : kImageTilePixels;
+                          : kImageTileNarrow;
       const int64_t nblk = (sh.N + per - 1) / per, per_group = pp.pos_begin.back() * nblk;
       run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
         const int g = static_cast<int>(r / per_group);
@@ -1436,7 +1435,7 @@ struct ConvInt16::Impl {
     // partial(k, c, t) is a partial's offset and out(k, c, t) its place in dW; the common layout
     // spells both out, so its loop has no per-element branches or index map (through
     // weight_index(), a 4096 x 4096 fully connected layer at batch 32 spent 61% of its weight
-    // gradient here, a 512-channel 3x3 layer on 7x7 images about 10%).
+    // gradient here, by perf; VGG-16's 512-channel 14x14 layer ran at 368-392 GOP/s, now 407-409).
     auto sum_into_dw = [&](auto partial, auto out) {
       ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k)
