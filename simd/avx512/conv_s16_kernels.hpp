@@ -171,6 +171,11 @@ void pair_kernel(const PairKernelArgs& a) {
   // over SETS accumulator sets, added together at each flush. The INT32 sums are exact, so the
   // flushed values, and the flush points, are those of one set.
   constexpr int SETS = NK <= 4 ? 3 : NK <= 11 ? 2 : 1;
+  // Where the registers allow (INT32 sets, FP32 sums, x and the scale: at most 31 ZMM), the FP32
+  // sums stay in registers between flushes and dW is read once and written once per call: a flush
+  // is then arithmetic only, where it was a load, an FMA and a store per row. Same operations in
+  // the same order, so the same bits.
+  constexpr bool REG_SUMS = NK * SETS + NK + 2 <= 31;
   __m512i acc[SETS][NK];
 #pragma GCC unroll 3
   for (int s = 0; s < SETS; ++s)
@@ -178,15 +183,24 @@ void pair_kernel(const PairKernelArgs& a) {
     for (int k = 0; k < NK; ++k) acc[s][k] = _mm512_setzero_si512();
   const __m512 scale = _mm512_set1_ps(a.scale);
   bool overwrite = !a.accumulate;
+  __m512 sum_f[REG_SUMS ? NK : 1];
+  if constexpr (REG_SUMS) {
+#pragma GCC unroll 16
+    for (int k = 0; k < NK; ++k) sum_f[k] = a.accumulate ? _mm512_loadu_ps(a.dw + k * a.dw_k) : _mm512_setzero_ps();
+  }
   auto flush = [&]() __attribute__((always_inline)) {
 #pragma GCC unroll 16
     for (int k = 0; k < NK; ++k) {
       __m512i sum = acc[0][k];
 #pragma GCC unroll 3
       for (int s = 1; s < SETS; ++s) sum = _mm512_add_epi32(sum, acc[s][k]);
-      float* d = a.dw + k * a.dw_k;
       const __m512 f = _mm512_cvtepi32_ps(sum);
-      _mm512_storeu_ps(d, overwrite ? _mm512_mul_ps(f, scale) : _mm512_fmadd_ps(f, scale, _mm512_loadu_ps(d)));
+      if constexpr (REG_SUMS) {
+        sum_f[k] = overwrite ? _mm512_mul_ps(f, scale) : _mm512_fmadd_ps(f, scale, sum_f[k]);
+      } else {
+        float* d = a.dw + k * a.dw_k;
+        _mm512_storeu_ps(d, overwrite ? _mm512_mul_ps(f, scale) : _mm512_fmadd_ps(f, scale, _mm512_loadu_ps(d)));
+      }
 #pragma GCC unroll 3
       for (int s = 0; s < SETS; ++s) acc[s][k] = _mm512_setzero_si512();
     }
@@ -210,6 +224,10 @@ void pair_kernel(const PairKernelArgs& a) {
     }
   }
   if (pending > 0 || overwrite) flush();
+  if constexpr (REG_SUMS) {
+#pragma GCC unroll 16
+    for (int k = 0; k < NK; ++k) _mm512_storeu_ps(a.dw + k * a.dw_k, sum_f[k]);
+  }
 }
 
 template <class Dot, int... K>
