@@ -22,6 +22,7 @@ namespace dfp::simd {
 namespace {
 
 struct DotVnni {
+  static constexpr bool kNoTemps = true;  // a step needs no ZMM temporaries (embedded broadcast, in place)
   static inline void step(__m512i& acc, __m512i w, const int16_t* pair) {
     asm("vpdpwssd %[m]%{1to16%}, %[w], %[acc]"
         : [acc] "+v"(acc)
@@ -33,6 +34,7 @@ struct DotVnni {
 };
 
 struct DotBw {
+  static constexpr bool kNoTemps = false;  // the broadcast and the VPMADDWD product
   static inline void step(__m512i& acc, __m512i w, const int16_t* pair) {
     const __m512i b = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(pair));
     acc = _mm512_add_epi32(acc, _mm512_madd_epi16(w, b));
@@ -171,11 +173,12 @@ void pair_kernel(const PairKernelArgs& a) {
   // over SETS accumulator sets, added together at each flush. The INT32 sums are exact, so the
   // flushed values, and the flush points, are those of one set.
   constexpr int SETS = NK <= 4 ? 3 : NK <= 11 ? 2 : 1;
-  // Where the registers allow (INT32 sets, FP32 sums, x and the scale: at most 31 ZMM), the FP32
+  // Where the registers allow (INT32 sets, FP32 sums, x and the scale: at most 31 ZMM, and only
+  // with VNNI: the BW step's temporaries made GCC spill; checked in the disassembly), the FP32
   // sums stay in registers between flushes and dW is read once and written once per call: a flush
   // is then arithmetic only, where it was a load, an FMA and a store per row. Same operations in
   // the same order, so the same bits.
-  constexpr bool REG_SUMS = NK * SETS + NK + 2 <= 31;
+  constexpr bool REG_SUMS = Dot::kNoTemps && NK * SETS + NK + 2 <= 31;
   __m512i acc[SETS][NK];
 #pragma GCC unroll 3
   for (int s = 0; s < SETS; ++s)
