@@ -11,7 +11,8 @@
 // 22 accumulators (16 rows, or fewer rows in sets) + 1 activation register (pair kernel). GCC 12
 // adds register copies around the _mm512_dpwssd_epi32 intrinsic once many accumulators are live
 // (see peers.md), so the VNNI step is inline asm with the accumulator tied in place and the
-// activation pair as an embedded broadcast memory operand: one instruction, no copies.
+// activation pair as an embedded broadcast memory operand: one instruction, no copies. The BW
+// pixel kernel's step (DotBw::step_tight) is inline asm for the same reason.
 #pragma once
 
 #include <immintrin.h>
