@@ -53,8 +53,8 @@ constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the th
 // The weight gradient fetches the next step's dy rows ahead only when dy is larger than this
 // (a quarter of this CPU's 32 MiB L3): smaller, its rows come from L3, which the hardware
 // prefetcher streams well enough, and the burst of prefetches before each call costs more than
-// it saves. Measured, alternating runs: ResNet-20's 3-channel first layer (4 MiB of dy) +7%
-// without; ResNet-50's 7x7 and 64 -> 256 1x1 layers (51 MiB) lose 6% and 9% without.
+// it saves. Measured, alternating runs: ResNet-20's 3-channel first layer (4 MiB of dy) +4 to
+// +7% without; ResNet-50's 7x7 and 64 -> 256 1x1 layers (51 MiB) lose 6% and 9% without.
 constexpr size_t kDyPrefetchMinBytes = size_t(8) << 20;
 constexpr int kUnfoldBlocks = 4;    // largest column unfolding, in 16-channel blocks
 constexpr int kUnfoldPixels = 64;   // pixels per gather tile of the column unfolding
@@ -1307,14 +1307,14 @@ struct ConvInt16::Impl {
         st.oh0 = 0;
         return ++st.p < p1;
       };
-      // The dy rows of the next step are fetched into L2 while this one computes, a share before
-      // each kernel call. Interleaving them straight from memory stalled on the whole tile
-      // (measured: ResNet-50 c64->256 1x1 bwd_weights spent 15% of its time in the interleave).
-      DyPrefetch ahead;  // empty unless prefetch_dy
-      const bool prefetch_dy = dyq_bytes > kDyPrefetchMinBytes;
+      // Where dy is larger than kDyPrefetchMinBytes, the dy rows of the next step are fetched into
+      // L2 while this one computes, a share before each kernel call. Interleaving them straight
+      // from memory stalled on the whole tile (measured: ResNet-50 c64->256 1x1 bwd_weights spent
+      // 15% of its time in the interleave). Otherwise `ahead` stays empty.
+      DyPrefetch ahead;
       auto plan_ahead = [&](Step st) {
         ahead.reset();
-        if (!next(st)) return;
+        if (dyq_bytes <= kDyPrefetchMinBytes || !next(st)) return;
         const int oh1 = std::min(OH, st.oh0 + chunk_rows), ow1 = std::min(OW, st.ow0 + chunk_cols);
         for (int kb = st.kg; kb < std::min(kb1, st.kg + kWgradKbGroup); ++kb)
           for (int oh = st.oh0; oh < oh1; ++oh)
@@ -1336,7 +1336,7 @@ struct ConvInt16::Impl {
             const int16_t* i1 = 2 * p + 1 < sh.N ? dy_row(2 * p + 1, kb, oh, ow0) : nullptr;
             inter(i0, i1, tile[kb - kg] + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
           }
-        if (prefetch_dy) plan_ahead(step);
+        plan_ahead(step);
         const size_t share = ahead.lines() / (size_t(CB) * T * (kg1 - kg)) + 1;
         // Chains for this step's sources: the largest |q| of the rows it reads, per block, over
         // both images (pair_chain's bound holds for any bounds on |x| and |dy|).
