@@ -105,35 +105,53 @@ Checkpoint read_checkpoint(const std::string& path) {
   std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   DFP_CHECK(buf.size() >= 12 && std::memcmp(buf.data(), kMagic, 8) == 0, Status::corrupt_data,
             "checkpoint '" + path + "': not a dfp checkpoint (expected magic DFPCKPT1 at offset 0)");
-  uint32_t stored;
-  std::memcpy(&stored, buf.data() + buf.size() - 4, 4);
-  const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size() - 4)));
-  DFP_CHECK(crc == stored, Status::corrupt_data,
-            "checkpoint '" + path + "': CRC-32 mismatch (stored " + std::to_string(stored) + ", computed " +
-                std::to_string(crc) + "): the file is corrupt or truncated");
+  // Walk the records before checking the CRC, so that a file that ends early is reported as
+  // truncated, with the record it ends in, rather than as a bare checksum mismatch. Every length is
+  // checked against the bytes left (no arithmetic that could wrap on a corrupt count).
   Checkpoint ck;
   size_t pos = 8;
   const size_t end = buf.size() - 4;
-  auto need = [&](size_t n, const char* what) {
-    DFP_CHECK(pos + n <= end, Status::corrupt_data,
-              "checkpoint '" + path + "': truncated record (" + what + " at byte " + std::to_string(pos) + ")");
+  std::string record;  // "#3 'conv1.weight'": which record a length check is about
+  auto need = [&](uint64_t n, const char* what) {
+    DFP_CHECK(n <= end - pos, Status::corrupt_data,
+              "checkpoint '" + path + "': truncated: " + what + " of record " + record + " at byte " +
+                  std::to_string(pos) + " needs " + std::to_string(n) + " bytes, but the file (" +
+                  std::to_string(buf.size()) + " bytes) has " + std::to_string(end - pos) +
+                  " left before its 4-byte CRC (the file ends early, or this length field is corrupt)");
   };
+  std::vector<std::pair<std::string, std::pair<size_t, uint64_t>>> records;  // name -> (offset, count)
   while (pos < end) {
+    record = std::string("#").append(std::to_string(records.size() + 1));  // (not "#" + ...: a GCC 12 -Wrestrict false positive)
     uint32_t len;
     need(4, "name length");
     std::memcpy(&len, buf.data() + pos, 4);
     pos += 4;
     need(len, "name");
     std::string name(buf.data() + pos, len);
+    record += " '" + name + "'";
     pos += len;
     uint64_t n;
     need(8, "element count");
     std::memcpy(&n, buf.data() + pos, 8);
     pos += 8;
-    need(n * sizeof(float), "data");
-    std::vector<float> v(n);
-    std::memcpy(v.data(), buf.data() + pos, n * sizeof(float));
+    DFP_CHECK(n <= (end - pos) / sizeof(float), Status::corrupt_data,
+              "checkpoint '" + path + "': truncated: data of record " + record + " at byte " + std::to_string(pos) +
+                  " declares " + std::to_string(n) + " floats, but the file (" + std::to_string(buf.size()) +
+                  " bytes) has " + std::to_string(end - pos) +
+                  " bytes left before its 4-byte CRC (the file ends early, or the count is corrupt)");
+    records.push_back({std::move(name), {pos, n}});
     pos += n * sizeof(float);
+  }
+  uint32_t stored;
+  std::memcpy(&stored, buf.data() + buf.size() - 4, 4);
+  const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size() - 4)));
+  DFP_CHECK(crc == stored, Status::corrupt_data,
+            "checkpoint '" + path + "': CRC-32 mismatch (stored " + std::to_string(stored) + ", computed " +
+                std::to_string(crc) + "): the file is corrupt");
+  for (auto& [name, at] : records) {
+    const auto [off, n] = at;
+    std::vector<float> v(n);
+    std::memcpy(v.data(), buf.data() + off, n * sizeof(float));
     if (name == "meta") {
       std::string text(v.begin(), v.end());
       std::istringstream ss(text);

@@ -506,7 +506,28 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
   const std::string bad = a + "/corrupt.dfp";
   std::ofstream(bad, std::ios::binary) << bytes;
   c.resume = bad;
-  test::expect_error([&] { train(c, nullptr); }, Status::corrupt_data, {"corrupt.dfp"});
+  test::expect_error([&] { train(c, nullptr); }, Status::corrupt_data, {"corrupt.dfp", "CRC-32 mismatch"});
+  // A file that ends early is reported as truncated, with the record it ends in, wherever the cut
+  // falls (in a tensor's data, in a record header, just before the CRC).
+  const std::string whole = slurp(a + "/checkpoint.dfp");
+  const std::string cut = a + "/cut.dfp";
+  for (size_t keep : {whole.size() / 2, size_t{8 + 4 + 2}, whole.size() - 5, whole.size() - 4}) {
+    std::ofstream(cut, std::ios::binary | std::ios::trunc) << whole.substr(0, keep);
+    c.resume = cut;
+    test::expect_error([&] { train(c, nullptr); }, Status::corrupt_data, {"cut.dfp", "truncated", "record #"});
+    test::expect_error([&] { evaluate_checkpoint(cut, "", 2, nullptr); }, Status::corrupt_data, {"cut.dfp", "truncated"});
+  }
+  // A corrupt element count (2^62 floats) is refused before anything is allocated for it.
+  {
+    std::string huge = whole;
+    uint32_t len;
+    std::memcpy(&len, huge.data() + 8, 4);
+    const uint64_t n = uint64_t{1} << 62;
+    std::memcpy(huge.data() + 8 + 4 + len, &n, 8);
+    std::ofstream(cut, std::ios::binary | std::ios::trunc) << huge;
+    test::expect_error([&] { evaluate_checkpoint(cut, "", 2, nullptr); }, Status::corrupt_data,
+                       {"cut.dfp", "record #1 'meta'", "declares 4611686018427387904 floats"});
+  }
   // A checkpoint of another configuration is refused, naming the field.
   c.resume = a + "/checkpoint.dfp";
   c.batch_size = 16;
