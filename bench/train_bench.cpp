@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   };
   for (const Config& c : configs)
     for (dfp::Precision p : {dfp::Precision::fp32, dfp::Precision::int16, dfp::Precision::bf16, dfp::Precision::fp16})
-      for (int t : {2})
+      for (int t : {1, 2})
         benchmark::RegisterBenchmark(("train/" + std::string(c.model) + "_" + std::to_string(c.c) + "x" +
                                       std::to_string(c.h) + "/" + dfp::precision_name(p) + "/threads:" + std::to_string(t))
                                          .c_str(),
