@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -55,6 +56,80 @@ std::string json_escape(const std::string& s) {
     o += c;
   }
   return o;
+}
+
+// ---- profile (--profile) ----------------------------------------------------------------------
+// Training-step totals beside Model::layer_times(): the whole step (forward, loss, backward,
+// optimizer) as the loop saw it, the optimizer's part, and the loader's data wait.
+struct StepProfile {
+  uint64_t steps = 0;
+  double step_seconds = 0, optimizer_seconds = 0, data_wait_seconds = 0;
+};
+
+// Milliseconds per step, the 15 costliest layers, then the time by layer kind, the optimizer and
+// what no layer accounts for (the loop's own work between layers).
+std::vector<std::string> profile_table(const std::vector<LayerTime>& times, const StepProfile& p) {
+  const double per = 1e3 / double(p.steps);
+  double layers = 0;
+  for (const LayerTime& t : times) layers += t.forward_seconds + t.backward_seconds;
+  std::vector<const LayerTime*> order;
+  for (const LayerTime& t : times) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [](const LayerTime* a, const LayerTime* b) {
+    return a->forward_seconds + a->backward_seconds > b->forward_seconds + b->backward_seconds;
+  });
+  std::vector<std::string> out;
+  char line[200];
+  std::snprintf(line, sizeof line, "profile: %llu training steps, %.2f ms per step (forward + loss + backward + optimizer)",
+                static_cast<unsigned long long>(p.steps), p.step_seconds * per);
+  out.push_back(line);
+  out.push_back("  layer                    kind      precision  forward ms  backward ms   share");
+  const size_t shown = std::min<size_t>(order.size(), 15);
+  for (size_t i = 0; i < shown; ++i) {
+    const LayerTime& t = *order[i];
+    std::snprintf(line, sizeof line, "  %-24s %-9s %-9s %11.3f %12.3f %6.1f%%", t.layer.c_str(), t.kind.c_str(),
+                  t.precision.c_str(), t.forward_seconds * per, t.backward_seconds * per,
+                  100.0 * (t.forward_seconds + t.backward_seconds) / p.step_seconds);
+    out.push_back(line);
+  }
+  if (order.size() > shown) out.push_back("  (" + std::to_string(order.size() - shown) + " more layers in profile.json)");
+  std::vector<std::pair<std::string, std::pair<double, double>>> kinds;  // in order of first appearance
+  for (const LayerTime& t : times) {
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == t.kind; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), {t.kind, {0.0, 0.0}});
+    it->second.first += t.forward_seconds;
+    it->second.second += t.backward_seconds;
+  }
+  std::stable_sort(kinds.begin(), kinds.end(), [](const auto& a, const auto& b) {
+    return a.second.first + a.second.second > b.second.first + b.second.second;
+  });
+  std::string by_kind = "  by kind (forward + backward ms):";
+  for (const auto& [kind, fb] : kinds) {
+    std::snprintf(line, sizeof line, " %s %.2f + %.2f (%.1f%%);", kind.c_str(), fb.first * per, fb.second * per,
+                  100.0 * (fb.first + fb.second) / p.step_seconds);
+    by_kind += line;
+  }
+  out.push_back(by_kind);
+  std::snprintf(line, sizeof line, "  optimizer %.2f ms (%.1f%%); between layers %.2f ms (%.1f%%); data wait %.2f ms per step",
+                p.optimizer_seconds * per, 100.0 * p.optimizer_seconds / p.step_seconds,
+                (p.step_seconds - layers - p.optimizer_seconds) * per,
+                100.0 * (p.step_seconds - layers - p.optimizer_seconds) / p.step_seconds, p.data_wait_seconds * per);
+  out.push_back(line);
+  return out;
+}
+
+void write_profile_json(const std::string& path, const std::vector<LayerTime>& times, const StepProfile& p) {
+  std::ofstream f(path, std::ios::trunc);
+  DFP_CHECK(f.good(), Status::io_error, "cannot write '" + path + "'");
+  f << "{\"steps\":" << p.steps << ",\"step_seconds\":" << p.step_seconds << ",\"optimizer_seconds\":"
+    << p.optimizer_seconds << ",\"data_wait_seconds\":" << p.data_wait_seconds << ",\"layers\":[";
+  for (size_t i = 0; i < times.size(); ++i) {
+    const LayerTime& t = times[i];
+    f << (i ? "," : "") << "{\"layer\":\"" << json_escape(t.layer) << "\",\"kind\":\"" << t.kind
+      << "\",\"precision\":\"" << t.precision << "\",\"forward_seconds\":" << t.forward_seconds
+      << ",\"backward_seconds\":" << t.backward_seconds << ",\"steps\":" << t.steps << "}";
+  }
+  f << "]}\n";
+  DFP_CHECK(f.good(), Status::io_error, "write to '" + path + "' failed (disk full?)");
 }
 
 // ---- checkpoints ------------------------------------------------------------------------------
@@ -348,6 +423,9 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   m.set_loss_scaling(cfg.loss_scale);  // before build(): the memory plan depends on it
   m.build(cfg.batch_size, cfg.policy);
   m.set_numerics_interval(cfg.numerics_interval);
+  DFP_CHECK(!cfg.profile || !on_cuda, Status::unsupported,
+            "flag --profile: times the CPU model's layers; not available with --device cuda");
+  m.set_profiling(cfg.profile);
   Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
   LossScaler scaler(cfg.loss_scale);
   Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed);
@@ -416,6 +494,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       " test images; " + std::to_string(ctx.threads()) + " threads; kernels " + isa_name(ctx.isa()));
 
   const bool tty = isatty(STDOUT_FILENO);
+  StepProfile prof;
   std::vector<EpochMetrics> all;
   int step = start_epoch * sched.steps_per_epoch;
   for (int epoch = start_epoch; epoch < cfg.epochs; ++epoch) {
@@ -432,9 +511,17 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       if (cuda) {
         tr.add(cuda->train_step(b.images, b.labels, b.size, lr, scaler));  // runs scaler.update
       } else {
+        const auto step_t0 = Clock::now();
         tr.add(m.forward(b.images, b.labels, b.size, true));
         m.set_loss_scale(used_scale);
-        if (scaler.update(m.backward())) sgd.step(lr);
+        const bool finite = m.backward();
+        const auto opt_t0 = Clock::now();
+        if (scaler.update(finite)) sgd.step(lr);
+        if (cfg.profile) {
+          prof.optimizer_seconds += seconds_since(opt_t0);
+          prof.step_seconds += seconds_since(step_t0);
+          ++prof.steps;
+        }
       }
       if (scaler.skipped_steps() != skipped_before) {
         char line[200];
@@ -463,6 +550,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     em.epoch = epoch + 1;
     em.epoch_seconds = seconds_since(t0);
     em.data_wait_seconds = train_loader.data_wait_seconds();
+    prof.data_wait_seconds += em.data_wait_seconds;
     em.images_per_second = double(tr.n) / em.epoch_seconds;
     em.train_loss = tr.loss / tr.n;
     em.train_top1 = 100.0 * tr.c1 / tr.n;
@@ -526,6 +614,11 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
     }
     if (cfg.stop_after > 0 && epoch + 1 >= cfg.stop_after) break;
+  }
+  if (cfg.profile && prof.steps > 0) {
+    const std::vector<LayerTime> times = m.layer_times();
+    for (const std::string& line : profile_table(times, prof)) say(line);
+    if (!cfg.out.empty()) write_profile_json(cfg.out + "/profile.json", times, prof);
   }
   return all;
 }

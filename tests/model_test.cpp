@@ -428,6 +428,56 @@ TEST(Training, SameSeedSameBits) {
   EXPECT_EQ(0, std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float)));
 }
 
+// Profiling times every layer's training passes (not evaluation), in graph order with the loss
+// last, and leaves the bits alone.
+TEST(Profiling, LayerTimesCoverTrainingPassesOnly) {
+  std::vector<float> w[2];
+  std::vector<LayerTime> times;
+  std::vector<LayerSpec> graph;
+  for (int r = 0; r < 2; ++r) {
+    Model m(ctx2(), "d");
+    build_model(m, "resnet20", 3, 16, 16, 10);
+    PrecisionPolicy pol;
+    pol.precision = Precision::int16;
+    m.build(4, pol);
+    m.set_profiling(r == 1);
+    Sgd sgd(ctx2(), m, {0.9f, 5e-4f, true});
+    const auto x = batch_images(m, 9);
+    const std::vector<int32_t> y = {1, 2, 3, 4};
+    for (int s = 0; s < 2; ++s) {
+      m.forward(x.data(), y.data(), 4, true);
+      m.backward();
+      sgd.step(0.05f);
+    }
+    m.forward(x.data(), y.data(), 4, false);  // evaluation: not timed
+    for (const Parameter& p : m.parameters()) w[r].insert(w[r].end(), p.value, p.value + p.size);
+    if (r == 0) {
+      EXPECT_TRUE(m.layer_times().empty()) << "profiling off: nothing timed";
+      continue;
+    }
+    times = m.layer_times();
+    graph = m.graph();
+    m.reset_layer_times();
+    EXPECT_TRUE(m.layer_times().empty()) << "reset_layer_times";
+  }
+  EXPECT_EQ(0, std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float))) << "profiling changed the bits";
+  ASSERT_EQ(times.size(), graph.size()) << "every layer but the input, then the loss";
+  for (size_t i = 0; i + 1 < times.size(); ++i) {
+    EXPECT_EQ(times[i].layer, graph[i + 1].name);
+    EXPECT_EQ(times[i].kind, graph[i + 1].kind);
+    EXPECT_EQ(times[i].steps, 2u) << times[i].layer;
+    EXPECT_GE(times[i].forward_seconds, 0.0);
+    EXPECT_GE(times[i].backward_seconds, 0.0);
+    if (times[i].kind == "conv") {
+      EXPECT_EQ(times[i].precision, "int16");
+      EXPECT_GT(times[i].forward_seconds, 0.0) << times[i].layer;
+      EXPECT_GT(times[i].backward_seconds, 0.0) << times[i].layer;
+    }
+  }
+  EXPECT_EQ(times.back().layer, "loss");
+  EXPECT_EQ(times.back().steps, 2u);
+}
+
 TEST(Schedule, WarmupCosineStepMultistep) {
   LrSchedule s;
   s.base = 0.1f; s.steps_per_epoch = 10; s.total_steps = 100; s.warmup_steps = 10;
@@ -535,6 +585,24 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
   const EvalResult r = evaluate_checkpoint(a + "/checkpoint.dfp", "", 2, nullptr);
   EXPECT_EQ(r.images, 10000);  // eval uses the whole test split
   EXPECT_GT(r.top1, 40.0);
+}
+
+// --profile: the trainer logs the per-step table and writes profile.json beside the metrics.
+TEST(Training, ProfileWritesTableAndJson) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TrainConfig c = lenet_config(Precision::int16, 1, 32, 320, 64);
+  c.profile = true;
+  const test::TempDir t("dfp_test_profile_");
+  c.out = t.str();
+  std::string log;
+  train(c, [&](const std::string& s) { log += s + "\n"; });
+  EXPECT_NE(log.find("profile: 10 training steps"), std::string::npos) << log;
+  EXPECT_NE(log.find("by kind (forward + backward ms): conv"), std::string::npos) << log;
+  EXPECT_NE(log.find("optimizer"), std::string::npos) << log;
+  const std::string json = slurp(c.out + "/profile.json");
+  EXPECT_EQ(json.rfind("{\"steps\":10,", 0), 0u) << json;
+  EXPECT_NE(json.find("{\"layer\":\"conv1\",\"kind\":\"conv\",\"precision\":\"int16\""), std::string::npos) << json;
+  EXPECT_NE(json.find("{\"layer\":\"loss\",\"kind\":\"loss\""), std::string::npos) << json;
 }
 
 // ---- the memory plan ----------------------------------------------------------------------------

@@ -130,6 +130,17 @@ struct LayerSpec {
   uint64_t seed = 0;             // dropout: its random stream (set by build())
 };
 
+// Wall time of one layer's training passes, summed over the steps since profiling was switched on
+// (Model::set_profiling) or last reset. Layers run one at a time, each using every thread, so the
+// times add up to the step (less the optimizer and data loading, which the trainer times).
+struct LayerTime {
+  std::string layer;      // name; "loss" for the softmax cross-entropy
+  std::string kind;       // LayerSpec::kind; "loss"
+  std::string precision;  // fp32, int16, bf16, fp16
+  double forward_seconds = 0, backward_seconds = 0;
+  uint64_t steps = 0;     // training forward passes timed
+};
+
 struct StepResult {
   double loss = 0;     // mean over the batch
   int correct1 = 0;    // top-1 hits
@@ -212,6 +223,13 @@ class Model {
   // finds its DFP16 exponent without a pass of its own. The results are bit-identical either way.
   // On by default; off for comparisons and tests.
   void set_fusion(bool on);
+  // Time every layer's training forward and backward pass (evaluation passes are not timed): two
+  // clock reads per layer and pass, nothing allocated once built. layer_times() lists every layer
+  // and then the loss, in graph order; a ReLU absorbed by fusion (set_fusion) shows only its
+  // bookkeeping, its work being in its producer's time.
+  void set_profiling(bool on);
+  std::vector<LayerTime> layer_times() const;
+  void reset_layer_times();
   MemoryPlan memory_plan() const;  // after build()
   // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed
   // them (INT16: DFP16 + VNNI layouts; FP32: oneDNN's layout). Once per optimizer step.

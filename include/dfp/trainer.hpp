@@ -49,6 +49,9 @@ struct TrainConfig {
   int limit_test = 0;
   int print_every = 50;             // steps between plain progress lines (non-terminal output)
   int stop_after = 0;               // stop after this many epochs (0 = run all; simulates an interruption)
+  // Time each layer's training passes and the optimizer (Model::set_profiling); at the end, log a
+  // table per training step and write profile.json to `out`. CPU only.
+  bool profile = false;
   // Device: "cpu", or "cuda" (dfp/cuda.hpp; builds with CUDA and a GPU). On cuda the model runs
   // in policy.precision, fp16 (FP16 tensors, FP32 master weights, loss scaling) or fp32 (the GPU
   // baseline, TF32 off); the rest of the policy describes the FP32 host copy used for checkpoints.

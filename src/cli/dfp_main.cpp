@@ -271,6 +271,7 @@ bool train_flag(const std::string& a, Args& args, dfp::TrainConfig& c) {
   else if (a == "--step-epochs") c.step_epochs = to_int(a, args.value(a));
   else if (a == "--label-smoothing") c.label_smoothing = to_float(a, args.value(a));
   else if (a == "--no-augment") c.augment = false;
+  else if (a == "--profile") c.profile = true;
   else if (a == "--threads") c.threads = to_int(a, args.value(a));
   else if (a == "--isa") c.isa = args.value(a);
   else if (a == "--seed") c.seed = static_cast<uint64_t>(to_int(a, args.value(a)));
@@ -467,6 +468,7 @@ void usage() {
       "           --epochs N --batch-size N --lr F [--momentum F --wd F --nesterov] --schedule cosine|step|multistep|constant\n"
       "           [--warmup-epochs N --milestones 30,60 --gamma F] --threads N --seed N --out DIR [--resume FILE]\n"
       "           [--limit-train N --limit-test N --label-smoothing F --no-augment]\n"
+      "           [--profile: time each layer's forward and backward and the optimizer; a table at the end, DIR/profile.json]\n"
       "           [--device cpu|cuda: on cuda --precision is fp16 (FP16 + FP32 master weights, AMP-like) or fp32]\n"
       "  eval     --checkpoint FILE [--data DIR]: test loss, top-1, top-5\n"
       "  compare  train one run per precision with the same seed, data order and flags, then tabulate and plot:\n"

@@ -6,6 +6,7 @@
 // ones write into that node's own accumulation buffer, which is then added in. Nodes with one
 // consumer need no extra buffer or pass.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -178,7 +179,15 @@ struct Model::Impl {
     // Fusion: the node whose input this layer feeds as spans, computed from this layer's own
     // input (see Layer::feed_spans_to), or -1.
     int feeds_spans_to = -1;
+    double fwd_seconds = 0, bwd_seconds = 0;  // profiling (set_profiling)
+    uint64_t fwd_steps = 0;
   };
+  bool profiling = false;
+  double loss_fwd_seconds = 0, loss_bwd_seconds = 0;
+  using ProfileClock = std::chrono::steady_clock;
+  static double seconds_between(ProfileClock::time_point a, ProfileClock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
   const Context& ctx;
   std::string name;
   std::vector<NodeInfo> nodes;
@@ -548,9 +557,17 @@ struct Model::Impl {
       if (!n.layer->input_taken() && !n.spec.fused) poison_workspace();
       model::StepInfo sti = st;
       if (fusion && n.inputs.size() == 1) sti.input_max_abs = nodes[n.inputs[0]].act_max;
+      const bool timed = profiling && train;
+      const auto t0 = timed ? ProfileClock::now() : ProfileClock::time_point{};
       n.layer->forward(ctx, xs, n.act, sti);
       n.act_max = fusion ? n.layer->output_max_abs() : -1.f;
+      if (timed) {
+        n.fwd_seconds += seconds_between(t0, ProfileClock::now());
+        ++n.fwd_steps;
+      }
     }
+    const bool time_loss = profiling && train;
+    const auto loss_t0 = time_loss ? ProfileClock::now() : ProfileClock::time_point{};
     // Softmax cross-entropy in double, per image.
     const TensorShape& ls = nodes[loss_node].shape;
     const int K = ls.c, KP = channel_blocks(K) * 16;
@@ -585,6 +602,7 @@ struct Model::Impl {
       r.correct5 += rank < 5;
     }
     r.loss = loss / count;
+    if (time_loss) loss_fwd_seconds += seconds_between(loss_t0, ProfileClock::now());
     last_count = count;
     have_training_forward = train;
     return r;
@@ -628,6 +646,7 @@ struct Model::Impl {
               "model '" + name + "': backward() needs a training forward() first (and no other forward in between)");
     have_training_forward = false;  // planned memory reused: one backward per training forward
     for (NodeInfo& n : nodes) n.grad_written = false;
+    const auto loss_t0 = profiling ? ProfileClock::now() : ProfileClock::time_point{};
     // d(scale * mean loss)/d(logits) = scale * (p - target) / batch
     NodeInfo& ln = nodes[loss_node];
     const int K = ln.shape.c, KP = channel_blocks(K) * 16;
@@ -641,11 +660,15 @@ struct Model::Impl {
     ln.grad_max = -1.f;
     ln.grad_scale = loss_scale;
     ln.adapt_scale = 1;
+    if (profiling) loss_bwd_seconds += seconds_between(loss_t0, ProfileClock::now());
     bool finite = true;
     model::StepInfo st{batch, true, step, sample_step()};
     for (size_t i = nodes.size() - 1; i >= 1; --i) {
       NodeInfo& n = nodes[i];
       if (!n.grad_written) continue;  // does not reach the loss
+      // The layer's time includes its share of the bookkeeping: its adaptive scaling, unscaling
+      // its parameter gradients, and summing its input gradient with another consumer's.
+      const auto t0 = profiling ? ProfileClock::now() : ProfileClock::time_point{};
       if (adaptive) {
         // Zhao et al.: this layer's own factor, applied to the gradient it receives (so to its
         // own rounding of dy, its weight gradient and everything it passes on).
@@ -705,6 +728,7 @@ struct Model::Impl {
         }
         in.grad_written = true;
       }
+      if (profiling) n.bwd_seconds += seconds_between(t0, ProfileClock::now());
     }
     ++step;
     return finite;
@@ -844,6 +868,25 @@ std::vector<LayerNumerics> Model::numerics() const {
     LayerNumerics ln;
     if (n.layer && n.layer->numerics(ln)) out.push_back(ln);
   }
+  return out;
+}
+
+void Model::set_profiling(bool on) { impl_->profiling = on; }
+
+void Model::reset_layer_times() {
+  for (auto& n : impl_->nodes) n.fwd_seconds = n.bwd_seconds = 0, n.fwd_steps = 0;
+  impl_->loss_fwd_seconds = impl_->loss_bwd_seconds = 0;
+}
+
+std::vector<LayerTime> Model::layer_times() const {
+  std::vector<LayerTime> out;
+  uint64_t steps = 0;
+  for (const auto& n : impl_->nodes) {
+    if (!n.layer || n.fwd_steps == 0) continue;  // the input; nothing timed yet
+    out.push_back({n.layer->name, n.layer->kind, n.layer->precision(), n.fwd_seconds, n.bwd_seconds, n.fwd_steps});
+    steps = std::max(steps, n.fwd_steps);
+  }
+  if (steps > 0) out.push_back({"loss", "loss", "fp32", impl_->loss_fwd_seconds, impl_->loss_bwd_seconds, steps});
   return out;
 }
 
