@@ -58,6 +58,37 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
+// Every TrainConfig field a flag sets, checked before anything is loaded or written: a value
+// out of range is an error naming the flag, never clamped or read as a default.
+void validate_config(const TrainConfig& c) {
+  auto check = [](bool ok, const char* flag, const std::string& expected, const std::string& got) {
+    DFP_CHECK(ok, Status::invalid_argument, std::string("flag ") + flag + ": expected " + expected + ", got " + got);
+  };
+  auto num = [](double v) { return fmt_g(v); };
+  check(std::isfinite(c.momentum) && c.momentum >= 0, "--momentum", "a finite number >= 0", num(c.momentum));
+  check(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "--wd", "a finite number >= 0", num(c.weight_decay));
+  check(std::isfinite(c.gamma) && c.gamma > 0, "--gamma", "a finite number > 0", num(c.gamma));
+  check(c.warmup_epochs >= 0, "--warmup-epochs", ">= 0", std::to_string(c.warmup_epochs));
+  check(c.step_epochs >= 1, "--step-epochs", ">= 1", std::to_string(c.step_epochs));
+  for (size_t i = 0; i < c.milestones.size(); ++i)
+    check(c.milestones[i] >= 1 && (i == 0 || c.milestones[i] > c.milestones[i - 1]), "--milestones",
+          "epochs >= 1 in increasing order", std::to_string(c.milestones[i]).append(" at item ").append(std::to_string(i + 1)));
+  check(c.label_smoothing >= 0 && c.label_smoothing <= 1, "--label-smoothing", "a number in [0, 1]", num(c.label_smoothing));
+  check(c.limit_train >= 0, "--limit-train", ">= 0 (0 = all)", std::to_string(c.limit_train));
+  check(c.limit_test >= 0, "--limit-test", ">= 0 (0 = all)", std::to_string(c.limit_test));
+  check(c.print_every >= 1, "--print-every", ">= 1", std::to_string(c.print_every));
+  check(c.numerics_interval >= 0, "--numerics-every", ">= 0 (0 = never)", std::to_string(c.numerics_interval));
+  check(c.threads >= 0, "--threads", ">= 0 (0 = all cores)", std::to_string(c.threads));
+  check(c.image_size >= 0, "--image-size", ">= 0 (0 = 224)", std::to_string(c.image_size));
+  check(c.stop_after >= 0, "stop_after", ">= 0", std::to_string(c.stop_after));
+  const std::pair<const char*, int> headroom[3] = {{"weights", c.policy.dfp.weights.headroom},
+                                                   {"activations", c.policy.dfp.activations.headroom},
+                                                   {"gradients", c.policy.dfp.gradients.headroom}};
+  for (const auto& [cls, h] : headroom)
+    check(h >= 0 && h <= kDfpMaxHeadroom, "--headroom", "bits in [0, " + std::to_string(kDfpMaxHeadroom) + "]",
+          std::to_string(h) + " (" + cls + ")");
+}
+
 // ---- profile (--profile) ----------------------------------------------------------------------
 // Training-step totals beside Model::layer_times(): the whole step (forward, loss, backward,
 // optimizer) as the loop saw it, the optimizer's part, and the loader's data wait.
@@ -388,6 +419,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   DFP_CHECK(cfg.epochs >= 1, Status::invalid_argument, "flag --epochs: expected >= 1, got " + std::to_string(cfg.epochs));
   DFP_CHECK(cfg.batch_size >= 1, Status::invalid_argument, "flag --batch-size: expected >= 1");
   DFP_CHECK(cfg.lr > 0 && std::isfinite(cfg.lr), Status::invalid_argument, "flag --lr: expected a positive number");
+  validate_config(cfg);
   // --device cuda: the same model, data and loop on the GPU (CudaModel); the host model keeps
   // the FP32 parameters that checkpoints read, refreshed by CudaModel::download().
   DFP_CHECK(cfg.device == "cpu" || cfg.device == "cuda", Status::invalid_argument,
@@ -470,7 +502,9 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
 
   std::ofstream metrics;
   if (!cfg.out.empty()) {
-    std::filesystem::create_directories(cfg.out);
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.out, ec);
+    DFP_CHECK(!ec, Status::io_error, "flag --out: cannot create directory '" + cfg.out + "': " + ec.message());
     std::ofstream c(cfg.out + "/config.json");
     c << "{\"model\":\"" << cfg.model << "\",\"dataset\":\"" << cfg.dataset << "\",\"precision_policy\":\""
       << json_escape(policy_text) << "\",\"epochs\":" << cfg.epochs << ",\"batch_size\":" << cfg.batch_size

@@ -587,6 +587,31 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
   EXPECT_GT(r.top1, 40.0);
 }
 
+// Out-of-range settings are refused before any data is read, naming the flag and the value.
+TEST(Training, OutOfRangeSettingsNameTheirFlag) {
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::vector<std::string>>> cases = {
+      {[](TrainConfig& c) { c.momentum = -0.5f; }, {"--momentum", "-0.5"}},
+      {[](TrainConfig& c) { c.weight_decay = std::nanf(""); }, {"--wd", "nan"}},
+      {[](TrainConfig& c) { c.gamma = 0; }, {"--gamma", "> 0"}},
+      {[](TrainConfig& c) { c.warmup_epochs = -1; }, {"--warmup-epochs", "-1"}},
+      {[](TrainConfig& c) { c.step_epochs = 0; }, {"--step-epochs", ">= 1"}},
+      {[](TrainConfig& c) { c.milestones = {30, 20}; }, {"--milestones", "20 at item 2"}},
+      {[](TrainConfig& c) { c.label_smoothing = 1.5f; }, {"--label-smoothing", "[0, 1]", "1.5"}},
+      {[](TrainConfig& c) { c.limit_train = -5; }, {"--limit-train", "-5"}},
+      {[](TrainConfig& c) { c.limit_test = -1; }, {"--limit-test", "-1"}},
+      {[](TrainConfig& c) { c.print_every = 0; }, {"--print-every", ">= 1"}},
+      {[](TrainConfig& c) { c.numerics_interval = -1; }, {"--numerics-every", "-1"}},
+      {[](TrainConfig& c) { c.threads = -3; }, {"--threads", "-3"}},
+      {[](TrainConfig& c) { c.policy.dfp.gradients.headroom = 20; }, {"--headroom", "20 (gradients)"}},
+  };
+  for (const auto& [mutate, words] : cases) {
+    TrainConfig c = lenet_config(Precision::int16, 1, 32, 64, 64);
+    c.data = "/nonexistent-dfp-test-dir";  // validation comes first: no dataset is opened
+    mutate(c);
+    test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, words);
+  }
+}
+
 // --profile: the trainer logs the per-step table and writes profile.json beside the metrics.
 TEST(Training, ProfileWritesTableAndJson) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";

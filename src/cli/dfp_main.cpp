@@ -274,12 +274,16 @@ bool train_flag(const std::string& a, Args& args, dfp::TrainConfig& c) {
   else if (a == "--profile") c.profile = true;
   else if (a == "--threads") c.threads = to_int(a, args.value(a));
   else if (a == "--isa") c.isa = args.value(a);
-  else if (a == "--seed") c.seed = static_cast<uint64_t>(to_int(a, args.value(a)));
+  else if (a == "--seed") {
+    const int seed = to_int(a, args.value(a));
+    DFP_CHECK(seed >= 0, dfp::Status::invalid_argument, "flag --seed: expected >= 0, got " + std::to_string(seed));
+    c.seed = static_cast<uint64_t>(seed);
+  }
   else if (a == "--out") c.out = args.value(a);
   else if (a == "--limit-train") c.limit_train = to_int(a, args.value(a));
   else if (a == "--limit-test") c.limit_test = to_int(a, args.value(a));
-  else if (a == "--print-every") c.print_every = std::max(1, to_int(a, args.value(a)));
-  else if (a == "--numerics-every") c.numerics_interval = std::max(0, to_int(a, args.value(a)));
+  else if (a == "--print-every") c.print_every = to_int(a, args.value(a));
+  else if (a == "--numerics-every") c.numerics_interval = to_int(a, args.value(a));
   else if (a == "--device") c.device = args.value(a);
   else return false;
   return true;
