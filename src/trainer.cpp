@@ -206,6 +206,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck) {
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
+  DFP_CHECK(!std::filesystem::is_directory(path), Status::io_error,
+            "checkpoint '" + path + "': is a directory; expected a checkpoint file (checkpoint.dfp in a run's --out)");
   std::ifstream f(path, std::ios::binary);
   DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + path + "': cannot open");
   std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

@@ -93,3 +93,22 @@ TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
   EXPECT_EQ(std::stod(last_field(out / "fp16-none" / "metrics.jsonl", "loss_scale")), 1.0);
   EXPECT_GE(std::stod(last_field(out / "fp16" / "metrics.jsonl", "loss_scale")), 1024.0);
 }
+
+// The command line refuses bad flag values with a message naming the flag, and a non-zero exit.
+TEST(Cli, BadFlagValuesNameTheFlag) {
+  const dfp::test::TempDir dir("dfp_cli_");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"bench --reps 0", "flag --reps: expected >= 1, got 0"},
+      {"bench --threads -1", "flag --threads: expected >= 0"},
+      {"info --isa avx9", "flag --isa: unknown kernel level 'avx9'"},
+      {"train --seed -1", "flag --seed: expected >= 0, got -1"},
+      {"train --print-every 0", "flag --print-every: expected >= 1, got 0"},
+      {"eval --checkpoint '" + dir.path().string() + "'", "is a directory; expected a checkpoint file"},
+  };
+  for (const auto& [args, message] : cases) {
+    const std::string log = dir.file("cli.log");
+    const std::string cmd = std::string("'") + DFP_CLI + "' " + args + " > '" + log + "' 2>&1";
+    EXPECT_NE(std::system(cmd.c_str()), 0) << args;
+    EXPECT_NE(slurp(log).find(message), std::string::npos) << args << ": " << slurp(log);
+  }
+}

@@ -62,6 +62,16 @@ T parse_number(const std::string& flag, const std::string& v) {
 }
 int to_int(const std::string& flag, const std::string& v) { return parse_number<int>(flag, v); }
 float to_float(const std::string& flag, const std::string& v) { return parse_number<float>(flag, v); }
+// --threads N (0 = all cores) and --isa LEVEL, checked here so that the error names the flag.
+int threads_flag(const std::string& flag, const std::string& v) {
+  const int n = to_int(flag, v);
+  DFP_CHECK(n >= 0, dfp::Status::invalid_argument, "flag " + flag + ": expected >= 0 (0 = all cores), got " + v);
+  return n;
+}
+std::string isa_flag(const std::string& flag, const std::string& v) {
+  dfp::parse_isa(v, "flag " + flag);
+  return v;
+}
 
 // The numerics knobs shared by train, compare and info: precision, per-layer overrides, per
 // tensor class formats, rounding and headroom, the INT16 chain policy, loss scaling. Returns
@@ -124,8 +134,8 @@ int cmd_info(Args& args) {
   bool policy_given = false;
   ScaleFlags scale_set;
   while (args.next(a)) {
-    if (a == "--threads") opt.threads = to_int(a, args.value(a));
-    else if (a == "--isa") opt.isa = args.value(a);
+    if (a == "--threads") opt.threads = threads_flag(a, args.value(a));
+    else if (a == "--isa") opt.isa = isa_flag(a, args.value(a));
     else if (policy_flag(a, args, pc, keep, scale_set)) policy_given = true;
     else dfp::fail(dfp::Status::invalid_argument, "dfp info: unknown flag '" + a + "' (known: --threads, --isa, --precision and the numerics flags of dfp train)");
   }
@@ -190,9 +200,12 @@ int cmd_bench(Args& args) {
   int reps = 5;
   std::string a;
   while (args.next(a)) {
-    if (a == "--threads") opt.threads = to_int(a, args.value(a));
-    else if (a == "--isa") opt.isa = args.value(a);
-    else if (a == "--reps") reps = std::max(1, to_int(a, args.value(a)));
+    if (a == "--threads") opt.threads = threads_flag(a, args.value(a));
+    else if (a == "--isa") opt.isa = isa_flag(a, args.value(a));
+    else if (a == "--reps") {
+      reps = to_int(a, args.value(a));
+      DFP_CHECK(reps >= 1, dfp::Status::invalid_argument, "flag --reps: expected >= 1, got " + std::to_string(reps));
+    }
     else dfp::fail(dfp::Status::invalid_argument, "dfp bench: unknown flag '" + a + "' (known: --threads, --isa, --reps)");
   }
   dfp::Context ctx(opt);
@@ -272,8 +285,8 @@ bool train_flag(const std::string& a, Args& args, dfp::TrainConfig& c) {
   else if (a == "--label-smoothing") c.label_smoothing = to_float(a, args.value(a));
   else if (a == "--no-augment") c.augment = false;
   else if (a == "--profile") c.profile = true;
-  else if (a == "--threads") c.threads = to_int(a, args.value(a));
-  else if (a == "--isa") c.isa = args.value(a);
+  else if (a == "--threads") c.threads = threads_flag(a, args.value(a));
+  else if (a == "--isa") c.isa = isa_flag(a, args.value(a));
   else if (a == "--seed") {
     const int seed = to_int(a, args.value(a));
     DFP_CHECK(seed >= 0, dfp::Status::invalid_argument, "flag --seed: expected >= 0, got " + std::to_string(seed));
@@ -444,7 +457,7 @@ int cmd_eval(Args& args) {
   while (args.next(a)) {
     if (a == "--checkpoint") ckpt = args.value(a);
     else if (a == "--data") data = args.value(a);
-    else if (a == "--threads") threads = to_int(a, args.value(a));
+    else if (a == "--threads") threads = threads_flag(a, args.value(a));
     else dfp::fail(dfp::Status::invalid_argument, "dfp eval: unknown flag '" + a + "' (known: --checkpoint, --data, --threads)");
   }
   DFP_CHECK(!ckpt.empty(), dfp::Status::invalid_argument, "dfp eval: --checkpoint FILE is required");
