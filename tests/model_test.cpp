@@ -22,6 +22,7 @@
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
+#include "src/model/layer.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/common/tolerance.hpp"
 #include "tests/common/expect_error.hpp"
@@ -476,6 +477,51 @@ TEST(Profiling, LayerTimesCoverTrainingPassesOnly) {
   }
   EXPECT_EQ(times.back().layer, "loss");
   EXPECT_EQ(times.back().steps, 2u);
+}
+
+// Sampled rounding statistics: the parallel, libm-free DFP16 measurement counts exactly what a
+// serial nearbyint loop counts (ties to even, saturation, underflow, non-finite), and gives the
+// same bits at any thread count.
+TEST(Numerics, Dfp16StatisticsMatchASerialNearbyintLoop) {
+  const int e = -10;  // q = x * 1024
+  std::vector<float> x(300001);
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.f, 8.f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = nd(g);
+  for (size_t i = 0; i < 2000; ++i) x[i * 97] = (float(int(i) - 1000) + 0.5f) / 1024.f;  // ties
+  x[11] = 32767.5f / 1024.f;                                                            // a tie to 32768: saturates
+  x[12] = -32767.49f / 1024.f;
+  x[13] = 40.f;                                                                         // saturates
+  x[14] = 1e-9f;                                                                        // underflows
+  x[15] = 0.f;
+  x[16] = std::numeric_limits<float>::infinity();
+  x[17] = std::nanf("");
+  FormatStats want;
+  want.elements = x.size();
+  for (const float f : x) {
+    const double v = f;
+    if (!std::isfinite(v)) { ++want.nonfinite; continue; }
+    want.signal += v * v;
+    want.nonzero += v != 0;
+    double q = std::nearbyint(v * 1024.0);
+    if (std::fabs(q) > 32767) { ++want.overflow; q = q > 0 ? 32767 : -32767; }
+    const double r = q / 1024.0;
+    want.underflow += v != 0 && r == 0;
+    want.noise += (v - r) * (v - r);
+  }
+  Context one(ContextOptions{.threads = 1});
+  const FormatStats a = model::measure_dfp16(one, x.data(), x.size(), e);
+  const FormatStats b = model::measure_dfp16(ctx2(), x.data(), x.size(), e);
+  EXPECT_EQ(a.elements, want.elements);
+  EXPECT_EQ(a.nonzero, want.nonzero);
+  EXPECT_EQ(a.overflow, want.overflow);
+  EXPECT_GE(a.overflow, 2u) << "32767.5 and 40 * 1024 saturate";
+  EXPECT_EQ(a.underflow, want.underflow);
+  EXPECT_EQ(a.nonfinite, 2u);
+  EXPECT_NEAR(a.signal, want.signal, 1e-12 * want.signal);
+  EXPECT_NEAR(a.noise, want.noise, 1e-12 * want.noise);
+  EXPECT_EQ(0, std::memcmp(&a.signal, &b.signal, sizeof(double)));
+  EXPECT_EQ(0, std::memcmp(&a.noise, &b.noise, sizeof(double)));
 }
 
 TEST(Schedule, WarmupCosineStepMultistep) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dfp/context.hpp"
+#include "dfp/float16.hpp"
 #include "dfp/model.hpp"
 #include "src/atomic_max.hpp"
 
@@ -46,6 +47,17 @@ void for_chunks(const Context& ctx, size_t n, F&& f) {
   ctx.parallel_for(int64_t((n + kChunk - 1) / kChunk),
                    [&](int64_t b, int64_t e) { f(size_t(b) * kChunk, std::min(n, size_t(e) * kChunk)); });
 }
+
+// Rounding statistics of a sampled step (LayerNumerics), on the context's threads: the tensor is
+// cut into at most kStatPieces pieces whose bounds depend on n alone, each measured on its own and
+// the results summed in piece order, so the figures do not depend on the thread count.
+//   measure_dfp16: x against DFP16 round-to-nearest-even at exponent e (|q| > 32767 saturates and
+//                  counts as overflow);
+//   measure_rounded: x against its rounded copy q (FP32 values);
+//   measure_bf16: x against the BF16 bit patterns q.
+FormatStats measure_dfp16(const Context& ctx, const float* x, size_t n, int e);
+FormatStats measure_rounded(const Context& ctx, const float* x, const float* q, size_t n);
+FormatStats measure_bf16(const Context& ctx, const float* x, const uint16_t* q, size_t n);
 
 // The seed of a layer's random stream at one training step (the stochastic key derives from it).
 inline uint64_t step_seed(uint64_t seed, uint64_t step) { return seed ^ (step * 0x9E3779B97F4A7C15ULL); }
