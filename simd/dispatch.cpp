@@ -8,6 +8,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.isa = isa;
   // The scalar reference fills every entry; higher levels replace what they implement.
   t.max_abs = {&ref::max_abs, "max_abs_f32__ref"};
+  t.dfp16_stats = {&ref::dfp16_stats, "dfp16_stats_f32__ref"};
   t.quantize = {&ref::quantize, "quantize_f32_dfp16__ref"};
   t.dequantize = {&ref::dequantize, "dequantize_dfp16_f32__ref"};
   t.interleave = {&ref::interleave, "interleave_s16__ref"};
@@ -32,6 +33,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.round_fp16 = {&ref::round_fp16, "round_f32_fp16__ref"};
   if (isa >= Isa::avx512bw) {
     t.max_abs = {&avx512::max_abs, "max_abs_f32__avx512"};
+    t.dfp16_stats = {&avx512::dfp16_stats, "dfp16_stats_f32__avx512"};
     // The stochastic stream needs AES rounds: VAES where present, else AES-NI; a CPU with
     // neither (only a masked VM) keeps the reference.
     if (cpu.vaes) t.quantize = {&avx512::quantize_vaes, "quantize_f32_dfp16__avx512_vaes"};

@@ -29,6 +29,16 @@ struct QuantCounters {
 
 // max|x| over finite elements; adds the count of NaN/Inf elements to *nonfinite.
 using MaxAbsFn = float (*)(const float* x, size_t n, uint64_t* nonfinite);
+// Rounding statistics of a sampled step (LayerNumerics): x against DFP16 round-to-nearest-even,
+// y = x * down, q = nearest-even(y) (|y| >= 32767.5 saturates to +-32767), r = q * up, over
+// finite x. The sums run in kStatsLanes lanes (element i in lane i % kStatsLanes), added in lane
+// order at the end, each product and sum rounded on its own: every level gives the same bits.
+struct Dfp16Stats {
+  double signal = 0, noise = 0;  // sum x^2, sum (x - r)^2
+  uint64_t nonzero = 0, saturated = 0, underflow = 0, nonfinite = 0;  // underflow: x != 0, r == 0
+};
+inline constexpr int kStatsLanes = 16;
+using Dfp16StatsFn = void (*)(const float* x, size_t n, double down, double up, Dfp16Stats* out);
 // dst[i] = sat16(R(src[i] * 2^-exponent)); stochastic rounding is floor(src[i] * 2^-exponent + u)
 // in exact arithmetic, with u = dfp16_rand24(seed, index_base + i) * 2^-24 for element i.
 using QuantizeFn = void (*)(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding,
@@ -266,6 +276,7 @@ struct Entry {
 struct KernelTable {
   Isa isa = Isa::ref;
   Entry<MaxAbsFn> max_abs;
+  Entry<Dfp16StatsFn> dfp16_stats;
   Entry<QuantizeFn> quantize;
   Entry<DequantizeFn> dequantize;
   Entry<InterleaveFn> interleave;
@@ -299,6 +310,7 @@ using Signature = std::remove_pointer_t<Fn>;
 
 namespace ref {
 Signature<MaxAbsFn> max_abs;
+Signature<Dfp16StatsFn> dfp16_stats;
 Signature<QuantizeFn> quantize;
 Signature<DequantizeFn> dequantize;
 Signature<InterleaveFn> interleave;
@@ -321,6 +333,7 @@ Signature<RoundToFn> round_bf16, round_fp16;
 }  // namespace ref
 namespace avx512 {
 Signature<MaxAbsFn> max_abs;
+Signature<Dfp16StatsFn> dfp16_stats;
 Signature<QuantizeFn> quantize_vaes, quantize_aesni;
 Signature<DequantizeFn> dequantize;
 Signature<InterleaveFn> interleave;

@@ -397,6 +397,42 @@ TEST_P(Dfp16Isa, BitIdenticalToReference) {
 
 // The element-wise FP32 kernels (ReLU forward/backward, add) match their scalar twins bit for bit,
 // including -0, NaN and masked tails.
+// Sampled-numerics statistics: the same bits as the reference at every level, at every tail length,
+// with ties, saturation, underflow and non-finite values.
+TEST_P(Dfp16Isa, StatisticsBitIdenticalToReference) {
+  const CpuFeatures f = detect_cpu_features();
+  const Isa isa = parse_isa(GetParam(), "test");
+  if (!f.supports(isa)) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 2, .isa = GetParam()});
+  const auto fn = c.kernels().dfp16_stats.fn;
+  for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(17), size_t(1000), size_t(70001)}) {
+    std::vector<float> x = test::random_vec(n, uint32_t(n) + 7, -40.f, 40.f);
+    if (n >= 17) {
+      x[1] = 32767.5f / 1024.f;  // a tie to 32768: saturates
+      x[2] = -32766.5f / 1024.f;  // a tie to even, -32766
+      x[3] = 1e-9f;               // underflows
+      x[4] = 0.f;
+      x[5] = std::numeric_limits<float>::infinity();
+      x[6] = std::nanf("");
+      x[16] = -std::numeric_limits<float>::infinity();
+    }
+    simd::Dfp16Stats a, b;
+    simd::ref::dfp16_stats(x.data(), n, 1024.0, 1.0 / 1024, &a);
+    fn(x.data(), n, 1024.0, 1.0 / 1024, &b);
+    EXPECT_EQ(0, std::memcmp(&a.signal, &b.signal, sizeof(double))) << "n=" << n;
+    EXPECT_EQ(0, std::memcmp(&a.noise, &b.noise, sizeof(double))) << "n=" << n;
+    EXPECT_EQ(a.nonzero, b.nonzero) << "n=" << n;
+    EXPECT_EQ(a.saturated, b.saturated) << "n=" << n;
+    EXPECT_EQ(a.underflow, b.underflow) << "n=" << n;
+    EXPECT_EQ(a.nonfinite, b.nonfinite) << "n=" << n;
+    if (n >= 17) {
+      EXPECT_EQ(b.nonfinite, 3u);
+      EXPECT_GE(b.saturated, 1u);  // x[1]; and every |x| >= 32 of the random values
+      EXPECT_GE(b.underflow, 1u);
+    }
+  }
+}
+
 TEST_P(Dfp16Isa, ElementwiseBitIdenticalToReference) {
   if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
   Context c(ContextOptions{.threads = 1, .isa = GetParam()});

@@ -19,6 +19,33 @@ float max_abs(const float* x, size_t n, uint64_t* nonfinite) {
   return m;
 }
 
+void dfp16_stats(const float* x, size_t n, double down, double up, Dfp16Stats* out) {
+  double signal[kStatsLanes] = {}, noise[kStatsLanes] = {};
+  Dfp16Stats s;
+  for (size_t i = 0; i < n; ++i) {
+    const int l = int(i % kStatsLanes);
+    double v = x[i];
+    if (!std::isfinite(v)) { ++s.nonfinite; v = 0; }  // a zero in its lane: adds +0 to both sums
+    signal[l] += v * v;
+    s.nonzero += v != 0;
+    const double y = v * down;
+    double q = std::nearbyint(y);
+    if (std::fabs(y) >= 32767.5) {  // nearest-even gives |q| >= 32768 (32767.5 is a tie, to even)
+      ++s.saturated;
+      q = std::copysign(32767.0, y);
+    }
+    const double r = q * up;
+    s.underflow += v != 0 && r == 0;
+    const double d = v - r;
+    noise[l] += d * d;
+  }
+  for (int l = 0; l < kStatsLanes; ++l) {
+    s.signal += signal[l];
+    s.noise += noise[l];
+  }
+  *out = s;
+}
+
 // The stochastic stream of one quantize call: ARS-5 blocks, each computed once for its four
 // elements.
 class RoundingStream {

@@ -160,6 +160,7 @@ int cmd_info(Args& args) {
   std::printf("max|x| (dfp16 exponent)      f32    %s\n", k.max_abs.name);
   std::printf("quantize                     dfp16  %s\n", k.quantize.name);
   std::printf("dequantize                   dfp16  %s\n", k.dequantize.name);
+  std::printf("sampled rounding statistics  dfp16  %s\n", k.dfp16_stats.name);
   std::printf("batch-pair layout            dfp16  %s\n", k.interleave.name);
   std::printf("conv fwd / bwd_data, linear  int16  %s\n", k.conv_s16_pixel.name);
   std::printf("conv bwd_weights, linear dW  int16  %s\n", k.conv_s16_pair.name);

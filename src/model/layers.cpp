@@ -1428,38 +1428,15 @@ FormatStats measure_pieces(const Context& ctx, size_t n, Measure&& measure) {
 }  // namespace
 
 FormatStats measure_dfp16(const Context& ctx, const float* x, size_t n, int e) {
+  const auto fn = ctx.kernels().dfp16_stats.fn;
   const double down = std::ldexp(1.0, -e), up = std::ldexp(1.0, e);
   return measure_pieces(ctx, n, [&](size_t b, size_t end) {
-    // Branch-free, with kLanes independent sums: a loop carrying one sum waited on each addition
-    // (a sampled ResNet-20 step spent a third of its time here).
-    constexpr int kLanes = 8;
-    double signal[kLanes] = {}, noise[kLanes] = {};
-    uint64_t nonzero = 0, overflow = 0, underflow = 0, nonfinite = 0;
-    auto one = [&](double v, int l) __attribute__((always_inline)) {
-      const bool finite = v - v == 0;  // false for NaN and +-inf
-      v = finite ? v : 0.0;
-      nonfinite += !finite;
-      signal[l] += v * v;
-      nonzero += v != 0;
-      const double y = v * down;
-      const bool sat = std::fabs(y) >= 32767.5;  // rounds to |q| >= 32768 (32767.5 is a tie, to even)
-      // Round to nearest even without a libm call (nearbyint is one in this baseline-ISA unit):
-      // adding and removing 1.5 * 2^52 leaves no fraction bits, rounded in the default mode,
-      // exactly nearbyint for |y| < 2^51; larger |y| saturate.
-      const double q = sat ? std::copysign(32767.0, y) : (y + 0x1.8p52) - 0x1.8p52;
-      overflow += sat;
-      const double r = q * up;
-      underflow += (v != 0) & (r == 0);
-      noise[l] += (v - r) * (v - r);
-    };
-    size_t i = b;
-    for (; i + kLanes <= end; i += kLanes)
-      for (int l = 0; l < kLanes; ++l) one(x[i + l], l);
-    for (int l = 0; i < end; ++i, ++l) one(x[i], l);
+    simd::Dfp16Stats k;
+    fn(x + b, end - b, down, up, &k);
     FormatStats s;
     s.elements = end - b;
-    for (int l = 0; l < kLanes; ++l) s.signal += signal[l], s.noise += noise[l];
-    s.nonzero = nonzero, s.overflow = overflow, s.underflow = underflow, s.nonfinite = nonfinite;
+    s.signal = k.signal, s.noise = k.noise;
+    s.nonzero = k.nonzero, s.overflow = k.saturated, s.underflow = k.underflow, s.nonfinite = k.nonfinite;
     return s;
   });
 }
