@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -58,13 +59,16 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-// Every TrainConfig field a flag sets, checked before anything is loaded or written: a value
-// out of range is an error naming the flag, never clamped or read as a default.
-void validate_config(const TrainConfig& c) {
+}  // namespace
+
+void validate_train_config(const TrainConfig& c) {
   auto check = [](bool ok, const char* flag, const std::string& expected, const std::string& got) {
     DFP_CHECK(ok, Status::invalid_argument, std::string("flag ") + flag + ": expected " + expected + ", got " + got);
   };
   auto num = [](double v) { return fmt_g(v); };
+  check(c.epochs >= 1, "--epochs", ">= 1", std::to_string(c.epochs));
+  check(c.batch_size >= 1, "--batch-size", ">= 1", std::to_string(c.batch_size));
+  check(std::isfinite(c.lr) && c.lr > 0, "--lr", "a positive finite number", num(c.lr));
   check(std::isfinite(c.momentum) && c.momentum >= 0, "--momentum", "a finite number >= 0", num(c.momentum));
   check(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "--wd", "a finite number >= 0", num(c.weight_decay));
   check(std::isfinite(c.gamma) && c.gamma > 0, "--gamma", "a finite number > 0", num(c.gamma));
@@ -80,7 +84,17 @@ void validate_config(const TrainConfig& c) {
   check(c.numerics_interval >= 0, "--numerics-every", ">= 0 (0 = never)", std::to_string(c.numerics_interval));
   check(c.threads >= 0, "--threads", ">= 0 (0 = all cores)", std::to_string(c.threads));
   check(c.image_size >= 0, "--image-size", ">= 0 (0 = 224)", std::to_string(c.image_size));
-  check(c.stop_after >= 0, "stop_after", ">= 0", std::to_string(c.stop_after));
+  check(c.warmup_epochs <= c.epochs, "--warmup-epochs", "<= --epochs (" + std::to_string(c.epochs) + ")",
+        std::to_string(c.warmup_epochs));
+  check(c.image_size <= 8192, "--image-size", "<= 8192", std::to_string(c.image_size));
+  DFP_CHECK(c.stop_after >= 0, Status::invalid_argument,
+            "TrainConfig.stop_after: expected >= 0, got " + std::to_string(c.stop_after));
+  parse_schedule(c.schedule, "flag --schedule");
+  DFP_CHECK(c.device == "cpu" || c.device == "cuda", Status::invalid_argument,
+            "flag --device: expected cpu or cuda, got '" + c.device + "'");
+  DFP_CHECK(!c.profile || c.device == "cpu", Status::unsupported,
+            "flag --profile: times the CPU model's layers; not available with --device cuda");
+  LossScaler{c.loss_scale};  // its constructor checks the scale, growth and backoff settings
   const std::pair<const char*, int> headroom[3] = {{"weights", c.policy.dfp.weights.headroom},
                                                    {"activations", c.policy.dfp.activations.headroom},
                                                    {"gradients", c.policy.dfp.gradients.headroom}};
@@ -88,6 +102,8 @@ void validate_config(const TrainConfig& c) {
     check(h >= 0 && h <= kDfpMaxHeadroom, "--headroom", "bits in [0, " + std::to_string(kDfpMaxHeadroom) + "]",
           std::to_string(h) + " (" + cls + ")");
 }
+
+namespace {
 
 // ---- profile (--profile) ----------------------------------------------------------------------
 // Training-step totals beside Model::layer_times(): the whole step (forward, loss, backward,
@@ -140,7 +156,9 @@ std::vector<std::string> profile_table(const std::vector<LayerTime>& times, cons
     by_kind += line;
   }
   out.push_back(by_kind);
-  std::snprintf(line, sizeof line, "  optimizer %.2f ms (%.1f%%); between layers %.2f ms (%.1f%%); data wait %.2f ms per step",
+  std::snprintf(line, sizeof line,
+                "  optimizer, with weight re-quantization %.2f ms (%.1f%%); between layers %.2f ms (%.1f%%); data wait %.2f ms "
+                "per step",
                 p.optimizer_seconds * per, 100.0 * p.optimizer_seconds / p.step_seconds,
                 (p.step_seconds - layers - p.optimizer_seconds) * per,
                 100.0 * (p.step_seconds - layers - p.optimizer_seconds) / p.step_seconds, p.data_wait_seconds * per);
@@ -205,8 +223,26 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck) {
   DFP_CHECK(!ec, Status::io_error, "checkpoint '" + path + "': rename from temporary file failed: " + ec.message());
 }
 
+// A record name as it appears in an error: quoted, at most 64 bytes, non-printable bytes as \xNN
+// (a corrupt length field can make the "name" any bytes of the file).
+std::string quoted_name(const std::string& name) {
+  std::string o = "'";
+  for (size_t i = 0; i < std::min<size_t>(name.size(), 64); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(name[i]);
+    if (ch >= 0x20 && ch < 0x7f) {
+      o += char(ch);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", ch);
+      o += hex;
+    }
+  }
+  return o + (name.size() > 64 ? "'... (" + std::to_string(name.size()) + " bytes)" : "'");
+}
+
 Checkpoint read_checkpoint(const std::string& path) {
-  DFP_CHECK(!std::filesystem::is_directory(path), Status::io_error,
+  std::error_code dir_ec;
+  DFP_CHECK(!std::filesystem::is_directory(path, dir_ec), Status::io_error,
             "checkpoint '" + path + "': is a directory; expected a checkpoint file (checkpoint.dfp in a run's --out)");
   std::ifstream f(path, std::ios::binary);
   DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + path + "': cannot open");
@@ -236,7 +272,7 @@ Checkpoint read_checkpoint(const std::string& path) {
     pos += 4;
     need(len, "name");
     std::string name(buf.data() + pos, len);
-    record += " '" + name + "'";
+    record.append(" ").append(quoted_name(name));  // (not " " + ...: a GCC 12 -Wrestrict false positive)
     pos += len;
     uint64_t n;
     need(8, "element count");
@@ -255,7 +291,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size() - 4)));
   DFP_CHECK(crc == stored, Status::corrupt_data,
             "checkpoint '" + path + "': CRC-32 mismatch (stored " + std::to_string(stored) + ", computed " +
-                std::to_string(crc) + "): the file is corrupt");
+                std::to_string(crc) + "): the file is corrupt, or cut short exactly at a record's end");
   for (auto& [name, at] : records) {
     const auto [off, n] = at;
     std::vector<float> v(n);
@@ -418,14 +454,9 @@ Totals run_eval(CudaModel& m, Loader& loader) {
 
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log) {
   auto say = [&](const std::string& s) { if (log) log(s); };
-  DFP_CHECK(cfg.epochs >= 1, Status::invalid_argument, "flag --epochs: expected >= 1, got " + std::to_string(cfg.epochs));
-  DFP_CHECK(cfg.batch_size >= 1, Status::invalid_argument, "flag --batch-size: expected >= 1");
-  DFP_CHECK(cfg.lr > 0 && std::isfinite(cfg.lr), Status::invalid_argument, "flag --lr: expected a positive number");
-  validate_config(cfg);
+  validate_train_config(cfg);
   // --device cuda: the same model, data and loop on the GPU (CudaModel); the host model keeps
   // the FP32 parameters that checkpoints read, refreshed by CudaModel::download().
-  DFP_CHECK(cfg.device == "cpu" || cfg.device == "cuda", Status::invalid_argument,
-            "flag --device: expected cpu or cuda, got '" + cfg.device + "'");
   const bool on_cuda = cfg.device == "cuda";
   if (std::string why; on_cuda && !cuda_available(&why)) fail(Status::unsupported, "flag --device cuda: " + why);
   DFP_CHECK(!on_cuda || cfg.policy.precision == Precision::fp16 || cfg.policy.precision == Precision::fp32,
@@ -457,8 +488,6 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   m.set_loss_scaling(cfg.loss_scale);  // before build(): the memory plan depends on it
   m.build(cfg.batch_size, cfg.policy);
   m.set_numerics_interval(cfg.numerics_interval);
-  DFP_CHECK(!cfg.profile || !on_cuda, Status::unsupported,
-            "flag --profile: times the CPU model's layers; not available with --device cuda");
   m.set_profiling(cfg.profile);
   Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
   LossScaler scaler(cfg.loss_scale);
@@ -469,6 +498,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   sched.kind = parse_schedule(cfg.schedule, "flag --schedule");
   sched.base = cfg.lr;
   sched.steps_per_epoch = train_loader.batches_per_epoch();
+  DFP_CHECK(int64_t{cfg.epochs} * sched.steps_per_epoch <= std::numeric_limits<int>::max(), Status::invalid_argument,
+            "flag --epochs: " + std::to_string(cfg.epochs) + " epochs of " + std::to_string(sched.steps_per_epoch) +
+                " steps exceed the step counter; expected at most " +
+                std::to_string(std::numeric_limits<int>::max() / sched.steps_per_epoch) + " epochs");
   sched.total_steps = cfg.epochs * sched.steps_per_epoch;
   sched.warmup_steps = cfg.warmup_epochs * sched.steps_per_epoch;
   sched.gamma = cfg.gamma;

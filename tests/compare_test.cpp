@@ -104,6 +104,9 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
       {"train --seed -1", "flag --seed: expected >= 0, got -1"},
       {"train --print-every 0", "flag --print-every: expected >= 1, got 0"},
       {"eval --checkpoint '" + dir.path().string() + "'", "is a directory; expected a checkpoint file"},
+      // compare checks the shared settings once, before it starts any run or writes anything
+      {"compare --precisions fp32,int16 --momentum -1 --out '" + dir.file("never") + "'",
+       "flag --momentum: expected a finite number >= 0, got -1"},
   };
   for (const auto& [args, message] : cases) {
     const std::string log = dir.file("cli.log");
@@ -111,4 +114,5 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
     EXPECT_NE(std::system(cmd.c_str()), 0) << args;
     EXPECT_NE(slurp(log).find(message), std::string::npos) << args << ": " << slurp(log);
   }
+  EXPECT_FALSE(fs::exists(dir.file("never"))) << "compare wrote its output directory before refusing a flag";
 }

@@ -395,10 +395,8 @@ TEST_P(Dfp16Isa, BitIdenticalToReference) {
   }
 }
 
-// The element-wise FP32 kernels (ReLU forward/backward, add) match their scalar twins bit for bit,
-// including -0, NaN and masked tails.
 // Sampled-numerics statistics: the same bits as the reference at every level, at every tail length,
-// with ties, saturation, underflow and non-finite values.
+// at two scales, with ties, saturation, underflow, -0, denormals and non-finite values.
 TEST_P(Dfp16Isa, StatisticsBitIdenticalToReference) {
   const CpuFeatures f = detect_cpu_features();
   const Isa isa = parse_isa(GetParam(), "test");
@@ -415,23 +413,32 @@ TEST_P(Dfp16Isa, StatisticsBitIdenticalToReference) {
       x[5] = std::numeric_limits<float>::infinity();
       x[6] = std::nanf("");
       x[16] = -std::numeric_limits<float>::infinity();
+      x[7] = -0.f;
+      x[8] = 1e-40f;   // denormal
+      x[9] = -3e-39f;  // denormal
     }
-    simd::Dfp16Stats a, b;
-    simd::ref::dfp16_stats(x.data(), n, 1024.0, 1.0 / 1024, &a);
-    fn(x.data(), n, 1024.0, 1.0 / 1024, &b);
-    EXPECT_EQ(0, std::memcmp(&a.signal, &b.signal, sizeof(double))) << "n=" << n;
-    EXPECT_EQ(0, std::memcmp(&a.noise, &b.noise, sizeof(double))) << "n=" << n;
-    EXPECT_EQ(a.nonzero, b.nonzero) << "n=" << n;
-    EXPECT_EQ(a.saturated, b.saturated) << "n=" << n;
-    EXPECT_EQ(a.underflow, b.underflow) << "n=" << n;
-    EXPECT_EQ(a.nonfinite, b.nonfinite) << "n=" << n;
-    if (n >= 17) {
-      EXPECT_EQ(b.nonfinite, 3u);
-      EXPECT_GE(b.saturated, 1u);  // x[1]; and every |x| >= 32 of the random values
-      EXPECT_GE(b.underflow, 1u);
+    for (const int e : {-10, 4}) {  // q = x * 1024 (x[1], x[2] ties); q = x / 16
+      const double down = std::ldexp(1.0, -e), up = std::ldexp(1.0, e);
+      simd::Dfp16Stats a, b;
+      simd::ref::dfp16_stats(x.data(), n, down, up, &a);
+      fn(x.data(), n, down, up, &b);
+      EXPECT_EQ(0, std::memcmp(&a.signal, &b.signal, sizeof(double))) << "n=" << n << " e=" << e;
+      EXPECT_EQ(0, std::memcmp(&a.noise, &b.noise, sizeof(double))) << "n=" << n << " e=" << e;
+      EXPECT_EQ(a.nonzero, b.nonzero) << "n=" << n << " e=" << e;
+      EXPECT_EQ(a.saturated, b.saturated) << "n=" << n << " e=" << e;
+      EXPECT_EQ(a.underflow, b.underflow) << "n=" << n << " e=" << e;
+      EXPECT_EQ(a.nonfinite, b.nonfinite) << "n=" << n << " e=" << e;
+      if (n >= 17 && e == -10) {
+        EXPECT_EQ(b.nonfinite, 3u);
+        EXPECT_GE(b.saturated, 1u);  // x[1]; and every |x| >= 32 of the random values
+        EXPECT_GE(b.underflow, 3u);  // x[3] and the two denormals
+      }
     }
   }
 }
+
+// The element-wise FP32 kernels (ReLU forward/backward, add) match their scalar twins bit for bit,
+// including -0, NaN and masked tails.
 
 TEST_P(Dfp16Isa, ElementwiseBitIdenticalToReference) {
   if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();

@@ -547,6 +547,7 @@ std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
+constexpr char kCheckpointMagicForTest[] = "DFPCKPT1";
 // LeNet on the first train_images / test_images of Fashion-MNIST.
 TrainConfig lenet_config(Precision p, int epochs, int batch, int train_images, int test_images) {
   TrainConfig c;
@@ -612,6 +613,17 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
     c.resume = cut;
     test::expect_error([&] { train(c, nullptr); }, Status::corrupt_data, {"cut.dfp", "truncated", "record #"});
     test::expect_error([&] { evaluate_checkpoint(cut, "", 2, nullptr); }, Status::corrupt_data, {"cut.dfp", "truncated"});
+  }
+  // A corrupt name length makes the "name" binary bytes: they are quoted escaped and cut to 64.
+  {
+    std::string junk(kCheckpointMagicForTest, 8);
+    const uint32_t len = 100;
+    junk.append(reinterpret_cast<const char*>(&len), 4);
+    for (int i = 0; i < 100; ++i) junk.push_back(char(i));
+    junk.append(4, '\0');  // where the CRC would be
+    std::ofstream(cut, std::ios::binary | std::ios::trunc) << junk;
+    test::expect_error([&] { evaluate_checkpoint(cut, "", 2, nullptr); }, Status::corrupt_data,
+                       {"cut.dfp", "truncated: element count of record #1 '\\x00\\x01", "'... (100 bytes)"});
   }
   // A corrupt element count (2^62 floats) is refused before anything is allocated for it.
   {

@@ -130,9 +130,11 @@ struct LayerSpec {
   uint64_t seed = 0;             // dropout: its random stream (set by build())
 };
 
-// Wall time of one layer's training passes, summed over the steps since profiling was switched on
-// (Model::set_profiling) or last reset. Layers run one at a time, each using every thread, so the
-// times add up to the step (less the optimizer and data loading, which the trainer times).
+// Wall time of one layer's training passes, summed over the steps timed since the model was built
+// or reset_layer_times() was last called (set_profiling(false) pauses the sums, true resumes them).
+// Layers run one at a time, each using every thread, so the times add up to the step, less the
+// optimizer (with the weights' re-quantization and packing) and data loading, which the trainer
+// times. With set_debug_poison on, a backward time includes the poison fills of its buffers.
 struct LayerTime {
   std::string layer;      // name; "loss" for the softmax cross-entropy
   std::string kind;       // LayerSpec::kind; "loss"

@@ -58,6 +58,11 @@ struct TrainConfig {
   std::string device = "cpu";
 };
 
+// Checks every setting a `dfp train` flag sets, before anything is loaded or written: a value out
+// of range throws dfp::Error(invalid_argument) naming the flag, the value and what was expected
+// (train() calls it first; `dfp compare` calls it once before starting its runs).
+void validate_train_config(const TrainConfig& config);
+
 // The run's precision as a report label: the CPU policy's precision, or "cuda-fp16" / "cuda-fp32".
 std::string precision_label(const TrainConfig& config);
 

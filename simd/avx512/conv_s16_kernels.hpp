@@ -24,7 +24,7 @@ namespace {
 
 struct DotVnni {
   static constexpr bool kNoTemps = true;  // a step needs no ZMM temporaries (embedded broadcast, in place)
-  static constexpr bool kShortChain = true;  // each step waits for the last (VPDPWSSD's latency)
+  static constexpr bool kLatencyBound = true;  // each step waits for the last (VPDPWSSD's latency)
   static inline void step(__m512i& acc, __m512i w, const int16_t* pair) {
     asm("vpdpwssd %[m]%{1to16%}, %[w], %[acc]"
         : [acc] "+v"(acc)
@@ -39,7 +39,7 @@ struct DotVnni {
 struct DotBw {
   static constexpr bool kNoTemps = false;  // the broadcast and the VPMADDWD product
   // The products are independent; only the VPADDD (latency 1) waits for the last step.
-  static constexpr bool kShortChain = false;
+  static constexpr bool kLatencyBound = false;
   static inline void step(__m512i& acc, __m512i w, const int16_t* pair) {
     const __m512i b = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(pair));
     acc = _mm512_add_epi32(acc, _mm512_madd_epi16(w, b));
@@ -195,7 +195,7 @@ void pair_kernel(const PairKernelArgs& a) {
   // VPMADDWD products are independent, and the VPADDD that chains them has a latency of 1. With
   // the VNNI sets it spilled its 8- to 11-row kernels; with one set, ResNet-20's 3-channel first
   // layer's weight gradient went 257-270 -> 294-304 GOP/s (forced avx512bw, 2 threads).
-  constexpr int SETS = !Dot::kShortChain ? 1 : NK <= 4 ? 3 : NK <= 11 ? 2 : 1;
+  constexpr int SETS = !Dot::kLatencyBound ? 1 : NK <= 4 ? 3 : NK <= 11 ? 2 : 1;
   // Where the registers allow (INT32 sets, FP32 sums, x and the scale: at most 31 ZMM, and only
   // with VNNI: the BW step's temporaries made GCC spill; checked in the disassembly), the FP32
   // sums stay in registers between flushes and dW is read once and written once per call: a flush

@@ -406,6 +406,7 @@ int cmd_compare(Args& args) {
     pass.push_back(a);
     for (size_t i = before; i < args.pos; ++i) pass.push_back(args.items[i]);
   }
+  dfp::validate_train_config(probe);  // the shared settings, before any run starts
   std::vector<RunSpec> specs;
   std::stringstream ss(specs_text);
   std::string item;
