@@ -42,10 +42,14 @@ std::string LossScaleOptions::describe() const {
 LossScaler::LossScaler(const LossScaleOptions& o) : options_(o) {
   const bool scaled = o.mode != LossScaleMode::none;
   DFP_CHECK(!scaled || (std::isfinite(o.initial_scale()) && o.initial_scale() > 0), Status::invalid_argument,
-            "loss scale: expected a positive finite initial scale, got " + std::to_string(o.initial_scale()));
-  DFP_CHECK(o.growth_factor >= 1 && o.backoff_factor > 0 && o.backoff_factor <= 1 && o.growth_interval >= 1,
-            Status::invalid_argument,
-            "loss scale: expected growth_factor >= 1, 0 < backoff_factor <= 1 and growth_interval >= 1");
+            "LossScaleOptions.init_scale (flag --loss-scale): expected a positive finite scale, got " +
+                std::to_string(o.initial_scale()));
+  DFP_CHECK(o.growth_interval >= 1, Status::invalid_argument,
+            "LossScaleOptions.growth_interval (flag --scale-growth-interval): expected >= 1, got " +
+                std::to_string(o.growth_interval));
+  DFP_CHECK(o.growth_factor >= 1 && o.backoff_factor > 0 && o.backoff_factor <= 1, Status::invalid_argument,
+            "LossScaleOptions: expected growth_factor >= 1 and 0 < backoff_factor <= 1, got " +
+                std::to_string(o.growth_factor) + " and " + std::to_string(o.backoff_factor));
   scale_ = scaled ? o.initial_scale() : 1.0;
 }
 
