@@ -118,7 +118,12 @@ void bench_int16(benchmark::State& state, const ConvLayer& layer, Pass pass, int
   const ConvShape& s = layer.shape;
   try {
     dfp::Context ctx(context_options(threads));
-    dfp::ConvInt16 conv(ctx, s, dfp::DfpConvOptions{}, layer.name);
+    // A network's first layer (3 input channels here) has no input-gradient pass in training, and
+    // a model builds its operator without one (options.input_gradient false: dy goes straight into
+    // the weight gradient's layout); its weight-gradient row runs the operator so built.
+    dfp::DfpConvOptions options;
+    if (pass == Pass::bwd_weights && s.C <= 3) options.input_gradient = false;
+    dfp::ConvInt16 conv(ctx, s, options, layer.name);
     AlignedFloats w = aligned_floats(size_t(s.K) * s.C * s.R * s.S);
     fill_plain(w.get(), size_t(s.K) * s.C * s.R * s.S, 1);
     AlignedFloats x = random_blocked(s.N, s.C, s.H, s.W, 2);

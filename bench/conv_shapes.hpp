@@ -36,6 +36,8 @@ constexpr ConvShape square_conv(int n, int c, int k, int hw, int r, int stride, 
 inline constexpr std::array<ConvLayer, 22> kConvLayers = {{
     // ResNet-20, CIFAR-10, batch 128. The first layer (C = 3) has no input-gradient pass in
     // training, but its other two passes are benchmarked: three channels fill few reduction lanes.
+    // (The backward-data row runs an operator built with an input gradient; the weight-gradient
+    // row one built without, as a model builds a first layer.)
     {"resnet20_b128_c3_k16_in32_3x3_s1", square_conv(128, 3, 16, 32, 3, 1, 1)},
     {"resnet20_b128_c16_k16_in32_3x3_s1", square_conv(128, 16, 16, 32, 3, 1, 1)},
     {"resnet20_b128_c16_k32_in32_3x3_s2", square_conv(128, 16, 32, 32, 3, 2, 1)},

@@ -9,6 +9,8 @@
 //   dyq  [N][KB][OHb][OWb][16]     dy, zero border sized for the backward-data taps: BPROP operand
 //   dy pairs [rows][cols][16][2]   dy, batch pairs: WTGRAD operand, interleaved from dyq a few rows
 //                                  at a time into a stack tile (fully connected: dyp, whole)
+//   dyp  [NP][KB][OH][OW][16][2]   dy, batch pairs, whole: WTGRAD operand of a layer without an
+//                                  input-gradient pass (a network's first layer), which needs no dyq
 //   wf   [KB][CB][R*S][8][16][2]   w, lanes = 16 output channels, pairs along C (FPROP)
 //   wb   [CB][KB][R*S][8][16][2]   w, lanes = 16 input channels, pairs along K (BPROP)
 // xq and dyq live in a workspace that other operators may share, so quantization writes their
@@ -457,6 +459,12 @@ struct ConvInt16::Impl {
   int16_t* wq = nullptr;  // the unpacked DFP16 weights, in the workspace while set_weights() packs them
   std::vector<std::pair<int, int>> tap_rows, tap_cols;  // per kernel row / column: valid output range
   int16_t *xq = nullptr, *dyq = nullptr, *dyp = nullptr;
+  // No backward-data pass (options.input_gradient false, as for a network's first layer): dy is
+  // quantized straight into the whole batch-pair layout dyp, and there is no dyq. The weight
+  // gradient then reads dyp in place instead of interleaving dy tiles on every step of its loop
+  // (ResNet-20's 3-channel first layer spent 10% of its weight gradient in that interleave: each
+  // tile serves only three calls).
+  bool dy_pairs_only = false;
   std::vector<int16_t> x_row_max, dy_row_max;  // max|q| of each quantized row: [N][CB][H], [N][KB][OH]
   float* dw_part = nullptr;
   size_t xq_bytes = 0, dyq_bytes = 0, dyp_bytes = 0, dw_part_bytes = 0, wq_bytes = 0;
@@ -531,8 +539,11 @@ struct ConvInt16::Impl {
     x_row_max.assign(size_t(sh.N) * CB * sh.H, 0);
     dy_row_max.assign(size_t(sh.N) * KB * OH, 0);
     xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
-    dyq_bytes = round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t));
-    dyp_bytes = gemm ? round64(size_t(NP) * KB * 32 * sizeof(int16_t)) : 0;
+    dy_pairs_only = !gemm && !opt.input_gradient;
+    dyq_bytes = dy_pairs_only ? 0 : round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t));
+    dyp_bytes = gemm            ? round64(size_t(NP) * KB * 32 * sizeof(int16_t))
+                : dy_pairs_only ? round64(size_t(NP) * KB * OH * OW * 32 * sizeof(int16_t))
+                                : 0;
     dw_part_bytes = round64(size_t(wgrad_partials()) * dw_rows() * dw_row() * sizeof(float));
     use_workspace(nullptr);
   }
@@ -901,7 +912,41 @@ struct ConvInt16::Impl {
       nonfinite.fetch_add(cnt.nonfinite);
       atomic_max(max_q, cnt.max_abs_q);
     };
-    if (pair) {
+    if (!dst) {
+      // The batch-pair layout alone (dy_pairs_only): row y of plane b of images 2p and 2p+1 is
+      // quantized a piece at a time into an L1 tile per image and interleaved from there. The
+      // elements, their stochastic indices and the row maxima are those of the plane path.
+      DFP_CHECK(pair && !spans && !unfolded_src, Status::internal,
+                "convolution '" + name + "': pair-only quantization of a plain tensor expected");
+      constexpr size_t kPiece = 2048;  // int16 per image and piece: 128 pixels
+      ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
+        simd::QuantCounters cnt;
+        alignas(64) int16_t tile[2][kPiece];
+        for (int64_t t = t0; t < t1; ++t) {
+          const int p = static_cast<int>(t / B), b = static_cast<int>(t % B);
+          const int images = 2 * p + 1 < sh.N ? 2 : 1;
+          for (int y = 0; y < h; ++y) {
+            int32_t row_q[2] = {0, 0};
+            int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
+            for (size_t o = 0; o < row_len; o += kPiece) {
+              const size_t len = std::min(kPiece, row_len - o);
+              for (int i = 0; i < images; ++i) {
+                const size_t r = (size_t(2 * p + i) * B + b) * h + y;  // the row's index in src
+                const int32_t before = cnt.max_abs_q;
+                cnt.max_abs_q = 0;
+                quant(src + r * row_len + o, tile[i], len, e, qo.rounding, qo.seed, r * row_len + o, &cnt);
+                row_q[i] = std::max(row_q[i], cnt.max_abs_q);
+                cnt.max_abs_q = std::max(before, cnt.max_abs_q);
+              }
+              inter(tile[0], images == 2 ? tile[1] : nullptr, d + o * 2, len);
+            }
+            if (row_max)
+              for (int i = 0; i < images; ++i) row_max[(size_t(2 * p + i) * B + b) * h + y] = static_cast<int16_t>(row_q[i]);
+          }
+        }
+        count(cnt);
+      });
+    } else if (pair) {
       // With the batch-pair copy: plane b of images 2p and 2p+1 (absent for odd N: zeros), each
       // row interleaved once both images have it, while it is still in L1.
       ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
@@ -1016,8 +1061,12 @@ struct ConvInt16::Impl {
 
   void quantize_grad_output(const float* dy, float known_max) {
     ensure_workspace();
-    stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, gemm ? dyp : nullptr, OH, OW, 0, 0,
-                                step_dy, known_max, dy_row_max.data());
+    if (dy_pairs_only)
+      stats.dy = quantize_blocked(dy, KB, OH, OW, nullptr, 0, 0, 0, 0, dyp, OH, OW, 0, 0, step_dy, known_max,
+                                  dy_row_max.data());
+    else
+      stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, gemm ? dyp : nullptr, OH, OW, 0, 0,
+                                  step_dy, known_max, dy_row_max.data());
     have_dy = true;
     if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
   }
@@ -1314,12 +1363,17 @@ struct ConvInt16::Impl {
       DyPrefetch ahead;
       auto plan_ahead = [&](Step st) {
         ahead.reset();
-        if (dyq_bytes <= kDyPrefetchMinBytes || !next(st)) return;
+        if ((dy_pairs_only ? dyp_bytes : dyq_bytes) <= kDyPrefetchMinBytes || !next(st)) return;
         const int oh1 = std::min(OH, st.oh0 + chunk_rows), ow1 = std::min(OW, st.ow0 + chunk_cols);
         for (int kb = st.kg; kb < std::min(kb1, st.kg + kWgradKbGroup); ++kb)
-          for (int oh = st.oh0; oh < oh1; ++oh)
+          for (int oh = st.oh0; oh < oh1; ++oh) {
+            if (dy_pairs_only) {  // the kernel reads dyp's rows in place: fetch those
+              ahead.add(dyp + (((size_t(st.p) * KB + kb) * OH + oh) * OW + st.ow0) * 32, size_t(ow1 - st.ow0) * 64);
+              continue;
+            }
             for (int n = 2 * st.p; n < std::min(sh.N, 2 * st.p + 2); ++n)
               ahead.add(dy_row(n, kb, oh, st.ow0), size_t(ow1 - st.ow0) * 32);
+          }
       };
       if (p0 >= p1) return;  // an empty slice (fewer image pairs than slices)
       Step step{p0, 0, 0, kb0};
@@ -1328,9 +1382,10 @@ struct ConvInt16::Impl {
         const int oh1 = std::min(OH, oh0 + chunk_rows), ow1 = std::min(OW, ow0 + chunk_cols);
         const int cols = ow1 - ow0;
         const int kg1 = std::min(kb1, kg + kWgradKbGroup);
-        a.dy_row = int64_t(cols) * 32;
-        // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps.
-        for (int kb = kg; kb < kg1; ++kb)
+        a.dy_row = int64_t(dy_pairs_only ? OW : cols) * 32;
+        // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps
+        // (dy_pairs_only: quantization wrote them so, whole).
+        for (int kb = kg; kb < (dy_pairs_only ? kg : kg1); ++kb)
           for (int oh = oh0; oh < oh1; ++oh) {
             const int16_t* i0 = dy_row(2 * p, kb, oh, ow0);
             const int16_t* i1 = 2 * p + 1 < sh.N ? dy_row(2 * p + 1, kb, oh, ow0) : nullptr;
@@ -1380,7 +1435,9 @@ struct ConvInt16::Impl {
             a.x = xp.data() + (((size_t(p) * CB + cb) * sh.H + size_t(lo_r) * sh.stride_h + r - sh.pad_h) * sh.W +
                                size_t(lo_c) * sh.stride_w + s2 - sh.pad_w) * 32;
             for (int kb = kg; kb < kg1; ++kb) {
-              const int16_t* g = tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+              const int16_t* g = dy_pairs_only
+                                     ? dyp + (((size_t(p) * KB + kb) * OH + lo_r) * OW + lo_c) * 32
+                                     : tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
               if (lanes_k) {  // lanes over k from the dy tile, x's channel pairs broadcast
                 simd::PairKernelArgs b = a;
                 b.x = g;

@@ -339,6 +339,50 @@ TEST(ConvInt16, IndependentOfThreadCount) {
   }
 }
 
+// Without an input-gradient pass (a network's first layer) dy is quantized straight into the weight
+// gradient's batch-pair layout: the same bits as the operator with one, with stochastic rounding,
+// odd batches, rows of several 128-pixel pieces (OW = 150), unfolded first layers, and at every
+// kernel level; no INT32 chain overflows (the reference counts them).
+TEST(ConvInt16, WeightGradientWithoutInputGradientGivesTheSameBits) {
+  for (const char* isa : {"ref", "avx512bw", "avx512vnni"}) {
+    if (!detect_cpu_features().supports(parse_isa(isa, "test"))) continue;
+    Context ctx(ContextOptions{.threads = 2, .isa = isa});
+    for (const ConvShape& s : {make(5, 3, 12, 150, 16, 3, 3, 1, 1), make(3, 3, 15, 13, 20, 7, 7, 2, 3),
+                               make(4, 20, 9, 9, 72, 3, 3, 2, 1), make(3, 1, 28, 28, 6, 5, 5, 1, 2)}) {
+      SCOPED_TRACE(std::string(isa) + " " + describe(s));
+      const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 41);
+      const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 42);
+      const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 43);
+      std::vector<float> xb(blocked_size(s.N, s.C, s.H, s.W)), dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
+      to_blocked(x.data(), xb.data(), s.N, s.C, s.H, s.W);
+      to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
+      DfpConvOptions with;
+      with.gradients.rounding = Rounding::stochastic;
+      with.verify = std::string(isa) == "ref";
+      DfpConvOptions without = with;
+      without.input_gradient = false;
+      std::vector<float> dw[2];
+      ConvStats st[2];
+      for (int i = 0; i < 2; ++i) {
+        ConvInt16 conv(ctx, s, i ? without : with, "c");
+        conv.set_step(7);
+        conv.set_weights(w.data());
+        conv.quantize_input(xb.data());
+        conv.quantize_grad_output(dyb.data());
+        dw[i].assign(w.size(), -1.f);
+        conv.backward_weights(dw[i].data());
+        st[i] = conv.stats();
+      }
+      expect_bits_equal(dw[0], dw[1], "backward_weights");
+      EXPECT_EQ(st[0].dy.exponent, st[1].dy.exponent);
+      EXPECT_EQ(st[0].dy.max_abs_int, st[1].dy.max_abs_int);
+      EXPECT_EQ(st[0].dy.saturated, st[1].dy.saturated);
+      EXPECT_EQ(st[0].chain_wgrad, st[1].chain_wgrad);
+      EXPECT_EQ(st[1].overflow_events, 0);
+    }
+  }
+}
+
 TEST(LinearInt16, MatchesConvolutionAndFp64) {
   const int N = 37, C = 70, K = 19;
   const auto x = random_vec(size_t(N) * C, 41, 0.f, 2.f);
