@@ -100,7 +100,8 @@ class ConvInt16 {
   // x (nChw16c) -> DFP16 in the padded forward layout and in the batch-pair layout that the
   // weight gradient reads (kept until the next call: it is the saved activation).
   void quantize_input(const float* x);
-  // dy (nChw16c, K channels, OH x OW) -> DFP16 in the layouts of both backward passes.
+  // dy (nChw16c, K channels, OH x OW) -> DFP16 in the layouts of both backward passes (only the
+  // weight gradient's when options.input_gradient is false: it then reads dy in place).
   void quantize_grad_output(const float* dy);
   // Same, with max|x| (max|dy|) measured by the producer of the tensor, which saves the pass that
   // finds it; the exponent follows from it as usual. A negative or non-finite max_abs: measured here.
