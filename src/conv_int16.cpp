@@ -8,9 +8,10 @@
 //                                  (the saved activation; no border: WTGRAD clips each tap instead)
 //   dyq  [N][KB][OHb][OWb][16]     dy, zero border sized for the backward-data taps: BPROP operand
 //   dy pairs [rows][cols][16][2]   dy, batch pairs: WTGRAD operand, interleaved from dyq a few rows
-//                                  at a time into a stack tile (fully connected: dyp, whole)
-//   dyp  [NP][KB][OH][OW][16][2]   dy, batch pairs, whole: WTGRAD operand of a layer without an
-//                                  input-gradient pass (a network's first layer), which needs no dyq
+//                                  at a time into a stack tile, or read in place from dyp
+//   dyp  [NP][KB][OH][OW][16][2]   dy, batch pairs, whole (dy_whole_pairs): WTGRAD operand of a fully
+//                                  connected layer, and of a layer without an input-gradient pass
+//                                  (a network's first layer), which has no dyq
 //   wf   [KB][CB][R*S][8][16][2]   w, lanes = 16 output channels, pairs along C (FPROP)
 //   wb   [CB][KB][R*S][8][16][2]   w, lanes = 16 input channels, pairs along K (BPROP)
 // xq and dyq live in a workspace that other operators may share, so quantization writes their
@@ -459,12 +460,17 @@ struct ConvInt16::Impl {
   int16_t* wq = nullptr;  // the unpacked DFP16 weights, in the workspace while set_weights() packs them
   std::vector<std::pair<int, int>> tap_rows, tap_cols;  // per kernel row / column: valid output range
   int16_t *xq = nullptr, *dyq = nullptr, *dyp = nullptr;
-  // No backward-data pass (options.input_gradient false, as for a network's first layer): dy is
-  // quantized straight into the whole batch-pair layout dyp, and there is no dyq. The weight
-  // gradient then reads dyp in place instead of interleaving dy tiles on every step of its loop
-  // (ResNet-20's 3-channel first layer spent 10% of its weight gradient in that interleave: each
-  // tile serves only three calls).
-  bool dy_pairs_only = false;
+  // dy is quantized into the whole batch-pair layout dyp as well as (with a backward-data pass)
+  // into dyq, and the weight gradient reads dyp in place: for a fully connected layer, and for a
+  // layer without a backward-data pass (options.input_gradient false, as for a network's first
+  // layer), which then has no dyq. Otherwise the weight gradient interleaves dy tiles from dyq on
+  // every step of its loop; ResNet-20's 3-channel first layer spent 10% of its weight gradient in
+  // that interleave (each tile serves only three calls).
+  bool dy_whole_pairs = false;
+  // dyp at image pair p, output block kb, output row oh and column ow.
+  const int16_t* dyp_at(int p, int kb, int oh, int ow) const {
+    return dyp + (((size_t(p) * KB + kb) * OH + oh) * OW + ow) * 32;
+  }
   std::vector<int16_t> x_row_max, dy_row_max;  // max|q| of each quantized row: [N][CB][H], [N][KB][OH]
   float* dw_part = nullptr;
   size_t xq_bytes = 0, dyq_bytes = 0, dyp_bytes = 0, dw_part_bytes = 0, wq_bytes = 0;
@@ -539,11 +545,9 @@ struct ConvInt16::Impl {
     x_row_max.assign(size_t(sh.N) * CB * sh.H, 0);
     dy_row_max.assign(size_t(sh.N) * KB * OH, 0);
     xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
-    dy_pairs_only = !gemm && !opt.input_gradient;
-    dyq_bytes = dy_pairs_only ? 0 : round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t));
-    dyp_bytes = gemm            ? round64(size_t(NP) * KB * 32 * sizeof(int16_t))
-                : dy_pairs_only ? round64(size_t(NP) * KB * OH * OW * 32 * sizeof(int16_t))
-                                : 0;
+    dy_whole_pairs = gemm || !opt.input_gradient;
+    dyq_bytes = opt.input_gradient ? round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t)) : 0;
+    dyp_bytes = dy_whole_pairs ? round64(size_t(NP) * KB * OH * OW * 32 * sizeof(int16_t)) : 0;
     dw_part_bytes = round64(size_t(wgrad_partials()) * dw_rows() * dw_row() * sizeof(float));
     use_workspace(nullptr);
   }
@@ -884,6 +888,16 @@ struct ConvInt16::Impl {
     // that other operators wrote in between); each row is then handed to after_row(y). Planes are
     // the parallel unit: per-row work with a 64-bit division or two per row cost as much as
     // quantizing a 32-pixel row.
+    // Runs quantize() on one row's elements (or a piece of them) and returns their largest |q|,
+    // which cnt's running maximum also takes.
+    auto largest_q = [](simd::QuantCounters& cnt, auto&& quantize) {
+      const int32_t before = cnt.max_abs_q;
+      cnt.max_abs_q = 0;
+      quantize();
+      const int32_t q = cnt.max_abs_q;
+      cnt.max_abs_q = std::max(before, q);
+      return q;
+    };
     auto quant_plane = [&](int n, int b, simd::QuantCounters& cnt, auto&& after_row) {
       const size_t img_blk = size_t(n) * B + b;
       int16_t* plane = dst + img_blk * hb * wb * 16;
@@ -891,16 +905,15 @@ struct ConvInt16::Impl {
       for (int y = 0; y < h; ++y) {
         const size_t r = img_blk * h + y;  // the row's index in src
         int16_t* d = plane + ((size_t(y) + top) * wb + left) * 16;
-        const int32_t before = cnt.max_abs_q;
-        cnt.max_abs_q = 0;
-        if (spans)
-          quant_span_row(*spans, n, b, y, w, d, e, qo, r * row_len, cnt);
-        else if (unfolded_src)
-          quant_unfolded_row(src, n, b, y, d, e, qo, r * row_len, cnt);
-        else
-          quant(src + r * row_len, d, row_len, e, qo.rounding, qo.seed, r * row_len, &cnt);
-        if (row_max) row_max[r] = static_cast<int16_t>(cnt.max_abs_q);
-        cnt.max_abs_q = std::max(before, cnt.max_abs_q);
+        const int32_t q = largest_q(cnt, [&] {
+          if (spans)
+            quant_span_row(*spans, n, b, y, w, d, e, qo, r * row_len, cnt);
+          else if (unfolded_src)
+            quant_unfolded_row(src, n, b, y, d, e, qo, r * row_len, cnt);
+          else
+            quant(src + r * row_len, d, row_len, e, qo.rounding, qo.seed, r * row_len, &cnt);
+        });
+        if (row_max) row_max[r] = static_cast<int16_t>(q);
         zero_pixels(d - size_t(left) * 16, left);
         zero_pixels(d + row_len, wb - left - w);
         after_row(y);
@@ -913,9 +926,9 @@ struct ConvInt16::Impl {
       atomic_max(max_q, cnt.max_abs_q);
     };
     if (!dst) {
-      // The batch-pair layout alone (dy_pairs_only): row y of plane b of images 2p and 2p+1 is
-      // quantized a piece at a time into an L1 tile per image and interleaved from there. The
-      // elements, their stochastic indices and the row maxima are those of the plane path.
+      // The batch-pair layout alone (dy without a backward-data pass): row y of plane b of images
+      // 2p and 2p+1 is quantized a piece at a time into an L1 tile per image and interleaved from
+      // there. The elements, their stochastic indices and the row maxima are the plane path's.
       DFP_CHECK(pair && !spans && !unfolded_src, Status::internal,
                 "convolution '" + name + "': pair-only quantization of a plain tensor expected");
       constexpr size_t kPiece = 2048;  // int16 per image and piece: 128 pixels
@@ -932,11 +945,9 @@ struct ConvInt16::Impl {
               const size_t len = std::min(kPiece, row_len - o);
               for (int i = 0; i < images; ++i) {
                 const size_t r = (size_t(2 * p + i) * B + b) * h + y;  // the row's index in src
-                const int32_t before = cnt.max_abs_q;
-                cnt.max_abs_q = 0;
-                quant(src + r * row_len + o, tile[i], len, e, qo.rounding, qo.seed, r * row_len + o, &cnt);
-                row_q[i] = std::max(row_q[i], cnt.max_abs_q);
-                cnt.max_abs_q = std::max(before, cnt.max_abs_q);
+                row_q[i] = std::max(row_q[i], largest_q(cnt, [&] {
+                  quant(src + r * row_len + o, tile[i], len, e, qo.rounding, qo.seed, r * row_len + o, &cnt);
+                }));
               }
               inter(tile[0], images == 2 ? tile[1] : nullptr, d + o * 2, len);
             }
@@ -1061,12 +1072,8 @@ struct ConvInt16::Impl {
 
   void quantize_grad_output(const float* dy, float known_max) {
     ensure_workspace();
-    if (dy_pairs_only)
-      stats.dy = quantize_blocked(dy, KB, OH, OW, nullptr, 0, 0, 0, 0, dyp, OH, OW, 0, 0, step_dy, known_max,
-                                  dy_row_max.data());
-    else
-      stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, gemm ? dyp : nullptr, OH, OW, 0, 0,
-                                  step_dy, known_max, dy_row_max.data());
+    stats.dy = quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
+                                dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data());
     have_dy = true;
     if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
   }
@@ -1326,7 +1333,7 @@ struct ConvInt16::Impl {
           for (int cb = 0; cb < CB; ++cb) {
             g.nk = std::min(16, sh.K - kb * 16);
             g.x = xp.data() + (size_t(p0) * CB + cb) * 32;
-            g.dy = dyp + (size_t(p0) * KB + kb) * 32;
+            g.dy = dyp_at(p0, kb, 0, 0);
             g.dw = acc + size_t(kb) * 16 * g.dw_k + size_t(cb) * 16;
             fn(g);
           }
@@ -1363,12 +1370,12 @@ struct ConvInt16::Impl {
       DyPrefetch ahead;
       auto plan_ahead = [&](Step st) {
         ahead.reset();
-        if ((dy_pairs_only ? dyp_bytes : dyq_bytes) <= kDyPrefetchMinBytes || !next(st)) return;
+        if ((dy_whole_pairs ? dyp_bytes : dyq_bytes) <= kDyPrefetchMinBytes || !next(st)) return;
         const int oh1 = std::min(OH, st.oh0 + chunk_rows), ow1 = std::min(OW, st.ow0 + chunk_cols);
         for (int kb = st.kg; kb < std::min(kb1, st.kg + kWgradKbGroup); ++kb)
           for (int oh = st.oh0; oh < oh1; ++oh) {
-            if (dy_pairs_only) {  // the kernel reads dyp's rows in place: fetch those
-              ahead.add(dyp + (((size_t(st.p) * KB + kb) * OH + oh) * OW + st.ow0) * 32, size_t(ow1 - st.ow0) * 64);
+            if (dy_whole_pairs) {  // the kernel reads dyp's rows in place: fetch those
+              ahead.add(dyp_at(st.p, kb, oh, st.ow0), size_t(ow1 - st.ow0) * 64);
               continue;
             }
             for (int n = 2 * st.p; n < std::min(sh.N, 2 * st.p + 2); ++n)
@@ -1382,15 +1389,16 @@ struct ConvInt16::Impl {
         const int oh1 = std::min(OH, oh0 + chunk_rows), ow1 = std::min(OW, ow0 + chunk_cols);
         const int cols = ow1 - ow0;
         const int kg1 = std::min(kb1, kg + kWgradKbGroup);
-        a.dy_row = int64_t(dy_pairs_only ? OW : cols) * 32;
+        a.dy_row = int64_t(dy_whole_pairs ? OW : cols) * 32;
         // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps
-        // (dy_pairs_only: quantization wrote them so, whole).
-        for (int kb = kg; kb < (dy_pairs_only ? kg : kg1); ++kb)
-          for (int oh = oh0; oh < oh1; ++oh) {
-            const int16_t* i0 = dy_row(2 * p, kb, oh, ow0);
-            const int16_t* i1 = 2 * p + 1 < sh.N ? dy_row(2 * p + 1, kb, oh, ow0) : nullptr;
-            inter(i0, i1, tile[kb - kg] + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
-          }
+        // (unless quantization wrote them so, whole, into dyp).
+        if (!dy_whole_pairs)
+          for (int kb = kg; kb < kg1; ++kb)
+            for (int oh = oh0; oh < oh1; ++oh) {
+              const int16_t* i0 = dy_row(2 * p, kb, oh, ow0);
+              const int16_t* i1 = 2 * p + 1 < sh.N ? dy_row(2 * p + 1, kb, oh, ow0) : nullptr;
+              inter(i0, i1, tile[kb - kg] + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
+            }
         plan_ahead(step);
         const size_t share = ahead.lines() / (size_t(CB) * T * (kg1 - kg)) + 1;
         // Chains for this step's sources: the largest |q| of the rows it reads, per block, over
@@ -1435,9 +1443,8 @@ struct ConvInt16::Impl {
             a.x = xp.data() + (((size_t(p) * CB + cb) * sh.H + size_t(lo_r) * sh.stride_h + r - sh.pad_h) * sh.W +
                                size_t(lo_c) * sh.stride_w + s2 - sh.pad_w) * 32;
             for (int kb = kg; kb < kg1; ++kb) {
-              const int16_t* g = dy_pairs_only
-                                     ? dyp + (((size_t(p) * KB + kb) * OH + lo_r) * OW + lo_c) * 32
-                                     : tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+              const int16_t* g = dy_whole_pairs ? dyp_at(p, kb, lo_r, lo_c)
+                                                : tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
               if (lanes_k) {  // lanes over k from the dy tile, x's channel pairs broadcast
                 simd::PairKernelArgs b = a;
                 b.x = g;

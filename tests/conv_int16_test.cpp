@@ -341,14 +341,16 @@ TEST(ConvInt16, IndependentOfThreadCount) {
 
 // Without an input-gradient pass (a network's first layer) dy is quantized straight into the weight
 // gradient's batch-pair layout: the same bits as the operator with one, with stochastic rounding,
-// odd batches, rows of several 128-pixel pieces (OW = 150), unfolded first layers, and at every
-// kernel level; no INT32 chain overflows (the reference counts them).
+// odd batches, rows of several 128-pixel pieces (OW = 150), unfolded first layers, fully connected
+// layers (split by slices, and writing dW in place), and at every kernel level; no INT32 chain
+// overflows (the reference counts them).
 TEST(ConvInt16, WeightGradientWithoutInputGradientGivesTheSameBits) {
   for (const char* isa : {"ref", "avx512bw", "avx512vnni"}) {
     if (!detect_cpu_features().supports(parse_isa(isa, "test"))) continue;
     Context ctx(ContextOptions{.threads = 2, .isa = isa});
     for (const ConvShape& s : {make(5, 3, 12, 150, 16, 3, 3, 1, 1), make(3, 3, 15, 13, 20, 7, 7, 2, 3),
-                               make(4, 20, 9, 9, 72, 3, 3, 2, 1), make(3, 1, 28, 28, 6, 5, 5, 1, 2)}) {
+                               make(4, 20, 9, 9, 72, 3, 3, 2, 1), make(3, 1, 28, 28, 6, 5, 5, 1, 2),
+                               make(5, 40, 1, 1, 24, 1, 1, 1, 0), make(7, 48, 1, 1, 72, 1, 1, 1, 0)}) {
       SCOPED_TRACE(std::string(isa) + " " + describe(s));
       const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 41);
       const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 42);
