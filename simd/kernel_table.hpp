@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "dfp/dfp16.hpp"
+#include "dfp/float16.hpp"
 #include "dfp/isa.hpp"
 
 namespace dfp::simd {
@@ -31,14 +32,11 @@ struct QuantCounters {
 using MaxAbsFn = float (*)(const float* x, size_t n, uint64_t* nonfinite);
 // Rounding statistics of a sampled step (LayerNumerics): x against DFP16 round-to-nearest-even,
 // y = x * down, q = nearest-even(y) (|y| >= 32767.5 saturates to +-32767), r = q * up, over
-// finite x. The sums run in kStatsLanes lanes (element i in lane i % kStatsLanes), added in lane
-// order at the end, each product and sum rounded on its own: every level gives the same bits.
-struct Dfp16Stats {
-  double signal = 0, noise = 0;  // sum x^2, sum (x - r)^2
-  uint64_t nonzero = 0, saturated = 0, underflow = 0, nonfinite = 0;  // underflow: x != 0, r == 0
-};
+// finite x, as FormatStats (overflow: the saturated elements). The sums run in kStatsLanes lanes
+// (element i in lane i % kStatsLanes), added in lane order at the end, each product and sum
+// rounded on its own: every level gives the same bits.
 inline constexpr int kStatsLanes = 16;
-using Dfp16StatsFn = void (*)(const float* x, size_t n, double down, double up, Dfp16Stats* out);
+using Dfp16StatsFn = FormatStats (*)(const float* x, size_t n, double down, double up);
 // dst[i] = sat16(R(src[i] * 2^-exponent)); stochastic rounding is floor(src[i] * 2^-exponent + u)
 // in exact arithmetic, with u = dfp16_rand24(seed, index_base + i) * 2^-24 for element i.
 using QuantizeFn = void (*)(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding,

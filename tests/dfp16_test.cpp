@@ -419,18 +419,17 @@ TEST_P(Dfp16Isa, StatisticsBitIdenticalToReference) {
     }
     for (const int e : {-10, 4}) {  // q = x * 1024 (x[1], x[2] ties); q = x / 16
       const double down = std::ldexp(1.0, -e), up = std::ldexp(1.0, e);
-      simd::Dfp16Stats a, b;
-      simd::ref::dfp16_stats(x.data(), n, down, up, &a);
-      fn(x.data(), n, down, up, &b);
+      const FormatStats a = simd::ref::dfp16_stats(x.data(), n, down, up), b = fn(x.data(), n, down, up);
       EXPECT_EQ(0, std::memcmp(&a.signal, &b.signal, sizeof(double))) << "n=" << n << " e=" << e;
       EXPECT_EQ(0, std::memcmp(&a.noise, &b.noise, sizeof(double))) << "n=" << n << " e=" << e;
       EXPECT_EQ(a.nonzero, b.nonzero) << "n=" << n << " e=" << e;
-      EXPECT_EQ(a.saturated, b.saturated) << "n=" << n << " e=" << e;
+      EXPECT_EQ(a.overflow, b.overflow) << "n=" << n << " e=" << e;
+      EXPECT_EQ(b.elements, n);
       EXPECT_EQ(a.underflow, b.underflow) << "n=" << n << " e=" << e;
       EXPECT_EQ(a.nonfinite, b.nonfinite) << "n=" << n << " e=" << e;
       if (n >= 17 && e == -10) {
         EXPECT_EQ(b.nonfinite, 3u);
-        EXPECT_GE(b.saturated, 1u);  // x[1]; and every |x| >= 32 of the random values
+        EXPECT_GE(b.overflow, 1u);  // x[1] saturates; and every |x| >= 32 of the random values
         EXPECT_GE(b.underflow, 3u);  // x[3] and the two denormals
       }
     }

@@ -1,4 +1,4 @@
-// AVX-512 rounding statistics of sampled steps (simd/kernel_table.hpp: Dfp16Stats), bit-identical
+// AVX-512 rounding statistics of sampled steps (simd/kernel_table.hpp: Dfp16StatsFn), bit-identical
 // to simd/ref's: the same 16 lanes (two vectors of 8 doubles), each product and sum rounded on
 // its own (this file is compiled with -ffp-contract=off), the lanes added in order at the end.
 #include <immintrin.h>
@@ -7,7 +7,7 @@
 
 namespace dfp::simd::avx512 {
 
-void dfp16_stats(const float* x, size_t n, double down, double up, Dfp16Stats* out) {
+FormatStats dfp16_stats(const float* x, size_t n, double down, double up) {
   static_assert(kStatsLanes == 16);
   __m512d signal[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
   __m512d noise[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
@@ -43,13 +43,14 @@ void dfp16_stats(const float* x, size_t n, double down, double up, Dfp16Stats* o
   _mm512_store_pd(sl + 8, signal[1]);
   _mm512_store_pd(nl, noise[0]);
   _mm512_store_pd(nl + 8, noise[1]);
-  Dfp16Stats s;
+  FormatStats s;
+  s.elements = n;
   for (int l = 0; l < 16; ++l) {
     s.signal += sl[l];
     s.noise += nl[l];
   }
-  s.nonzero = nonzero, s.saturated = saturated, s.underflow = underflow, s.nonfinite = nonfinite;
-  *out = s;
+  s.nonzero = nonzero, s.overflow = saturated, s.underflow = underflow, s.nonfinite = nonfinite;
+  return s;
 }
 
 }  // namespace dfp::simd::avx512

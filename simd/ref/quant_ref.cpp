@@ -19,9 +19,10 @@ float max_abs(const float* x, size_t n, uint64_t* nonfinite) {
   return m;
 }
 
-void dfp16_stats(const float* x, size_t n, double down, double up, Dfp16Stats* out) {
+FormatStats dfp16_stats(const float* x, size_t n, double down, double up) {
   double signal[kStatsLanes] = {}, noise[kStatsLanes] = {};
-  Dfp16Stats s;
+  FormatStats s;
+  s.elements = n;
   for (size_t i = 0; i < n; ++i) {
     const int l = int(i % kStatsLanes);
     double v = x[i];
@@ -31,7 +32,7 @@ void dfp16_stats(const float* x, size_t n, double down, double up, Dfp16Stats* o
     const double y = v * down;
     double q = std::nearbyint(y);
     if (std::fabs(y) >= 32767.5) {  // nearest-even gives |q| >= 32768 (32767.5 is a tie, to even)
-      ++s.saturated;
+      ++s.overflow;
       q = std::copysign(32767.0, y);
     }
     const double r = q * up;
@@ -43,7 +44,7 @@ void dfp16_stats(const float* x, size_t n, double down, double up, Dfp16Stats* o
     s.signal += signal[l];
     s.noise += noise[l];
   }
-  *out = s;
+  return s;
 }
 
 // The stochastic stream of one quantize call: ARS-5 blocks, each computed once for its four

@@ -1430,15 +1430,7 @@ FormatStats measure_pieces(const Context& ctx, size_t n, Measure&& measure) {
 FormatStats measure_dfp16(const Context& ctx, const float* x, size_t n, int e) {
   const auto fn = ctx.kernels().dfp16_stats.fn;
   const double down = std::ldexp(1.0, -e), up = std::ldexp(1.0, e);
-  return measure_pieces(ctx, n, [&](size_t b, size_t end) {
-    simd::Dfp16Stats k;
-    fn(x + b, end - b, down, up, &k);
-    FormatStats s;
-    s.elements = end - b;
-    s.signal = k.signal, s.noise = k.noise;
-    s.nonzero = k.nonzero, s.overflow = k.saturated, s.underflow = k.underflow, s.nonfinite = k.nonfinite;
-    return s;
-  });
+  return measure_pieces(ctx, n, [&](size_t b, size_t e) { return fn(x + b, e - b, down, up); });
 }
 
 FormatStats measure_rounded(const Context& ctx, const float* x, const float* q, size_t n) {
