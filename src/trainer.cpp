@@ -72,7 +72,6 @@ void validate_train_config(const TrainConfig& c) {
   check(std::isfinite(c.momentum) && c.momentum >= 0, "--momentum", "a finite number >= 0", num(c.momentum));
   check(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "--wd", "a finite number >= 0", num(c.weight_decay));
   check(std::isfinite(c.gamma) && c.gamma > 0, "--gamma", "a finite number > 0", num(c.gamma));
-  check(c.warmup_epochs >= 0, "--warmup-epochs", ">= 0", std::to_string(c.warmup_epochs));
   check(c.step_epochs >= 1, "--step-epochs", ">= 1", std::to_string(c.step_epochs));
   for (size_t i = 0; i < c.milestones.size(); ++i)
     check(c.milestones[i] >= 1 && (i == 0 || c.milestones[i] > c.milestones[i - 1]), "--milestones",
@@ -83,10 +82,10 @@ void validate_train_config(const TrainConfig& c) {
   check(c.print_every >= 1, "--print-every", ">= 1", std::to_string(c.print_every));
   check(c.numerics_interval >= 0, "--numerics-every", ">= 0 (0 = never)", std::to_string(c.numerics_interval));
   check(c.threads >= 0, "--threads", ">= 0 (0 = all cores)", std::to_string(c.threads));
-  check(c.image_size >= 0, "--image-size", ">= 0 (0 = 224)", std::to_string(c.image_size));
-  check(c.warmup_epochs <= c.epochs, "--warmup-epochs", "<= --epochs (" + std::to_string(c.epochs) + ")",
-        std::to_string(c.warmup_epochs));
-  check(c.image_size <= 8192, "--image-size", "<= 8192", std::to_string(c.image_size));
+  check(c.image_size >= 0 && c.image_size <= 8192, "--image-size", "a side in [0, 8192] (0 = 224)",
+        std::to_string(c.image_size));
+  check(c.warmup_epochs >= 0 && c.warmup_epochs <= c.epochs, "--warmup-epochs",
+        "in [0, --epochs] ([0, " + std::to_string(c.epochs) + "])", std::to_string(c.warmup_epochs));
   DFP_CHECK(c.stop_after >= 0, Status::invalid_argument,
             "TrainConfig.stop_after: expected >= 0, got " + std::to_string(c.stop_after));
   parse_schedule(c.schedule, "flag --schedule");
@@ -256,34 +255,37 @@ Checkpoint read_checkpoint(const std::string& path) {
   size_t pos = 8;
   const size_t end = buf.size() - 4;
   std::string record;  // "#3 'conv1.weight'": which record a length check is about
-  auto need = [&](uint64_t n, const char* what) {
-    DFP_CHECK(n <= end - pos, Status::corrupt_data,
+  // `count` items of `size` bytes each must fit before the CRC (compared without multiplying, so a
+  // corrupt count cannot wrap).
+  auto need = [&](uint64_t count, size_t size, const char* what) {
+    DFP_CHECK(count <= (end - pos) / size, Status::corrupt_data,
               "checkpoint '" + path + "': truncated: " + what + " of record " + record + " at byte " +
-                  std::to_string(pos) + " needs " + std::to_string(n) + " bytes, but the file (" +
-                  std::to_string(buf.size()) + " bytes) has " + std::to_string(end - pos) +
+                  std::to_string(pos) + " needs " + std::to_string(count) + (size == 1 ? "" : " floats of 4") +
+                  " bytes, but the file (" + std::to_string(buf.size()) + " bytes) has " + std::to_string(end - pos) +
                   " left before its 4-byte CRC (the file ends early, or this length field is corrupt)");
   };
-  std::vector<std::pair<std::string, std::pair<size_t, uint64_t>>> records;  // name -> (offset, count)
+  struct Record {
+    std::string name;
+    size_t offset;   // of its floats in buf
+    uint64_t count;  // floats
+  };
+  std::vector<Record> records;
   while (pos < end) {
     record = std::string("#").append(std::to_string(records.size() + 1));  // (not "#" + ...: a GCC 12 -Wrestrict false positive)
     uint32_t len;
-    need(4, "name length");
+    need(4, 1, "name length");
     std::memcpy(&len, buf.data() + pos, 4);
     pos += 4;
-    need(len, "name");
+    need(len, 1, "name");
     std::string name(buf.data() + pos, len);
     record.append(" ").append(quoted_name(name));  // (not " " + ...: a GCC 12 -Wrestrict false positive)
     pos += len;
     uint64_t n;
-    need(8, "element count");
+    need(8, 1, "element count");
     std::memcpy(&n, buf.data() + pos, 8);
     pos += 8;
-    DFP_CHECK(n <= (end - pos) / sizeof(float), Status::corrupt_data,
-              "checkpoint '" + path + "': truncated: data of record " + record + " at byte " + std::to_string(pos) +
-                  " declares " + std::to_string(n) + " floats, but the file (" + std::to_string(buf.size()) +
-                  " bytes) has " + std::to_string(end - pos) +
-                  " bytes left before its 4-byte CRC (the file ends early, or the count is corrupt)");
-    records.push_back({std::move(name), {pos, n}});
+    need(n, sizeof(float), "data");
+    records.push_back({std::move(name), pos, n});
     pos += n * sizeof(float);
   }
   uint32_t stored;
@@ -292,10 +294,10 @@ Checkpoint read_checkpoint(const std::string& path) {
   DFP_CHECK(crc == stored, Status::corrupt_data,
             "checkpoint '" + path + "': CRC-32 mismatch (stored " + std::to_string(stored) + ", computed " +
                 std::to_string(crc) + "): the file is corrupt, or cut short exactly at a record's end");
-  for (auto& [name, at] : records) {
-    const auto [off, n] = at;
-    std::vector<float> v(n);
-    std::memcpy(v.data(), buf.data() + off, n * sizeof(float));
+  for (const Record& rec : records) {
+    std::vector<float> v(rec.count);
+    std::memcpy(v.data(), buf.data() + rec.offset, rec.count * sizeof(float));
+    const std::string& name = rec.name;
     if (name == "meta") {
       std::string text(v.begin(), v.end());
       std::istringstream ss(text);

@@ -634,7 +634,7 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
     std::memcpy(huge.data() + 8 + 4 + len, &n, 8);
     std::ofstream(cut, std::ios::binary | std::ios::trunc) << huge;
     test::expect_error([&] { evaluate_checkpoint(cut, "", 2, nullptr); }, Status::corrupt_data,
-                       {"cut.dfp", "record #1 'meta'", "declares 4611686018427387904 floats"});
+                       {"cut.dfp", "record #1 'meta'", "needs 4611686018427387904 floats of 4 bytes"});
   }
   // A checkpoint of another configuration is refused, naming the field.
   c.resume = a + "/checkpoint.dfp";
@@ -652,6 +652,8 @@ TEST(Training, OutOfRangeSettingsNameTheirFlag) {
       {[](TrainConfig& c) { c.weight_decay = std::nanf(""); }, {"--wd", "nan"}},
       {[](TrainConfig& c) { c.gamma = 0; }, {"--gamma", "> 0"}},
       {[](TrainConfig& c) { c.warmup_epochs = -1; }, {"--warmup-epochs", "-1"}},
+      {[](TrainConfig& c) { c.warmup_epochs = 2; }, {"--warmup-epochs", "[0, 1]", "got 2"}},
+      {[](TrainConfig& c) { c.image_size = 9000; }, {"--image-size", "[0, 8192]", "9000"}},
       {[](TrainConfig& c) { c.step_epochs = 0; }, {"--step-epochs", ">= 1"}},
       {[](TrainConfig& c) { c.milestones = {30, 20}; }, {"--milestones", "20 at item 2"}},
       {[](TrainConfig& c) { c.label_smoothing = 1.5f; }, {"--label-smoothing", "[0, 1]", "1.5"}},

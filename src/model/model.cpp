@@ -547,6 +547,7 @@ struct Model::Impl {
       if (e > given) std::memset(nodes[0].act + std::max(b, given), 0, (e - std::max(b, given)) * sizeof(float));
     });
     model::StepInfo st{count, train, step, train && sample_step()};
+    const bool timed = profiling && train;  // evaluation passes are not profiled
     for (size_t i = 1; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
       xs.clear();
@@ -557,7 +558,6 @@ struct Model::Impl {
       if (!n.layer->input_taken() && !n.spec.fused) poison_workspace();
       model::StepInfo sti = st;
       if (fusion && n.inputs.size() == 1) sti.input_max_abs = nodes[n.inputs[0]].act_max;
-      const bool timed = profiling && train;
       const auto t0 = timed ? ProfileClock::now() : ProfileClock::time_point{};
       n.layer->forward(ctx, xs, n.act, sti);
       n.act_max = fusion ? n.layer->output_max_abs() : -1.f;
@@ -566,8 +566,7 @@ struct Model::Impl {
         ++n.fwd_steps;
       }
     }
-    const bool time_loss = profiling && train;
-    const auto loss_t0 = time_loss ? ProfileClock::now() : ProfileClock::time_point{};
+    const auto loss_t0 = timed ? ProfileClock::now() : ProfileClock::time_point{};
     // Softmax cross-entropy in double, per image.
     const TensorShape& ls = nodes[loss_node].shape;
     const int K = ls.c, KP = channel_blocks(K) * 16;
@@ -602,7 +601,7 @@ struct Model::Impl {
       r.correct5 += rank < 5;
     }
     r.loss = loss / count;
-    if (time_loss) loss_fwd_seconds += seconds_between(loss_t0, ProfileClock::now());
+    if (timed) loss_fwd_seconds += seconds_between(loss_t0, ProfileClock::now());
     last_count = count;
     have_training_forward = train;
     return r;
