@@ -53,6 +53,24 @@ std::vector<float> batch_images(const Model& m, uint32_t seed) {
   return b;
 }
 
+// Builds m as a ResNet-20 for 16x16x3 inputs, batch 4, with `pol`, trains it `steps` SGD steps on
+// one fixed batch (batch_images(m, 9), labels 1-4), and returns its weights, concatenated.
+std::vector<float> train_small_resnet20(Model& m, const PrecisionPolicy& pol, int steps) {
+  build_model(m, "resnet20", 3, 16, 16, 10);
+  m.build(4, pol);
+  Sgd sgd(ctx2(), m, {0.9f, 5e-4f, true});
+  const auto x = batch_images(m, 9);
+  const std::vector<int32_t> y = {1, 2, 3, 4};
+  for (int s = 0; s < steps; ++s) {
+    m.forward(x.data(), y.data(), 4, true);
+    m.backward();
+    sgd.step(0.05f);
+  }
+  std::vector<float> w;
+  for (const Parameter& p : m.parameters()) w.insert(w.end(), p.value, p.value + p.size);
+  return w;
+}
+
 // Checks d(loss)/d(param) of every parameter tensor of a model against central differences on a
 // few entries. The loss is computed in double from FP32 activations; h balances truncation and
 // FP32 rounding.
@@ -410,20 +428,10 @@ TEST(Training, SameSeedSameBits) {
   std::vector<float> w[2];
   for (int r = 0; r < 2; ++r) {
     Model m(ctx2(), "d");
-    build_model(m, "resnet20", 3, 16, 16, 10);
     PrecisionPolicy pol;
     pol.precision = Precision::int16;
     pol.dfp.gradients.rounding = Rounding::stochastic;
-    m.build(4, pol);
-    Sgd sgd(ctx2(), m, {0.9f, 5e-4f, true});
-    const auto x = batch_images(m, 9);
-    const std::vector<int32_t> y = {1, 2, 3, 4};
-    for (int s = 0; s < 3; ++s) {
-      m.forward(x.data(), y.data(), 4, true);
-      m.backward();
-      sgd.step(0.05f);
-    }
-    for (const Parameter& p : m.parameters()) w[r].insert(w[r].end(), p.value, p.value + p.size);
+    w[r] = train_small_resnet20(m, pol, 3);
   }
   ASSERT_EQ(w[0].size(), w[1].size());
   EXPECT_EQ(0, std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float)));
@@ -437,21 +445,12 @@ TEST(Profiling, LayerTimesCoverTrainingPassesOnly) {
   std::vector<LayerSpec> graph;
   for (int r = 0; r < 2; ++r) {
     Model m(ctx2(), "d");
-    build_model(m, "resnet20", 3, 16, 16, 10);
     PrecisionPolicy pol;
     pol.precision = Precision::int16;
-    m.build(4, pol);
     m.set_profiling(r == 1);
-    Sgd sgd(ctx2(), m, {0.9f, 5e-4f, true});
-    const auto x = batch_images(m, 9);
+    w[r] = train_small_resnet20(m, pol, 2);
     const std::vector<int32_t> y = {1, 2, 3, 4};
-    for (int s = 0; s < 2; ++s) {
-      m.forward(x.data(), y.data(), 4, true);
-      m.backward();
-      sgd.step(0.05f);
-    }
-    m.forward(x.data(), y.data(), 4, false);  // evaluation: not timed
-    for (const Parameter& p : m.parameters()) w[r].insert(w[r].end(), p.value, p.value + p.size);
+    m.forward(batch_images(m, 9).data(), y.data(), 4, false);  // evaluation: not timed
     if (r == 0) {
       EXPECT_TRUE(m.layer_times().empty()) << "profiling off: nothing timed";
       continue;
