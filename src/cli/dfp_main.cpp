@@ -286,7 +286,7 @@ bool train_flag(const std::string& a, Args& args, dfp::TrainConfig& c) {
   else if (a == "--label-smoothing") c.label_smoothing = to_float(a, args.value(a));
   else if (a == "--no-augment") c.augment = false;
   else if (a == "--profile") c.profile = true;
-  else if (a == "--threads") c.threads = threads_flag(a, args.value(a));
+  else if (a == "--threads") c.threads = to_int(a, args.value(a));  // range: validate_train_config
   else if (a == "--isa") c.isa = isa_flag(a, args.value(a));
   else if (a == "--seed") {
     const int seed = to_int(a, args.value(a));
