@@ -1,12 +1,14 @@
 // The training loop, metrics, and checkpoints.
 #include "dfp/trainer.hpp"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -53,10 +55,53 @@ std::string json_number(double v) { return std::isfinite(v) ? fmt_exact(v) : "nu
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
+    if (static_cast<unsigned char>(c) < 0x20) {  // control characters as \u00XX
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
+      o += b;
+      continue;
+    }
     if (c == '"' || c == '\\') o += '\\';
     o += c;
   }
   return o;
+}
+
+// The settings that decide a run's result, as text (floats exactly). A checkpoint stores them,
+// config.json lists them, and --resume refuses a checkpoint written with other values: the
+// continued run would not be the uninterrupted one. Not among them: where the data lives, the
+// thread count and kernels (checked apart, as a note), and what is only logged or measured
+// (--limit-test, --print-every, --numerics-every, --profile, --out).
+struct Setting {
+  const char* key;   // checkpoint field and config.json key
+  const char* flag;  // the dfp train flag that sets it
+  std::string value;
+  bool text;         // a JSON string (else a JSON number or literal)
+  const char* json_key = nullptr;  // config.json's key where it differs from the checkpoint's
+};
+std::vector<Setting> result_settings(const TrainConfig& c, const std::string& policy_text) {
+  std::string milestones;
+  for (int e : c.milestones) milestones.append(milestones.empty() ? "" : ",").append(std::to_string(e));
+  return {{"model", "--model", c.model, true},
+          {"dataset", "--dataset", c.dataset, true},
+          {"policy", "--precision (and its policy flags)", policy_text, true, "precision_policy"},
+          {"loss_scaling", "--loss-scaling", c.loss_scale.describe(), true, "loss_scaling_config"},
+          {"batch_size", "--batch-size", std::to_string(c.batch_size), false},
+          {"seed", "--seed", std::to_string(c.seed), false},
+          {"epochs", "--epochs", std::to_string(c.epochs), false},
+          {"lr", "--lr", fmt_exact(c.lr), false},
+          {"momentum", "--momentum", fmt_exact(c.momentum), false},
+          {"weight_decay", "--wd", fmt_exact(c.weight_decay), false},
+          {"nesterov", "--nesterov", c.nesterov ? "true" : "false", false},
+          {"schedule", "--schedule", c.schedule, true},
+          {"warmup_epochs", "--warmup-epochs", std::to_string(c.warmup_epochs), false},
+          {"milestones", "--milestones", milestones, true},
+          {"step_epochs", "--step-epochs", std::to_string(c.step_epochs), false},
+          {"gamma", "--gamma", fmt_exact(c.gamma), false},
+          {"label_smoothing", "--label-smoothing", fmt_exact(c.label_smoothing), false},
+          {"augment", "--no-augment", c.augment ? "true" : "false", false},
+          {"limit_train", "--limit-train", std::to_string(c.limit_train), false},
+          {"image_size", "--image-size", std::to_string(c.image_size), false}};
 }
 
 }  // namespace
@@ -76,7 +121,7 @@ void validate_train_config(const TrainConfig& c) {
   for (size_t i = 0; i < c.milestones.size(); ++i)
     check(c.milestones[i] >= 1 && (i == 0 || c.milestones[i] > c.milestones[i - 1]), "--milestones",
           "epochs >= 1 in increasing order", std::to_string(c.milestones[i]).append(" at item ").append(std::to_string(i + 1)));
-  check(c.label_smoothing >= 0 && c.label_smoothing <= 1, "--label-smoothing", "a number in [0, 1]", num(c.label_smoothing));
+  check(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label-smoothing", "a number in [0, 1)", num(c.label_smoothing));
   check(c.limit_train >= 0, "--limit-train", ">= 0 (0 = all)", std::to_string(c.limit_train));
   check(c.limit_test >= 0, "--limit-test", ">= 0 (0 = all)", std::to_string(c.limit_test));
   check(c.print_every >= 1, "--print-every", ">= 1", std::to_string(c.print_every));
@@ -217,9 +262,20 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck) {
     f.flush();
     DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + tmp + "': write failed (disk full?)");
   }
+  // The data reaches the disk before the rename, and the rename before we return: after a power
+  // loss the path holds the old checkpoint or the new one, never a renamed empty file.
+  auto sync = [](const std::string& p, int flags) {
+    const int fd = ::open(p.c_str(), flags);
+    const bool ok = fd >= 0 && ::fsync(fd) == 0;
+    if (fd >= 0) ::close(fd);
+    return ok;
+  };
+  DFP_CHECK(sync(tmp, O_RDONLY), Status::io_error, "checkpoint '" + tmp + "': fsync failed: " + std::strerror(errno));
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);  // atomic on POSIX: a crash leaves the old file intact
   DFP_CHECK(!ec, Status::io_error, "checkpoint '" + path + "': rename from temporary file failed: " + ec.message());
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  sync(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);  // some file systems cannot sync a directory: best effort
 }
 
 // A record name as it appears in an error: quoted, at most 64 bytes, non-printable bytes as \xNN
@@ -487,6 +543,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
 
   Model m(ctx, cfg.model);
   build_model(m, cfg.model, train_set.channels, train_set.height, train_set.width, train_set.classes);
+  m.set_label_smoothing(cfg.label_smoothing);
   m.set_loss_scaling(cfg.loss_scale);  // before build(): the memory plan depends on it
   m.build(cfg.batch_size, cfg.policy);
   m.set_numerics_interval(cfg.numerics_interval);
@@ -510,17 +567,29 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   sched.milestones = cfg.milestones;
   sched.step_epochs = cfg.step_epochs;
 
+  const std::vector<Setting> settings = result_settings(cfg, policy_text);
   int start_epoch = 0;
   if (!cfg.resume.empty()) {
     const Checkpoint ck = read_checkpoint(cfg.resume);
-    for (const auto& [key, want] : std::vector<std::pair<std::string, std::string>>{
-             {"model", cfg.model}, {"dataset", cfg.dataset}, {"policy", policy_text},
-             {"loss_scaling", cfg.loss_scale.describe()},
-             {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)}}) {
-      const std::string got = meta_get(ck, key, cfg.resume);
-      DFP_CHECK(got == want, Status::invalid_argument,
-                "checkpoint '" + cfg.resume + "': field '" + key + "' is '" + got + "' but this run has '" + want +
-                    "'; resume with the same configuration");
+    // Every setting that decides the result must match; all mismatches are named at once. A
+    // checkpoint from before a setting was stored cannot be checked for it: said, not refused.
+    std::string differ, unchecked;
+    for (const Setting& st : settings) {
+      const auto it = ck.meta.find(st.key);
+      if (it == ck.meta.end()) unchecked += std::string(unchecked.empty() ? "" : ", ") + st.flag;
+      else if (it->second != st.value)
+        differ += std::string(differ.empty() ? "" : "; ") + st.flag + " (field '" + st.key + "'): checkpoint '" +
+                  it->second + "', this run '" + st.value + "'";
+    }
+    DFP_CHECK(differ.empty(), Status::invalid_argument,
+              "checkpoint '" + cfg.resume + "' was written by a run with other settings: " + differ +
+                  "; resume with the settings it was written with");
+    if (!unchecked.empty()) say("note: checkpoint " + cfg.resume + " does not record " + unchecked + "; not checked");
+    for (const char* key : {"threads", "isa"}) {
+      const std::string now = key == std::string("threads") ? std::to_string(ctx.threads()) : isa_name(ctx.isa());
+      if (ck.meta.count(key) && ck.meta.at(key) != now)
+        say(std::string("note: the checkpoint was written with ") + key + " " + ck.meta.at(key) + ", this run uses " +
+            now + ": the FP32 library operators may then round differently from an uninterrupted run");
     }
     m.set_step(std::stoull(meta_get(ck, "step", cfg.resume)));
     load_model(m, &sgd, ck, cfg.resume);
@@ -543,17 +612,15 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     std::filesystem::create_directories(cfg.out, ec);
     DFP_CHECK(!ec, Status::io_error, "flag --out: cannot create directory '" + cfg.out + "': " + ec.message());
     std::ofstream c(cfg.out + "/config.json");
-    c << "{\"model\":\"" << cfg.model << "\",\"dataset\":\"" << cfg.dataset << "\",\"precision_policy\":\""
-      << json_escape(policy_text) << "\",\"epochs\":" << cfg.epochs << ",\"batch_size\":" << cfg.batch_size
-      << ",\"lr\":" << cfg.lr << ",\"momentum\":" << cfg.momentum << ",\"weight_decay\":" << cfg.weight_decay
-      << ",\"nesterov\":" << (cfg.nesterov ? "true" : "false") << ",\"schedule\":\"" << cfg.schedule
-      << "\",\"warmup_epochs\":" << cfg.warmup_epochs << ",\"label_smoothing\":" << cfg.label_smoothing
-      << ",\"threads\":" << ctx.threads() << ",\"isa\":\"" << isa_name(ctx.isa()) << "\",\"seed\":" << cfg.seed
-      << ",\"label\":\"" << json_escape(cfg.label.empty() ? precision_label(cfg) : cfg.label)
+    c << "{";
+    for (const Setting& st : settings)
+      c << "\"" << (st.json_key ? st.json_key : st.key) << "\":" << (st.text ? "\"" + json_escape(st.value) + "\"" : st.value) << ",";
+    c << "\"data\":\"" << json_escape(cfg.data) << "\",\"limit_test\":" << cfg.limit_test
+      << ",\"threads\":" << ctx.threads() << ",\"isa\":\"" << isa_name(ctx.isa())
+      << "\",\"label\":\"" << json_escape(cfg.label.empty() ? precision_label(cfg) : cfg.label)
       << "\",\"device\":\"" << cfg.device << "\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
-      << "\",\"loss_scaling_config\":\"" << json_escape(cfg.loss_scale.describe())
-      << "\",\"train_images\":" << train_set.count << ",\"test_images\":" << test_set.count
-      << ",\"parameters\":" << m.parameter_count() << "}\n";
+      << "\",\"numerics_every\":" << cfg.numerics_interval << ",\"train_images\":" << train_set.count
+      << ",\"test_images\":" << test_set.count << ",\"parameters\":" << m.parameter_count() << "}\n";
     metrics.open(cfg.out + "/metrics.jsonl", start_epoch > 0 ? std::ios::app : std::ios::trunc);
     DFP_CHECK(metrics.good(), Status::io_error, "cannot write '" + cfg.out + "/metrics.jsonl'");
   }
@@ -654,7 +721,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
               << json_escape(policy_text) << "\",\"layers\":[";
       bool first = true;
       for (const LayerNumerics& n : m.numerics()) {
-        metrics << (first ? "" : ",") << "{\"layer\":\"" << n.layer << "\",\"format\":\"" << n.format << "\"";
+        metrics << (first ? "" : ",") << "{\"layer\":\"" << json_escape(n.layer) << "\",\"format\":\"" << n.format << "\"";
         if (n.format == "int16")
           metrics << ",\"exp_x\":" << n.exp_x << ",\"exp_w\":" << n.exp_w << ",\"exp_dy\":" << n.exp_dy
                   << ",\"chain_fwd\":" << n.chain_fwd << ",\"chain_bwd\":" << n.chain_bwd
@@ -671,15 +738,14 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       metrics.flush();
       if (cuda) cuda->download(m, &sgd.momentum_buffers());
       Checkpoint ck;
-      ck.meta = {{"model", cfg.model}, {"dataset", cfg.dataset}, {"data", cfg.data},
-                 {"policy", policy_text}, {"loss_scaling", cfg.loss_scale.describe()},
+      ck.meta = {{"data", cfg.data},
                  {"loss_scale", fmt_exact(scaler.scale())}, {"loss_scale_tracker", std::to_string(scaler.growth_tracker())},
                  {"skipped_steps", std::to_string(scaler.skipped_steps())},
-                 {"batch_size", std::to_string(cfg.batch_size)}, {"seed", std::to_string(cfg.seed)},
                  {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)},
-                 {"image_size", std::to_string(cfg.image_size)},
+                 {"threads", std::to_string(ctx.threads())}, {"isa", isa_name(ctx.isa())},
                  {"channels", std::to_string(train_set.channels)}, {"height", std::to_string(train_set.height)},
                  {"width", std::to_string(train_set.width)}, {"classes", std::to_string(train_set.classes)}};
+      for (const Setting& st : settings) ck.meta[st.key] = st.value;
       put_policy(ck, cfg.policy);
       save_model(m, &sgd, ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
@@ -709,6 +775,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_
   Dataset test_set = load_dataset(dataset, data_dir.empty() ? meta_get(ck, "data", path) : data_dir, false, image_size);
   Model m(ctx, meta_get(ck, "model", path));
   build_model(m, meta_get(ck, "model", path), test_set.channels, test_set.height, test_set.width, test_set.classes);
+  if (ck.meta.count("label_smoothing")) m.set_label_smoothing(std::stof(ck.meta.at("label_smoothing")));  // the run's test loss
   m.build(std::stoi(meta_get(ck, "batch_size", path)), get_policy(ck, path));
   load_model(m, nullptr, ck, path);
   Loader loader(ctx, test_set, m.batch(), false, false, augment_for(test_set, false, false), 1);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <tuple>
@@ -125,7 +126,14 @@ TEST(Models, PublishedParameterCounts) {
   EXPECT_EQ(count("vgg16", 3, 224, 224, 1000), 138357544u);
   EXPECT_EQ(count("vgg19", 3, 224, 224, 1000), 143667240u);
   EXPECT_EQ(count("vgg11bn", 3, 224, 224, 1000), 132868840u);
+  EXPECT_EQ(count("vgg13bn", 3, 224, 224, 1000), 133053736u);
   EXPECT_EQ(count("vgg16bn", 3, 224, 224, 1000), 138365992u);
+  EXPECT_EQ(count("vgg19bn", 3, 224, 224, 1000), 143678248u);
+  // CIFAR stem (3x3 stride 1, no max pool), 10 classes: torchvision's counts less the 7x7 stem
+  // and the 1000-way fc, as in the widely used CIFAR ResNet-18/34/50 (11.17M, 21.28M, 23.52M).
+  EXPECT_EQ(count("resnet18c", 3, 32, 32, 10), 11173962u);
+  EXPECT_EQ(count("resnet34c", 3, 32, 32, 10), 21282122u);
+  EXPECT_EQ(count("resnet50c", 3, 32, 32, 10), 23520842u);
   EXPECT_EQ(count("alexnet", 3, 224, 224, 1000), 62378344u);   // Krizhevsky et al. 2012, one tower
   EXPECT_EQ(count("googlenet", 3, 224, 224, 1000), 6624904u);  // torchvision, no aux classifiers
 }
@@ -140,6 +148,34 @@ TEST(Models, AcceptSmallAndGrayscaleInputs) {
   EXPECT_THROW(build_model(m, "alexnet", 1, 28, 28, 10), Error);
   Model u(ctx2(), "x");
   EXPECT_THROW(build_model(u, "resnet21", 3, 32, 32, 10), Error);
+}
+
+// Per-layer overrides: glob patterns ('*', '?'), the first match wins, and a pattern that names no
+// layer is refused with the layer names.
+TEST(Policy, OverridesMatchGlobsFirstMatchWinsAndMustMatchALayer) {
+  PrecisionPolicy pol;
+  pol.precision = Precision::int16;
+  pol.overrides = PrecisionPolicy::parse_overrides("layer1.?.conv1=fp32,layer1.*=bf16,,fc=fp32", "test");
+  ASSERT_EQ(pol.overrides.size(), 3u);
+  Model m(ctx2(), "resnet20");
+  build_model(m, "resnet20", 3, 16, 16, 10);
+  m.build(2, pol);
+  std::map<std::string, std::string> prec;
+  for (const LayerNumerics& n : m.numerics()) prec[n.layer] = n.format;
+  EXPECT_EQ(prec.count("layer1.0.conv1"), 0u);  // fp32 layers report no numerics
+  EXPECT_EQ(prec.count("fc"), 0u);
+  EXPECT_EQ(prec["layer1.0.conv2"], "bf16");     // the second pattern
+  EXPECT_EQ(prec["layer1.2.conv2"], "bf16");
+  EXPECT_EQ(prec["layer2.0.conv1"], "int16");    // no pattern: the policy's precision
+  EXPECT_EQ(prec["conv1"], "int16");
+  test::expect_error([] { PrecisionPolicy::parse_overrides("conv1", "flag --override"); }, Status::invalid_argument,
+                     {"flag --override", "PATTERN=PRECISION", "'conv1'"});
+  PrecisionPolicy typo = pol;
+  typo.overrides = {{"layer1.*", Precision::fp32}, {"feature.0", Precision::fp32}};
+  Model v(ctx2(), "resnet20");
+  build_model(v, "resnet20", 3, 16, 16, 10);
+  test::expect_error([&] { v.build(2, typo); }, Status::invalid_argument,
+                     {"override 'feature.0=fp32' matches no layer", "conv1, conv1.bn"});
 }
 
 TEST(Models, GraphDescribesEveryNode) {
@@ -635,13 +671,81 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
     test::expect_error([&] { evaluate_checkpoint(cut, "", 2, nullptr); }, Status::corrupt_data,
                        {"cut.dfp", "record #1 'meta'", "needs 4611686018427387904 floats of 4 bytes"});
   }
-  // A checkpoint of another configuration is refused, naming the field.
+  // A checkpoint of another configuration is refused, naming every setting that differs (any of
+  // them changes the result), with both values.
   c.resume = a + "/checkpoint.dfp";
   c.batch_size = 16;
-  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"batch_size"});
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"--batch-size", "'32'", "'16'"});
+  c.batch_size = 32;
+  c.lr = 0.1f;
+  c.schedule = "step";
+  c.limit_train = 320;
+  c.label_smoothing = 0.1f;
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument,
+                     {"other settings", "--lr (field 'lr'): checkpoint '0.05000000074505806', this run '0.10000000149011612'",
+                      "--schedule", "'cosine'", "--limit-train", "--label-smoothing"});
+  c.lr = 0.05f;
+  c.schedule = "cosine";
+  c.limit_train = 640;
+  c.label_smoothing = 0.f;
+  // The thread count is not a setting of the result for INT16 layers: a resume with another one
+  // runs, with a note (the FP32 library operators may round differently).
+  {
+    TrainConfig one = c;
+    one.threads = 1;
+    one.epochs = 3;
+    one.out = "";
+    std::string log;
+    train(one, [&](const std::string& s) { log += s + "\n"; });
+    EXPECT_NE(log.find("note: the checkpoint was written with threads 2, this run uses 1"), std::string::npos) << log;
+  }
   const EvalResult r = evaluate_checkpoint(a + "/checkpoint.dfp", "", 2, nullptr);
   EXPECT_EQ(r.images, 10000);  // eval uses the whole test split
   EXPECT_GT(r.top1, 40.0);
+}
+
+// What a run writes: config.json holds every setting of the result; metrics.jsonl one object per
+// epoch with every field the README lists, per-layer DFP16 exponents and counters included;
+// without a terminal, progress comes as plain lines. --label-smoothing reaches the loss.
+TEST(Training, WritesEverySettingAndMetricAndHonoursLabelSmoothing) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const test::TempDir t("dfp_test_files_");
+  TrainConfig c = lenet_config(Precision::int16, 2, 32, 320, 64);
+  c.out = t.str();
+  c.print_every = 4;
+  c.numerics_interval = 5;
+  c.milestones = {1};
+  c.schedule = "multistep";
+  std::string log;
+  const auto plain = train(c, [&](const std::string& s) { log += s + "\n"; });
+  EXPECT_NE(log.find("precision=int16"), std::string::npos) << log;  // the policy, printed at start
+  EXPECT_NE(log.find("] 4/10 loss"), std::string::npos) << log;
+  if (!isatty(STDOUT_FILENO)) {  // every 4th step only
+    EXPECT_EQ(log.find("] 3/10 loss"), std::string::npos) << log;
+  }
+  EXPECT_NE(log.find("epoch 2/2 done: train loss"), std::string::npos) << log;
+  const std::string cfg = slurp(c.out + "/config.json");
+  for (const char* key : {"\"model\":\"lenet\"", "\"lr\":0.05000000074505806", "\"schedule\":\"multistep\"",
+                          "\"milestones\":\"1\"", "\"gamma\":", "\"step_epochs\":", "\"label_smoothing\":0,",
+                          "\"augment\":true", "\"limit_train\":320", "\"image_size\":0", "\"data\":", "\"threads\":2",
+                          "\"precision_policy\":\"precision=int16", "\"loss_scaling\":\"none\""})
+    EXPECT_NE(cfg.find(key), std::string::npos) << key << " in " << cfg;
+  std::ifstream mf(c.out + "/metrics.jsonl");
+  int lines = 0;
+  for (std::string l; std::getline(mf, l); ++lines)
+    for (const char* key : {"\"epoch\":", "\"lr\":", "\"train_loss\":", "\"train_top1\":", "\"test_loss\":",
+                            "\"test_top1\":", "\"test_top5\":", "\"images_per_second\":", "\"data_wait_seconds\":",
+                            "\"peak_rss_kib\":", "\"precision_policy\":", "{\"layer\":\"conv1\",\"format\":\"int16\",\"exp_x\":",
+                            "\"exp_w\":", "\"exp_dy\":", "\"saturated\":0", "\"overflow_events\":0", "\"sqnr_x_db\":"})
+      EXPECT_NE(l.find(key), std::string::npos) << key << " in " << l;
+  EXPECT_EQ(lines, 2);
+
+  c.out = "";
+  c.label_smoothing = 0.2f;
+  const auto smoothed = train(c, nullptr);
+  // Smoothing raises the loss's floor: with the same seed the first epoch's loss differs.
+  EXPECT_NE(plain[0].train_loss, smoothed[0].train_loss);
+  EXPECT_GT(smoothed[1].train_loss, plain[1].train_loss);
 }
 
 // Out-of-range settings are refused before any data is read, naming the flag and the value.
@@ -655,7 +759,8 @@ TEST(Training, OutOfRangeSettingsNameTheirFlag) {
       {[](TrainConfig& c) { c.image_size = 9000; }, {"--image-size", "[0, 8192]", "9000"}},
       {[](TrainConfig& c) { c.step_epochs = 0; }, {"--step-epochs", ">= 1"}},
       {[](TrainConfig& c) { c.milestones = {30, 20}; }, {"--milestones", "20 at item 2"}},
-      {[](TrainConfig& c) { c.label_smoothing = 1.5f; }, {"--label-smoothing", "[0, 1]", "1.5"}},
+      {[](TrainConfig& c) { c.label_smoothing = 1.5f; }, {"--label-smoothing", "[0, 1)", "1.5"}},
+      {[](TrainConfig& c) { c.label_smoothing = 1.f; }, {"--label-smoothing", "[0, 1)", "got 1"}},
       {[](TrainConfig& c) { c.limit_train = -5; }, {"--limit-train", "-5"}},
       {[](TrainConfig& c) { c.limit_test = -1; }, {"--limit-test", "-1"}},
       {[](TrainConfig& c) { c.print_every = 0; }, {"--print-every", ">= 1"}},

@@ -186,6 +186,9 @@ class Model {
   Node shortcut_pad(Node x, int out_channels, int stride, std::string name = "");
   // Softmax cross-entropy over the logits of `x` (shape N x classes x 1 x 1).
   void softmax_cross_entropy(Node x, float label_smoothing = 0.f);
+  // Changes the loss's label smoothing (in [0, 1)) after the graph is made, e.g. by a model from
+  // dfp/models.hpp; takes effect from the next forward pass.
+  void set_label_smoothing(float label_smoothing);
 
   TensorShape shape(Node n) const;
   const std::string& name() const noexcept;

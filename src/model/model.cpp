@@ -259,6 +259,20 @@ struct Model::Impl {
     DFP_CHECK(b >= 1, Status::invalid_argument, "model '" + name + "': batch expected >= 1, got " + std::to_string(b));
     DFP_CHECK(loss_node >= 0, Status::invalid_argument, "model '" + name + "': no loss; call softmax_cross_entropy()");
     policy.validate("model '" + name + "'");
+    // An override that names no layer is a typo or a pattern for another model: refused, with
+    // the names it could have matched, rather than silently leaving the layer in the default.
+    for (const auto& [pattern, p] : policy.overrides) {
+      bool hit = false;
+      std::string names;
+      for (const NodeInfo& n : nodes)
+        if (n.layer) {
+          hit = hit || glob_match(pattern.c_str(), n.layer->name.c_str());
+          if (names.size() < 240) names.append(names.empty() ? "" : ", ").append(n.layer->name);
+        }
+      DFP_CHECK(hit, Status::invalid_argument,
+                "model '" + name + "': precision override '" + pattern + "=" + precision_name(p) +
+                    "' matches no layer; layer names are " + names + (names.size() >= 240 ? ", ..." : ""));
+    }
     batch = b;
     size_t max_inputs = 1;
     for (const NodeInfo& n : nodes) max_inputs = std::max(max_inputs, n.inputs.size());
@@ -799,9 +813,12 @@ void Model::softmax_cross_entropy(Node x, float smoothing) {
   const TensorShape& s = impl_->nodes[x].shape;
   DFP_CHECK(s.h == 1 && s.w == 1, Status::invalid_argument,
             "model '" + impl_->name + "': the loss needs N x classes x 1 x 1 logits");
-  DFP_CHECK(smoothing >= 0.f && smoothing < 1.f, Status::invalid_argument,
-            "model '" + impl_->name + "': label smoothing expected in [0, 1)");
   impl_->loss_node = x;
+  set_label_smoothing(smoothing);
+}
+void Model::set_label_smoothing(float smoothing) {
+  DFP_CHECK(smoothing >= 0.f && smoothing < 1.f, Status::invalid_argument,
+            "model '" + impl_->name + "': label smoothing expected in [0, 1), got " + std::to_string(smoothing));
   impl_->label_smoothing = smoothing;
 }
 
