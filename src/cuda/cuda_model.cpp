@@ -34,7 +34,8 @@ GpuModule load_gpu_module() {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back((self.parent_path() / "libdfp_cuda_gpu.so").string());
-  candidates.push_back(DFP_CUDA_MODULE);
+  candidates.push_back(DFP_CUDA_MODULE);            // the build tree
+  candidates.push_back(DFP_CUDA_MODULE_INSTALLED);  // cmake --install's library directory
   candidates.push_back("libdfp_cuda_gpu.so");
   for (const std::string& c : candidates) {
     if (c.find('/') != std::string::npos && !std::filesystem::exists(c, ec)) continue;
