@@ -94,6 +94,26 @@ TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
   EXPECT_GE(std::stod(last_field(out / "fp16" / "metrics.jsonl", "loss_scale")), 1024.0);
 }
 
+// dfp info names the CPU features, the kernel of every op at the level in force (DFP_ISA too),
+// and the library versions.
+TEST(Cli, InfoReportsFeaturesKernelsAndLibraries) {
+  const dfp::test::TempDir dir("dfp_cli_info_");
+  for (const char* isa : {"", "ref"}) {
+    const std::string log = dir.file("info.log");
+    const std::string cmd = std::string(*isa ? "DFP_ISA=" : "") + isa + " '" + DFP_CLI + "' info > '" + log + "' 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(log);
+    const std::string out = slurp(log);
+    for (const char* want : {"avx512_vnni=", "kernel level", "quantize", "conv fwd / bwd_data, linear  int16",
+                             "conv bwd_weights", "conv all passes              fp32", "linear all passes", "batchnorm",
+                             "oneDNN 2.", "oneTBB 20", "zlib 1."})
+      EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
+    if (*isa) {
+      EXPECT_NE(out.find("kernel level   ref"), std::string::npos) << out;
+      EXPECT_NE(out.find("conv_s16s16f32_pixel__ref"), std::string::npos) << out;
+    }
+  }
+}
+
 // The command line refuses bad flag values with a message naming the flag, and a non-zero exit.
 TEST(Cli, BadFlagValuesNameTheFlag) {
   const dfp::test::TempDir dir("dfp_cli_");

@@ -2,11 +2,17 @@
 // AVX-512 kernels with the scalar reference.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+#include <oneapi/tbb/task_arena.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dfp/context.hpp"
@@ -598,4 +604,45 @@ TEST(Dfp16Quantize, RejectsBadHeadroom) {
 
 TEST(Context, RejectsUnknownIsa) {
   test::expect_error([&] { Context c(ContextOptions{.isa = "avx9000"}); }, Status::invalid_argument, {"avx9000"});
+}
+
+// DFP_ISA forces a kernel level for every context that does not choose one itself; a bad value
+// is an error naming the variable.
+TEST(Context, DfpIsaVariableForcesTheKernelLevel) {
+  const char* was = std::getenv("DFP_ISA");
+  const std::string saved = was ? was : "";
+  setenv("DFP_ISA", "ref", 1);
+  {
+    Context c(ContextOptions{.threads = 1});
+    EXPECT_EQ(c.isa(), Isa::ref);
+    EXPECT_NE(std::string(c.kernels().conv_s16_pixel.name).find("ref"), std::string::npos) << c.kernels().conv_s16_pixel.name;
+    if (c.cpu().supports(Isa::avx512bw)) {  // the context's own choice wins over the variable
+      Context d(ContextOptions{.threads = 1, .isa = "avx512bw"});
+      EXPECT_EQ(d.isa(), Isa::avx512bw);
+    }
+  }
+  setenv("DFP_ISA", "avx9000", 1);
+  test::expect_error([&] { Context c(ContextOptions{.threads = 1}); }, Status::invalid_argument,
+                     {"environment variable DFP_ISA", "avx9000"});
+  if (saved.empty()) unsetenv("DFP_ISA");
+  else setenv("DFP_ISA", saved.c_str(), 1);
+}
+
+// One thread setting sizes both runtimes: the oneTBB arena that runs dfp's loops and OpenMP's
+// thread count for oneDNN.
+TEST(Context, OneThreadSettingForTbbAndOpenMp) {
+  for (int threads : {1, 2}) {
+    Context c(ContextOptions{.threads = threads});
+    EXPECT_EQ(c.threads(), threads);
+    EXPECT_EQ(omp_get_max_threads(), threads);
+    // One thread runs every chunk on the caller; more run in an arena of exactly that many.
+    std::atomic<int> concurrency{0}, elsewhere{0};
+    const std::thread::id caller = std::this_thread::get_id();
+    c.parallel_for(64, [&](int64_t, int64_t) {
+      concurrency = tbb::this_task_arena::max_concurrency();
+      elsewhere += std::this_thread::get_id() != caller;
+    });
+    if (threads == 1) EXPECT_EQ(elsewhere.load(), 0);
+    else EXPECT_EQ(concurrency.load(), threads);
+  }
 }

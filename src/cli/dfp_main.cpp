@@ -1,6 +1,8 @@
 // dfp command-line program. Subcommands:
 //   dfp info [--threads N] [--isa LEVEL]   CPU features, the kernel chosen per op, versions
 #include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/tbb/version.h>
+#include <zlib.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +32,7 @@
 #include "src/openmp_env.hpp"
 #include "src/report/report.hpp"
 #include "simd/kernel_table.hpp"
+#include "simd/onednn/conv_onednn.hpp"
 
 namespace {
 
@@ -168,11 +171,31 @@ int cmd_info(Args& args) {
   probe.N = 2; probe.C = 16; probe.H = 8; probe.W = 8; probe.K = 16; probe.R = 3; probe.S = 3; probe.pad_h = 1; probe.pad_w = 1;
   dfp::ConvF32 f32(ctx, probe, "probe");
   std::printf("conv all passes              fp32   %s\n", f32.kernel_name());
+  dfp::LinearF32 fc(ctx, 2, 64, 16, "probe");
+  std::printf("linear all passes            fp32   %s\n", fc.kernel_name());
+  std::string bf16_conv;
+  // oneDNN's BF16 convolution, as the bf16 policy runs it (not at the ref level: there it rounds
+  // the operands to BF16 and runs the fp32 reference, as it does where oneDNN has no primitive).
+  const char* rounded = "bf16-rounded operands on the fp32 kernel";
+  if (ctx.isa() == dfp::Isa::ref) {
+    bf16_conv = rounded;
+  } else {
+    try {
+      dfp::simd::onednn::ConvPrimitives bf(ctx, probe, "probe", true);
+      bf16_conv = "onednn:" + bf.impl_forward();
+    } catch (const dfp::Error&) {
+      bf16_conv = rounded;
+    }
+  }
+  std::printf("conv all passes              bf16   %s\n", bf16_conv.c_str());
   std::printf("bf16/fp16 operand rounding    bf16   %s\n", k.round_bf16.name);
   std::printf("                             fp16   %s\n", k.round_fp16.name);
+  std::printf("relu, add+relu               f32    %s, %s\n", k.relu_fwd.name, k.add_relu.name);
+  std::printf("batchnorm fwd / bwd          f32    %s, %s, %s\n", k.bn_moments.name, k.bn_bwd_sums_s16.name,
+              k.bn_bwd_apply_s16.name);
   const dnnl_version_t* v = dnnl_version();
-  std::printf("\nlibraries      oneDNN %d.%d.%d (%s runtime)\n", v->major, v->minor, v->patch,
-              v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other");
+  std::printf("\nlibraries      oneDNN %d.%d.%d (%s runtime), oneTBB %s, zlib %s\n", v->major, v->minor, v->patch,
+              v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other", TBB_runtime_version(), zlibVersion());
   if (policy_given) {
     std::printf("\npolicy         %s\n", pc.policy.describe().c_str());
     std::printf("loss scaling   %s\n", pc.loss_scale.describe().c_str());
