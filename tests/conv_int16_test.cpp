@@ -214,6 +214,94 @@ TEST(ConvInt16, AdversarialOperandsGiveExactAnswer) {
   }
 }
 
+// Full-range operands: with headroom 0 every value of +-(32767/16384) quantizes to +-32767, the
+// largest INT16 magnitude, and one pair of products (2 * 32767^2 = 2^31 - 131069) only just fits
+// INT32. The bound must then give chains of a single VPDPWSSD step (its sub-unit branch); the
+// verification mode (INT64 shadow) counts no overflow; the default kernels give the same bits;
+// and the outputs are within one FP32 rounding per flush of the FP64 result (the products are
+// exact; only the flushes into FP32 round). Convolution and the fully connected GEMM alike.
+TEST(ConvInt16, FullRangeOperandsChainOneStepWithoutOverflow) {
+  const float big = 32767.f / 16384.f;
+  DfpConvOptions o;
+  o.weights.headroom = o.activations.headroom = o.gradients.headroom = 0;
+  // Sum of |products| per output, and the flush count: every pair of products is one chain.
+  auto bound = [](double abs_sum, int terms) { return (terms / 2 + 2) * 0x1p-24 * abs_sum; };
+  for (bool mixed_signs : {false, true}) {
+    SCOPED_TRACE(mixed_signs ? "random signs" : "all positive");
+    auto fill = [&](size_t n, uint32_t seed) {
+      std::vector<float> v(n, big);
+      const auto r = random_ints(n, seed, 0, 1);
+      if (mixed_signs)
+        for (size_t i = 0; i < n; ++i) v[i] = r[i] ? big : -big;
+      return v;
+    };
+    const ConvShape s = make(2, 32, 5, 5, 16, 3, 3, 1, 1);
+    const auto x = fill(size_t(s.N) * s.C * s.H * s.W, 11), w = fill(size_t(s.K) * s.C * s.R * s.S, 12),
+               dy = fill(size_t(s.N) * s.K * s.OH() * s.OW(), 13);
+    std::vector<double> y, dx, dw;
+    test::conv_fwd_ref(s, x, w, y);
+    test::conv_bwd_data_ref(s, dy, w, dx);
+    test::conv_bwd_weights_ref(s, x, dy, dw);
+    DfpConvOptions v = o;
+    v.verify = true;
+    Context ctx(ContextOptions{.threads = 2});
+    const Outputs checked = run_int16(ctx, s, x, w, dy, v), fast = run_int16(ctx, s, x, w, dy, o);
+    for (const Outputs* r : {&checked, &fast}) {
+      EXPECT_EQ(r->stats.x.max_abs_int, 32767);
+      EXPECT_EQ(r->stats.w.max_abs_int, 32767);
+      EXPECT_EQ(r->stats.dy.max_abs_int, 32767);
+      EXPECT_EQ(r->stats.chain_fwd, 1);
+      EXPECT_EQ(r->stats.chain_bwd, 1);
+      EXPECT_EQ(r->stats.chain_wgrad, 1);
+    }
+    EXPECT_EQ(checked.stats.overflow_events, 0);
+    expect_bits_equal(fast.y, checked.y, "forward");
+    expect_bits_equal(fast.dx, checked.dx, "backward_data");
+    expect_bits_equal(fast.dw, checked.dw, "backward_weights");
+    // Each output's products all have magnitude big^2, so sum|products| = terms * big^2; interior
+    // outputs have C*9 (forward), K*9 (backward-data) and N*OH*OW-ish (weights) terms at most.
+    const double b2 = double(big) * big;
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_LE(std::fabs(fast.y[i] - y[i]), bound(b2 * s.C * 9, s.C * 9)) << "y " << i;
+    for (size_t i = 0; i < dx.size(); ++i) ASSERT_LE(std::fabs(fast.dx[i] - dx[i]), bound(b2 * s.K * 9, s.K * 9)) << "dx " << i;
+    const int wterms = s.N * s.OH() * s.OW();
+    for (size_t i = 0; i < dw.size(); ++i) ASSERT_LE(std::fabs(fast.dw[i] - dw[i]), bound(b2 * wterms, wterms)) << "dw " << i;
+
+    const int N = 6, C = 40, K = 20;
+    const auto lx = fill(size_t(N) * C, 21), lw = fill(size_t(K) * C, 22), ldy = fill(size_t(N) * K, 23);
+    std::vector<float> out[2][3];
+    for (int verify = 0; verify < 2; ++verify) {
+      LinearInt16 fc(ctx, N, C, K, verify ? v : o);
+      fc.set_weights(lw.data());
+      fc.quantize_input(lx.data());
+      fc.quantize_grad_output(ldy.data());
+      out[verify][0].resize(size_t(N) * K);
+      out[verify][1].resize(size_t(N) * C);
+      out[verify][2].resize(size_t(K) * C);
+      fc.forward(out[verify][0].data());
+      fc.backward_data(out[verify][1].data());
+      fc.backward_weights(out[verify][2].data());
+      EXPECT_EQ(fc.stats().chain_fwd, 1);
+      EXPECT_EQ(fc.stats().chain_wgrad, 1);
+      if (verify) {
+        EXPECT_EQ(fc.stats().overflow_events, 0);
+      }
+    }
+    for (int p = 0; p < 3; ++p) expect_bits_equal(out[0][p], out[1][p], "linear pass " + std::to_string(p));
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) {
+        double ref = 0;
+        for (int c = 0; c < C; ++c) ref += double(lx[n * C + c]) * lw[k * C + c];
+        ASSERT_LE(std::fabs(out[0][0][n * K + k] - ref), bound(b2 * C, C)) << "linear y " << n << "," << k;
+      }
+    for (int k = 0; k < K; ++k)
+      for (int c = 0; c < C; ++c) {
+        double ref = 0;
+        for (int n = 0; n < N; ++n) ref += double(lx[n * C + c]) * ldy[n * K + k];
+        ASSERT_LE(std::fabs(out[0][2][k * C + c] - ref), bound(b2 * N, N)) << "linear dw " << k << "," << c;
+      }
+  }
+}
+
 // Runs the three passes in verification mode and expects no INT32 overflow and results equal to
 // the FP64 reference (exact: the data's products and sums fit FP32). Returns the outputs.
 Outputs run_verified_exact(const Context& ctx, const ConvShape& s, const std::vector<float>& x,
