@@ -91,7 +91,7 @@ void resnet_imagenet(Model& m, int depth, bool cifar_stem, int c, int h, int w, 
 }
 
 // Simonyan & Zisserman; torchvision layout. Inputs >= 64 pixels get the ImageNet classifier
-// (features pooled to 7x7 by the last max pool at 224, flatten, 4096-4096-classes, dropout 0.5);
+// (features at 7x7 -- 224 pixels, or pooled to it, see below -- flatten, 4096-4096-classes, dropout 0.5);
 // smaller inputs drop max pools that would shrink the map below 1 pixel and use GAP + one linear
 // layer (the usual CIFAR VGG).
 void vgg(Model& m, int depth, bool bn, int c, int h, int w, int classes) {
@@ -118,8 +118,11 @@ void vgg(Model& m, int depth, bool bn, int c, int h, int w, int classes) {
     }
   }
   if (std::min(h, w) >= 64) {
-    DFP_CHECK(hh == 7 && ww == 7, Status::invalid_argument,
-              "model vgg" + std::to_string(depth) + ": the ImageNet classifier needs a 224x224 input (7x7 features)");
+    // torchvision pools the features adaptively to 7x7 before the classifier. A map that is k
+    // times 7 on both sides (224, 448, ... pixels) is exactly a k x k average pool; any other map
+    // is flattened as it is (as AlexNet and the original Caffe VGG do), so the first classifier
+    // layer then has 512 * H * W inputs rather than torchvision's 512 * 7 * 7.
+    if (hh != 7 && hh == ww && hh % 7 == 0) x = m.avgpool(x, hh / 7, hh / 7, 0, "avgpool");
     x = m.flatten(x, "flatten");
     x = m.dropout(m.relu(m.linear(x, 4096, true, "classifier.0"), "classifier.relu0"), 0.5f, "classifier.drop0");
     x = m.dropout(m.relu(m.linear(x, 4096, true, "classifier.3"), "classifier.relu1"), 0.5f, "classifier.drop1");

@@ -456,9 +456,10 @@ std::string meta_get(const Checkpoint& ck, const std::string& key, const std::st
 AugmentOptions augment_for(const Dataset& d, bool train, bool augment) {
   if (d.file_backed()) return image_folder_augment(train && augment);  // ImageNet recipe
   AugmentOptions a;
-  if (d.channels == 3) {  // CIFAR statistics
-    a.mean = {0.4914f, 0.4822f, 0.4465f};
-    a.stddev = {0.2470f, 0.2435f, 0.2616f};
+  if (d.channels == 3) {  // per-channel statistics of the CIFAR-10 / CIFAR-100 training sets
+    const bool c100 = d.name == "cifar100";
+    a.mean = c100 ? std::vector<float>{0.5071f, 0.4865f, 0.4409f} : std::vector<float>{0.4914f, 0.4822f, 0.4465f};
+    a.stddev = c100 ? std::vector<float>{0.2673f, 0.2564f, 0.2762f} : std::vector<float>{0.2470f, 0.2435f, 0.2616f};
     if (train && augment) { a.pad = 4; a.hflip = true; }
   } else {
     const bool fashion = d.name.find("fashion") != std::string::npos;

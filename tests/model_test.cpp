@@ -23,6 +23,7 @@
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
+#include "simd/kernel_table.hpp"
 #include "src/model/layer.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/common/tolerance.hpp"
@@ -146,6 +147,11 @@ TEST(Models, AcceptSmallAndGrayscaleInputs) {
   }
   Model m(ctx2(), "alexnet");
   EXPECT_THROW(build_model(m, "alexnet", 1, 28, 28, 10), Error);
+  // Other ImageNet-sized inputs: 448 pools the 14x14 features to torchvision's 7x7 (the same
+  // parameters as at 224); 96 and 256 flatten their 3x3 and 8x8 maps.
+  EXPECT_EQ(count("vgg16", 3, 448, 448, 1000), 138357544u);
+  EXPECT_EQ(count("vgg11bn", 3, 256, 256, 10), count("vgg11bn", 3, 224, 224, 10) + size_t(512) * (64 - 49) * 4096);
+  EXPECT_EQ(count("vgg13", 3, 96, 96, 10), count("vgg13", 3, 224, 224, 10) - size_t(512) * (49 - 9) * 4096);
   Model u(ctx2(), "x");
   EXPECT_THROW(build_model(u, "resnet21", 3, 32, 32, 10), Error);
 }
@@ -557,6 +563,41 @@ TEST(Numerics, Dfp16StatisticsMatchASerialNearbyintLoop) {
   EXPECT_NEAR(a.noise, want.noise, 1e-12 * want.noise);
   EXPECT_EQ(0, std::memcmp(&a.signal, &b.signal, sizeof(double)));
   EXPECT_EQ(0, std::memcmp(&a.noise, &b.noise, sizeof(double)));
+}
+
+// SGD's update (momentum, Nesterov, weight decay) follows its formula, in FP32 operations none
+// fused, and every kernel level gives the reference's bits, at every length (tails included).
+TEST(Sgd, UpdateFollowsTheFormulaAtEveryKernelLevel) {
+  const CpuFeatures cpu = detect_cpu_features();
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{1000}})
+    for (bool nesterov : {false, true})
+      for (float wd : {0.f, 5e-4f}) {
+        std::vector<float> w(n), grad(n), v(n);
+        for (size_t i = 0; i < n; ++i) { w[i] = nd(g); grad[i] = nd(g); v[i] = nd(g); }
+        const simd::SgdArgs a{0.1f, 0.9f, wd, nesterov};
+        // The formula, one FP32 operation at a time (volatile: nothing fused or reordered).
+        std::vector<float> we(w), ve(v);
+        for (size_t i = 0; i < n; ++i) {
+          volatile float t = a.weight_decay * we[i];
+          const float gi = grad[i] + t;
+          t = a.momentum * ve[i];
+          ve[i] = t + gi;
+          t = a.momentum * ve[i];
+          const float step = nesterov ? gi + t : ve[i];
+          t = a.lr * step;
+          we[i] = we[i] - t;
+        }
+        for (Isa isa : {Isa::ref, Isa::avx512bw, Isa::avx512vnni}) {
+          if (!cpu.supports(isa)) continue;
+          const simd::KernelTable k = simd::make_kernel_table(isa, cpu);
+          std::vector<float> wk(w), vk(v);
+          k.sgd_update.fn(wk.data(), grad.data(), vk.data(), n, a);
+          ASSERT_EQ(0, std::memcmp(wk.data(), we.data(), n * sizeof(float))) << k.sgd_update.name << " n=" << n;
+          ASSERT_EQ(0, std::memcmp(vk.data(), ve.data(), n * sizeof(float))) << k.sgd_update.name << " n=" << n;
+        }
+      }
 }
 
 TEST(Schedule, WarmupCosineStepMultistep) {
