@@ -221,6 +221,16 @@ using AddReluFn = float (*)(const float* a, const float* b, float* y, uint16_t* 
 using ShiftLanesFn = void (*)(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step,
                               size_t pixels, uint16_t keep);
 
+// ---- optimizer -----------------------------------------------------------------------------------
+// SGD with momentum on FP32 master weights w, velocity v, gradient grad, element by element as
+//   g = grad + wd * w;  v = momentum * v + g;  w = w - lr * (nesterov ? g + momentum * v : v)
+// in that order of FP32 operations, none fused, in every implementation: the same bits everywhere.
+struct SgdArgs {
+  float lr, momentum, weight_decay;
+  bool nesterov;
+};
+using SgdUpdateFn = void (*)(float* w, const float* grad, float* v, size_t n, const SgdArgs& a);
+
 // ---- BatchNorm over blocked pixels ---------------------------------------------------------------
 // A pixel is 16 channels (one zmm); per-channel operands (a, b, mean, ...) are 16-lane arrays.
 // Every lane runs the same sequence of FP32 operations in every implementation, with no fused
@@ -285,6 +295,7 @@ struct KernelTable {
   Entry<AddFn> add;
   Entry<AddReluFn> add_relu;
   Entry<ShiftLanesFn> shift_lanes;
+  Entry<SgdUpdateFn> sgd_update;
   Entry<BnScaleShiftFn> bn_scale_shift;
   Entry<BnMomentsFn> bn_moments;
   Entry<BnBwdSumsS16Fn> bn_bwd_sums_s16;
@@ -319,6 +330,7 @@ Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
 Signature<AddReluFn> add_relu;
 Signature<ShiftLanesFn> shift_lanes;
+Signature<SgdUpdateFn> sgd_update;
 Signature<BnScaleShiftFn> bn_scale_shift;
 Signature<BnMomentsFn> bn_moments;
 Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
@@ -342,6 +354,7 @@ Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
 Signature<AddReluFn> add_relu;
 Signature<ShiftLanesFn> shift_lanes;
+Signature<SgdUpdateFn> sgd_update;
 Signature<BnScaleShiftFn> bn_scale_shift;
 Signature<BnMomentsFn> bn_moments;
 Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;

@@ -6,6 +6,7 @@
 
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
 
 namespace dfp {
 
@@ -18,16 +19,12 @@ Sgd::Sgd(const Context& ctx, Model& model, const SgdOptions& o) : ctx_(ctx), mod
 
 void Sgd::step(float lr) {
   auto& params = model_.parameters();
+  const auto update = ctx_.kernels().sgd_update.fn;
   ctx_.parallel_for(int64_t(params.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       Parameter& p = params[i];
-      float* v = velocity_[i].data();
-      const float wd = p.decay ? opt_.weight_decay : 0.f, m = opt_.momentum;
-      for (size_t j = 0; j < p.size; ++j) {
-        const float g = p.grad[j] + wd * p.value[j];
-        v[j] = m * v[j] + g;
-        p.value[j] -= lr * (opt_.nesterov ? g + m * v[j] : v[j]);
-      }
+      const simd::SgdArgs a{lr, opt_.momentum, p.decay ? opt_.weight_decay : 0.f, opt_.nesterov};
+      update(p.value, p.grad, velocity_[i].data(), p.size, a);
     }
   });
   model_.weights_updated();
