@@ -105,7 +105,7 @@ TEST(Cli, InfoReportsFeaturesKernelsAndLibraries) {
     const std::string out = slurp(log);
     for (const char* want : {"avx512_vnni=", "kernel level", "quantize", "conv fwd / bwd_data, linear  int16",
                              "conv bwd_weights", "conv all passes              fp32", "linear all passes", "batchnorm",
-                             "oneDNN 2.", "oneTBB 20", "zlib 1."})
+                             "sgd update", "oneDNN 2.", "oneTBB 20", "xsimd 8.", "zlib 1."})
       EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
     if (*isa) {
       EXPECT_NE(out.find("kernel level   ref"), std::string::npos) << out;
