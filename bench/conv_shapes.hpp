@@ -33,7 +33,7 @@ constexpr ConvShape square_conv(int n, int c, int k, int hw, int r, int stride, 
   return s;
 }
 
-inline constexpr std::array<ConvLayer, 22> kConvLayers = {{
+inline constexpr std::array<ConvLayer, 41> kConvLayers = {{
     // ResNet-20, CIFAR-10, batch 128. The first layer (C = 3) has no input-gradient pass in
     // training, but its other two passes are benchmarked: three channels fill few reduction lanes.
     // (The backward-data row runs an operator built with an input gradient; the weight-gradient
@@ -44,21 +44,42 @@ inline constexpr std::array<ConvLayer, 22> kConvLayers = {{
     {"resnet20_b128_c32_k32_in16_3x3_s1", square_conv(128, 32, 32, 16, 3, 1, 1)},
     {"resnet20_b128_c32_k64_in16_3x3_s2", square_conv(128, 32, 64, 16, 3, 2, 1)},
     {"resnet20_b128_c64_k64_in8_3x3_s1", square_conv(128, 64, 64, 8, 3, 1, 1)},
-    // ResNet-50, ImageNet, batch 32.
+    // ResNet-50 (torchvision v1.5: the stride on the 3x3), ImageNet, batch 32: every distinct
+    // convolution, stage by stage (the downsampling 1x1 shortcuts where a stage begins).
     {"resnet50_b32_c3_k64_in224_7x7_s2", square_conv(32, 3, 64, 224, 7, 2, 3)},
+    {"resnet50_b32_c64_k64_in56_1x1_s1", square_conv(32, 64, 64, 56, 1, 1, 0)},
     {"resnet50_b32_c64_k64_in56_3x3_s1", square_conv(32, 64, 64, 56, 3, 1, 1)},
-    {"resnet50_b32_c256_k64_in56_1x1_s1", square_conv(32, 256, 64, 56, 1, 1, 0)},
     {"resnet50_b32_c64_k256_in56_1x1_s1", square_conv(32, 64, 256, 56, 1, 1, 0)},
+    {"resnet50_b32_c256_k64_in56_1x1_s1", square_conv(32, 256, 64, 56, 1, 1, 0)},
+    {"resnet50_b32_c256_k128_in56_1x1_s1", square_conv(32, 256, 128, 56, 1, 1, 0)},
+    {"resnet50_b32_c128_k128_in56_3x3_s2", square_conv(32, 128, 128, 56, 3, 2, 1)},
+    {"resnet50_b32_c256_k512_in56_1x1_s2", square_conv(32, 256, 512, 56, 1, 2, 0)},
+    {"resnet50_b32_c128_k512_in28_1x1_s1", square_conv(32, 128, 512, 28, 1, 1, 0)},
+    {"resnet50_b32_c512_k128_in28_1x1_s1", square_conv(32, 512, 128, 28, 1, 1, 0)},
     {"resnet50_b32_c128_k128_in28_3x3_s1", square_conv(32, 128, 128, 28, 3, 1, 1)},
-    {"resnet50_b32_c256_k256_in14_3x3_s1", square_conv(32, 256, 256, 14, 3, 1, 1)},
-    {"resnet50_b32_c512_k512_in7_3x3_s1", square_conv(32, 512, 512, 7, 3, 1, 1)},
+    {"resnet50_b32_c512_k256_in28_1x1_s1", square_conv(32, 512, 256, 28, 1, 1, 0)},
+    {"resnet50_b32_c256_k256_in28_3x3_s2", square_conv(32, 256, 256, 28, 3, 2, 1)},
+    {"resnet50_b32_c512_k1024_in28_1x1_s2", square_conv(32, 512, 1024, 28, 1, 2, 0)},
+    {"resnet50_b32_c256_k1024_in14_1x1_s1", square_conv(32, 256, 1024, 14, 1, 1, 0)},
     {"resnet50_b32_c1024_k256_in14_1x1_s1", square_conv(32, 1024, 256, 14, 1, 1, 0)},
-    // VGG-16, ImageNet, batch 8 (batch 32 makes the 224x224 layer take seconds per pass).
-    {"vgg16_b8_c64_k64_in224_3x3_s1", square_conv(8, 64, 64, 224, 3, 1, 1)},
-    {"vgg16_b8_c128_k128_in112_3x3_s1", square_conv(8, 128, 128, 112, 3, 1, 1)},
-    {"vgg16_b8_c256_k256_in56_3x3_s1", square_conv(8, 256, 256, 56, 3, 1, 1)},
-    {"vgg16_b8_c512_k512_in28_3x3_s1", square_conv(8, 512, 512, 28, 3, 1, 1)},
-    {"vgg16_b8_c512_k512_in14_3x3_s1", square_conv(8, 512, 512, 14, 3, 1, 1)},
+    {"resnet50_b32_c256_k256_in14_3x3_s1", square_conv(32, 256, 256, 14, 3, 1, 1)},
+    {"resnet50_b32_c1024_k512_in14_1x1_s1", square_conv(32, 1024, 512, 14, 1, 1, 0)},
+    {"resnet50_b32_c512_k512_in14_3x3_s2", square_conv(32, 512, 512, 14, 3, 2, 1)},
+    {"resnet50_b32_c1024_k2048_in14_1x1_s2", square_conv(32, 1024, 2048, 14, 1, 2, 0)},
+    {"resnet50_b32_c512_k2048_in7_1x1_s1", square_conv(32, 512, 2048, 7, 1, 1, 0)},
+    {"resnet50_b32_c2048_k512_in7_1x1_s1", square_conv(32, 2048, 512, 7, 1, 1, 0)},
+    {"resnet50_b32_c512_k512_in7_3x3_s1", square_conv(32, 512, 512, 7, 3, 1, 1)},
+    // VGG-16, ImageNet, batch 32: every distinct convolution (a 224x224 pass takes about a
+    // quarter of a second here, so these rows run few iterations).
+    {"vgg16_b32_c3_k64_in224_3x3_s1", square_conv(32, 3, 64, 224, 3, 1, 1)},
+    {"vgg16_b32_c64_k64_in224_3x3_s1", square_conv(32, 64, 64, 224, 3, 1, 1)},
+    {"vgg16_b32_c64_k128_in112_3x3_s1", square_conv(32, 64, 128, 112, 3, 1, 1)},
+    {"vgg16_b32_c128_k128_in112_3x3_s1", square_conv(32, 128, 128, 112, 3, 1, 1)},
+    {"vgg16_b32_c128_k256_in56_3x3_s1", square_conv(32, 128, 256, 56, 3, 1, 1)},
+    {"vgg16_b32_c256_k256_in56_3x3_s1", square_conv(32, 256, 256, 56, 3, 1, 1)},
+    {"vgg16_b32_c256_k512_in28_3x3_s1", square_conv(32, 256, 512, 28, 3, 1, 1)},
+    {"vgg16_b32_c512_k512_in28_3x3_s1", square_conv(32, 512, 512, 28, 3, 1, 1)},
+    {"vgg16_b32_c512_k512_in14_3x3_s1", square_conv(32, 512, 512, 14, 3, 1, 1)},
     // Fully connected layers, batch 32: 1x1 over 1x1 images (dfp's GEMM mode). Named without the
     // _in<H>_<R>x<S>_s<stride> part: they are not convolutions, and no conv target applies.
     {"resnet50_fc_b32_c2048_k1000", square_conv(32, 2048, 1000, 1, 1, 1, 0)},
