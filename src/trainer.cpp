@@ -79,6 +79,8 @@ struct Setting {
   bool text;         // a JSON string (else a JSON number or literal)
   const char* json_key = nullptr;  // config.json's key where it differs from the checkpoint's
 };
+// The first six have been in every checkpoint dfp wrote: a checkpoint without one is corrupt.
+constexpr ptrdiff_t kSettingsInEveryCheckpoint = 6;
 std::vector<Setting> result_settings(const TrainConfig& c, const std::string& policy_text) {
   std::string milestones;
   for (int e : c.milestones) milestones.append(milestones.empty() ? "" : ",").append(std::to_string(e));
@@ -577,6 +579,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     std::string differ, unchecked;
     for (const Setting& st : settings) {
       const auto it = ck.meta.find(st.key);
+      if (&st - settings.data() < kSettingsInEveryCheckpoint) meta_get(ck, st.key, cfg.resume);  // missing: corrupt
       if (it == ck.meta.end()) unchecked += std::string(unchecked.empty() ? "" : ", ") + st.flag;
       else if (it->second != st.value)
         differ += std::string(differ.empty() ? "" : "; ") + st.flag + " (field '" + st.key + "'): checkpoint '" +
