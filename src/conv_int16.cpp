@@ -464,7 +464,9 @@ struct ConvInt16::Impl {
   // cost its weight gradient half its rate (each pair load a new cache line, half of each line
   // and every other row unused: ResNet-50's 512 -> 1024 stride-2 shortcut ran at 166 GOP/s
   // against 361 for a stride-1 1x1 layer of the same work).
-  int xp_step = 1, xp_h = 0, xp_w = 0;
+  // x_row_step / x_col_step: rows and columns of xp between consecutive output positions (the
+  // stride, or 1 where xp is subsampled); one indexing serves both forms.
+  int xp_step = 1, xp_h = 0, xp_w = 0, x_row_step = 1, x_col_step = 1;
   int16_t* wq = nullptr;  // the unpacked DFP16 weights, in the workspace while set_weights() packs them
   std::vector<std::pair<int, int>> tap_rows, tap_cols;  // per kernel row / column: valid output range
   int16_t *xq = nullptr, *dyq = nullptr, *dyp = nullptr;
@@ -548,6 +550,8 @@ struct ConvInt16::Impl {
       xp_step = sh.stride_h;
     xp_h = xp_step > 1 ? OH : sh.H;
     xp_w = xp_step > 1 ? OW : sh.W;
+    x_row_step = sh.stride_h / xp_step;
+    x_col_step = sh.stride_w / xp_step;
     xp = AlignedBuffer<int16_t>(size_t(NP) * CB * xp_h * xp_w * 32);
     for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
     for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
@@ -1346,8 +1350,8 @@ struct ConvInt16::Impl {
     simd::PairKernelArgs base{};
     base.dw_k = direct ? sh.C : dw_k;
     base.nk = 16;
-    base.x_row = xp_step > 1 ? int64_t(xp_w) * 32 : int64_t(sh.stride_h) * sh.W * 32;  // one output row of x
-    base.x_col = xp_step > 1 ? 32 : int64_t(sh.stride_w) * 32;
+    base.x_row = int64_t(x_row_step) * xp_w * 32;
+    base.x_col = int64_t(x_col_step) * 32;
     base.dy_col = 32;
     base.chain = chain;
     base.scale = scale;
@@ -1457,8 +1461,8 @@ struct ConvInt16::Impl {
           // (measured: ResNet-50 c256->64 1x1 bwd_weights +18%; 3x3 layers reuse x from
           // cache and lost 4% with it).
           if (prefetch_x && cb + 1 < CB) {
-            const int r0 = xp_step > 1 ? oh0 : std::max(0, oh0 * sh.stride_h - sh.pad_h);
-            const int r1 = xp_step > 1 ? oh1 : std::min(sh.H, (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R);
+            const int r0 = std::max(0, oh0 * x_row_step - sh.pad_h);
+            const int r1 = std::min(xp_h, (oh1 - 1) * x_row_step - sh.pad_h + sh.R);
             const char* next_x = reinterpret_cast<const char*>(
                 xp.data() + ((size_t(p) * CB + cb + 1) * xp_h + r0) * xp_w * 32);
             const size_t bytes = size_t(std::max(0, r1 - r0)) * xp_w * 64;
@@ -1472,9 +1476,8 @@ struct ConvInt16::Impl {
             if (lo_r >= hi_r || lo_c >= hi_c) continue;
             a.rows = hi_r - lo_r;
             a.cols = hi_c - lo_c;
-            a.x = xp_step > 1 ? xp.data() + (((size_t(p) * CB + cb) * xp_h + lo_r) * xp_w + lo_c) * 32
-                              : xp.data() + (((size_t(p) * CB + cb) * sh.H + size_t(lo_r) * sh.stride_h + r - sh.pad_h) * sh.W +
-                                             size_t(lo_c) * sh.stride_w + s2 - sh.pad_w) * 32;
+            a.x = xp.data() + (((size_t(p) * CB + cb) * xp_h + size_t(lo_r) * x_row_step + r - sh.pad_h) * xp_w +
+                               size_t(lo_c) * x_col_step + s2 - sh.pad_w) * 32;
             for (int kb = kg; kb < kg1; ++kb) {
               const int16_t* g = dy_whole_pairs ? dyp_at(p, kb, lo_r, lo_c)
                                                 : tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;

@@ -80,7 +80,7 @@ struct Setting {
   const char* json_key = nullptr;  // config.json's key where it differs from the checkpoint's
 };
 // The first six have been in every checkpoint dfp wrote: a checkpoint without one is corrupt.
-constexpr ptrdiff_t kSettingsInEveryCheckpoint = 6;
+constexpr size_t kSettingsInEveryCheckpoint = 6;
 std::vector<Setting> result_settings(const TrainConfig& c, const std::string& policy_text) {
   std::string milestones;
   for (int e : c.milestones) milestones.append(milestones.empty() ? "" : ",").append(std::to_string(e));
@@ -571,15 +571,19 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   sched.step_epochs = cfg.step_epochs;
 
   const std::vector<Setting> settings = result_settings(cfg, policy_text);
+  // Where the run computes: recorded in checkpoints, and only noted when a resume differs.
+  const std::vector<std::pair<std::string, std::string>> machine = {{"threads", std::to_string(ctx.threads())},
+                                                                    {"isa", isa_name(ctx.isa())}};
   int start_epoch = 0;
   if (!cfg.resume.empty()) {
     const Checkpoint ck = read_checkpoint(cfg.resume);
     // Every setting that decides the result must match; all mismatches are named at once. A
     // checkpoint from before a setting was stored cannot be checked for it: said, not refused.
     std::string differ, unchecked;
-    for (const Setting& st : settings) {
+    for (size_t i = 0; i < settings.size(); ++i) {
+      const Setting& st = settings[i];
+      if (i < kSettingsInEveryCheckpoint) meta_get(ck, st.key, cfg.resume);  // missing: corrupt
       const auto it = ck.meta.find(st.key);
-      if (&st - settings.data() < kSettingsInEveryCheckpoint) meta_get(ck, st.key, cfg.resume);  // missing: corrupt
       if (it == ck.meta.end()) unchecked += std::string(unchecked.empty() ? "" : ", ") + st.flag;
       else if (it->second != st.value)
         differ += std::string(differ.empty() ? "" : "; ") + st.flag + " (field '" + st.key + "'): checkpoint '" +
@@ -589,12 +593,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
               "checkpoint '" + cfg.resume + "' was written by a run with other settings: " + differ +
                   "; resume with the settings it was written with");
     if (!unchecked.empty()) say("note: checkpoint " + cfg.resume + " does not record " + unchecked + "; not checked");
-    for (const char* key : {"threads", "isa"}) {
-      const std::string now = key == std::string("threads") ? std::to_string(ctx.threads()) : isa_name(ctx.isa());
+    for (const auto& [key, now] : machine)
       if (ck.meta.count(key) && ck.meta.at(key) != now)
-        say(std::string("note: the checkpoint was written with ") + key + " " + ck.meta.at(key) + ", this run uses " +
-            now + ": the FP32 library operators may then round differently from an uninterrupted run");
-    }
+        say("note: the checkpoint was written with " + key + " " + ck.meta.at(key) + ", this run uses " + now +
+            ": the FP32 library operators may then round differently from an uninterrupted run");
     m.set_step(std::stoull(meta_get(ck, "step", cfg.resume)));
     load_model(m, &sgd, ck, cfg.resume);
     if (ck.meta.count("loss_scale"))
@@ -653,11 +655,11 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       if (cuda) {
         tr.add(cuda->train_step(b.images, b.labels, b.size, lr, scaler));  // runs scaler.update
       } else {
-        const auto step_t0 = Clock::now();
+        const auto step_t0 = cfg.profile ? Clock::now() : Clock::time_point{};
         tr.add(m.forward(b.images, b.labels, b.size, true));
         m.set_loss_scale(used_scale);
         const bool finite = m.backward();
-        const auto opt_t0 = Clock::now();
+        const auto opt_t0 = cfg.profile ? Clock::now() : Clock::time_point{};
         if (scaler.update(finite)) sgd.step(lr);
         if (cfg.profile) {
           prof.optimizer_seconds += seconds_since(opt_t0);
@@ -746,10 +748,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
                  {"loss_scale", fmt_exact(scaler.scale())}, {"loss_scale_tracker", std::to_string(scaler.growth_tracker())},
                  {"skipped_steps", std::to_string(scaler.skipped_steps())},
                  {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)},
-                 {"threads", std::to_string(ctx.threads())}, {"isa", isa_name(ctx.isa())},
                  {"channels", std::to_string(train_set.channels)}, {"height", std::to_string(train_set.height)},
                  {"width", std::to_string(train_set.width)}, {"classes", std::to_string(train_set.classes)}};
       for (const Setting& st : settings) ck.meta[st.key] = st.value;
+      ck.meta.insert(machine.begin(), machine.end());
       put_policy(ck, cfg.policy);
       save_model(m, &sgd, ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);

@@ -98,6 +98,33 @@ void expect_bits_equal(const std::vector<float>& a, const std::vector<float>& b,
     ASSERT_EQ(0, std::memcmp(&a[i], &b[i], sizeof(float))) << what << " element " << i << ": " << a[i] << " vs " << b[i];
 }
 
+// n copies of `value`, each with a random sign (seeded) when mixed_signs, else all positive.
+std::vector<float> constant_magnitude(size_t n, float value, uint32_t seed, bool mixed_signs) {
+  std::vector<float> v(n, value);
+  const auto r = random_ints(n, seed, 0, 1);
+  if (mixed_signs)
+    for (size_t i = 0; i < n; ++i) v[i] = r[i] ? value : -value;
+  return v;
+}
+
+// All three passes of a fully connected layer on row-major data ([N][C] x [K][C]).
+Outputs run_linear(const Context& ctx, int N, int C, int K, const std::vector<float>& x, const std::vector<float>& w,
+                   const std::vector<float>& dy, const DfpConvOptions& o = {}) {
+  Outputs out;
+  out.y.resize(size_t(N) * K);
+  out.dx.resize(size_t(N) * C);
+  out.dw.resize(size_t(K) * C);
+  LinearInt16 fc(ctx, N, C, K, o);
+  fc.set_weights(w.data());
+  fc.quantize_input(x.data());
+  fc.quantize_grad_output(dy.data());
+  fc.forward(out.y.data());
+  fc.backward_data(out.dx.data());
+  fc.backward_weights(out.dw.data());
+  out.stats = fc.stats();
+  return out;
+}
+
 const Context& ref_ctx() {
   static Context c(ContextOptions{.threads = 2, .isa = "ref"});
   return c;
@@ -179,15 +206,9 @@ TEST(ConvInt16, AdversarialOperandsGiveExactAnswer) {
   const ConvShape s = make(4, 64, 6, 6, 32, 3, 3, 1, 0);  // no padding: every output sees 576 products
   for (bool mixed_signs : {false, true}) {
     SCOPED_TRACE(mixed_signs ? "random signs" : "all positive");
-    auto sign = [&](std::vector<float> v, uint32_t seed) {
-      const auto r = random_ints(v.size(), seed, 0, 1);
-      if (mixed_signs)
-        for (size_t i = 0; i < v.size(); ++i) v[i] = r[i] ? v[i] : -v[i];
-      return v;
-    };
-    const auto x = sign(std::vector<float>(size_t(s.N) * s.C * s.H * s.W, 1.f), 1);
-    const auto w = sign(std::vector<float>(size_t(s.K) * s.C * s.R * s.S, 1.f), 2);
-    const auto dy = sign(std::vector<float>(size_t(s.N) * s.K * s.OH() * s.OW(), 1.f), 3);
+    const auto x = constant_magnitude(size_t(s.N) * s.C * s.H * s.W, 1.f, 1, mixed_signs);
+    const auto w = constant_magnitude(size_t(s.K) * s.C * s.R * s.S, 1.f, 2, mixed_signs);
+    const auto dy = constant_magnitude(size_t(s.N) * s.K * s.OH() * s.OW(), 1.f, 3, mixed_signs);
     std::vector<double> y, dx, dw;
     test::conv_fwd_ref(s, x, w, y);
     test::conv_bwd_data_ref(s, dy, w, dx);
@@ -230,13 +251,7 @@ TEST(ConvInt16, FullRangeOperandsChainOneStepWithoutOverflow) {
   auto bound = [](double abs_sum, int terms) { return (terms / 2 + 2) * 0x1p-24 * abs_sum; };
   for (bool mixed_signs : {false, true}) {
     SCOPED_TRACE(mixed_signs ? "random signs" : "all positive");
-    auto fill = [&](size_t n, uint32_t seed) {
-      std::vector<float> v(n, big);
-      const auto r = random_ints(n, seed, 0, 1);
-      if (mixed_signs)
-        for (size_t i = 0; i < n; ++i) v[i] = r[i] ? big : -big;
-      return v;
-    };
+    auto fill = [&](size_t n, uint32_t seed) { return constant_magnitude(n, big, seed, mixed_signs); };
     const ConvShape s = make(2, 32, 5, 5, 16, 3, 3, 1, 1);
     const auto x = fill(size_t(s.N) * s.C * s.H * s.W, 11), w = fill(size_t(s.K) * s.C * s.R * s.S, 12),
                dy = fill(size_t(s.N) * s.K * s.OH() * s.OW(), 13);
@@ -270,36 +285,26 @@ TEST(ConvInt16, FullRangeOperandsChainOneStepWithoutOverflow) {
 
     const int N = 6, C = 40, K = 20;
     const auto lx = fill(size_t(N) * C, 21), lw = fill(size_t(K) * C, 22), ldy = fill(size_t(N) * K, 23);
-    std::vector<float> out[2][3];
-    for (int verify = 0; verify < 2; ++verify) {
-      LinearInt16 fc(ctx, N, C, K, verify ? v : o);
-      fc.set_weights(lw.data());
-      fc.quantize_input(lx.data());
-      fc.quantize_grad_output(ldy.data());
-      out[verify][0].resize(size_t(N) * K);
-      out[verify][1].resize(size_t(N) * C);
-      out[verify][2].resize(size_t(K) * C);
-      fc.forward(out[verify][0].data());
-      fc.backward_data(out[verify][1].data());
-      fc.backward_weights(out[verify][2].data());
-      EXPECT_EQ(fc.stats().chain_fwd, 1);
-      EXPECT_EQ(fc.stats().chain_wgrad, 1);
-      if (verify) {
-        EXPECT_EQ(fc.stats().overflow_events, 0);
-      }
+    const Outputs lin = run_linear(ctx, N, C, K, lx, lw, ldy, o), lin_checked = run_linear(ctx, N, C, K, lx, lw, ldy, v);
+    for (const Outputs* r : {&lin, &lin_checked}) {
+      EXPECT_EQ(r->stats.chain_fwd, 1);
+      EXPECT_EQ(r->stats.chain_wgrad, 1);
     }
-    for (int p = 0; p < 3; ++p) expect_bits_equal(out[0][p], out[1][p], "linear pass " + std::to_string(p));
+    EXPECT_EQ(lin_checked.stats.overflow_events, 0);
+    expect_bits_equal(lin.y, lin_checked.y, "linear forward");
+    expect_bits_equal(lin.dx, lin_checked.dx, "linear backward_data");
+    expect_bits_equal(lin.dw, lin_checked.dw, "linear backward_weights");
     for (int n = 0; n < N; ++n)
       for (int k = 0; k < K; ++k) {
         double ref = 0;
         for (int c = 0; c < C; ++c) ref += double(lx[n * C + c]) * lw[k * C + c];
-        ASSERT_LE(std::fabs(out[0][0][n * K + k] - ref), bound(b2 * C, C)) << "linear y " << n << "," << k;
+        ASSERT_LE(std::fabs(lin.y[n * K + k] - ref), bound(b2 * C, C)) << "linear y " << n << "," << k;
       }
     for (int k = 0; k < K; ++k)
       for (int c = 0; c < C; ++c) {
         double ref = 0;
         for (int n = 0; n < N; ++n) ref += double(lx[n * C + c]) * ldy[n * K + k];
-        ASSERT_LE(std::fabs(out[0][2][k * C + c] - ref), bound(b2 * N, N)) << "linear dw " << k << "," << c;
+        ASSERT_LE(std::fabs(lin.dw[k * C + c] - ref), bound(b2 * N, N)) << "linear dw " << k << "," << c;
       }
   }
 }
@@ -480,26 +485,13 @@ TEST(LinearInt16, MatchesConvolutionAndFp64) {
   const auto x = random_vec(size_t(N) * C, 41, 0.f, 2.f);
   const auto w = random_vec(size_t(K) * C, 42, -0.1f, 0.1f);
   const auto dy = random_vec(size_t(N) * K, 43, -0.01f, 0.01f);
-  std::vector<float> y(N * K), dx(N * C), dw(K * C), y0(N * K), dx0(N * C), dw0(K * C);
   Context ctx(ContextOptions{.threads = 2});
-  LinearInt16 fc(ctx, N, C, K);
-  fc.set_weights(w.data());
-  fc.quantize_input(x.data());
-  fc.quantize_grad_output(dy.data());
-  fc.forward(y.data());
-  fc.backward_data(dx.data());
-  fc.backward_weights(dw.data());
-  LinearInt16 fc_ref(ref_ctx(), N, C, K);
-  fc_ref.set_weights(w.data());
-  fc_ref.quantize_input(x.data());
-  fc_ref.quantize_grad_output(dy.data());
-  fc_ref.forward(y0.data());
-  fc_ref.backward_data(dx0.data());
-  fc_ref.backward_weights(dw0.data());
-  expect_bits_equal(y, y0, "linear forward");
-  expect_bits_equal(dx, dx0, "linear backward_data");
-  expect_bits_equal(dw, dw0, "linear backward_weights");
-  const ConvStats& st = fc.stats();
+  const Outputs fast = run_linear(ctx, N, C, K, x, w, dy), scalar = run_linear(ref_ctx(), N, C, K, x, w, dy);
+  expect_bits_equal(fast.y, scalar.y, "linear forward");
+  expect_bits_equal(fast.dx, scalar.dx, "linear backward_data");
+  expect_bits_equal(fast.dw, scalar.dw, "linear backward_weights");
+  const std::vector<float>&y = fast.y, &dx = fast.dx, &dw = fast.dw;
+  const ConvStats& st = fast.stats;
   const double ax = test::dfp16_step(st.x.exponent) / 2, aw = test::dfp16_step(st.w.exponent) / 2,
                ag = test::dfp16_step(st.dy.exponent) / 2;
   for (int n = 0; n < N; ++n)

@@ -20,11 +20,7 @@ void sgd_update_simd(float* w, const float* grad, float* v, size_t n, const SgdA
     vi.store_unaligned(v + i);
     (wi - lr * (Nesterov ? g + m * vi : vi)).store_unaligned(w + i);
   }
-  for (; i < n; ++i) {  // the tail, in the same operations on scalars
-    const float g = grad[i] + a.weight_decay * w[i];
-    v[i] = a.momentum * v[i] + g;
-    w[i] = w[i] - a.lr * (Nesterov ? g + a.momentum * v[i] : v[i]);
-  }
+  ref::sgd_update(w + i, grad + i, v + i, n - i, a);  // the tail: the same operations on scalars
 }
 }  // namespace
 
