@@ -98,6 +98,13 @@ void expect_bits_equal(const std::vector<float>& a, const std::vector<float>& b,
     ASSERT_EQ(0, std::memcmp(&a[i], &b[i], sizeof(float))) << what << " element " << i << ": " << a[i] << " vs " << b[i];
 }
 
+// The three passes' outputs of two runs, bit for bit (`what` prefixes the pass names).
+void expect_outputs_bits_equal(const Outputs& a, const Outputs& b, const std::string& what = "") {
+  expect_bits_equal(a.y, b.y, what + "forward");
+  expect_bits_equal(a.dx, b.dx, what + "backward_data");
+  expect_bits_equal(a.dw, b.dw, what + "backward_weights");
+}
+
 // n copies of `value`, each with a random sign (seeded) when mixed_signs, else all positive.
 std::vector<float> constant_magnitude(size_t n, float value, uint32_t seed, bool mixed_signs) {
   std::vector<float> v(n, value);
@@ -166,9 +173,7 @@ TEST_P(ConvInt16Isa, BitExactAgainstScalarModel) {
       o.gradients.rounding = Rounding::stochastic;
       const Outputs a = run_int16(ref_ctx(), s, x, w, dy, o);
       const Outputs b = run_int16(ctx, s, x, w, dy, o);
-      expect_bits_equal(a.y, b.y, "forward");
-      expect_bits_equal(a.dx, b.dx, "backward_data");
-      expect_bits_equal(a.dw, b.dw, "backward_weights");
+      expect_outputs_bits_equal(a, b);
     }
   }
 }
@@ -272,9 +277,7 @@ TEST(ConvInt16, FullRangeOperandsChainOneStepWithoutOverflow) {
       EXPECT_EQ(r->stats.chain_wgrad, 1);
     }
     EXPECT_EQ(checked.stats.overflow_events, 0);
-    expect_bits_equal(fast.y, checked.y, "forward");
-    expect_bits_equal(fast.dx, checked.dx, "backward_data");
-    expect_bits_equal(fast.dw, checked.dw, "backward_weights");
+    expect_outputs_bits_equal(fast, checked);
     // Each output's products all have magnitude big^2, so sum|products| = terms * big^2; interior
     // outputs have C*9 (forward), K*9 (backward-data) and N*OH*OW-ish (weights) terms at most.
     const double b2 = double(big) * big;
@@ -291,9 +294,7 @@ TEST(ConvInt16, FullRangeOperandsChainOneStepWithoutOverflow) {
       EXPECT_EQ(r->stats.chain_wgrad, 1);
     }
     EXPECT_EQ(lin_checked.stats.overflow_events, 0);
-    expect_bits_equal(lin.y, lin_checked.y, "linear forward");
-    expect_bits_equal(lin.dx, lin_checked.dx, "linear backward_data");
-    expect_bits_equal(lin.dw, lin_checked.dw, "linear backward_weights");
+    expect_outputs_bits_equal(lin, lin_checked, "linear ");
     for (int n = 0; n < N; ++n)
       for (int k = 0; k < K; ++k) {
         double ref = 0;
@@ -427,9 +428,7 @@ TEST(ConvInt16, IndependentOfThreadCount) {
     for (int threads : {2, 3}) {
       Context more(ContextOptions{.threads = threads});
       const Outputs b = run_int16(more, s, x, w, dy);
-      expect_bits_equal(a.y, b.y, "forward");
-      expect_bits_equal(a.dx, b.dx, "backward_data");
-      expect_bits_equal(a.dw, b.dw, "backward_weights");
+      expect_outputs_bits_equal(a, b);
     }
   }
 }
@@ -487,9 +486,7 @@ TEST(LinearInt16, MatchesConvolutionAndFp64) {
   const auto dy = random_vec(size_t(N) * K, 43, -0.01f, 0.01f);
   Context ctx(ContextOptions{.threads = 2});
   const Outputs fast = run_linear(ctx, N, C, K, x, w, dy), scalar = run_linear(ref_ctx(), N, C, K, x, w, dy);
-  expect_bits_equal(fast.y, scalar.y, "linear forward");
-  expect_bits_equal(fast.dx, scalar.dx, "linear backward_data");
-  expect_bits_equal(fast.dw, scalar.dw, "linear backward_weights");
+  expect_outputs_bits_equal(fast, scalar, "linear ");
   const std::vector<float>&y = fast.y, &dx = fast.dx, &dw = fast.dw;
   const ConvStats& st = fast.stats;
   const double ax = test::dfp16_step(st.x.exponent) / 2, aw = test::dfp16_step(st.w.exponent) / 2,
