@@ -12,8 +12,9 @@ namespace {
 
 using Node = Model::Node;
 
-Node conv_bn_relu(Model& m, Node x, int k, int r, int s, int p, const std::string& name, bool relu = true) {
-  x = m.conv(x, k, r, s, p, false, name);
+Node conv_bn_relu(Model& m, Node x, int k, int r, int s, int p, const std::string& name, bool relu = true,
+                  int groups = 1) {
+  x = m.conv(x, k, r, s, p, false, name, groups);
   x = m.batchnorm(x, name + ".bn");
   return relu ? m.relu(x, name + ".relu") : x;
 }
@@ -52,8 +53,11 @@ void resnet_cifar(Model& m, int depth, int c, int h, int w, int classes) {
   m.softmax_cross_entropy(m.linear(x, classes, true, "fc"));
 }
 
-// torchvision ResNet-18/34 (basic) and ResNet-50 (bottleneck, stride on the 3x3: "v1.5").
-void resnet_imagenet(Model& m, int depth, bool cifar_stem, int c, int h, int w, int classes) {
+// torchvision ResNet-18/34 (basic) and ResNet-50 (bottleneck, stride on the 3x3: "v1.5"); with
+// groups > 1, torchvision's ResNeXt-50 (Xie et al. 2017): the bottleneck's 3x3 conv is grouped and
+// its width is planes * width_per_group / 64 * groups (32x4d: twice ResNet-50's).
+void resnet_imagenet(Model& m, int depth, bool cifar_stem, int c, int h, int w, int classes, int groups = 1,
+                     int width_per_group = 64) {
   const bool bottleneck = depth >= 50;
   const std::vector<int> blocks = depth == 18 ? std::vector<int>{2, 2, 2, 2} : std::vector<int>{3, 4, 6, 3};
   const int expansion = bottleneck ? 4 : 1;
@@ -72,8 +76,9 @@ void resnet_imagenet(Model& m, int depth, bool cifar_stem, int c, int h, int w, 
       const std::string p = "layer" + std::to_string(stage + 1) + "." + std::to_string(b);
       Node y;
       if (bottleneck) {
-        y = conv_bn_relu(m, x, planes, 1, 1, 0, p + ".conv1");
-        y = conv_bn_relu(m, y, planes, 3, stride, 1, p + ".conv2");
+        const int width = planes * width_per_group / 64 * groups;
+        y = conv_bn_relu(m, x, width, 1, 1, 0, p + ".conv1");
+        y = conv_bn_relu(m, y, width, 3, stride, 1, p + ".conv2", true, groups);
         y = conv_bn_relu(m, y, planes * 4, 1, 1, 0, p + ".conv3", false);
       } else {
         y = conv_bn_relu(m, x, planes, 3, stride, 1, p + ".conv1");
@@ -194,8 +199,8 @@ void googlenet(Model& m, int c, int h, int w, int classes) {
 
 std::vector<std::string> model_names() {
   return {"lenet",    "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet18", "resnet34",
-          "resnet50", "resnet18c", "resnet34c", "resnet50c", "vgg11",  "vgg13",     "vgg16",    "vgg19",
-          "vgg11bn",  "vgg13bn",  "vgg16bn",  "vgg19bn",  "alexnet",  "googlenet"};
+          "resnet50", "resnet18c", "resnet34c", "resnet50c", "resnext50", "resnext50c", "vgg11", "vgg13",
+          "vgg16",    "vgg19",    "vgg11bn",  "vgg13bn",  "vgg16bn",  "vgg19bn",   "alexnet",   "googlenet"};
 }
 
 void build_model(Model& m, const std::string& name, int c, int h, int w, int classes) {
@@ -206,6 +211,8 @@ void build_model(Model& m, const std::string& name, int c, int h, int w, int cla
     if (name == "resnet" + std::to_string(d)) return resnet_imagenet(m, d, false, c, h, w, classes);
     if (name == "resnet" + std::to_string(d) + "c") return resnet_imagenet(m, d, true, c, h, w, classes);
   }
+  if (name == "resnext50") return resnet_imagenet(m, 50, false, c, h, w, classes, 32, 4);
+  if (name == "resnext50c") return resnet_imagenet(m, 50, true, c, h, w, classes, 32, 4);
   for (int d : {11, 13, 16, 19}) {
     if (name == "vgg" + std::to_string(d)) return vgg(m, d, false, c, h, w, classes);
     if (name == "vgg" + std::to_string(d) + "bn") return vgg(m, d, true, c, h, w, classes);

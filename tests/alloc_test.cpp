@@ -88,39 +88,51 @@ using namespace dfp;
 TEST(Allocation, TrainingStepsAllocateNothing) {
   Context ctx(ContextOptions{.threads = 2});
   find_foreign_code();
-  for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
-    Model m(ctx, "r");
-    build_model(m, "resnet20", 3, 16, 16, 10);
-    PrecisionPolicy pol;
-    pol.precision = p;
-    m.build(8, pol);
-    // The timed and the sampled paths (profiling; rounding statistics every step) allocate nothing
-    // either.
-    m.set_profiling(p == Precision::int16 || p == Precision::bf16);
-    m.set_numerics_interval(p == Precision::int16 || p == Precision::bf16 ? 1 : 0);
-    Sgd sgd(ctx, m, {0.9f, 5e-4f, true});
-    std::vector<float> x(blocked_size(8, 3, 16, 16));
-    std::mt19937 g(1);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (int n = 0; n < 8; ++n)  // real channels only: padding lanes stay zero
-      for (int c = 0; c < 3; ++c)
-        for (int i = 0; i < 256; ++i) x[(size_t(n) * 256 + i) * 16 + c] = nd(g);
-    const std::vector<int32_t> y = {0, 1, 2, 3, 4, 5, 6, 7};
-    auto step = [&] {
-      m.forward(x.data(), y.data(), 8, true);
-      m.backward();
-      sgd.step(0.01f);
-    };
-    for (int i = 0; i < 3; ++i) step();  // first use: oneDNN's kernels, thread pools
-    own = foreign = 0;
-    counting = true;
-    for (int i = 0; i < 3; ++i) step();
-    counting = false;
-    EXPECT_EQ(own.load(), 0) << precision_name(p) << ": allocations by dfp in 3 training steps";
-    if (p == Precision::int16) {
-      EXPECT_EQ(foreign.load(), 0) << "int16 calls no oneDNN primitive";
+  // ResNet-20, and a graph of grouped convolutions (groups cutting channel blocks and whole ones).
+  auto grouped = [](Model& m) {
+    auto x = m.input(3, 16, 16);
+    x = m.relu(m.batchnorm(m.conv(x, 12, 3, 1, 1, false, "c0"), "bn0"), "r0");
+    x = m.relu(m.conv(x, 32, 3, 1, 1, true, "g1", 4), "r1");
+    x = m.conv(x, 32, 3, 2, 1, false, "g2", 2);
+    m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 10, true, "fc"));
+  };
+  for (int graph = 0; graph < 2; ++graph) {
+    for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
+      SCOPED_TRACE(graph ? "grouped" : "resnet20");
+      Model m(ctx, "r");
+      if (graph) grouped(m);
+      else build_model(m, "resnet20", 3, 16, 16, 10);
+      PrecisionPolicy pol;
+      pol.precision = p;
+      m.build(8, pol);
+      // The timed and the sampled paths (profiling; rounding statistics every step) allocate nothing
+      // either.
+      m.set_profiling(p == Precision::int16 || p == Precision::bf16);
+      m.set_numerics_interval(p == Precision::int16 || p == Precision::bf16 ? 1 : 0);
+      Sgd sgd(ctx, m, {0.9f, 5e-4f, true});
+      std::vector<float> x(blocked_size(8, 3, 16, 16));
+      std::mt19937 g(1);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      for (int n = 0; n < 8; ++n)  // real channels only: padding lanes stay zero
+        for (int c = 0; c < 3; ++c)
+          for (int i = 0; i < 256; ++i) x[(size_t(n) * 256 + i) * 16 + c] = nd(g);
+      const std::vector<int32_t> y = {0, 1, 2, 3, 4, 5, 6, 7};
+      auto step = [&] {
+        m.forward(x.data(), y.data(), 8, true);
+        m.backward();
+        sgd.step(0.01f);
+      };
+      for (int i = 0; i < 3; ++i) step();  // first use: oneDNN's kernels, thread pools
+      own = foreign = 0;
+      counting = true;
+      for (int i = 0; i < 3; ++i) step();
+      counting = false;
+      EXPECT_EQ(own.load(), 0) << precision_name(p) << ": allocations by dfp in 3 training steps";
+      if (p == Precision::int16) {
+        EXPECT_EQ(foreign.load(), 0) << "int16 calls no oneDNN primitive";
+      }
+      std::printf("%s: %ld allocations inside oneDNN/libgomp in 3 steps\n", precision_name(p), foreign.load());
     }
-    std::printf("%s: %ld allocations inside oneDNN/libgomp in 3 steps\n", precision_name(p), foreign.load());
   }
 }
 

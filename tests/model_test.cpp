@@ -135,6 +135,9 @@ TEST(Models, PublishedParameterCounts) {
   EXPECT_EQ(count("resnet18c", 3, 32, 32, 10), 11173962u);
   EXPECT_EQ(count("resnet34c", 3, 32, 32, 10), 21282122u);
   EXPECT_EQ(count("resnet50c", 3, 32, 32, 10), 23520842u);
+  EXPECT_EQ(count("resnext50", 3, 224, 224, 1000), 25028904u);  // torchvision resnext50_32x4d
+  // Less the 7x7 stem (9408) and the 1000-way fc (2049000), plus a 3x3 stem (1728) and a 10-way fc.
+  EXPECT_EQ(count("resnext50c", 3, 32, 32, 10), 22992714u);
   EXPECT_EQ(count("alexnet", 3, 224, 224, 1000), 62378344u);   // Krizhevsky et al. 2012, one tower
   EXPECT_EQ(count("googlenet", 3, 224, 224, 1000), 6624904u);  // torchvision, no aux classifiers
 }
@@ -245,7 +248,21 @@ TEST(Layers, Fp32BackwardMatchesFiniteDifferences) {
     m.build(2, {});
     check_gradients(m, batch_images(m, 3), {1, 2});
   }
+  // Grouped convolutions: groups of 2 input and 3 output channels (lanes cut across blocks), and of
+  // 16 (whole blocks), each after another conv so that its input gradient matters.
+  {
+    Model m(ctx2(), "d");
+    auto x = m.input(3, 6, 6);
+    x = m.conv(x, 6, 3, 1, 1, false, "c0");
+    x = m.relu(m.conv(x, 9, 3, 1, 1, true, "g1", 3), "r1");
+    x = m.conv(x, 32, 1, 1, 0, false, "c2");
+    x = m.conv(x, 32, 3, 2, 1, false, "g3", 2);
+    m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 3, true, "fc"));
+    m.build(2, {});
+    check_gradients(m, batch_images(m, 4), {2, 1});
+  }
 }
+
 
 namespace {
 // Parameter gradients of one batch in fp32 and in `low` (same seed, same data).
@@ -294,6 +311,22 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   }
   return den > 0 ? std::sqrt(num / den) : 0.0;
 }
+// Batch-8 losses within 1% and every parameter gradient tensor within `tol` (relative L2) of
+// FP32's, in each low precision (with its static loss scale).
+struct TrackCase {
+  Precision p;
+  double loss_scale, tol;
+};
+void each_tensor_tracks_fp32(const std::function<void(Model&)>& make, std::initializer_list<TrackCase> cases) {
+  for (const TrackCase& c : cases) {
+    std::vector<std::vector<float>> g[2];
+    double loss[2];
+    lowp_vs_fp32(make, 8, g, loss, c.p, c.loss_scale);
+    EXPECT_NEAR(loss[0], loss[1], 1e-2 * loss[0]) << precision_name(c.p);
+    for (size_t t = 0; t < g[0].size(); ++t)
+      EXPECT_LT(rel_l2(g[0][t], g[1][t]), c.tol) << precision_name(c.p) << " " << t;
+  }
+}
 }  // namespace
 
 // Without kinks (conv, BN, average pooling, linear) every gradient tensor follows FP32 closely.
@@ -332,14 +365,93 @@ TEST(Layers, Bf16AndFp16GradientsTrackFp32WithoutKinks) {
     x = m.conv(x, 32, 3, 2, 1, true, "c2");
     m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 10, true, "fc"));
   };
-  for (auto [p, scale, tol] : {std::tuple{Precision::bf16, 1.0, test::kBf16GradRelL2Smooth},
-                               std::tuple{Precision::fp16, 1024.0, test::kFp16GradRelL2Smooth}}) {
-    std::vector<std::vector<float>> g[2];
-    double loss[2];
-    lowp_vs_fp32(make, 8, g, loss, p, scale);
-    EXPECT_NEAR(loss[0], loss[1], 1e-2 * loss[0]) << precision_name(p);
-    for (size_t t = 0; t < g[0].size(); ++t) EXPECT_LT(rel_l2(g[0][t], g[1][t]), tol) << precision_name(p) << " " << t;
+  each_tensor_tracks_fp32(make, {{Precision::bf16, 1.0, test::kBf16GradRelL2Smooth},
+                                 {Precision::fp16, 1024.0, test::kFp16GradRelL2Smooth}});
+}
+
+namespace {
+// conv0 (C -> C) then a conv of `groups` groups (C -> K), global pooling, a classifier. With
+// groups == 1 and `block_diagonal`, the second conv is ungrouped and its weights are set to those
+// of `grouped` in the diagonal blocks, zero elsewhere: the same function.
+void grouped_pair(Model& m, int c, int k, int groups) {
+  auto x = m.input(c, 7, 7);
+  x = m.relu(m.conv(x, c, 3, 1, 1, false, "conv0"), "r0");
+  x = m.conv(x, k, 3, 2, 1, true, "conv1", groups);
+  m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 5, true, "fc"));
+}
+}  // namespace
+
+// A grouped conv is an ungrouped conv whose weight is block diagonal: the same loss and gradients
+// (the diagonal blocks of the dense weight gradient, the input gradient through conv0), and
+// PyTorch's [K][C/G][R][S] weight layout. Odd group widths cut channel blocks; 16-channel groups
+// do not.
+TEST(Layers, GroupedConvIsABlockDiagonalConv) {
+  for (auto [c, k, groups] : {std::tuple{20, 15, 5}, std::tuple{32, 48, 2}, std::tuple{12, 12, 12}}) {
+    SCOPED_TRACE(std::to_string(c) + "->" + std::to_string(k) + " groups " + std::to_string(groups));
+    Model g(ctx2(), "g"), d(ctx2(), "d");
+    grouped_pair(g, c, k, groups);
+    grouped_pair(d, c, k, 1);
+    g.build(3, {});
+    d.build(3, {});
+    ASSERT_EQ(g.parameters()[1].size, size_t(k) * (c / groups) * 9);
+    const int cg = c / groups, kg = k / groups;
+    auto& gp = g.parameters();
+    auto& dp = d.parameters();
+    ASSERT_EQ(gp.size(), dp.size());
+    for (size_t p = 0; p < gp.size(); ++p) {
+      if (p == 1) {  // conv1.weight: embed [K][C/G][3][3] block-diagonally into [K][C][3][3]
+        std::fill(dp[p].value, dp[p].value + dp[p].size, 0.f);
+        for (int o = 0; o < k; ++o)
+          for (int i = 0; i < cg; ++i)
+            std::memcpy(dp[p].value + (size_t(o) * c + o / kg * cg + i) * 9, gp[p].value + (size_t(o) * cg + i) * 9,
+                        9 * sizeof(float));
+      } else {
+        std::memcpy(dp[p].value, gp[p].value, gp[p].size * sizeof(float));
+      }
+    }
+    for (size_t b = 0; b < g.buffers().size(); ++b) *d.buffers()[b].second = *g.buffers()[b].second;
+    d.weights_updated();
+    const auto x = batch_images(g, 6);
+    const std::vector<int32_t> y = {4, 0, 2};
+    const double lg = g.forward(x.data(), y.data(), 3, true).loss;
+    const double ld = d.forward(x.data(), y.data(), 3, true).loss;
+    EXPECT_NEAR(lg, ld, 1e-5 * std::fabs(ld));
+    ASSERT_TRUE(g.backward());
+    ASSERT_TRUE(d.backward());
+    for (size_t p = 0; p < gp.size(); ++p) {
+      std::vector<float> want(dp[p].grad, dp[p].grad + dp[p].size);
+      if (p == 1) {  // the dense gradient's diagonal blocks, in the grouped layout
+        std::vector<float> diag(gp[p].size);
+        for (int o = 0; o < k; ++o)
+          for (int i = 0; i < cg; ++i)
+            std::memcpy(diag.data() + (size_t(o) * cg + i) * 9, want.data() + (size_t(o) * c + o / kg * cg + i) * 9,
+                        9 * sizeof(float));
+        want = diag;
+      }
+      EXPECT_LT(rel_l2(want, std::vector<float>(gp[p].grad, gp[p].grad + gp[p].size)), 1e-5) << gp[p].name;
+    }
   }
+  Model bad(ctx2(), "m");
+  auto x = bad.input(6, 4, 4);
+  test::expect_error([&] { bad.conv(x, 8, 3, 1, 1, false, "split", 4); }, Status::invalid_argument,
+                     {"conv 'split'", "groups 4", "input channels (6)", "output channels (8)"});
+  test::expect_error([&] { bad.conv(x, 8, 3, 1, 1, false, "none", 0); }, Status::invalid_argument,
+                     {"conv 'none'", "groups must be at least 1"});
+}
+
+// Grouped convolutions in INT16 (a DFP16 exponent per group), BF16 and FP16 follow FP32 as
+// ungrouped ones do, tensor by tensor.
+TEST(Layers, GroupedConvLowPrecisionTracksFp32) {
+  auto make = [](Model& m) {
+    auto x = m.input(3, 16, 16);
+    x = m.batchnorm(m.conv(x, 20, 3, 1, 1, false, "c1"), "bn1");
+    x = m.conv(x, 30, 3, 2, 1, true, "g2", 5);   // 4 -> 6 channels per group
+    x = m.conv(x, 32, 1, 1, 0, false, "g3", 2);  // 15 -> 16
+    m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 10, true, "fc"));
+  };
+  each_tensor_tracks_fp32(make, {{Precision::int16, 1.0, test::kInt16GradRelL2Smooth},
+                                 {Precision::bf16, 1.0, test::kBf16GradRelL2Smooth},
+                                 {Precision::fp16, 1024.0, test::kFp16GradRelL2Smooth}});
 }
 
 // A case built to underflow: a classifier with tiny weights makes the gradient reaching the conv
@@ -899,6 +1011,16 @@ std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
          auto c = m.concat({m.conv(x, 5, 1, 1, 0, true, "a"), m.conv(x, 7, 3, 1, 1, true, "b")}, "cat");
          c = m.dropout(m.lrn(c, 5, 1e-1f, 0.75f, 2.f, "lrn"), 0.3f, "drop");
          m.softmax_cross_entropy(m.linear(m.flatten(c, "fl"), 3, true, "fc"));
+       }},
+      {"grouped",  // groups cutting channel blocks, whole-block groups, a grouped conv read twice
+       [](Model& m) {
+         auto x = m.input(3, 6, 6);
+         auto a = m.relu(m.batchnorm(m.conv(x, 12, 3, 1, 1, false, "c0"), "bn0"), "r0");
+         auto b = m.conv(a, 18, 3, 1, 1, true, "g1", 6);
+         auto c = m.relu(m.batchnorm(m.conv(a, 32, 1, 1, 0, false, "c2"), "bn2"), "r2");
+         auto d = m.conv(c, 18, 3, 2, 1, false, "g3", 2);
+         auto e = m.add(m.conv(b, 18, 3, 2, 1, false, "g4", 3), d, "add");
+         m.softmax_cross_entropy(m.linear(m.global_avgpool(e, "gap"), 3, true, "fc"));
        }},
       {"resnet20", [](Model& m) { build_model(m, "resnet20", 3, 16, 16, 10); }},
       {"googlenet", [](Model& m) { build_model(m, "googlenet", 3, 32, 32, 10); }},

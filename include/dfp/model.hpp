@@ -116,6 +116,7 @@ struct LayerSpec {
   TensorShape shape;             // output (n = the planned batch once built, else 0)
   int out_channels = 0;          // conv, fc, shortcut
   int kernel = 0, stride = 1, pad = 0;  // conv, pools; shortcut: stride
+  int groups = 1;                // conv
   bool bias = false;             // conv, fc
   bool ceil_mode = false;        // maxpool
   float p = 0.f;                 // dropout
@@ -169,8 +170,11 @@ class Model {
 
   // ---- graph construction (names are optional; defaults are "<kind><index>") ----
   Node input(int channels, int height, int width);
+  // groups > 1: a grouped convolution, as PyTorch's Conv2d(groups=...): `groups` must divide the
+  // input and output channels; output group g reads input group g only, and the weight has
+  // PyTorch's shape [out_channels][in_channels / groups][kernel][kernel].
   Node conv(Node x, int out_channels, int kernel, int stride = 1, int pad = 0, bool bias = false,
-            std::string name = "");
+            std::string name = "", int groups = 1);
   Node batchnorm(Node x, std::string name = "");
   Node relu(Node x, std::string name = "");
   Node maxpool(Node x, int kernel, int stride, int pad = 0, bool ceil_mode = false, std::string name = "");

@@ -2,7 +2,8 @@
 //
 // Names: lenet; resnet20, resnet32, resnet44, resnet56, resnet110 (He et al. 2016 CIFAR ResNets,
 // option-A shortcuts); resnet18, resnet34, resnet50 (ImageNet stem: 7x7/2 conv + 3x3/2 max pool;
-// with the suffix "c", e.g. resnet18c, a CIFAR stem: 3x3/1 conv, no pool); vgg11, vgg13, vgg16,
+// with the suffix "c", e.g. resnet18c, a CIFAR stem: 3x3/1 conv, no pool); resnext50 and
+// resnext50c (torchvision's ResNeXt-50 32x4d: grouped 3x3 convs, 32 groups); vgg11, vgg13, vgg16,
 // vgg19 and vgg11bn ... vgg19bn (ImageNet classifier 4096-4096 when the input is >= 64 pixels,
 // else a CIFAR-style 512 -> classes classifier); alexnet; googlenet (Inception v1, without the
 // auxiliary classifiers). Every model takes any input size and channel count its architecture

@@ -17,9 +17,11 @@
 
 namespace dfp::cuda {
 
-// A convolution as cuDNN sees it: NHWC input N x C x H x W, KRSC weights, NHWC output N x K x OH x OW.
+// A convolution as cuDNN sees it: NHWC input N x C x H x W, KRSC weights (K x R x S x C/groups),
+// NHWC output N x K x OH x OW. With groups > 1, output channel k reads the input channels of its
+// group, k / (K/groups).
 struct ConvDims {
-  int N = 0, C = 0, H = 0, W = 0, K = 0, R = 0, S = 0, stride = 1, pad = 0, OH = 0, OW = 0;
+  int N = 0, C = 0, H = 0, W = 0, K = 0, R = 0, S = 0, stride = 1, pad = 0, OH = 0, OW = 0, groups = 1;
 };
 
 struct Staged {

@@ -136,7 +136,8 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
     const NodeRt& x = nodes_[r.spec.inputs.at(0)];
     if (r.kind == Kind::conv || r.kind == Kind::fc) {
       const int k = r.spec.kernel;
-      r.wparam = claim(r, ".weight", r.kind == Kind::conv ? size_t(r.C) * x.C * k * k : size_t(r.C) * x.C);
+      const int cg = r.kind == Kind::conv ? x.C / r.spec.groups : x.C;  // input channels each output reads
+      r.wparam = claim(r, ".weight", r.kind == Kind::conv ? size_t(r.C) * cg * k * k : size_t(r.C) * x.C);
       if (r.spec.bias) r.bparam = claim(r, ".bias", size_t(r.C));
       ParamRt& w = params_[r.wparam];
       w.kind = r.kind == Kind::conv ? 2 : 1;
@@ -146,7 +147,7 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
       ParamSeg& s = segs[r.wparam];
       s.kind = w.kind;
       s.dev = w.dev;
-      s.C = x.C;
+      s.C = cg;
       s.RS = r.kind == Kind::conv ? k * k : 1;
     } else if (r.kind == Kind::bn) {
       const size_t padded = size_t(channel_blocks(r.C)) * 16;  // the host pads gamma/beta to 16 lanes
@@ -200,6 +201,7 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
         d.N = batch_; d.C = x.C; d.H = x.H; d.W = x.W;
         d.K = r.C; d.R = d.S = r.spec.kernel; d.stride = r.spec.stride; d.pad = r.spec.pad;
         d.OH = r.H; d.OW = r.W;
+        d.groups = r.spec.groups;
         r.conv = be.conv_plan(d);
         break;
       }

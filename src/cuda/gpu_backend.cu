@@ -119,7 +119,8 @@ struct ConvPlan {
 std::string dims_text(const ConvDims& d) {
   return "conv N=" + std::to_string(d.N) + " C=" + std::to_string(d.C) + " H=" + std::to_string(d.H) +
          " W=" + std::to_string(d.W) + " K=" + std::to_string(d.K) + " " + std::to_string(d.R) + "x" +
-         std::to_string(d.S) + " stride " + std::to_string(d.stride) + " pad " + std::to_string(d.pad);
+         std::to_string(d.S) + " stride " + std::to_string(d.stride) + " pad " + std::to_string(d.pad) +
+         (d.groups > 1 ? " groups " + std::to_string(d.groups) : std::string());
 }
 
 bool tensor_math(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
@@ -202,7 +203,7 @@ class GpuBackend final : public Backend {
     for (auto& cv : p.cv) dnn_check(cudnnCreateConvolutionDescriptor(&cv), "cudnnCreateConvolutionDescriptor");
     dnn_check(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NHWC, dt, d.N, d.C, d.H, d.W),
               "cudnnSetTensor4dDescriptor (input) of " + p.name);
-    dnn_check(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NHWC, d.K, d.C, d.R, d.S),
+    dnn_check(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NHWC, d.K, d.C / d.groups, d.R, d.S),
               "cudnnSetFilter4dDescriptor of " + p.name);
     for (auto cv : p.cv) {
       // FP32 compute type for both precisions (FP16 data: cuDNN's pseudo-half configuration).
@@ -211,6 +212,8 @@ class GpuBackend final : public Backend {
                 "cudnnSetConvolution2dDescriptor of " + p.name);
       dnn_check(cudnnSetConvolutionMathType(cv, half_ ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH),
                 "cudnnSetConvolutionMathType of " + p.name);
+      // Grouped: the filter holds C/groups input channels per output channel.
+      dnn_check(cudnnSetConvolutionGroupCount(cv, d.groups), "cudnnSetConvolutionGroupCount of " + p.name);
     }
     int on = 0, oc = 0, oh = 0, ow = 0;
     dnn_check(cudnnGetConvolution2dForwardOutputDim(p.cv[0], p.x, p.w, &on, &oc, &oh, &ow),

@@ -47,7 +47,7 @@ void zero_padding_lanes(const Context& ctx, float* t, const TensorShape& s) {
 }
 
 // Bias: y[.., c] += b[c]; its gradient: sum of dy over batch and space.
-void add_bias(const Context& ctx, float* y, const TensorShape& s, const std::vector<float>& b) {
+void add_bias(const Context& ctx, float* y, const TensorShape& s, const float* b) {
   for_blocks(ctx, s.n, cb_of(s), [&](int n, int blk) {
     float* p = y + (size_t(n) * cb_of(s) + blk) * plane(s);
     float lane[16] = {};
@@ -56,8 +56,7 @@ void add_bias(const Context& ctx, float* y, const TensorShape& s, const std::vec
       for (int l = 0; l < 16; ++l) p[i * 16 + l] += lane[l];
   });
 }
-void bias_grad(const float* dy, const TensorShape& s, std::vector<float>& gb) {
-  std::fill(gb.begin(), gb.end(), 0.f);
+void bias_grad(const float* dy, const TensorShape& s, float* gb) {
   for (int blk = 0; blk < cb_of(s); ++blk) {
     double acc[16] = {};
     for (int n = 0; n < s.n; ++n) {
@@ -136,6 +135,45 @@ bool report_numerics(const ConvStats& s, const std::string& name, LayerNumerics&
   return true;
 }
 
+// A parameter tensor's storage: the layer's own, or a slice of a tensor that another layer owns.
+// The groups of a grouped convolution are Conv2d layers whose weights are slices of one tensor:
+// PyTorch's [K][C/groups][R][S] is exactly the groups' [K/groups][C/groups][R][S] one after the
+// other, so the optimizer and checkpoints see one parameter, laid out as PyTorch lays it out.
+class ParamStore {
+ public:
+  // n zeros (in the slice, when viewing one: its size must be n).
+  void allocate(size_t n) {
+    if (viewing_) {
+      DFP_CHECK(n == n_, Status::internal, "parameter slice of " + std::to_string(n_) + " values, layer needs " +
+                                               std::to_string(n));
+    } else {
+      own_.assign(n, 0.f);
+      p_ = own_.data();
+      n_ = n;
+    }
+    std::fill(p_, p_ + n_, 0.f);
+  }
+  void view(float* p, size_t n) {
+    viewing_ = true;
+    own_.clear();
+    p_ = p;
+    n_ = n;
+  }
+  float* data() noexcept { return p_; }
+  const float* data() const noexcept { return p_; }
+  size_t size() const noexcept { return n_; }
+  float* begin() noexcept { return p_; }
+  float* end() noexcept { return p_ + n_; }
+  const float* begin() const noexcept { return p_; }
+  const float* end() const noexcept { return p_ + n_; }
+
+ private:
+  std::vector<float> own_;
+  float* p_ = nullptr;
+  size_t n_ = 0;
+  bool viewing_ = false;
+};
+
 // ---- Conv2d and Linear ------------------------------------------------------------------------
 // Both hold FP32 master weights (and an optional bias) and run one operator chosen by the precision
 // policy:
@@ -187,7 +225,7 @@ class WeightedLayer : public Layer {
     } else {
       forward_f32(x[0], y);
     }
-    if (has_bias_) add_bias(ctx, y, out_, b_);
+    if (has_bias_) add_bias(ctx, y, out_, b_.data());
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
@@ -212,7 +250,7 @@ class WeightedLayer : public Layer {
     } else {
       backward_f32(x[0], dy, dx[0]);
     }
-    if (has_bias_) bias_grad(dy, out_, gb_);
+    if (has_bias_) bias_grad(dy, out_, gb_.data());
     if (float_ && fmt_.gradients == FloatFormat::fp16) {
       // Half-precision weight-gradient output: rounded, overflowing to inf (the loss scaler's signal).
       round_tensor(ctx, FloatFormat::fp16, gw_.data(), gw_.data(), gw_.size(), Rounding::nearest_even, 0);
@@ -273,22 +311,49 @@ class WeightedLayer : public Layer {
   }
   double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
                          const AdaptiveScaling& opts) const override {
-    // Zhao, Vogel, Ahmed 2019: keep the expected magnitude of the gradient this layer passes on
-    // above the format's underflow threshold without letting its largest product overflow.
-    if (!float_ || (fmt_.gradients != FloatFormat::fp16 && fmt_.gradients != FloatFormat::bf16)) return 1;
     AdaptiveInputs in;
-    const double count = double(out_.n) * out_.c * out_.h * out_.w;  // padding lanes are zero
-    for (size_t i = 0; i < out_size_; ++i) {
+    FloatFormat f;
+    if (!adaptive_weight_inputs(in, f)) return 1;
+    return adaptive_factor_over(dy, out_, in, f, scale_so_far, opts);
+  }
+  // Adaptive loss scaling (Zhao, Vogel, Ahmed 2019) keeps the expected magnitude of the gradient a
+  // layer passes on above its format's underflow threshold without letting its largest product
+  // overflow. Its weight-side inputs (the current weights' E[w^2] and max|w|, the fan-in) and the
+  // gradient format; false when the layer's gradients are not 16-bit floats (factor 1).
+  bool adaptive_weight_inputs(AdaptiveInputs& in, FloatFormat& f) const {
+    if (!float_ || (fmt_.gradients != FloatFormat::fp16 && fmt_.gradients != FloatFormat::bf16)) return false;
+    in.w_mean_sq = w_mean_sq_;
+    in.w_max_abs = w_max_abs_;
+    in.fan_in = fan_in_;
+    f = fmt_.gradients;
+    return true;
+  }
+  // The factor with the gradient-side inputs measured over dy (blocked, shape `out`: padding lanes
+  // are zero and not counted).
+  static double adaptive_factor_over(const float* dy, const TensorShape& out, AdaptiveInputs in, FloatFormat f,
+                                     double scale_so_far, const AdaptiveScaling& opts) {
+    const double count = double(out.n) * out.c * out.h * out.w;
+    const size_t n = out.blocked_elements();
+    in.g_mean_sq = 0;
+    in.g_max_abs = 0;
+    for (size_t i = 0; i < n; ++i) {
       const double v = dy[i];
       in.g_mean_sq += v * v;
       in.g_max_abs = std::max(in.g_max_abs, std::fabs(v));
     }
     in.g_mean_sq /= count;
-    in.w_mean_sq = w_mean_sq_;
-    in.w_max_abs = w_max_abs_;
-    in.fan_in = fan_in_;
     in.scale_so_far = scale_so_far;
-    return adaptive_layer_factor(in, fmt_.gradients, opts.max_factor, opts.max_scale);
+    return adaptive_layer_factor(in, f, opts.max_factor, opts.max_scale);
+  }
+  // Before build(): keep the weights, their gradient (and the bias and its gradient, when the
+  // layer has one) in slices of tensors that a grouped convolution owns.
+  void share_parameters(float* w, float* gw, size_t w_size, float* b, float* gb) {
+    w_.view(w, w_size);
+    gw_.view(gw, w_size);
+    if (has_bias_) {
+      b_.view(b, size_t(k_));
+      gb_.view(gb, size_t(k_));
+    }
   }
 
  protected:
@@ -304,9 +369,9 @@ class WeightedLayer : public Layer {
     in_size_ = in.blocked_elements();
     out_size_ = out.blocked_elements();
     fan_in_ = double(shape.C) * shape.R * shape.S;
-    w_.resize(size_t(shape.K) * shape.C * shape.R * shape.S);
-    gw_.assign(w_.size(), 0.f);
-    if (has_bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
+    w_.allocate(size_t(shape.K) * shape.C * shape.R * shape.S);
+    gw_.allocate(w_.size());
+    if (has_bias_) { b_.allocate(k_); gb_.allocate(k_); }
     prec_ = policy.resolve(name);
     if (prec_ == Precision::int16) {
       DfpConvOptions o = layer_dfp_options(policy, name);
@@ -358,7 +423,7 @@ class WeightedLayer : public Layer {
   size_t in_size_ = 0, out_size_ = 0;
   double fan_in_ = 1;
   Precision prec_ = Precision::fp32;
-  std::vector<float> w_, gw_, b_, gb_;
+  ParamStore w_, gw_, b_, gb_;
   std::unique_ptr<ConvInt16> q_;
   bool input_taken_ = false;  // q_'s input was quantized by the producer in this step
   bool float_ = false, native_bf16_ = false;
@@ -439,6 +504,233 @@ class Conv2d final : public WeightedLayer {
   int r_, stride_, pad_;
   std::unique_ptr<ConvF32> f_;
   std::optional<simd::onednn::ConvPrimitives> bf_;
+};
+
+// ---- grouped convolution ----------------------------------------------------------------------
+// Channels [c0, c0 + part.c) of the blocked tensor `whole` <-> a blocked tensor of part.c
+// channels (its padding lanes zero). A group that starts inside a channel block reads (writes) the
+// lanes of two blocks of the whole tensor for each of its own blocks.
+void gather_channels(const Context& ctx, const float* whole, const TensorShape& ws, int c0, float* part,
+                     const TensorShape& ps) {
+  const int pcb = cb_of(ps), wcb = cb_of(ws);
+  const size_t pixels = size_t(ps.h) * ps.w;
+  for_blocks(ctx, ps.n, pcb, [&](int n, int b) {
+    float* d = part + (size_t(n) * pcb + b) * plane(ps);
+    const int first = c0 + b * 16, lanes = std::min(16, ps.c - b * 16);
+    const int off = first % 16, from_first = std::min(lanes, 16 - off);  // lanes taken from block first/16
+    const float* s0 = whole + (size_t(n) * wcb + first / 16) * plane(ws);
+    if (off == 0 && lanes == 16) {
+      std::memcpy(d, s0, plane(ps) * sizeof(float));
+      return;
+    }
+    const float* s1 = s0 + plane(ws);  // read only when the group's block spans two blocks
+    for (size_t i = 0; i < pixels; ++i) {
+      float v[16] = {};
+      for (int l = 0; l < from_first; ++l) v[l] = s0[i * 16 + off + l];
+      for (int l = from_first; l < lanes; ++l) v[l] = s1[i * 16 + off + l - 16];
+      std::memcpy(d + i * 16, v, sizeof(v));
+    }
+  });
+}
+void scatter_channels(const Context& ctx, const float* part, const TensorShape& ps, float* whole, const TensorShape& ws,
+                      int c0, bool accumulate) {
+  const int pcb = cb_of(ps), wcb = cb_of(ws);
+  const size_t pixels = size_t(ps.h) * ps.w;
+  // Tasks write disjoint channels (two tasks may share a block of the whole tensor, not a lane).
+  for_blocks(ctx, ps.n, pcb, [&](int n, int b) {
+    const float* s = part + (size_t(n) * pcb + b) * plane(ps);
+    const int first = c0 + b * 16, lanes = std::min(16, ps.c - b * 16);
+    const int off = first % 16, to_first = std::min(lanes, 16 - off);
+    float* d0 = whole + (size_t(n) * wcb + first / 16) * plane(ws);
+    float* d1 = d0 + plane(ws);
+    if (off == 0 && lanes == 16 && !accumulate) {
+      std::memcpy(d0, s, plane(ps) * sizeof(float));
+      return;
+    }
+    for (size_t i = 0; i < pixels; ++i) {
+      for (int l = 0; l < to_first; ++l) d0[i * 16 + off + l] = (accumulate ? d0[i * 16 + off + l] : 0.f) + s[i * 16 + l];
+      for (int l = to_first; l < lanes; ++l)
+        d1[i * 16 + off + l - 16] = (accumulate ? d1[i * 16 + off + l - 16] : 0.f) + s[i * 16 + l];
+    }
+  });
+}
+
+// Conv2d with groups > 1 (PyTorch's Conv2d(groups=G)): input channels and output channels are cut
+// into G equal groups, and output group g sees input group g only. Each group is an ordinary
+// Conv2d (every precision, all three passes) over channels gathered from the blocked input into
+// a dense tensor of its own; its output is scattered back. The weight is one [K][C/G][R][S]
+// parameter, the groups' weights one after the other (ParamStore). Under int16 each group's x,
+// w and dy are DFP16 tensors with their own exponents: a shared exponent is per group here, as
+// the groups never meet in one sum.
+class GroupedConv2d final : public Layer {
+ public:
+  GroupedConv2d(int k, int r, int stride, int pad, bool bias, int groups)
+      : k_(k), r_(r), stride_(stride), pad_(pad), bias_(bias), groups_(groups) {}
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    const TensorShape& x = in[0];
+    DFP_CHECK(x.c % groups_ == 0 && k_ % groups_ == 0, Status::invalid_argument,
+              "conv '" + name + "': groups " + std::to_string(groups_) + " must divide both the input channels (" +
+                  std::to_string(x.c) + ") and the output channels (" + std::to_string(k_) + ")");
+    DFP_CHECK(x.h + 2 * pad_ >= r_ && x.w + 2 * pad_ >= r_, Status::invalid_argument,
+              "conv '" + name + "': kernel " + std::to_string(r_) + " larger than padded input " +
+                  std::to_string(x.h) + "x" + std::to_string(x.w));
+    return {x.n, k_, (x.h + 2 * pad_ - r_) / stride_ + 1, (x.w + 2 * pad_ - r_) / stride_ + 1};
+  }
+  size_t count_parameters(const std::vector<TensorShape>& in) const override {
+    return size_t(k_) * (in[0].c / groups_) * r_ * r_ + (bias_ ? k_ : 0);
+  }
+  bool backward_reads_input(size_t) const override { return convs_.front()->backward_reads_input(0); }
+  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
+             const PrecisionPolicy& policy, std::mt19937_64& rng) override {
+    in_ = in[0];
+    out_ = out;
+    part_in_ = {in_.n, in_.c / groups_, in_.h, in_.w};
+    part_out_ = {out_.n, k_ / groups_, out_.h, out_.w};
+    const size_t wg = size_t(part_out_.c) * part_in_.c * r_ * r_;
+    w_.assign(wg * groups_, 0.f);
+    gw_.assign(w_.size(), 0.f);
+    if (bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
+    // The groups run at the precision the policy gives this layer's name (their own names, which
+    // no override was written for, only seed their rounding streams).
+    PrecisionPolicy group_policy = policy;
+    group_policy.overrides.clear();
+    group_policy.precision = policy.resolve(name);
+    convs_.clear();
+    size_t ws = 0;
+    for (int g = 0; g < groups_; ++g) {
+      auto c = std::make_unique<Conv2d>(part_out_.c, r_, stride_, pad_, bias_);
+      c->name = name + ".group" + std::to_string(g);
+      c->kind = kind;
+      c->needs_input_grad = needs_input_grad;
+      c->share_parameters(w_.data() + g * wg, gw_.data() + g * wg, wg, bias_ ? b_.data() + g * part_out_.c : nullptr,
+                          bias_ ? gb_.data() + g * part_out_.c : nullptr);
+      std::mt19937_64 unused(0);  // the groups' weights are drawn below, as one tensor
+      c->build(ctx, {part_in_}, part_out_, group_policy, unused);
+      ws = std::max(ws, c->workspace_bytes());
+      convs_.push_back(std::move(c));
+    }
+    // Kaiming normal, fan_out = K*R*S as PyTorch computes it for a [K][C/G][R][S] weight
+    // (torchvision's ResNeXt initialisation).
+    std::normal_distribution<float> nd(0.f, std::sqrt(2.f / float(k_ * r_ * r_)));
+    for (auto& v : w_) v = nd(rng);
+    // Workspace: the group's x, its y or dy, its dx, then the group convolution's own scratch.
+    auto aligned = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+    x_off_ = 0;
+    y_off_ = aligned(part_in_.blocked_elements() * sizeof(float));
+    dx_off_ = y_off_ + aligned(part_out_.blocked_elements() * sizeof(float));
+    inner_off_ = dx_off_ + (wants_dx() ? aligned(part_in_.blocked_elements() * sizeof(float)) : 0);
+    workspace_ = inner_off_ + ws;
+  }
+  size_t workspace_bytes() const override { return workspace_; }
+  void use_workspace(void* region) override {
+    base_ = static_cast<char*>(region);
+    for (auto& c : convs_)
+      if (c->workspace_bytes()) c->use_workspace(base_ + inner_off_);
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
+    float* xg = part(x_off_);
+    float* yg = part(y_off_);
+    const StepInfo gs = group_step(st);
+    for (int g = 0; g < groups_; ++g) {
+      gather_channels(ctx, x[0], in_, g * part_in_.c, xg, part_in_);
+      xs_[0] = xg;
+      convs_[g]->forward(ctx, xs_, yg, gs);
+      scatter_channels(ctx, yg, part_out_, y, out_, g * part_out_.c, false);
+    }
+    zero_padding_lanes(ctx, y, out_);
+  }
+  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                const std::vector<float*>& dx, const StepInfo& st) override {
+    float* xg = part(x_off_);
+    float* dyg = part(y_off_);
+    float* dxg = dx[0] ? part(dx_off_) : nullptr;
+    const bool reads_x = backward_reads_input(0);
+    const bool accumulate = st.accumulate_dx & 1;
+    const StepInfo gs = group_step(st);
+    for (int g = 0; g < groups_; ++g) {
+      gather_channels(ctx, dy, out_, g * part_out_.c, dyg, part_out_);
+      if (reads_x) gather_channels(ctx, x[0], in_, g * part_in_.c, xg, part_in_);
+      xs_[0] = reads_x ? xg : nullptr;
+      dxs_[0] = dxg;
+      convs_[g]->backward(ctx, xs_, nullptr, dyg, dxs_, gs);
+      if (dxg) scatter_channels(ctx, dxg, part_in_, dx[0], in_, g * part_in_.c, accumulate);
+    }
+    if (dx[0] && !accumulate) zero_padding_lanes(ctx, dx[0], in_);
+  }
+  bool accumulates_input_grad(size_t) const override { return true; }
+  void parameters(std::vector<Parameter>& out) override {
+    out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
+    if (bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
+  }
+  void weights_updated(uint64_t step) override {
+    for (auto& c : convs_) c->weights_updated(step);
+  }
+  const char* precision() const override { return convs_.front()->precision(); }
+  double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
+                         const AdaptiveScaling& opts) const override {
+    // One factor for the layer, as for an ungrouped one: dy whole, the weights' statistics over
+    // all groups (equal sizes: E[w^2] is the groups' mean).
+    AdaptiveInputs in;
+    FloatFormat f;
+    if (!convs_.front()->adaptive_weight_inputs(in, f)) return 1;
+    for (size_t g = 1; g < convs_.size(); ++g) {
+      AdaptiveInputs gi;
+      convs_[g]->adaptive_weight_inputs(gi, f);
+      in.w_mean_sq += gi.w_mean_sq;
+      in.w_max_abs = std::max(in.w_max_abs, gi.w_max_abs);
+    }
+    in.w_mean_sq /= double(convs_.size());
+    return Conv2d::adaptive_factor_over(dy, out_, in, f, scale_so_far, opts);
+  }
+  // The groups' figures as one layer's: the largest exponents (those a shared one would take),
+  // the shortest chains, the worst SQNR, counts summed.
+  bool numerics(LayerNumerics& out) const override {
+    if (!convs_.front()->numerics(out)) return false;
+    for (size_t g = 1; g < convs_.size(); ++g) {
+      LayerNumerics n;
+      convs_[g]->numerics(n);
+      out.exp_x = std::max(out.exp_x, n.exp_x);
+      out.exp_w = std::max(out.exp_w, n.exp_w);
+      out.exp_dy = std::max(out.exp_dy, n.exp_dy);
+      out.chain_fwd = std::min(out.chain_fwd, n.chain_fwd);
+      out.chain_bwd = std::min(out.chain_bwd, n.chain_bwd);
+      out.chain_wgrad = std::min(out.chain_wgrad, n.chain_wgrad);
+      out.saturated += n.saturated;
+      out.overflow_events += n.overflow_events;
+      out.sampled = out.sampled && n.sampled;
+      out.sqnr_x_db = std::min(out.sqnr_x_db, n.sqnr_x_db);
+      out.sqnr_w_db = std::min(out.sqnr_w_db, n.sqnr_w_db);
+      out.sqnr_dy_db = std::min(out.sqnr_dy_db, n.sqnr_dy_db);
+      out.overflow += n.overflow;
+      out.underflow += n.underflow;
+      out.nonzero += n.nonzero;
+    }
+    out.layer = name;
+    return true;
+  }
+
+ private:
+  bool wants_dx() const { return needs_input_grad.empty() || needs_input_grad[0]; }
+  float* part(size_t offset) const { return reinterpret_cast<float*>(base_ + offset); }
+  // The maxima a neighbour measured are those of the whole tensor, not of a group's; each group
+  // writes its own dx, which backward() then adds or copies.
+  static StepInfo group_step(StepInfo st) {
+    st.input_max_abs = -1.f;
+    st.grad_max_abs = -1.f;
+    st.accumulate_dx = 0;
+    return st;
+  }
+
+  int k_, r_, stride_, pad_;
+  bool bias_;
+  int groups_;
+  TensorShape in_, out_, part_in_, part_out_;
+  std::vector<float> w_, gw_, b_, gb_;
+  std::vector<std::unique_ptr<Conv2d>> convs_;
+  std::vector<const float*> xs_ = {nullptr};  // the group's operands (a step allocates nothing)
+  std::vector<float*> dxs_ = {nullptr};
+  size_t x_off_ = 0, y_off_ = 0, dx_off_ = 0, inner_off_ = 0, workspace_ = 0;
+  char* base_ = nullptr;
 };
 
 class Linear final : public WeightedLayer {
@@ -1450,7 +1742,10 @@ FormatStats measure_bf16(const Context& ctx, const float* x, const uint16_t* q, 
   });
 }
 
-std::unique_ptr<Layer> make_conv(int k, int r, int s, int p, bool b) { return std::make_unique<Conv2d>(k, r, s, p, b); }
+std::unique_ptr<Layer> make_conv(int k, int r, int s, int p, bool b, int groups) {
+  if (groups == 1) return std::make_unique<Conv2d>(k, r, s, p, b);
+  return std::make_unique<GroupedConv2d>(k, r, s, p, b, groups);
+}
 std::unique_ptr<Layer> make_batchnorm() { return std::make_unique<BatchNorm>(); }
 std::unique_ptr<Layer> make_relu() { return std::make_unique<Relu>(); }
 std::unique_ptr<Layer> make_pool(bool max, int k, int s, int p, bool c) { return std::make_unique<Pool>(max, k, s, p, c); }

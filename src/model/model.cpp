@@ -763,10 +763,12 @@ Model::Node Model::input(int c, int h, int w) {
   impl_->nodes.push_back(std::move(n));
   return 0;
 }
-Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string n) {
+Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string n, int groups) {
   LayerSpec sp;
-  sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b;
-  return impl_->add(model::make_conv(k, r, s, p, b), {x}, std::move(n), "conv", sp);
+  sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b; sp.groups = groups;
+  DFP_CHECK(groups >= 1, Status::invalid_argument,
+            "model '" + impl_->name + "': conv '" + n + "': groups must be at least 1, got " + std::to_string(groups));
+  return impl_->add(model::make_conv(k, r, s, p, b, groups), {x}, std::move(n), "conv", sp);
 }
 Model::Node Model::batchnorm(Node x, std::string n) { return impl_->add(model::make_batchnorm(), {x}, std::move(n), "bn"); }
 Model::Node Model::relu(Node x, std::string n) { return impl_->add(model::make_relu(), {x}, std::move(n), "relu"); }

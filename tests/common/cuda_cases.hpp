@@ -40,6 +40,15 @@ inline std::vector<CudaCase> cuda_cases() {
                  x = m.conv(x, 12, 3, 1, 1, false, "c2");
                  m.softmax_cross_entropy(m.linear(m.flatten(x, "flat"), 5, true, "fc"));
                }});
+  // Grouped: 2 -> 3 channels per group (lanes cut across blocks), then 16 -> 16 with stride 2.
+  v.push_back({"conv_grouped", 3, 0.f, false, [](Model& m) {
+                 N x = m.input(3, 8, 8);
+                 x = m.conv(x, 6, 3, 1, 1, false, "c0");
+                 x = m.conv(x, 9, 3, 1, 1, true, "g1", 3);
+                 x = m.conv(x, 32, 1, 1, 0, false, "c2");
+                 x = m.conv(x, 32, 3, 2, 1, false, "g3", 2);
+                 m.softmax_cross_entropy(m.linear(m.flatten(x, "flat"), 5, true, "fc"));
+               }});
   v.push_back({"conv_stride2", 4, 0.f, true, [](Model& m) {
                  N x = m.input(4, 11, 11);
                  x = m.conv(x, 8, 1, 1, 0, false, "c1");
