@@ -229,7 +229,10 @@ struct SgdArgs {
   float lr, momentum, weight_decay;
   bool nesterov;
 };
-using SgdUpdateFn = void (*)(float* w, const float* grad, float* v, size_t n, const SgdArgs& a);
+// Returns max|w| over the updated weights (NaN when any is NaN, inf when any is infinite): the
+// shared exponent of their DFP16 copy, measured in the optimizer's pass rather than in a pass of
+// its own.
+using SgdUpdateFn = float (*)(float* w, const float* grad, float* v, size_t n, const SgdArgs& a);
 
 // ---- BatchNorm over blocked pixels ---------------------------------------------------------------
 // A pixel is 16 channels (one zmm); per-channel operands (a, b, mean, ...) are 16-lane arrays.

@@ -772,10 +772,10 @@ struct ConvInt16::Impl {
   }
 
   // ---- weights ----------------------------------------------------------------------------
-  void set_weights(const float* w) {
+  void set_weights(const float* w, float known_max) {
     const size_t n = size_t(sh.K) * sh.C * T;
     ensure_workspace();
-    stats.w = quantize_dfp16(ctx, w, wq, n, step_w);
+    stats.w = quantize_dfp16_with_max_abs(ctx, w, wq, n, known_max, step_w);
     // Pack both layouts and measure the L1 norms that bound the INT32 chains, one (kb, cb, tap)
     // unit per task item: units write disjoint blocks, and the maxima do not depend on the order.
     std::atomic<int64_t> f_pair_max{0}, b_pair_max{0};
@@ -1579,7 +1579,8 @@ const char* ConvInt16::kernel_name() const noexcept {
   return impl_->opt.verify ? "conv_s16s16f32__ref_int64_shadow" : impl_->ctx.kernels().conv_s16_pixel.name;
 }
 void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
-void ConvInt16::set_weights(const float* w) { impl_->set_weights(w); }
+void ConvInt16::set_weights(const float* w) { impl_->set_weights(w, -1.f); }
+void ConvInt16::set_weights_with_max_abs(const float* w, float max_abs) { impl_->set_weights(w, max_abs); }
 void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, -1.f); }
 void ConvInt16::quantize_input_with_max_abs(const float* x, float max_abs) { impl_->quantize_input(x, max_abs); }
 bool ConvInt16::accepts_input_spans() const noexcept { return !impl_->unfold; }

@@ -98,6 +98,14 @@ QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, in
   return st;
 }
 
+QuantStats quantize_dfp16_with_max_abs(const Context& ctx, const float* src, int16_t* dst, size_t n, float max_abs,
+                                       const QuantOptions& o) {
+  if (!(max_abs >= 0.f && std::isfinite(max_abs))) return quantize_dfp16(ctx, src, dst, n, o);
+  QuantStats st = quantize_dfp16_with_exponent(ctx, src, dst, n, dfp16_exponent(max_abs, o.headroom), o);
+  st.max_abs = max_abs;
+  return st;
+}
+
 QuantStats quantize_dfp16(const Context& ctx, const float* src, int16_t* dst, size_t n, const QuantOptions& o) {
   check_options(o);
   uint64_t bad = 0;

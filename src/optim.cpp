@@ -24,7 +24,7 @@ void Sgd::step(float lr) {
     for (int64_t i = b; i < e; ++i) {
       Parameter& p = params[i];
       const simd::SgdArgs a{lr, opt_.momentum, p.decay ? opt_.weight_decay : 0.f, opt_.nesterov};
-      update(p.value, p.grad, velocity_[i].data(), p.size, a);
+      p.max_abs = update(p.value, p.grad, velocity_[i].data(), p.size, a);
     }
   });
   model_.weights_updated();

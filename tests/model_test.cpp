@@ -3,6 +3,7 @@
 // checkpoints and resume.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -705,11 +707,62 @@ TEST(Sgd, UpdateFollowsTheFormulaAtEveryKernelLevel) {
           if (!cpu.supports(isa)) continue;
           const simd::KernelTable k = simd::make_kernel_table(isa, cpu);
           std::vector<float> wk(w), vk(v);
-          k.sgd_update.fn(wk.data(), grad.data(), vk.data(), n, a);
+          const float max_abs = k.sgd_update.fn(wk.data(), grad.data(), vk.data(), n, a);
           ASSERT_EQ(0, std::memcmp(wk.data(), we.data(), n * sizeof(float))) << k.sgd_update.name << " n=" << n;
           ASSERT_EQ(0, std::memcmp(vk.data(), ve.data(), n * sizeof(float))) << k.sgd_update.name << " n=" << n;
+          float want = 0.f;
+          for (float x : we) want = std::max(want, std::fabs(x));
+          ASSERT_EQ(max_abs, want) << k.sgd_update.name << " n=" << n;
         }
       }
+  // The maximum it returns is the DFP16 exponent's input: a NaN anywhere (also in a vector tail)
+  // must make it NaN, so that the quantizer measures and reports the tensor; infinity stays.
+  for (size_t n : {size_t{7}, size_t{16}, size_t{40}})
+    for (size_t bad : {size_t{0}, n - 1}) {
+      for (Isa isa : {Isa::ref, Isa::avx512bw, Isa::avx512vnni}) {
+        if (!cpu.supports(isa)) continue;
+        const simd::KernelTable k = simd::make_kernel_table(isa, cpu);
+        for (float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+          std::vector<float> w(n, 0.5f), grad(n, 0.f), v(n, 0.f);
+          grad[bad] = poison;  // the updated weight becomes NaN, or -inf
+          const float m = k.sgd_update.fn(w.data(), grad.data(), v.data(), n, {0.1f, 0.9f, 0.f, false});
+          if (std::isnan(poison)) EXPECT_TRUE(std::isnan(m)) << k.sgd_update.name << " n=" << n << " at " << bad;
+          else EXPECT_EQ(m, std::numeric_limits<float>::infinity()) << k.sgd_update.name << " n=" << n;
+        }
+      }
+    }
+}
+
+// The optimizer's pass measures max|w| (Parameter::max_abs); the next weights_updated() takes the
+// INT16 weights' exponent from it and consumes it, so the same bits follow as from a measured
+// maximum, and values changed by other code are measured again.
+TEST(Sgd, ItsMaximumSetsTheWeightExponentOnce) {
+  Model m(ctx2(), "m");
+  auto x = m.input(3, 6, 6);
+  m.softmax_cross_entropy(m.linear(m.global_avgpool(m.conv(x, 16, 3, 1, 1, false, "c"), "gap"), 4, true, "fc"));
+  PrecisionPolicy pol;
+  pol.precision = Precision::int16;
+  m.build(2, pol);
+  Sgd sgd(ctx2(), m, {0.9f, 5e-4f, false});
+  const auto img = batch_images(m, 3);
+  const std::vector<int32_t> y = {1, 3};
+  m.forward(img.data(), y.data(), 2, true);
+  m.backward();
+  sgd.step(0.1f);
+  Parameter& w = m.parameters()[0];
+  EXPECT_EQ(w.max_abs, -1.f) << "consumed by weights_updated()";
+  auto exp_w = [&] {
+    m.forward(img.data(), y.data(), 2, true);
+    return m.numerics().at(0).exp_w;
+  };
+  const int measured = exp_w();
+  float true_max = 0.f;
+  for (size_t i = 0; i < w.size; ++i) true_max = std::max(true_max, std::fabs(w.value[i]));
+  w.max_abs = true_max * 4;  // as if the optimizer had reported a 4x larger weight
+  m.weights_updated();
+  EXPECT_EQ(exp_w(), measured + 2);
+  m.weights_updated();  // nothing reported: measured again
+  EXPECT_EQ(exp_w(), measured);
 }
 
 TEST(Schedule, WarmupCosineStepMultistep) {

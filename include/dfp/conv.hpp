@@ -97,6 +97,10 @@ class ConvInt16 {
   // FP32 weights [K][C][R][S] -> one DFP16 tensor, packed once into the forward layout (pairs
   // along C) and the backward-data layout (pairs along K). Call once per weight version.
   void set_weights(const float* w_kcrs);
+  // Same, with max|w| measured by the weights' producer (the optimizer's update pass), which saves
+  // the pass that finds it. Negative or non-finite: measured here (non-finite weights are then
+  // reported as set_weights() reports them).
+  void set_weights_with_max_abs(const float* w_kcrs, float max_abs);
   // x (nChw16c) -> DFP16 in the padded forward layout and in the batch-pair layout that the
   // weight gradient reads (kept until the next call: it is the saved activation).
   void quantize_input(const float* x);

@@ -71,6 +71,11 @@ float max_abs(const Context& ctx, const float* x, size_t n, uint64_t* nonfinite)
 // the ISA (the scalar reference and the AVX-512 kernels produce identical bits).
 QuantStats quantize_dfp16(const Context& ctx, const float* src, int16_t* dst, size_t n,
                           const QuantOptions& options);
+// Same, with max|src| measured by the tensor's producer (for example the optimizer's update);
+// a negative or non-finite max_abs: measured here, as quantize_dfp16 does. Non-finite elements
+// are counted (and refused under NonFinitePolicy::error) either way.
+QuantStats quantize_dfp16_with_max_abs(const Context& ctx, const float* src, int16_t* dst, size_t n, float max_abs,
+                                       const QuantOptions& options);
 // Same, with a known exponent (for example from a max fused into the tensor's producer).
 // `index_base` is the logical index of src[0] for the stochastic stream.
 QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, int16_t* dst, size_t n,

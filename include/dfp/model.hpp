@@ -86,6 +86,11 @@ struct Parameter {
   float* grad = nullptr;
   size_t size = 0;
   bool decay = true;  // weight decay applies (PyTorch applies it to every parameter by default)
+  // max|value| as the optimizer measured it in its update pass, for the next weights_updated(),
+  // which consumes it (resets it to -1): an INT16 layer then takes its weights' DFP16 exponent
+  // from it instead of a pass of its own. -1 (or any negative or non-finite value): measure.
+  // Code that changes `value` itself leaves it alone.
+  float max_abs = -1.f;
 };
 
 // Per-layer numerics of the reduced-precision Conv2d/Linear layers. Exponents, chains and

@@ -261,10 +261,10 @@ class WeightedLayer : public Layer {
     out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
     if (has_bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
   }
-  void weights_updated(uint64_t step) override {
+  void weights_updated(uint64_t step, float weight_max_abs) override {
     if (q_) {
       q_->set_step(step);
-      q_->set_weights(w_.data());
+      q_->set_weights_with_max_abs(w_.data(), weight_max_abs);
     } else if (float_) {
       // Weight statistics of adaptive loss scaling: once per weight version, here, not per backward.
       double sq = 0, mx = 0;
@@ -662,8 +662,9 @@ class GroupedConv2d final : public Layer {
     out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
     if (bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
   }
-  void weights_updated(uint64_t step) override {
-    for (auto& c : convs_) c->weights_updated(step);
+  void weights_updated(uint64_t step, float) override {
+    // The whole tensor's maximum is not a group's: each group measures its own.
+    for (auto& c : convs_) c->weights_updated(step, -1.f);
   }
   const char* precision() const override { return convs_.front()->precision(); }
   double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,

@@ -541,8 +541,16 @@ struct Model::Impl {
   }
 
   void weights_updated() {
-    for (NodeInfo& n : nodes)
-      if (n.layer) n.layer->weights_updated(step);
+    for (NodeInfo& n : nodes) {
+      if (!n.layer) continue;
+      // The optimizer's max|w| of the layer's first parameter (its weight), used once.
+      float weight_max_abs = -1.f;
+      if (n.param_end > n.param_begin) {
+        weight_max_abs = params[n.param_begin].max_abs;
+        for (size_t p = n.param_begin; p < n.param_end; ++p) params[p].max_abs = -1.f;
+      }
+      n.layer->weights_updated(step, weight_max_abs);
+    }
   }
 
   StepResult forward(const float* images, const int32_t* lab, int count, bool train) {
