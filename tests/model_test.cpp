@@ -441,6 +441,38 @@ TEST(Layers, GroupedConvIsABlockDiagonalConv) {
                      {"conv 'none'", "groups must be at least 1"});
 }
 
+// A grouped INT16 conv reports its numerics as one layer's: the exponents of its largest group,
+// and the SQNR of the whole tensors, also when a group's input is all zero (its own SQNR is
+// undefined, its exponent 0).
+TEST(Layers, GroupedConvReportsWholeTensorNumerics) {
+  Model m(ctx2(), "m");
+  auto x = m.input(3, 6, 6);
+  x = m.relu(m.conv(x, 8, 3, 1, 1, false, "c0"), "r0");
+  x = m.conv(x, 8, 3, 1, 1, false, "g", 4);
+  m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 4, true, "fc"));
+  PrecisionPolicy pol;
+  pol.precision = Precision::int16;
+  m.build(2, pol);
+  m.set_numerics_interval(1);
+  Parameter& c0 = m.parameters()[0];
+  std::fill(c0.value, c0.value + 2 * 27, 0.f);  // channels 0 and 1, group 0's input, are zero
+  m.weights_updated();
+  const auto img = batch_images(m, 8);
+  const std::vector<int32_t> y = {0, 2};
+  m.forward(img.data(), y.data(), 2, true);
+  ASSERT_TRUE(m.backward());
+  const std::vector<LayerNumerics> all = m.numerics();
+  const auto g = std::find_if(all.begin(), all.end(), [](const LayerNumerics& n) { return n.layer == "g"; });
+  const auto c = std::find_if(all.begin(), all.end(), [](const LayerNumerics& n) { return n.layer == "c0"; });
+  ASSERT_NE(g, all.end());
+  ASSERT_NE(c, all.end());
+  EXPECT_TRUE(g->sampled);
+  EXPECT_TRUE(std::isfinite(g->sqnr_x_db)) << g->sqnr_x_db;
+  EXPECT_GT(g->sqnr_x_db, 60.0);  // DFP16 round-to-nearest: about 14 bits below the largest value
+  EXPECT_LT(g->exp_x, 0) << "the largest group's exponent, not the empty group's 0";
+  EXPECT_EQ(g->format, "int16");
+}
+
 // Grouped convolutions in INT16 (a DFP16 exponent per group), BF16 and FP16 follow FP32 as
 // ungrouped ones do, tensor by tensor.
 TEST(Layers, GroupedConvLowPrecisionTracksFp32) {

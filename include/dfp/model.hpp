@@ -88,13 +88,16 @@ struct Parameter {
   bool decay = true;  // weight decay applies (PyTorch applies it to every parameter by default)
   // max|value| as the optimizer measured it in its update pass, for the next weights_updated(),
   // which consumes it (resets it to -1): an INT16 layer then takes its weights' DFP16 exponent
-  // from it instead of a pass of its own. -1 (or any negative or non-finite value): measure.
-  // Code that changes `value` itself leaves it alone.
+  // from it instead of a pass of its own (a grouped conv measures each group's). -1 (or any
+  // negative or non-finite value): measured there. Code that changes `value` other than through
+  // an optimizer must leave it at -1 (or set it to -1).
   float max_abs = -1.f;
 };
 
 // Per-layer numerics of the reduced-precision Conv2d/Linear layers. Exponents, chains and
-// saturation are those of the last step (INT16); the rounding statistics (SQNR of each operand
+// saturation are those of the last step (INT16; a grouped conv, whose groups have their own
+// exponents, reports those of the groups with the largest magnitudes, the shortest chains and
+// summed counts); the rounding statistics (SQNR of each operand
 // against its FP32 value, overflow/underflow counts) are from the last sampled step (see
 // Model::set_numerics_interval), NaN/0 before the first sample. For INT16 the SQNR is that of
 // round-to-nearest at the step's exponent.

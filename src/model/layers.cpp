@@ -141,6 +141,9 @@ bool report_numerics(const ConvStats& s, const std::string& name, LayerNumerics&
 // other, so the optimizer and checkpoints see one parameter, laid out as PyTorch lays it out.
 class ParamStore {
  public:
+  ParamStore() = default;
+  ParamStore(const ParamStore&) = delete;  // a copy would view the original's storage
+  ParamStore& operator=(const ParamStore&) = delete;
   // n zeros (in the slice, when viewing one: its size must be n).
   void allocate(size_t n) {
     if (viewing_) {
@@ -345,6 +348,10 @@ class WeightedLayer : public Layer {
     in.scale_so_far = scale_so_far;
     return adaptive_layer_factor(in, f, opts.max_factor, opts.max_scale);
   }
+  // The rounding statistics of the last sampled step (a grouped conv sums its groups'), and the
+  // INT16 operator's figures of the last step (null unless int16).
+  const SampledNumerics& sampled_numerics() const noexcept { return sample_; }
+  const ConvStats* int16_stats() const noexcept { return q_ ? &q_->stats() : nullptr; }
   // Before build(): keep the weights, their gradient (and the bias and its gradient, when the
   // layer has one) in slices of tensors that a grouped convolution owns.
   void share_parameters(float* w, float* gw, size_t w_size, float* b, float* gb) {
@@ -548,9 +555,14 @@ void scatter_channels(const Context& ctx, const float* part, const TensorShape& 
       return;
     }
     for (size_t i = 0; i < pixels; ++i) {
-      for (int l = 0; l < to_first; ++l) d0[i * 16 + off + l] = (accumulate ? d0[i * 16 + off + l] : 0.f) + s[i * 16 + l];
-      for (int l = to_first; l < lanes; ++l)
-        d1[i * 16 + off + l - 16] = (accumulate ? d1[i * 16 + off + l - 16] : 0.f) + s[i * 16 + l];
+      for (int l = 0; l < to_first; ++l) {
+        float& d = d0[i * 16 + off + l];
+        d = accumulate ? d + s[i * 16 + l] : s[i * 16 + l];
+      }
+      for (int l = to_first; l < lanes; ++l) {
+        float& d = d1[i * 16 + off + l - 16];
+        d = accumulate ? d + s[i * 16 + l] : s[i * 16 + l];
+      }
     }
   });
 }
@@ -579,7 +591,9 @@ class GroupedConv2d final : public Layer {
   size_t count_parameters(const std::vector<TensorShape>& in) const override {
     return size_t(k_) * (in[0].c / groups_) * r_ * r_ + (bias_ ? k_ : 0);
   }
-  bool backward_reads_input(size_t) const override { return convs_.front()->backward_reads_input(0); }
+  bool backward_reads_input(size_t) const override {
+    return convs_.empty() || convs_.front()->backward_reads_input(0);  // before build(): as FP32
+  }
   void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
              const PrecisionPolicy& policy, std::mt19937_64& rng) override {
     in_ = in[0];
@@ -647,6 +661,8 @@ class GroupedConv2d final : public Layer {
     const bool reads_x = backward_reads_input(0);
     const bool accumulate = st.accumulate_dx & 1;
     const StepInfo gs = group_step(st);
+    // dx[0] may be dy's own buffer (a residual Add's shared gradient, K == C): group g reads its dy
+    // channels here, before it writes the same channels of dx below, and no later group reads them.
     for (int g = 0; g < groups_; ++g) {
       gather_channels(ctx, dy, out_, g * part_out_.c, dyg, part_out_);
       if (reads_x) gather_channels(ctx, x[0], in_, g * part_in_.c, xg, part_in_);
@@ -666,7 +682,7 @@ class GroupedConv2d final : public Layer {
     // The whole tensor's maximum is not a group's: each group measures its own.
     for (auto& c : convs_) c->weights_updated(step, -1.f);
   }
-  const char* precision() const override { return convs_.front()->precision(); }
+  const char* precision() const override { return convs_.empty() ? "fp32" : convs_.front()->precision(); }
   double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
                          const AdaptiveScaling& opts) const override {
     // One factor for the layer, as for an ungrouped one: dy whole, the weights' statistics over
@@ -683,29 +699,40 @@ class GroupedConv2d final : public Layer {
     in.w_mean_sq /= double(convs_.size());
     return Conv2d::adaptive_factor_over(dy, out_, in, f, scale_so_far, opts);
   }
-  // The groups' figures as one layer's: the largest exponents (those a shared one would take),
-  // the shortest chains, the worst SQNR, counts summed.
+  // The groups' figures as one layer's: the exponents of the groups with the largest magnitudes
+  // (those one shared exponent would take; an all-zero group's exponent 0 says nothing), the
+  // shortest chains, counts summed, and the rounding statistics of the whole tensors (signal and
+  // noise summed over the groups, as an ungrouped layer measures them).
   bool numerics(LayerNumerics& out) const override {
-    if (!convs_.front()->numerics(out)) return false;
+    if (convs_.empty() || !convs_.front()->numerics(out)) return false;
+    SampledNumerics whole = convs_.front()->sampled_numerics();
+    if (const ConvStats* s0 = convs_.front()->int16_stats()) {
+      const QuantStats *x = &s0->x, *w = &s0->w, *dy = &s0->dy;
+      for (const auto& c : convs_) {
+        const ConvStats& s = *c->int16_stats();
+        if (s.x.max_abs > x->max_abs) x = &s.x;
+        if (s.w.max_abs > w->max_abs) w = &s.w;
+        if (s.dy.max_abs > dy->max_abs) dy = &s.dy;
+      }
+      out.exp_x = x->exponent;
+      out.exp_w = w->exponent;
+      out.exp_dy = dy->exponent;
+    }
     for (size_t g = 1; g < convs_.size(); ++g) {
       LayerNumerics n;
       convs_[g]->numerics(n);
-      out.exp_x = std::max(out.exp_x, n.exp_x);
-      out.exp_w = std::max(out.exp_w, n.exp_w);
-      out.exp_dy = std::max(out.exp_dy, n.exp_dy);
       out.chain_fwd = std::min(out.chain_fwd, n.chain_fwd);
       out.chain_bwd = std::min(out.chain_bwd, n.chain_bwd);
       out.chain_wgrad = std::min(out.chain_wgrad, n.chain_wgrad);
       out.saturated += n.saturated;
       out.overflow_events += n.overflow_events;
-      out.sampled = out.sampled && n.sampled;
-      out.sqnr_x_db = std::min(out.sqnr_x_db, n.sqnr_x_db);
-      out.sqnr_w_db = std::min(out.sqnr_w_db, n.sqnr_w_db);
-      out.sqnr_dy_db = std::min(out.sqnr_dy_db, n.sqnr_dy_db);
-      out.overflow += n.overflow;
-      out.underflow += n.underflow;
-      out.nonzero += n.nonzero;
+      const SampledNumerics& s = convs_[g]->sampled_numerics();
+      whole.sampled = whole.sampled && s.sampled;
+      whole.x.add(s.x);
+      whole.w.add(s.w);
+      whole.dy.add(s.dy);
     }
+    report_sample(whole, out);
     out.layer = name;
     return true;
   }

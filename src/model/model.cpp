@@ -541,16 +541,17 @@ struct Model::Impl {
   }
 
   void weights_updated() {
-    for (NodeInfo& n : nodes) {
-      if (!n.layer) continue;
-      // The optimizer's max|w| of the layer's first parameter (its weight), used once.
-      float weight_max_abs = -1.f;
-      if (n.param_end > n.param_begin) {
-        weight_max_abs = params[n.param_begin].max_abs;
-        for (size_t p = n.param_begin; p < n.param_end; ++p) params[p].max_abs = -1.f;
+    // The optimizer's max|w| of each layer's first parameter (its weight) is used once: every one
+    // is reset on the way out, also when a layer throws (non-finite weights), so that weights a
+    // caller restores afterwards are measured again.
+    struct Consume {
+      std::vector<Parameter>& ps;
+      ~Consume() {
+        for (Parameter& p : ps) p.max_abs = -1.f;
       }
-      n.layer->weights_updated(step, weight_max_abs);
-    }
+    } consume{params};
+    for (NodeInfo& n : nodes)
+      if (n.layer) n.layer->weights_updated(step, n.param_end > n.param_begin ? params[n.param_begin].max_abs : -1.f);
   }
 
   StepResult forward(const float* images, const int32_t* lab, int count, bool train) {
@@ -775,7 +776,8 @@ Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string 
   LayerSpec sp;
   sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b; sp.groups = groups;
   DFP_CHECK(groups >= 1, Status::invalid_argument,
-            "model '" + impl_->name + "': conv '" + n + "': groups must be at least 1, got " + std::to_string(groups));
+            "model '" + impl_->name + "': conv '" + (n.empty() ? "conv" + std::to_string(impl_->nodes.size()) : n) +
+                "': groups must be at least 1, got " + std::to_string(groups));
   return impl_->add(model::make_conv(k, r, s, p, b, groups), {x}, std::move(n), "conv", sp);
 }
 Model::Node Model::batchnorm(Node x, std::string n) { return impl_->add(model::make_batchnorm(), {x}, std::move(n), "bn"); }

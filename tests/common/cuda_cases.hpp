@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,12 @@ inline std::vector<CudaCase> cuda_cases() {
                                                   5, true, "fc"));
                }});
   return v;
+}
+// The case of that name (tests that need one particular graph name it, not its position).
+inline CudaCase cuda_case(const std::string& name) {
+  for (CudaCase& c : cuda_cases())
+    if (c.name == name) return c;
+  throw std::invalid_argument("no CUDA test case named '" + name + "'");
 }
 
 // Normal(0, 1) images in the blocked layout, labels uniform in [0, classes).
