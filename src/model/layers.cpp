@@ -162,6 +162,7 @@ class ParamStore {
     p_ = p;
     n_ = n;
   }
+  bool shared() const noexcept { return viewing_; }  // a slice of another layer's tensor
   float* data() noexcept { return p_; }
   const float* data() const noexcept { return p_; }
   size_t size() const noexcept { return n_; }
@@ -445,15 +446,27 @@ class WeightedLayer : public Layer {
   SampledNumerics sample_;
 };
 
+// The output shape of a convolution of k output channels with an r x r kernel over x.
+TensorShape conv_output_shape(const std::string& name, const TensorShape& x, int k, int r, int stride, int pad) {
+  DFP_CHECK(x.h + 2 * pad >= r && x.w + 2 * pad >= r, Status::invalid_argument,
+            "conv '" + name + "': kernel " + std::to_string(r) + " larger than padded input " + std::to_string(x.h) +
+                "x" + std::to_string(x.w));
+  return {x.n, k, (x.h + 2 * pad - r) / stride + 1, (x.w + 2 * pad - r) / stride + 1};
+}
+
+// Kaiming normal with fan_out = K*R*S, for ReLU networks (torchvision's ResNet/VGG/ResNeXt
+// initialisation; for a grouped weight [K][C/G][R][S] PyTorch's fan_out is K*R*S too).
+template <class Range>
+void init_kaiming_fan_out(Range& w, int fan_out, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.f, std::sqrt(2.f / float(fan_out)));
+  for (auto& v : w) v = nd(rng);
+}
+
 class Conv2d final : public WeightedLayer {
  public:
   Conv2d(int k, int r, int stride, int pad, bool bias) : WeightedLayer(k, bias), r_(r), stride_(stride), pad_(pad) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override {
-    const TensorShape& x = in[0];
-    DFP_CHECK(x.h + 2 * pad_ >= r_ && x.w + 2 * pad_ >= r_, Status::invalid_argument,
-              "conv '" + name + "': kernel " + std::to_string(r_) + " larger than padded input " +
-                  std::to_string(x.h) + "x" + std::to_string(x.w));
-    return {x.n, k_, (x.h + 2 * pad_ - r_) / stride_ + 1, (x.w + 2 * pad_ - r_) / stride_ + 1};
+    return conv_output_shape(name, in[0], k_, r_, stride_, pad_);
   }
   size_t count_parameters(const std::vector<TensorShape>& in) const override {
     return size_t(k_) * in[0].c * r_ * r_ + (has_bias_ ? k_ : 0);
@@ -482,9 +495,7 @@ class Conv2d final : public WeightedLayer {
       if (!native_bf16_) f_ = std::make_unique<ConvF32>(ctx, s, name);
       allocate_operand_buffers();
     }
-    // Kaiming normal, fan_out, for ReLU networks (torchvision's ResNet/VGG initialisation).
-    std::normal_distribution<float> nd(0.f, std::sqrt(2.f / float(k_ * r_ * r_)));
-    for (auto& v : w_) v = nd(rng);
+    if (!w_.shared()) init_kaiming_fan_out(w_, k_ * r_ * r_, rng);  // else the tensor's owner draws it
   }
 
  private:
@@ -513,30 +524,27 @@ class Conv2d final : public WeightedLayer {
   std::optional<simd::onednn::ConvPrimitives> bf_;
 };
 
-// ---- grouped convolution ----------------------------------------------------------------------
+// ---- channel ranges: concat and grouped convolution -------------------------------------------
+// Lanes l of a 16-channel block whose channel first + l lies in [0, c).
+uint16_t lane_range(int first, int c) {
+  uint16_t m = 0;
+  for (int l = 0; l < 16; ++l) m |= uint16_t(first + l >= 0 && first + l < c) << l;
+  return m;
+}
+
 // Channels [c0, c0 + part.c) of the blocked tensor `whole` <-> a blocked tensor of part.c
-// channels (its padding lanes zero). A group that starts inside a channel block reads (writes) the
-// lanes of two blocks of the whole tensor for each of its own blocks.
+// channels. A range that starts inside a channel block reads (writes) the lanes of two blocks of
+// the whole tensor for each of its own blocks: gathering is the shift_lanes kernel's two-block
+// permute (padding lanes of `part` written zero); scattering writes only the range's lanes.
 void gather_channels(const Context& ctx, const float* whole, const TensorShape& ws, int c0, float* part,
                      const TensorShape& ps) {
   const int pcb = cb_of(ps), wcb = cb_of(ws);
-  const size_t pixels = size_t(ps.h) * ps.w;
+  const auto shift_lanes = ctx.kernels().shift_lanes.fn;
   for_blocks(ctx, ps.n, pcb, [&](int n, int b) {
-    float* d = part + (size_t(n) * pcb + b) * plane(ps);
-    const int first = c0 + b * 16, lanes = std::min(16, ps.c - b * 16);
-    const int off = first % 16, from_first = std::min(lanes, 16 - off);  // lanes taken from block first/16
-    const float* s0 = whole + (size_t(n) * wcb + first / 16) * plane(ws);
-    if (off == 0 && lanes == 16) {
-      std::memcpy(d, s0, plane(ps) * sizeof(float));
-      return;
-    }
-    const float* s1 = s0 + plane(ws);  // read only when the group's block spans two blocks
-    for (size_t i = 0; i < pixels; ++i) {
-      float v[16] = {};
-      for (int l = 0; l < from_first; ++l) v[l] = s0[i * 16 + off + l];
-      for (int l = from_first; l < lanes; ++l) v[l] = s1[i * 16 + off + l - 16];
-      std::memcpy(d + i * 16, v, sizeof(v));
-    }
+    const int first = c0 + b * 16, blk = first / 16;
+    auto block = [&](int i) { return i < wcb ? whole + (size_t(n) * wcb + i) * plane(ws) : nullptr; };
+    shift_lanes(block(blk), block(blk + 1), first % 16, 1, part + (size_t(n) * pcb + b) * plane(ps), 1,
+                size_t(ps.h) * ps.w, lane_range(b * 16, ps.c));
   });
 }
 void scatter_channels(const Context& ctx, const float* part, const TensorShape& ps, float* whole, const TensorShape& ws,
@@ -583,10 +591,7 @@ class GroupedConv2d final : public Layer {
     DFP_CHECK(x.c % groups_ == 0 && k_ % groups_ == 0, Status::invalid_argument,
               "conv '" + name + "': groups " + std::to_string(groups_) + " must divide both the input channels (" +
                   std::to_string(x.c) + ") and the output channels (" + std::to_string(k_) + ")");
-    DFP_CHECK(x.h + 2 * pad_ >= r_ && x.w + 2 * pad_ >= r_, Status::invalid_argument,
-              "conv '" + name + "': kernel " + std::to_string(r_) + " larger than padded input " +
-                  std::to_string(x.h) + "x" + std::to_string(x.w));
-    return {x.n, k_, (x.h + 2 * pad_ - r_) / stride_ + 1, (x.w + 2 * pad_ - r_) / stride_ + 1};
+    return conv_output_shape(name, x, k_, r_, stride_, pad_);
   }
   size_t count_parameters(const std::vector<TensorShape>& in) const override {
     return size_t(k_) * (in[0].c / groups_) * r_ * r_ + (bias_ ? k_ : 0);
@@ -618,15 +623,11 @@ class GroupedConv2d final : public Layer {
       c->needs_input_grad = needs_input_grad;
       c->share_parameters(w_.data() + g * wg, gw_.data() + g * wg, wg, bias_ ? b_.data() + g * part_out_.c : nullptr,
                           bias_ ? gb_.data() + g * part_out_.c : nullptr);
-      std::mt19937_64 unused(0);  // the groups' weights are drawn below, as one tensor
-      c->build(ctx, {part_in_}, part_out_, group_policy, unused);
+      c->build(ctx, {part_in_}, part_out_, group_policy, rng);  // draws no weights: they are shared
       ws = std::max(ws, c->workspace_bytes());
       convs_.push_back(std::move(c));
     }
-    // Kaiming normal, fan_out = K*R*S as PyTorch computes it for a [K][C/G][R][S] weight
-    // (torchvision's ResNeXt initialisation).
-    std::normal_distribution<float> nd(0.f, std::sqrt(2.f / float(k_ * r_ * r_)));
-    for (auto& v : w_) v = nd(rng);
+    init_kaiming_fan_out(w_, k_ * r_ * r_, rng);
     // Workspace: the group's x, its y or dy, its dx, then the group convolution's own scratch.
     auto aligned = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
     x_off_ = 0;
@@ -1516,37 +1517,23 @@ class Concat final : public Layer {
     in_ = in;
     out_ = out;
   }
-  // Copies channel c of input i to channel off+c of the output (or back); whole blocks when the
-  // offset is block-aligned (every Inception block in GoogLeNet), lane by lane otherwise.
-  template <bool Fwd>
-  void route(const Context& ctx, const float* const* src, float* const* dst) {
-    for_blocks(ctx, out_.n, 1, [&](int n, int) {
-      int off = 0;
-      for (size_t i = 0; i < in_.size(); ++i) {
-        const TensorShape& s = in_[i];
-        if (Fwd || dst[i]) {
-          for (int c = 0; c < s.c; ++c)
-            for (int h = 0; h < s.h; ++h)
-              for (int w = 0; w < s.w; ++w) {
-                if constexpr (Fwd) dst[0][bidx(out_, n, off + c, h, w)] = src[i][bidx(s, n, c, h, w)];
-                else dst[i][bidx(s, n, c, h, w)] = src[0][bidx(out_, n, off + c, h, w)];
-              }
-        }
-        off += s.c;
-      }
-    });
-  }
+  // Input i is the output's channel range [off_i, off_i + c_i): scattered there forward, gathered
+  // back (whole blocks when the offset is block-aligned, as in every GoogLeNet Inception block).
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
-    float* dst[1] = {y};
-    route<true>(ctx, x.data(), dst);
+    int off = 0;
+    for (size_t i = 0; i < in_.size(); ++i) {
+      scatter_channels(ctx, x[i], in_[i], y, out_, off, false);
+      off += in_[i].c;
+    }
     zero_padding_lanes(ctx, y, out_);
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
-    const float* src[1] = {dy};
-    route<false>(ctx, src, dx.data());
-    for (size_t i = 0; i < in_.size(); ++i)
-      if (dx[i]) zero_padding_lanes(ctx, dx[i], in_[i]);
+    int off = 0;
+    for (size_t i = 0; i < in_.size(); ++i) {
+      if (dx[i]) gather_channels(ctx, dy, out_, off, dx[i], in_[i]);
+      off += in_[i].c;
+    }
   }
 
  private:
@@ -1717,12 +1704,6 @@ class ShortcutPad final : public Layer {
   }
 
  private:
-  // Lanes l whose channel first + l lies in [0, c).
-  static uint16_t lane_range(int first, int c) {
-    uint16_t m = 0;
-    for (int l = 0; l < 16; ++l) m |= uint16_t(first + l >= 0 && first + l < c) << l;
-    return m;
-  }
 
   int out_c_, stride_;
   TensorShape in_, out_;
