@@ -45,6 +45,7 @@
 #include "simd/kernel_table.hpp"
 #include "src/aligned_buffer.hpp"
 #include "src/atomic_max.hpp"
+#include "src/dfp16_internal.hpp"
 
 namespace dfp {
 
@@ -880,24 +881,9 @@ struct ConvInt16::Impl {
     // src is the tensor as the caller holds it: with unfolded_src, the caller's x, whose x' rows
     // are gathered as they are quantized.
     const size_t n = unfolded_src ? blocked_size(user.N, user.C, user.H, user.W) : size_t(sh.N) * B * h * w * 16;
-    uint64_t bad = 0;
-    float m = 0.f;
-    int e;
-    if (known_max >= 0.f && std::isfinite(known_max)) {
-      // The producer measured it (non-finite values are still counted by the quantizer).
-      m = known_max;
-      e = dfp16_exponent(m, qo.headroom);
-    } else {
-      m = max_abs(ctx, src, n, &bad);
-      if (bad && qo.nonfinite == NonFinitePolicy::error) {
-        size_t first = 0;
-        while (std::isfinite(src[first])) ++first;
-        fail(Status::numerical_error, "convolution '" + name + "': " + qo.name + " tensor has " +
-                                          std::to_string(bad) + " non-finite value(s), first at element " +
-                                          std::to_string(first));
-      }
-      e = dfp16_exponent(m, qo.headroom);
-    }
+    // Spans come from a producer that measured the maximum itself (quantize_input_spans checks it).
+    const float m = detail::exponent_max_abs(ctx, src, n, known_max, qo.nonfinite, detail::TensorName{qo.name, name});
+    const int e = dfp16_exponent(m, qo.headroom);
     const auto quant = ctx.kernels().quantize.fn;
     const auto inter = ctx.kernels().interleave.fn;
     std::atomic<uint64_t> saturated{0}, nonfinite{0};
@@ -1029,8 +1015,7 @@ struct ConvInt16::Impl {
     st.nonfinite = nonfinite.load();
     st.max_abs_int = max_q.load();
     if (st.nonfinite && qo.nonfinite == NonFinitePolicy::error)
-      fail(Status::numerical_error, "convolution '" + name + "': " + qo.name + " tensor has " +
-                                        std::to_string(st.nonfinite) + " non-finite value(s)");
+      detail::fail_nonfinite(src, n, st.nonfinite, detail::TensorName{qo.name, name});
     return st;
   }
 

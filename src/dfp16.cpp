@@ -12,6 +12,7 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "src/atomic_max.hpp"
+#include "src/dfp16_internal.hpp"
 #include "src/named_enum.hpp"
 
 namespace dfp {
@@ -26,15 +27,34 @@ void check_options(const QuantOptions& o) {
             "quantization of '" + o.name + "': headroom expected in [0, " + std::to_string(kDfpMaxHeadroom) +
                 "], got " + std::to_string(o.headroom));
 }
-
-[[noreturn]] void fail_nonfinite(const float* x, size_t n, uint64_t count, const std::string& name) {
-  size_t first = 0;
-  while (first < n && std::isfinite(x[first])) ++first;
-  fail(Status::numerical_error, "tensor '" + name + "': " + std::to_string(count) +
-                                    " non-finite value(s) (NaN/Inf), first at element " + std::to_string(first) +
-                                    " = " + std::to_string(x[first]) + "; DFP16 has no encoding for them");
-}
 }  // namespace
+
+namespace detail {
+std::string TensorName::text() const {
+  if (layer.empty()) return "tensor '" + std::string(tensor) + "'";
+  return "convolution '" + std::string(layer) + "': " + std::string(tensor) + " tensor";
+}
+
+void fail_nonfinite(const float* x, size_t n, uint64_t count, TensorName what) {
+  std::string where;
+  if (x) {
+    size_t first = 0;
+    while (first < n && std::isfinite(x[first])) ++first;
+    where = ", first at element " + std::to_string(first) + (first < n ? " = " + std::to_string(x[first]) : "");
+  }
+  fail(Status::numerical_error, what.text() + ": " + std::to_string(count) + " non-finite value(s) (NaN/Inf)" + where +
+                                    "; DFP16 has no encoding for them");
+}
+
+float exponent_max_abs(const Context& ctx, const float* src, size_t n, float known, NonFinitePolicy policy,
+                       TensorName what) {
+  if (known >= 0.f && std::isfinite(known)) return known;
+  uint64_t bad = 0;
+  const float m = max_abs(ctx, src, n, &bad);
+  if (bad && policy == NonFinitePolicy::error) fail_nonfinite(src, n, bad, what);
+  return m;
+}
+}  // namespace detail
 
 const char* rounding_name(Rounding r) noexcept {
   switch (r) {
@@ -94,26 +114,21 @@ QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, in
   st.saturated = saturated.load();
   st.nonfinite = bad.load();
   st.max_abs_int = max_q.load();
-  if (st.nonfinite && o.nonfinite == NonFinitePolicy::error) fail_nonfinite(src, n, st.nonfinite, o.name);
+  if (st.nonfinite && o.nonfinite == NonFinitePolicy::error) detail::fail_nonfinite(src, n, st.nonfinite, detail::TensorName{o.name});
   return st;
 }
 
-QuantStats quantize_dfp16_with_max_abs(const Context& ctx, const float* src, int16_t* dst, size_t n, float max_abs,
+QuantStats quantize_dfp16_with_max_abs(const Context& ctx, const float* src, int16_t* dst, size_t n, float known_max,
                                        const QuantOptions& o) {
-  if (!(max_abs >= 0.f && std::isfinite(max_abs))) return quantize_dfp16(ctx, src, dst, n, o);
-  QuantStats st = quantize_dfp16_with_exponent(ctx, src, dst, n, dfp16_exponent(max_abs, o.headroom), o);
-  st.max_abs = max_abs;
+  check_options(o);
+  const float m = detail::exponent_max_abs(ctx, src, n, known_max, o.nonfinite, detail::TensorName{o.name});
+  QuantStats st = quantize_dfp16_with_exponent(ctx, src, dst, n, dfp16_exponent(m, o.headroom), o);
+  st.max_abs = m;
   return st;
 }
 
 QuantStats quantize_dfp16(const Context& ctx, const float* src, int16_t* dst, size_t n, const QuantOptions& o) {
-  check_options(o);
-  uint64_t bad = 0;
-  const float m = max_abs(ctx, src, n, &bad);
-  if (bad && o.nonfinite == NonFinitePolicy::error) fail_nonfinite(src, n, bad, o.name);
-  QuantStats st = quantize_dfp16_with_exponent(ctx, src, dst, n, dfp16_exponent(m, o.headroom), o);
-  st.max_abs = m;
-  return st;
+  return quantize_dfp16_with_max_abs(ctx, src, dst, n, -1.f, o);
 }
 
 void dequantize_dfp16(const Context& ctx, const int16_t* src, int exponent, float* dst, size_t n) {

@@ -109,6 +109,32 @@ TEST(Dfp16Quantize, NonFiniteIsAnErrorNamingTheTensor) {
   test::expect_error([&] { quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), o); }, Status::numerical_error, {"conv3.activations", "element 17"});
 }
 
+// A maximum measured by the tensor's producer (the optimizer's update, a ReLU) gives the bits and
+// statistics of measuring it here; a negative or non-finite one is measured here; and non-finite
+// elements are still refused, with their position, when the producer's maximum is finite.
+TEST(Dfp16Quantize, ProducersMaximumGivesTheMeasuredBits) {
+  std::vector<float> x = test::random_vec(1000, 4);
+  float m = 0;
+  for (float v : x) m = std::max(m, std::fabs(v));
+  const QuantOptions o = opts(2, Rounding::stochastic);
+  std::vector<int16_t> want(x.size()), got(x.size());
+  const QuantStats a = quantize_dfp16(best_ctx(), x.data(), want.data(), x.size(), o);
+  for (float known : {m, -1.f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    const QuantStats b = quantize_dfp16_with_max_abs(best_ctx(), x.data(), got.data(), x.size(), known, o);
+    EXPECT_EQ(want, got) << known;
+    EXPECT_EQ(a.exponent, b.exponent) << known;
+    EXPECT_EQ(a.max_abs, b.max_abs) << known;
+    EXPECT_EQ(a.max_abs_int, b.max_abs_int) << known;
+  }
+  const QuantStats twice = quantize_dfp16_with_max_abs(best_ctx(), x.data(), got.data(), x.size(), 2 * m, o);
+  EXPECT_EQ(twice.exponent, a.exponent + 1) << "the producer's maximum is trusted";
+  x[613] = std::numeric_limits<float>::quiet_NaN();
+  QuantOptions named = o;
+  named.name = "fc.weights";
+  test::expect_error([&] { quantize_dfp16_with_max_abs(best_ctx(), x.data(), got.data(), x.size(), m, named); },
+                     Status::numerical_error, {"fc.weights", "element 613"});
+}
+
 TEST(Dfp16Quantize, NonFiniteCountPolicyStoresZero) {
   std::vector<float> x(50, 0.5f);
   x[3] = std::numeric_limits<float>::infinity();
