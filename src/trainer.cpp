@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
+#include "src/report/json.hpp"
 
 namespace dfp {
 namespace {
@@ -52,58 +54,59 @@ std::string fmt_exact(double v) {
 // JSON has no inf/NaN: an unmeasurable SQNR (no noise, or no signal) is null.
 std::string json_number(double v) { return std::isfinite(v) ? fmt_exact(v) : "null"; }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (static_cast<unsigned char>(c) < 0x20) {  // control characters as \u00XX
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
-      o += b;
-      continue;
-    }
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
 
 // The settings that decide a run's result, as text (floats exactly). A checkpoint stores them,
 // config.json lists them, and --resume refuses a checkpoint written with other values: the
 // continued run would not be the uninterrupted one. Not among them: where the data lives, the
 // thread count and kernels (checked apart, as a note), and what is only logged or measured
 // (--limit-test, --print-every, --numerics-every, --profile, --out).
+// A float as the shortest text that reads back as the same float ("0.1", not 0.1f's 17 digits).
+std::string fmt_float(float v) {
+  char b[32];
+  return {b, std::to_chars(b, b + sizeof b, v).ptr};
+}
+
 struct Setting {
+  enum Kind { text, literal, real };  // a JSON string; a JSON number or literal; a float
   const char* key;   // checkpoint field and config.json key
   const char* flag;  // the dfp train flag that sets it
   std::string value;
-  bool text;         // a JSON string (else a JSON number or literal)
+  Kind kind;
+  // In every checkpoint dfp wrote, so one without it is corrupt; the newer settings, when absent,
+  // are noted as unchecked.
+  bool required = false;
   const char* json_key = nullptr;  // config.json's key where it differs from the checkpoint's
+
+  // Whether a checkpoint's text of this setting is this run's. Floats compare as values: a
+  // checkpoint may spell one with every digit (the builds before fmt_float wrote %.17g).
+  bool matches(const std::string& stored) const {
+    return kind == real ? std::strtof(stored.c_str(), nullptr) == std::strtof(value.c_str(), nullptr) : stored == value;
+  }
 };
-// The first six have been in every checkpoint dfp wrote: a checkpoint without one is corrupt.
-constexpr size_t kSettingsInEveryCheckpoint = 6;
 std::vector<Setting> result_settings(const TrainConfig& c, const std::string& policy_text) {
+  using S = Setting;
   std::string milestones;
   for (int e : c.milestones) milestones.append(milestones.empty() ? "" : ",").append(std::to_string(e));
-  return {{"model", "--model", c.model, true},
-          {"dataset", "--dataset", c.dataset, true},
-          {"policy", "--precision (and its policy flags)", policy_text, true, "precision_policy"},
-          {"loss_scaling", "--loss-scaling", c.loss_scale.describe(), true, "loss_scaling_config"},
-          {"batch_size", "--batch-size", std::to_string(c.batch_size), false},
-          {"seed", "--seed", std::to_string(c.seed), false},
-          {"epochs", "--epochs", std::to_string(c.epochs), false},
-          {"lr", "--lr", fmt_exact(c.lr), false},
-          {"momentum", "--momentum", fmt_exact(c.momentum), false},
-          {"weight_decay", "--wd", fmt_exact(c.weight_decay), false},
-          {"nesterov", "--nesterov", c.nesterov ? "true" : "false", false},
-          {"schedule", "--schedule", c.schedule, true},
-          {"warmup_epochs", "--warmup-epochs", std::to_string(c.warmup_epochs), false},
-          {"milestones", "--milestones", milestones, true},
-          {"step_epochs", "--step-epochs", std::to_string(c.step_epochs), false},
-          {"gamma", "--gamma", fmt_exact(c.gamma), false},
-          {"label_smoothing", "--label-smoothing", fmt_exact(c.label_smoothing), false},
-          {"augment", "--no-augment", c.augment ? "true" : "false", false},
-          {"limit_train", "--limit-train", std::to_string(c.limit_train), false},
-          {"image_size", "--image-size", std::to_string(c.image_size), false}};
+  return {{"model", "--model", c.model, S::text, true},
+          {"dataset", "--dataset", c.dataset, S::text, true},
+          {"policy", "--precision (and its policy flags)", policy_text, S::text, true, "precision_policy"},
+          {"loss_scaling", "--loss-scaling", c.loss_scale.describe(), S::text, true, "loss_scaling_config"},
+          {"batch_size", "--batch-size", std::to_string(c.batch_size), S::literal, true},
+          {"seed", "--seed", std::to_string(c.seed), S::literal, true},
+          {"epochs", "--epochs", std::to_string(c.epochs), S::literal},
+          {"lr", "--lr", fmt_float(c.lr), S::real},
+          {"momentum", "--momentum", fmt_float(c.momentum), S::real},
+          {"weight_decay", "--wd", fmt_float(c.weight_decay), S::real},
+          {"nesterov", "--nesterov", c.nesterov ? "true" : "false", S::literal},
+          {"schedule", "--schedule", c.schedule, S::text},
+          {"warmup_epochs", "--warmup-epochs", std::to_string(c.warmup_epochs), S::literal},
+          {"milestones", "--milestones", milestones, S::text},
+          {"step_epochs", "--step-epochs", std::to_string(c.step_epochs), S::literal},
+          {"gamma", "--gamma", fmt_float(c.gamma), S::real},
+          {"label_smoothing", "--label-smoothing", fmt_float(c.label_smoothing), S::real},
+          {"augment", "--no-augment", c.augment ? "true" : "false", S::literal},
+          {"limit_train", "--limit-train", std::to_string(c.limit_train), S::literal},
+          {"image_size", "--image-size", std::to_string(c.image_size), S::literal}};
 }
 
 }  // namespace
@@ -219,7 +222,7 @@ void write_profile_json(const std::string& path, const std::vector<LayerTime>& t
     << p.optimizer_seconds << ",\"data_wait_seconds\":" << p.data_wait_seconds << ",\"layers\":[";
   for (size_t i = 0; i < times.size(); ++i) {
     const LayerTime& t = times[i];
-    f << (i ? "," : "") << "{\"layer\":\"" << json_escape(t.layer) << "\",\"kind\":\"" << t.kind
+    f << (i ? "," : "") << "{\"layer\":" << json::quote(t.layer) << ",\"kind\":\"" << t.kind
       << "\",\"precision\":\"" << t.precision << "\",\"forward_seconds\":" << t.forward_seconds
       << ",\"backward_seconds\":" << t.backward_seconds << ",\"steps\":" << t.steps << "}";
   }
@@ -266,13 +269,19 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck) {
   }
   // The data reaches the disk before the rename, and the rename before we return: after a power
   // loss the path holds the old checkpoint or the new one, never a renamed empty file.
-  auto sync = [](const std::string& p, int flags) {
+  // Returns "" or what failed, with errno's text read before close() can change it.
+  auto sync = [](const std::string& p, int flags) -> std::string {
     const int fd = ::open(p.c_str(), flags);
-    const bool ok = fd >= 0 && ::fsync(fd) == 0;
-    if (fd >= 0) ::close(fd);
-    return ok;
+    if (fd < 0) return std::string("open failed: ") + std::strerror(errno);
+    const std::string failed = ::fsync(fd) == 0 ? "" : std::string("fsync failed: ") + std::strerror(errno);
+    ::close(fd);
+    return failed;
   };
-  DFP_CHECK(sync(tmp, O_RDONLY), Status::io_error, "checkpoint '" + tmp + "': fsync failed: " + std::strerror(errno));
+  if (const std::string failed = sync(tmp, O_RDONLY); !failed.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);  // the previous checkpoint, if any, stays as it was
+    fail(Status::io_error, "checkpoint '" + tmp + "': " + failed);
+  }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);  // atomic on POSIX: a crash leaves the old file intact
   DFP_CHECK(!ec, Status::io_error, "checkpoint '" + path + "': rename from temporary file failed: " + ec.message());
@@ -580,12 +589,12 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     // Every setting that decides the result must match; all mismatches are named at once. A
     // checkpoint from before a setting was stored cannot be checked for it: said, not refused.
     std::string differ, unchecked;
-    for (size_t i = 0; i < settings.size(); ++i) {
-      const Setting& st = settings[i];
-      if (i < kSettingsInEveryCheckpoint) meta_get(ck, st.key, cfg.resume);  // missing: corrupt
+    for (const Setting& st : settings) {
       const auto it = ck.meta.find(st.key);
-      if (it == ck.meta.end()) unchecked += std::string(unchecked.empty() ? "" : ", ") + st.flag;
-      else if (it->second != st.value)
+      if (it == ck.meta.end()) {
+        if (st.required) meta_get(ck, st.key, cfg.resume);  // throws: the checkpoint is corrupt
+        unchecked += std::string(unchecked.empty() ? "" : ", ") + st.flag;
+      } else if (!st.matches(it->second))
         differ += std::string(differ.empty() ? "" : "; ") + st.flag + " (field '" + st.key + "'): checkpoint '" +
                   it->second + "', this run '" + st.value + "'";
     }
@@ -620,11 +629,11 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     std::ofstream c(cfg.out + "/config.json");
     c << "{";
     for (const Setting& st : settings)
-      c << "\"" << (st.json_key ? st.json_key : st.key) << "\":" << (st.text ? "\"" + json_escape(st.value) + "\"" : st.value) << ",";
-    c << "\"data\":\"" << json_escape(cfg.data) << "\",\"limit_test\":" << cfg.limit_test
+      c << "\"" << (st.json_key ? st.json_key : st.key) << "\":" << (st.kind == Setting::text ? json::quote(st.value) : st.value) << ",";
+    c << "\"data\":" << json::quote(cfg.data) << ",\"limit_test\":" << cfg.limit_test
       << ",\"threads\":" << ctx.threads() << ",\"isa\":\"" << isa_name(ctx.isa())
-      << "\",\"label\":\"" << json_escape(cfg.label.empty() ? precision_label(cfg) : cfg.label)
-      << "\",\"device\":\"" << cfg.device << "\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
+      << "\",\"label\":" << json::quote(cfg.label.empty() ? precision_label(cfg) : cfg.label)
+      << ",\"device\":\"" << cfg.device << "\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
       << "\",\"numerics_every\":" << cfg.numerics_interval << ",\"train_images\":" << train_set.count
       << ",\"test_images\":" << test_set.count << ",\"parameters\":" << m.parameter_count() << "}\n";
     metrics.open(cfg.out + "/metrics.jsonl", start_epoch > 0 ? std::ios::app : std::ios::trunc);
@@ -723,11 +732,11 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
               << em.test_top1 << ",\"test_top5\":" << em.test_top5 << ",\"images_per_second\":" << em.images_per_second
               << ",\"epoch_seconds\":" << em.epoch_seconds << ",\"data_wait_seconds\":" << em.data_wait_seconds
               << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"loss_scale\":" << em.loss_scale
-              << ",\"skipped_steps\":" << em.skipped_steps << ",\"precision_policy\":\""
-              << json_escape(policy_text) << "\",\"layers\":[";
+              << ",\"skipped_steps\":" << em.skipped_steps << ",\"precision_policy\":"
+              << json::quote(policy_text) << ",\"layers\":[";
       bool first = true;
       for (const LayerNumerics& n : m.numerics()) {
-        metrics << (first ? "" : ",") << "{\"layer\":\"" << json_escape(n.layer) << "\",\"format\":\"" << n.format << "\"";
+        metrics << (first ? "" : ",") << "{\"layer\":" << json::quote(n.layer) << ",\"format\":\"" << n.format << "\"";
         if (n.format == "int16")
           metrics << ",\"exp_x\":" << n.exp_x << ",\"exp_w\":" << n.exp_w << ",\"exp_dy\":" << n.exp_dy
                   << ",\"chain_fwd\":" << n.chain_fwd << ",\"chain_bwd\":" << n.chain_bwd

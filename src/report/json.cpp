@@ -33,7 +33,7 @@ const Value* Value::find(std::string_view key) const noexcept {
 
 namespace {
 
-void append_quoted(std::string& o, const std::string& s) {
+void append_quoted(std::string& o, std::string_view s) {
   o += '"';
   for (unsigned char c : s) {
     if (c == '"' || c == '\\') {
@@ -383,6 +383,12 @@ std::string Value::to_string() const {
 
 Value parse(std::string_view text, const std::string& source, int first_line) {
   return Parser(text, source, first_line).document();
+}
+
+std::string quote(std::string_view s) {
+  std::string o;
+  append_quoted(o, s);
+  return o;
 }
 
 }  // namespace dfp::json

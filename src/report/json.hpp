@@ -44,5 +44,7 @@ struct Value {
 // Parses exactly one JSON value, optionally surrounded by white space, from `text`. `source`
 // names the file in error messages and `first_line` is the line number of text's first line.
 Value parse(std::string_view text, const std::string& source, int first_line = 1);
+// s as a JSON string literal, quotes included ('"' and '\\' escaped, control characters as \u00XX).
+std::string quote(std::string_view s);
 
 }  // namespace dfp::json
