@@ -409,4 +409,13 @@ void InnerProductPrimitives::backward_weights(const float* x, const float* dy, f
   onednn::backward_weights(impl_->t, x, dy, dw);
 }
 
+std::optional<ConvPrimitives> native_bf16_conv(const Context& ctx, const ConvShape& shape, const std::string& name) {
+  if (ctx.isa() == Isa::ref) return std::nullopt;
+  try {
+    return ConvPrimitives(ctx, shape, name, true);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace dfp::simd::onednn

@@ -174,20 +174,8 @@ int cmd_info(Args& args) {
   std::printf("conv all passes              fp32   %s\n", f32.kernel_name());
   dfp::LinearF32 fc(ctx, 2, 64, 16, "probe");
   std::printf("linear all passes            fp32   %s\n", fc.kernel_name());
-  std::string bf16_conv;
-  // oneDNN's BF16 convolution, as the bf16 policy runs it (not at the ref level: there it rounds
-  // the operands to BF16 and runs the fp32 reference, as it does where oneDNN has no primitive).
-  const char* rounded = "bf16-rounded operands on the fp32 kernel";
-  if (ctx.isa() == dfp::Isa::ref) {
-    bf16_conv = rounded;
-  } else {
-    try {
-      dfp::simd::onednn::ConvPrimitives bf(ctx, probe, "probe", true);
-      bf16_conv = "onednn:" + bf.impl_forward();
-    } catch (const dfp::Error&) {
-      bf16_conv = rounded;
-    }
-  }
+  const auto bf = dfp::simd::onednn::native_bf16_conv(ctx, probe, "probe");
+  const std::string bf16_conv = bf ? "onednn:" + bf->impl_forward() : "bf16-rounded operands on the fp32 kernel";
   std::printf("conv all passes              bf16   %s\n", bf16_conv.c_str());
   std::printf("bf16/fp16 operand rounding    bf16   %s\n", k.round_bf16.name);
   std::printf("                             fp16   %s\n", k.round_fp16.name);

@@ -396,9 +396,9 @@ class WeightedLayer : public Layer {
     return true;
   }
   // BF16 in all three classes: use BF16 operands in memory when the subclass supports it.
-  bool wants_native_bf16(const Context& ctx) const {
-    return float_ && ctx.isa() != Isa::ref && fmt_.weights == FloatFormat::bf16 &&
-           fmt_.activations == FloatFormat::bf16 && fmt_.gradients == FloatFormat::bf16;
+  bool wants_native_bf16() const {
+    return float_ && fmt_.weights == FloatFormat::bf16 && fmt_.activations == FloatFormat::bf16 &&
+           fmt_.gradients == FloatFormat::bf16;
   }
   // Buffers of the rounded-operand path (or of the native BF16 one).
   void allocate_operand_buffers() {
@@ -484,13 +484,9 @@ class Conv2d final : public WeightedLayer {
     s.stride_h = s.stride_w = stride_;
     s.pad_h = s.pad_w = pad_;
     if (plan(ctx, s, in[0], out, policy)) {
-      if (wants_native_bf16(ctx)) {
-        try {
-          bf_.emplace(ctx, s, name, true);
-          native_bf16_ = true;
-        } catch (const Error&) {
-          // No BF16 primitive for this shape: the rounded-operand path gives the same numerics.
-        }
+      if (wants_native_bf16()) {
+        bf_ = simd::onednn::native_bf16_conv(ctx, s, name);
+        native_bf16_ = bf_.has_value();
       }
       if (!native_bf16_) f_ = std::make_unique<ConvF32>(ctx, s, name);
       allocate_operand_buffers();
