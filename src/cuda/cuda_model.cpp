@@ -20,7 +20,9 @@ constexpr const char* kNoCuda = "this dfp was built without CUDA (nvcc/cuDNN not
 #else
 // The GPU back end is a module of its own (libdfp_cuda_gpu.so, linked to cudart, cuBLAS and cuDNN),
 // loaded on first use: CPU-only runs never map those libraries. Looked up next to the running
-// program, then where the build put it, then on the loader's search path.
+// program and next to the object holding this code (libdfp.so when shared), then in the library
+// directory of an installed tree relative to the program (bin/../lib...), then where the build put
+// it, then on the loader's search path.
 struct GpuModule {
   void* handle = nullptr;
   std::string error;
@@ -34,8 +36,12 @@ GpuModule load_gpu_module() {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back((self.parent_path() / "libdfp_cuda_gpu.so").string());
-  candidates.push_back(DFP_CUDA_MODULE);            // the build tree
-  candidates.push_back(DFP_CUDA_MODULE_INSTALLED);  // cmake --install's library directory
+  Dl_info here{};
+  if (dladdr(reinterpret_cast<void*>(&load_gpu_module), &here) && here.dli_fname && here.dli_fname[0] == '/')
+    candidates.push_back((std::filesystem::path(here.dli_fname).parent_path() / "libdfp_cuda_gpu.so").string());
+  if (!self.empty())
+    candidates.push_back((self.parent_path() / DFP_CUDA_LIB_FROM_BIN / "libdfp_cuda_gpu.so").lexically_normal().string());
+  candidates.push_back(DFP_CUDA_MODULE);  // the build tree
   candidates.push_back("libdfp_cuda_gpu.so");
   for (const std::string& c : candidates) {
     if (c.find('/') != std::string::npos && !std::filesystem::exists(c, ec)) continue;
