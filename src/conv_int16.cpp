@@ -1432,6 +1432,9 @@ struct ConvInt16::Impl {
             dy_bound[kb - kg] = std::max(dy_bound[kb - kg],
                                          span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, oh0, oh1, OH));
         }
+        // x_row_max counts x's own rows even where xp keeps every xp_step-th one (strided 1x1): the
+        // bound over all rows the window spans is conservative and leaves the chains, so the bits,
+        // as they were; the gradient loop below indexes xp's rows (x_row_step, xp_h) instead.
         const int ih0 = oh0 * sh.stride_h - sh.pad_h, ih1 = (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R;
         int chains[kWgradKbGroup];
         for (int cb = 0; cb < CB; ++cb) {
