@@ -20,6 +20,7 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "tests/common/reference.hpp"
+#include "tests/common/scoped_env.hpp"
 #include "tests/common/tolerance.hpp"
 #include "tests/common/expect_error.hpp"
 
@@ -635,10 +636,8 @@ TEST(Context, RejectsUnknownIsa) {
 // DFP_ISA forces a kernel level for every context that does not choose one itself; a bad value
 // is an error naming the variable.
 TEST(Context, DfpIsaVariableForcesTheKernelLevel) {
-  const char* was = std::getenv("DFP_ISA");
-  const std::string saved = was ? was : "";
-  setenv("DFP_ISA", "ref", 1);
   {
+    test::ScopedEnv isa("DFP_ISA", "ref");
     Context c(ContextOptions{.threads = 1});
     EXPECT_EQ(c.isa(), Isa::ref);
     EXPECT_NE(std::string(c.kernels().conv_s16_pixel.name).find("ref"), std::string::npos) << c.kernels().conv_s16_pixel.name;
@@ -647,11 +646,9 @@ TEST(Context, DfpIsaVariableForcesTheKernelLevel) {
       EXPECT_EQ(d.isa(), Isa::avx512bw);
     }
   }
-  setenv("DFP_ISA", "avx9000", 1);
+  test::ScopedEnv isa("DFP_ISA", "avx9000");
   test::expect_error([&] { Context c(ContextOptions{.threads = 1}); }, Status::invalid_argument,
                      {"environment variable DFP_ISA", "avx9000"});
-  if (saved.empty()) unsetenv("DFP_ISA");
-  else setenv("DFP_ISA", saved.c_str(), 1);
 }
 
 // One thread setting sizes both runtimes: the oneTBB arena that runs dfp's loops and OpenMP's

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dfp/status.hpp"
+#include "tests/common/scoped_env.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "src/report/json.hpp"
 #include "src/report/report.hpp"
@@ -33,23 +34,7 @@ class TempDir : public test::TempDir {
   TempDir() : test::TempDir("dfp report test ") {}
 };
 
-// Sets an environment variable for one scope and restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
+using test::ScopedEnv;
 
 void write(const std::string& path, const std::string& text) {
   fs::create_directories(fs::path(path).parent_path());
