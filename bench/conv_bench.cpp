@@ -148,6 +148,9 @@ void bench_int16(benchmark::State& state, const ConvLayer& layer, Pass pass, int
     for (auto _ : state) run();
     state.SetLabel(conv.kernel_name());
     set_gops_counter(state, s);
+    // VPDPWSSD steps per INT32 chain (between FP32 flushes): a short chain is flush overhead.
+    const dfp::ConvStats& st = conv.stats();
+    state.counters["chain"] = pass == Pass::fwd ? st.chain_fwd : pass == Pass::bwd_data ? st.chain_bwd : st.chain_wgrad;
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }

@@ -155,7 +155,9 @@ inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) noexcept {
 // src holds 16 reduction channels (8 pairs) per pixel; wei is [ob][ib][tap][8][16 lanes][2].
 // `pairs` < 8 skips channel pairs that are zero padding (a single reduction block of fewer than
 // 16 channels, as in a first layer). Steps are ordered (ib, tap, j); a flush happens after every
-// `chain` steps and at the end.
+// `chain` steps and at the end: with accumulate, dst = fma(sum, scale, dst); without, the call
+// sums unscaled into dst and scales it once at the end (the bits of an FMA per flush; see Flush in
+// simd/avx512/conv_s16_kernels.hpp).
 struct PixelKernelArgs {
   const int16_t* src;
   const int16_t* wei;
@@ -175,7 +177,7 @@ struct PixelKernelArgs {
   int nob;                 // 1 or 2
   int chain;               // steps per INT32 chain, >= 1
   float scale;             // 2^(e_src + e_wei)
-  bool accumulate;         // first flush adds to dst instead of overwriting it
+  bool accumulate;         // add to dst instead of overwriting it
   int64_t* overflow_events;  // verification (reference only): INT32 range exits, or null
 };
 inline constexpr int kPixelAccumulators = 28;  // ZMM accumulators per call (plus 2 weight regs)
@@ -187,9 +189,10 @@ inline constexpr int max_pixels(int nob) { return kPixelAccumulators / nob; }
 //   dw[k*dw_k + l] += sum over positions q of
 //       pair(x[q_off_x + 2l .. +1], dy[q_off_dy + 2k .. +1])
 // with positions q = (row < rows, col < cols), q_off = row*row_stride + col*col_stride.
-// The INT32 sums are flushed with fma into dw after every `chain` positions and at the end;
-// with accumulate false the first flush stores instead (dw need not be zeroed), and the call
-// always writes dw.
+// The INT32 sums are flushed into dw after every `chain` positions and at the end: with
+// accumulate, dw = fma(sum, scale, dw) (an add when scale is 1); without, the call sums unscaled
+// from its first flush (dw need not be zeroed), scales dw once at the end, and always writes dw.
+// The bits are those of an FMA per flush either way (see Flush in simd/avx512/conv_s16_kernels.hpp).
 struct PairKernelArgs {
   const int16_t* x;   // [..][16 c][2 images]
   const int16_t* dy;  // [..][16 k][2 images]

@@ -1339,7 +1339,12 @@ struct ConvInt16::Impl {
     base.x_col = int64_t(x_col_step) * 32;
     base.dy_col = 32;
     base.chain = chain;
-    base.scale = scale;
+    // Partials are sums in units of the scale, which sum_into_dw applies: a flush into them is
+    // then an add (scale 1), which leaves VPDPWSSD's pipes free, where an FMA took them. The
+    // same bits: every partial is an integer, and scaling by a power of two commutes with
+    // rounding in the normal range (multiples of scale >= 2^-126). The direct (in-place) calls
+    // scale themselves.
+    base.scale = direct ? scale : 1.f;
     // All reduction work for image pairs [p0, p1) and output blocks [kb0, kb1), into acc.
     auto reduce = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
       if (gemm) {  // fully connected: positions are the image pairs, one call per dW block
@@ -1540,7 +1545,7 @@ struct ConvInt16::Impl {
                 const size_t off = partial(k, c, t);
                 float v = dw_part[off];
                 for (int sl = 1; sl < ns; ++sl) v += dw_part[size_t(sl) * part + off];
-                dw[out(k, c, t)] = v;
+                dw[out(k, c, t)] = v * scale;
               }
       });
     };

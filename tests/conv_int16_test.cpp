@@ -180,6 +180,37 @@ TEST_P(ConvInt16Isa, BitExactAgainstScalarModel) {
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, ConvInt16Isa, ::testing::Values("avx512bw", "avx512vnni"));
 
+// Adding onto a dx that holds other (non-integer) values keeps an FMA per flush, while a call that
+// overwrites sums unscaled and scales at the end: both against the scalar model, with derived
+// chains, forced short ones (per-step flush paths), and whole units whose last flush falls on the
+// call's last step (8).
+TEST_P(ConvInt16Isa, AccumulatingBackwardDataBitExactAgainstScalarModel) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context ctx(ContextOptions{.threads = 2, .isa = GetParam()});
+  for (const ConvShape& s : edge_shapes()) {
+    SCOPED_TRACE(describe(s));
+    const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 21, -0.3f, 0.3f);
+    const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 22, -1e-3f, 1e-3f);
+    const auto before = random_vec(size_t(s.N) * s.C * s.H * s.W, 23, -1e-2f, 1e-2f);
+    std::vector<float> dyb(blocked_size(s.N, s.K, s.OH(), s.OW())), start(blocked_size(s.N, s.C, s.H, s.W));
+    to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
+    to_blocked(before.data(), start.data(), s.N, s.C, s.H, s.W);
+    for (int chain : {0, 3, 8}) {
+      DfpConvOptions o;
+      o.chain_override = chain;
+      auto run = [&](const Context& c) {
+        ConvInt16 conv(c, s, o, "acc");
+        conv.set_weights(w.data());
+        conv.quantize_grad_output(dyb.data());
+        std::vector<float> dx = start;
+        conv.backward_data(dx.data(), true);
+        return dx;
+      };
+      expect_bits_equal(run(ref_ctx()), run(ctx), "backward_data (accumulate), chain " + std::to_string(chain));
+    }
+  }
+}
+
 TEST(ConvInt16, WithinQuantizationBoundOfFp64) {
   Context ctx(ContextOptions{.threads = 2});
   for (const ConvShape& s : edge_shapes()) {

@@ -1,6 +1,7 @@
 // Scalar reference for the INT16 micro-kernels: a bit-exact model of VPDPWSSD (pairwise INT16
 // products, wrapping INT32 accumulation) and of the FP32 flush (convert with round-to-nearest-even,
-// then one fused multiply-add). Loop order differs from the vector kernels but every lane sees the
+// then, in a call that adds to dst, one fused multiply-add; in a call that overwrites dst, an add to
+// the unscaled partial sum and one multiply by the scale at the end). Loop order differs from the vector kernels but every lane sees the
 // same sequence of INT32 additions and flushes, so the results are identical.
 //
 // Verification: when overflow_events is non-null, an INT64 shadow of every accumulator counts
@@ -29,12 +30,42 @@ struct Lane {
       }
     }
   }
-  // dst = float(acc) * scale on a first non-accumulating flush, else fma(float(acc), scale, dst).
-  void flush(float* dst, float scale, bool overwrite) {
-    const float f = static_cast<float>(acc);
-    *dst = overwrite ? f * scale : std::fma(f, scale, *dst);
+  // An accumulating call: dst = fma(float(acc), scale, dst).
+  void flush_fma(float* dst, float scale) {
+    *dst = std::fma(static_cast<float>(acc), scale, *dst);
     acc = 0;
     exact = 0;
+  }
+  // An overwriting call: the unscaled sum; its first flush starts it.
+  void flush_unscaled(float& sum, bool first) {
+    const float f = static_cast<float>(acc);
+    sum = first ? f : f + sum;
+    acc = 0;
+    exact = 0;
+  }
+};
+
+// One output lane's flushes, as the vector kernels make them (see Flush in
+// simd/avx512/conv_s16_kernels.hpp): FMA into dst when the call accumulates; otherwise an unscaled
+// FP32 sum, scaled once at the end.
+struct LaneOut {
+  float* dst;
+  float scale;
+  bool accumulate;
+  float sum = 0.f;
+  bool flushed = false;
+  void flush(Lane& lane) {
+    if (accumulate)
+      lane.flush_fma(dst, scale);
+    else
+      lane.flush_unscaled(sum, !flushed);
+    flushed = true;
+  }
+  // After the last step: the steps since the last flush (and a flush of nothing where the call
+  // has not flushed yet and empty_flush says to), then the scale.
+  void finish(Lane& lane, int pending, bool empty_flush) {
+    if (pending > 0 || (!flushed && empty_flush)) flush(lane);
+    if (!accumulate) *dst = sum * scale;
   }
 };
 
@@ -44,9 +75,8 @@ void conv_s16_pixel(const PixelKernelArgs& a) {
   for (int ob = 0; ob < a.nob; ++ob) {
     for (int p = 0; p < a.npix; ++p) {
       for (int l = 0; l < 16; ++l) {
-        float* d = a.dst + ob * a.dst_ob + p * a.dst_pix + l;
         Lane lane;
-        bool flushed = false;
+        LaneOut out{a.dst + ob * a.dst_ob + p * a.dst_pix + l, a.scale, a.accumulate};
         int steps = 0;
         for (int ib = 0; ib < a.nib; ++ib) {
           for (int t = 0; t < a.ntaps; ++t) {
@@ -55,14 +85,13 @@ void conv_s16_pixel(const PixelKernelArgs& a) {
             for (int j = 0; j < a.pairs; ++j) {
               lane.step(s[2 * j], w[32 * j], s[2 * j + 1], w[32 * j + 1], a.overflow_events);
               if (++steps == a.chain) {
-                lane.flush(d, a.scale, !a.accumulate && !flushed);
-                flushed = true;
+                out.flush(lane);
                 steps = 0;
               }
             }
           }
         }
-        if (steps > 0 || !flushed) lane.flush(d, a.scale, !a.accumulate && !flushed);
+        out.finish(lane, steps, true);
       }
     }
   }
@@ -71,9 +100,8 @@ void conv_s16_pixel(const PixelKernelArgs& a) {
 void conv_s16_pair(const PairKernelArgs& a) {
   for (int k = 0; k < a.nk; ++k) {
     for (int l = 0; l < 16; ++l) {
-      float* d = a.dw + k * a.dw_k + l;
       Lane lane;
-      bool overwrite = !a.accumulate;
+      LaneOut out{a.dw + k * a.dw_k + l, a.scale, a.accumulate};
       int steps = 0;
       for (int r = 0; r < a.rows; ++r) {
         for (int c = 0; c < a.cols; ++c) {
@@ -81,13 +109,12 @@ void conv_s16_pair(const PairKernelArgs& a) {
           const int16_t* g = a.dy + r * a.dy_row + c * a.dy_col + 2 * k;
           lane.step(x[0], g[0], x[1], g[1], a.overflow_events);
           if (++steps == a.chain) {
-            lane.flush(d, a.scale, overwrite);
-            overwrite = false;
+            out.flush(lane);
             steps = 0;
           }
         }
       }
-      if (steps > 0 || overwrite) lane.flush(d, a.scale, overwrite);
+      out.finish(lane, steps, !a.accumulate);
     }
   }
 }
