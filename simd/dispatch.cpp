@@ -32,7 +32,12 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.fp16_to_f32 = {&ref::fp16_to_f32, "cvt_fp16_f32__ref"};
   t.round_bf16 = {&ref::round_bf16, "round_f32_bf16__ref"};
   t.round_fp16 = {&ref::round_fp16, "round_f32_fp16__ref"};
+  t.conv_f32 = {&ref::make_conv_f32, "conv_f32__ref"};
+  t.linear_f32 = {&ref::make_linear_f32, "inner_product_f32__ref"};
   if (isa >= Isa::avx512bw) {
+    // oneDNN picks its own JIT level from the CPU (its primitives report which: kernel_name()).
+    t.conv_f32 = {&onednn::make_conv_f32, "conv_f32__onednn"};
+    t.linear_f32 = {&onednn::make_linear_f32, "inner_product_f32__onednn"};
     t.max_abs = {&avx512::max_abs, "max_abs_f32__avx512"};
     t.dfp16_stats = {&avx512::dfp16_stats, "dfp16_stats_f32__avx512"};
     // The stochastic stream needs AES rounds: VAES where present, else AES-NI; a CPU with

@@ -12,8 +12,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <type_traits>
 
+#include "dfp/conv.hpp"
 #include "dfp/dfp16.hpp"
 #include "dfp/float16.hpp"
 #include "dfp/isa.hpp"
@@ -281,6 +284,37 @@ using RoundToFn = void (*)(const float* src, float* dst, size_t n, Rounding roun
 using PixelKernelFn = void (*)(const PixelKernelArgs&);
 using PairKernelFn = void (*)(const PairKernelArgs&);
 
+// ---- FP32 baseline: convolution and inner product -------------------------------------------
+// dfp::ConvF32 and dfp::LinearF32 run on a backend made once per layer (oneDNN creates its
+// primitives and their weight layouts there, so a call allocates nothing). The table's factory
+// picks the backend as it picks any kernel: oneDNN's JIT primitives from avx512bw up, the scalar
+// reference at `ref` (a `ref` context never runs JIT code, and tests pin the specification).
+// Layouts: activations nChw16c, weights [K][C][R][S]; inner product row-major x[N][C], w[K][C],
+// y[N][K].
+class ConvF32Backend {
+ public:
+  virtual ~ConvF32Backend() = default;
+  virtual std::string impl() const = 0;  // what runs the passes, e.g. "onednn:jit:avx512_core"
+  virtual void set_weights(const float* w_kcrs) = 0;
+  virtual void forward(const float* x, float* y) = 0;
+  virtual void backward_data(const float* dy, float* dx) = 0;
+  virtual void backward_weights(const float* x, const float* dy, float* dw_kcrs) = 0;
+};
+class LinearF32Backend {
+ public:
+  virtual ~LinearF32Backend() = default;
+  virtual std::string impl() const = 0;
+  virtual void set_weights(const float* w_kc) = 0;
+  virtual void forward(const float* x_nc, float* y_nk) = 0;
+  virtual void backward_data(const float* dy_nk, float* dx_nc) = 0;
+  virtual void backward_weights(const float* x_nc, const float* dy_nk, float* dw_kc) = 0;
+};
+// Throw dfp::Error naming `name` where the backend cannot run the shape. `ctx` outlives the backend.
+using ConvF32Factory = std::unique_ptr<ConvF32Backend> (*)(const Context& ctx, const ConvShape& shape,
+                                                          const std::string& name);
+using LinearF32Factory = std::unique_ptr<LinearF32Backend> (*)(const Context& ctx, int batch, int in_features,
+                                                              int out_features, const std::string& name);
+
 template <class Fn>
 struct Entry {
   Fn fn = nullptr;
@@ -311,6 +345,8 @@ struct KernelTable {
   Entry<ToHalfFn> to_bf16, to_fp16;
   Entry<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
   Entry<RoundToFn> round_bf16, round_fp16;
+  Entry<ConvF32Factory> conv_f32;
+  Entry<LinearF32Factory> linear_f32;
 };
 
 // Fills a table for `isa` (which the caller has checked `cpu` supports). Within a level, `cpu`
@@ -346,6 +382,8 @@ Signature<BnBwdApplyF32Fn> bn_bwd_apply_f32;
 Signature<ToHalfFn> to_bf16, to_fp16;
 Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
 Signature<RoundToFn> round_bf16, round_fp16;
+Signature<ConvF32Factory> make_conv_f32;
+Signature<LinearF32Factory> make_linear_f32;
 }  // namespace ref
 namespace avx512 {
 Signature<MaxAbsFn> max_abs;
@@ -375,5 +413,9 @@ namespace avx512vnni {
 Signature<PixelKernelFn> conv_s16_pixel;
 Signature<PairKernelFn> conv_s16_pair;
 }  // namespace avx512vnni
+namespace onednn {
+Signature<ConvF32Factory> make_conv_f32;
+Signature<LinearF32Factory> make_linear_f32;
+}  // namespace onednn
 
 }  // namespace dfp::simd

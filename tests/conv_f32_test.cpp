@@ -13,6 +13,7 @@
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
 #include "tests/common/expect_error.hpp"
 
 namespace {
@@ -146,6 +147,28 @@ TEST(ConvF32Ref, KernelName) {
   dfp::Context ref_ctx(ref_options());
   dfp::ConvF32 op(ref_ctx, conv(1, 4, 5, 5, 4, 3, 3, 1, 1));
   EXPECT_STREQ(op.kernel_name(), "conv_f32__ref");
+}
+
+// The FP32 backend is a kernel-table entry like any kernel: the reference at `ref`, oneDNN's
+// primitives at every AVX-512 level the CPU has, and the operators run what the table names.
+TEST(ConvF32, BackendComesFromTheKernelTable) {
+  const dfp::CpuFeatures cpu = dfp::detect_cpu_features();
+  const dfp::ConvShape s = conv(1, 4, 5, 5, 4, 3, 3, 1, 1);
+  for (const char* level : {"ref", "avx512bw", "avx512vnni"}) {
+    if (!cpu.supports(dfp::parse_isa(level, "test"))) continue;
+    SCOPED_TRACE(level);
+    dfp::ContextOptions o = ref_options();
+    o.isa = level;
+    dfp::Context ctx(o);
+    const bool ref = std::string(level) == "ref";
+    EXPECT_STREQ(ctx.kernels().conv_f32.name, ref ? "conv_f32__ref" : "conv_f32__onednn");
+    EXPECT_STREQ(ctx.kernels().linear_f32.name, ref ? "inner_product_f32__ref" : "inner_product_f32__onednn");
+    dfp::ConvF32 c(ctx, s);
+    dfp::LinearF32 fc(ctx, 2, 8, 3);
+    EXPECT_EQ(std::string(c.kernel_name()).rfind(ref ? "conv_f32__ref" : "onednn:", 0), 0u) << c.kernel_name();
+    EXPECT_EQ(std::string(fc.kernel_name()).rfind(ref ? "inner_product_f32__ref" : "onednn:", 0), 0u)
+        << fc.kernel_name();
+  }
 }
 
 TEST(ConvF32Ref, ForwardMatchesPlainModel) {

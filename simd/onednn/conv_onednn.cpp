@@ -14,6 +14,7 @@
 
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
 
 namespace dfp::simd::onednn {
 namespace {
@@ -416,6 +417,47 @@ std::optional<ConvPrimitives> native_bf16_conv(const Context& ctx, const ConvSha
   } catch (const Error&) {
     return std::nullopt;
   }
+}
+
+// ---- the kernel table's FP32 backends from avx512bw up -----------------------------------------
+namespace {
+
+class OnednnConv final : public ConvF32Backend {
+ public:
+  OnednnConv(const Context& ctx, const ConvShape& shape, const std::string& name) : p_(ctx, shape, name) {}
+  std::string impl() const override { return "onednn:" + p_.impl_forward(); }
+  void set_weights(const float* w) override { p_.set_weights(w); }
+  void forward(const float* x, float* y) override { p_.forward(x, y); }
+  void backward_data(const float* dy, float* dx) override { p_.backward_data(dy, dx); }
+  void backward_weights(const float* x, const float* dy, float* dw) override { p_.backward_weights(x, dy, dw); }
+
+ private:
+  ConvPrimitives p_;
+};
+
+class OnednnLinear final : public LinearF32Backend {
+ public:
+  OnednnLinear(const Context& ctx, int batch, int in, int out, const std::string& name)
+      : p_(ctx, batch, in, out, name) {}
+  std::string impl() const override { return "onednn:" + p_.impl_forward(); }
+  void set_weights(const float* w) override { p_.set_weights(w); }
+  void forward(const float* x, float* y) override { p_.forward(x, y); }
+  void backward_data(const float* dy, float* dx) override { p_.backward_data(dy, dx); }
+  void backward_weights(const float* x, const float* dy, float* dw) override { p_.backward_weights(x, dy, dw); }
+
+ private:
+  InnerProductPrimitives p_;
+};
+
+}  // namespace
+
+std::unique_ptr<ConvF32Backend> make_conv_f32(const Context& ctx, const ConvShape& shape, const std::string& name) {
+  return std::make_unique<OnednnConv>(ctx, shape, name);
+}
+
+std::unique_ptr<LinearF32Backend> make_linear_f32(const Context& ctx, int batch, int in_features, int out_features,
+                                                  const std::string& name) {
+  return std::make_unique<OnednnLinear>(ctx, batch, in_features, out_features, name);
 }
 
 }  // namespace dfp::simd::onednn

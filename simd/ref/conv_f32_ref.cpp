@@ -3,6 +3,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "simd/kernel_table.hpp"
 
 namespace dfp::simd::ref {
 namespace {
@@ -117,6 +122,54 @@ void inner_product_f32_backward_weights(int batch, int in, int out, const float*
       for (int n = 0; n < batch; ++n) acc += dy[size_t(n) * out + k] * x[size_t(n) * in + c];
       dw[size_t(k) * in + c] = acc;
     }
+}
+
+// ---- the kernel table's FP32 backends at level ref -------------------------------------------
+namespace {
+
+class RefConv final : public ConvF32Backend {
+ public:
+  explicit RefConv(const ConvShape& shape) : s_(shape) {}
+  std::string impl() const override { return "conv_f32__ref"; }
+  void set_weights(const float* w) override { w_.assign(w, w + size_t(s_.K) * s_.C * s_.R * s_.S); }
+  void forward(const float* x, float* y) override { conv_f32_forward(s_, x, w_.data(), y); }
+  void backward_data(const float* dy, float* dx) override { conv_f32_backward_data(s_, dy, w_.data(), dx); }
+  void backward_weights(const float* x, const float* dy, float* dw) override {
+    conv_f32_backward_weights(s_, x, dy, dw);
+  }
+
+ private:
+  ConvShape s_;
+  std::vector<float> w_;  // the caller's [K][C][R][S], copied
+};
+
+class RefLinear final : public LinearF32Backend {
+ public:
+  RefLinear(int batch, int in, int out) : n_(batch), c_(in), k_(out) {}
+  std::string impl() const override { return "inner_product_f32__ref"; }
+  void set_weights(const float* w) override { w_.assign(w, w + size_t(k_) * c_); }
+  void forward(const float* x, float* y) override { inner_product_f32_forward(n_, c_, k_, x, w_.data(), y); }
+  void backward_data(const float* dy, float* dx) override {
+    inner_product_f32_backward_data(n_, c_, k_, dy, w_.data(), dx);
+  }
+  void backward_weights(const float* x, const float* dy, float* dw) override {
+    inner_product_f32_backward_weights(n_, c_, k_, x, dy, dw);
+  }
+
+ private:
+  int n_, c_, k_;
+  std::vector<float> w_;  // the caller's [K][C], copied
+};
+
+}  // namespace
+
+std::unique_ptr<ConvF32Backend> make_conv_f32(const Context&, const ConvShape& shape, const std::string&) {
+  return std::make_unique<RefConv>(shape);
+}
+
+std::unique_ptr<LinearF32Backend> make_linear_f32(const Context&, int batch, int in_features, int out_features,
+                                                  const std::string&) {
+  return std::make_unique<RefLinear>(batch, in_features, out_features);
 }
 
 }  // namespace dfp::simd::ref

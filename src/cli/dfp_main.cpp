@@ -171,9 +171,9 @@ int cmd_info(Args& args) {
   dfp::ConvShape probe;
   probe.N = 2; probe.C = 16; probe.H = 8; probe.W = 8; probe.K = 16; probe.R = 3; probe.S = 3; probe.pad_h = 1; probe.pad_w = 1;
   dfp::ConvF32 f32(ctx, probe, "probe");
-  std::printf("conv all passes              fp32   %s\n", f32.kernel_name());
+  std::printf("conv all passes              fp32   %s (%s)\n", k.conv_f32.name, f32.kernel_name());
   dfp::LinearF32 fc(ctx, 2, 64, 16, "probe");
-  std::printf("linear all passes            fp32   %s\n", fc.kernel_name());
+  std::printf("linear all passes            fp32   %s (%s)\n", k.linear_f32.name, fc.kernel_name());
   const auto bf = dfp::simd::onednn::native_bf16_conv(ctx, probe, "probe");
   const std::string bf16_conv = bf ? "onednn:" + bf->impl_forward() : "bf16-rounded operands on the fp32 kernel";
   std::printf("conv all passes              bf16   %s\n", bf16_conv.c_str());

@@ -118,7 +118,8 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
   for (Precision p : used) {
     switch (p) {
       case Precision::fp32:
-        out.push_back(std::string("fp32: ") + (jit ? "oneDNN FP32 primitives" : "scalar reference (DFP_ISA=ref)"));
+        out.push_back(std::string("fp32: ") + ctx.kernels().conv_f32.name + ", " + ctx.kernels().linear_f32.name +
+                      (jit ? "" : " (scalar reference: DFP_ISA=ref)"));
         break;
       case Precision::int16:
         out.push_back(std::string("int16: DFP16 operands, INT32 chains flushed into FP32; kernels ") +
