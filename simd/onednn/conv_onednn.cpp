@@ -422,9 +422,12 @@ std::optional<ConvPrimitives> native_bf16_conv(const Context& ctx, const ConvSha
 // ---- the kernel table's FP32 backends from avx512bw up -----------------------------------------
 namespace {
 
-class OnednnConv final : public ConvF32Backend {
+// Either backend interface over its primitives: the passes have the same parameter types.
+template <class Backend, class Primitives>
+class Onednn final : public Backend {
  public:
-  OnednnConv(const Context& ctx, const ConvShape& shape, const std::string& name) : p_(ctx, shape, name) {}
+  template <class... Args>
+  explicit Onednn(Args&&... args) : p_(std::forward<Args>(args)...) {}
   std::string impl() const override { return "onednn:" + p_.impl_forward(); }
   void set_weights(const float* w) override { p_.set_weights(w); }
   void forward(const float* x, float* y) override { p_.forward(x, y); }
@@ -432,32 +435,18 @@ class OnednnConv final : public ConvF32Backend {
   void backward_weights(const float* x, const float* dy, float* dw) override { p_.backward_weights(x, dy, dw); }
 
  private:
-  ConvPrimitives p_;
-};
-
-class OnednnLinear final : public LinearF32Backend {
- public:
-  OnednnLinear(const Context& ctx, int batch, int in, int out, const std::string& name)
-      : p_(ctx, batch, in, out, name) {}
-  std::string impl() const override { return "onednn:" + p_.impl_forward(); }
-  void set_weights(const float* w) override { p_.set_weights(w); }
-  void forward(const float* x, float* y) override { p_.forward(x, y); }
-  void backward_data(const float* dy, float* dx) override { p_.backward_data(dy, dx); }
-  void backward_weights(const float* x, const float* dy, float* dw) override { p_.backward_weights(x, dy, dw); }
-
- private:
-  InnerProductPrimitives p_;
+  Primitives p_;
 };
 
 }  // namespace
 
 std::unique_ptr<ConvF32Backend> make_conv_f32(const Context& ctx, const ConvShape& shape, const std::string& name) {
-  return std::make_unique<OnednnConv>(ctx, shape, name);
+  return std::make_unique<Onednn<ConvF32Backend, ConvPrimitives>>(ctx, shape, name);
 }
 
 std::unique_ptr<LinearF32Backend> make_linear_f32(const Context& ctx, int batch, int in_features, int out_features,
                                                   const std::string& name) {
-  return std::make_unique<OnednnLinear>(ctx, batch, in_features, out_features, name);
+  return std::make_unique<Onednn<LinearF32Backend, InnerProductPrimitives>>(ctx, batch, in_features, out_features, name);
 }
 
 }  // namespace dfp::simd::onednn
