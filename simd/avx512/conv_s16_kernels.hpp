@@ -287,15 +287,11 @@ void pair_kernel(const PairKernelArgs& a) {
   // at the end; one that accumulates takes an FMA, or an add where the scale is 1 (the same bits:
   // the convolution's weight gradient sums in units of the scale and scales its slices' sum).
   const bool fma_flush = a.accumulate && a.scale != 1.f;
-  // Copied out of the arguments, as FlushDst is: read through `a`, they were reloaded for every
-  // row of every flush (a float store may alias the arguments' `scale`).
-  float* const dw = a.dw;
-  const int64_t dw_k = a.dw_k;
   bool first = !a.accumulate;
   __m512 sum_f[REG_SUMS ? NK : 1];
   if constexpr (REG_SUMS) {
 #pragma GCC unroll 16
-    for (int k = 0; k < NK; ++k) sum_f[k] = a.accumulate ? _mm512_loadu_ps(dw + k * dw_k) : _mm512_setzero_ps();
+    for (int k = 0; k < NK; ++k) sum_f[k] = a.accumulate ? _mm512_loadu_ps(a.dw + k * a.dw_k) : _mm512_setzero_ps();
   }
   // One lambda with the mode tested per row (predictable branches): a lambda per mode, chosen per
   // flush, put the accumulators on the stack.
@@ -306,7 +302,7 @@ void pair_kernel(const PairKernelArgs& a) {
 #pragma GCC unroll 3
       for (int s = 1; s < SETS; ++s) sum = _mm512_add_epi32(sum, acc[s][k]);
       const __m512 f = _mm512_cvtepi32_ps(sum);
-      float* d = dw + k * dw_k;
+      float* d = a.dw + k * a.dw_k;
       const __m512 old = REG_SUMS ? sum_f[REG_SUMS ? k : 0] : first ? f : _mm512_loadu_ps(d);
       const __m512 r = first ? f : fma_flush ? _mm512_fmadd_ps(f, scale, old) : _mm512_add_ps(f, old);
       if constexpr (REG_SUMS)
@@ -338,7 +334,7 @@ void pair_kernel(const PairKernelArgs& a) {
   if (pending > 0 || first) flush();
 #pragma GCC unroll 16
   for (int k = 0; k < NK; ++k) {
-    float* d = dw + k * dw_k;
+    float* d = a.dw + k * a.dw_k;
     if constexpr (REG_SUMS)
       _mm512_storeu_ps(d, a.accumulate ? sum_f[k] : _mm512_mul_ps(sum_f[k], scale));
     else if (!a.accumulate)
