@@ -294,7 +294,7 @@ using PairKernelFn = void (*)(const PairKernelArgs&);
 class ConvF32Backend {
  public:
   virtual ~ConvF32Backend() = default;
-  virtual std::string impl() const = 0;  // what runs the passes, e.g. "onednn:jit:avx512_core"
+  virtual const char* impl() const noexcept = 0;  // what runs the passes, e.g. "onednn:jit:avx512_core"
   virtual void set_weights(const float* w_kcrs) = 0;
   virtual void forward(const float* x, float* y) = 0;
   virtual void backward_data(const float* dy, float* dx) = 0;
@@ -303,7 +303,7 @@ class ConvF32Backend {
 class LinearF32Backend {
  public:
   virtual ~LinearF32Backend() = default;
-  virtual std::string impl() const = 0;
+  virtual const char* impl() const noexcept = 0;
   virtual void set_weights(const float* w_kc) = 0;
   virtual void forward(const float* x_nc, float* y_nk) = 0;
   virtual void backward_data(const float* dy_nk, float* dx_nc) = 0;

@@ -23,7 +23,6 @@ void check_pointer(const void* p, const std::string& name, const char* method, c
 
 struct ConvF32::Impl {
   std::string name;
-  std::string kernel;
   std::unique_ptr<simd::ConvF32Backend> backend;
   bool weights_set = false;
 };
@@ -32,14 +31,13 @@ ConvF32::ConvF32(const Context& ctx, const ConvShape& shape, std::string name) :
   shape.validate(name);
   impl_->name = std::move(name);
   impl_->backend = ctx.kernels().conv_f32.fn(ctx, shape, impl_->name);
-  impl_->kernel = impl_->backend->impl();
 }
 
 ConvF32::~ConvF32() = default;
 ConvF32::ConvF32(ConvF32&&) noexcept = default;
 ConvF32& ConvF32::operator=(ConvF32&&) noexcept = default;
 
-const char* ConvF32::kernel_name() const noexcept { return impl_->kernel.c_str(); }
+const char* ConvF32::kernel_name() const noexcept { return impl_->backend->impl(); }
 
 void ConvF32::set_weights(const float* w_kcrs) {
   Impl& m = *impl_;
@@ -76,7 +74,6 @@ void ConvF32::backward_weights(const float* x, const float* dy, float* dw_kcrs) 
 
 struct LinearF32::Impl {
   std::string name;
-  std::string kernel;
   std::unique_ptr<simd::LinearF32Backend> backend;
   bool weights_set = false;
 };
@@ -93,14 +90,13 @@ LinearF32::LinearF32(const Context& ctx, int batch, int in_features, int out_fea
   Impl& m = *impl_;
   m.name = std::move(name);
   m.backend = ctx.kernels().linear_f32.fn(ctx, batch, in_features, out_features, m.name);
-  m.kernel = m.backend->impl();
 }
 
 LinearF32::~LinearF32() = default;
 LinearF32::LinearF32(LinearF32&&) noexcept = default;
 LinearF32& LinearF32::operator=(LinearF32&&) noexcept = default;
 
-const char* LinearF32::kernel_name() const noexcept { return impl_->kernel.c_str(); }
+const char* LinearF32::kernel_name() const noexcept { return impl_->backend->impl(); }
 
 void LinearF32::set_weights(const float* w_kc) {
   Impl& m = *impl_;

@@ -145,12 +145,13 @@ __attribute__((always_inline)) inline void pixel_flush_mid(PixelAcc<NOB, NPIX>& 
     pixel_flush<Flush::store>(acc, fd);
 }
 
-// The end of the call: the steps since the last flush (pending), then the scale.
+// The end of the call: the steps since the last flush (pending), then the scale. An accumulating
+// call with no steps leaves dst as it was; an overwriting one writes zero.
 template <int NOB, int NPIX>
 __attribute__((always_inline)) inline void pixel_flush_end(PixelAcc<NOB, NPIX>& acc, const FlushDst& fd,
                                                            bool accumulate, bool flushed, int pending) {
   if (accumulate) {
-    if (pending > 0 || !flushed) pixel_flush<Flush::fma>(acc, fd);
+    if (pending > 0) pixel_flush<Flush::fma>(acc, fd);
   } else if (pending > 0 || !flushed) {
     if (flushed)
       pixel_flush<Flush::add_scale>(acc, fd);

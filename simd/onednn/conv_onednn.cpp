@@ -427,8 +427,8 @@ template <class Backend, class Primitives>
 class Onednn final : public Backend {
  public:
   template <class... Args>
-  explicit Onednn(Args&&... args) : p_(std::forward<Args>(args)...) {}
-  std::string impl() const override { return "onednn:" + p_.impl_forward(); }
+  explicit Onednn(Args&&... args) : p_(std::forward<Args>(args)...), impl_("onednn:" + p_.impl_forward()) {}
+  const char* impl() const noexcept override { return impl_.c_str(); }
   void set_weights(const float* w) override { p_.set_weights(w); }
   void forward(const float* x, float* y) override { p_.forward(x, y); }
   void backward_data(const float* dy, float* dx) override { p_.backward_data(dy, dx); }
@@ -436,6 +436,7 @@ class Onednn final : public Backend {
 
  private:
   Primitives p_;
+  std::string impl_;
 };
 
 }  // namespace

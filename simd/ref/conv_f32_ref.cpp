@@ -130,7 +130,7 @@ namespace {
 class RefConv final : public ConvF32Backend {
  public:
   explicit RefConv(const ConvShape& shape) : s_(shape) {}
-  std::string impl() const override { return "conv_f32__ref"; }
+  const char* impl() const noexcept override { return "conv_f32__ref"; }
   void set_weights(const float* w) override { w_.assign(w, w + size_t(s_.K) * s_.C * s_.R * s_.S); }
   void forward(const float* x, float* y) override { conv_f32_forward(s_, x, w_.data(), y); }
   void backward_data(const float* dy, float* dx) override { conv_f32_backward_data(s_, dy, w_.data(), dx); }
@@ -146,7 +146,7 @@ class RefConv final : public ConvF32Backend {
 class RefLinear final : public LinearF32Backend {
  public:
   RefLinear(int batch, int in, int out) : n_(batch), c_(in), k_(out) {}
-  std::string impl() const override { return "inner_product_f32__ref"; }
+  const char* impl() const noexcept override { return "inner_product_f32__ref"; }
   void set_weights(const float* w) override { w_.assign(w, w + size_t(k_) * c_); }
   void forward(const float* x, float* y) override { inner_product_f32_forward(n_, c_, k_, x, w_.data(), y); }
   void backward_data(const float* dy, float* dx) override {

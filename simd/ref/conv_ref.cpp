@@ -1,8 +1,8 @@
 // Scalar reference for the INT16 micro-kernels: a bit-exact model of VPDPWSSD (pairwise INT16
 // products, wrapping INT32 accumulation) and of the FP32 flush (convert with round-to-nearest-even,
-// then, in a call that adds to dst, one fused multiply-add; in a call that overwrites dst, an add to
-// the unscaled partial sum and one multiply by the scale at the end). Loop order differs from the vector kernels but every lane sees the
-// same sequence of INT32 additions and flushes, so the results are identical.
+// then, in a call that adds to dst, one fused multiply-add; in a call that overwrites dst, an add
+// to the unscaled partial sum and one multiply by the scale at the end). Loop order differs from
+// the vector kernels but every lane sees the same sequence of INT32 additions and flushes, so the results are identical.
 //
 // Verification: when overflow_events is non-null, an INT64 shadow of every accumulator counts
 // the steps at which the true sum leaves the INT32 range (the hardware sum would have wrapped).
@@ -30,41 +30,34 @@ struct Lane {
       }
     }
   }
-  // An accumulating call: dst = fma(float(acc), scale, dst).
-  void flush_fma(float* dst, float scale) {
-    *dst = std::fma(static_cast<float>(acc), scale, *dst);
-    acc = 0;
-    exact = 0;
-  }
-  // An overwriting call: the unscaled sum; its first flush starts it.
-  void flush_unscaled(float& sum, bool first) {
+  // The chain's sum as the flush converts it (round to nearest even); the chain restarts.
+  float take() {
     const float f = static_cast<float>(acc);
-    sum = first ? f : f + sum;
     acc = 0;
     exact = 0;
+    return f;
   }
 };
 
 // One output lane's flushes, as the vector kernels make them (see Flush in
 // simd/avx512/conv_s16_kernels.hpp): FMA into dst when the call accumulates; otherwise an unscaled
-// FP32 sum, scaled once at the end.
+// FP32 sum (from 0: adding the first chain to 0 is exact), scaled once at the end.
 struct LaneOut {
   float* dst;
   float scale;
   bool accumulate;
   float sum = 0.f;
-  bool flushed = false;
   void flush(Lane& lane) {
+    const float f = lane.take();
     if (accumulate)
-      lane.flush_fma(dst, scale);
+      *dst = std::fma(f, scale, *dst);
     else
-      lane.flush_unscaled(sum, !flushed);
-    flushed = true;
+      sum = f + sum;
   }
-  // After the last step: the steps since the last flush (and a flush of nothing where the call
-  // has not flushed yet and empty_flush says to), then the scale.
-  void finish(Lane& lane, int pending, bool empty_flush) {
-    if (pending > 0 || (!flushed && empty_flush)) flush(lane);
+  // After the last step: the steps since the last flush, then the scale. An accumulating call
+  // with no steps leaves dst as it was; an overwriting one writes zero.
+  void finish(Lane& lane, int pending) {
+    if (pending > 0) flush(lane);
     if (!accumulate) *dst = sum * scale;
   }
 };
@@ -91,7 +84,7 @@ void conv_s16_pixel(const PixelKernelArgs& a) {
             }
           }
         }
-        out.finish(lane, steps, true);
+        out.finish(lane, steps);
       }
     }
   }
@@ -114,7 +107,7 @@ void conv_s16_pair(const PairKernelArgs& a) {
           }
         }
       }
-      out.finish(lane, steps, !a.accumulate);
+      out.finish(lane, steps);
     }
   }
 }
