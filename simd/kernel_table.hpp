@@ -349,6 +349,10 @@ struct KernelTable {
   Entry<LinearF32Factory> linear_f32;
 };
 
+// The xsimd version the element-wise kernels were built with (for `dfp info`): the one translation
+// unit that includes xsimd answers, so nothing else needs its headers.
+const char* xsimd_version() noexcept;
+
 // Fills a table for `isa` (which the caller has checked `cpu` supports). Within a level, `cpu`
 // picks among forms that give the same bits (the VAES or AES-NI stochastic stream).
 KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu);

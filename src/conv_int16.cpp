@@ -1394,9 +1394,10 @@ struct ConvInt16::Impl {
       // from memory stalled on the whole tile (measured: ResNet-50 c64->256 1x1 bwd_weights spent
       // 15% of its time in the interleave). Otherwise `ahead` stays empty.
       DyPrefetch ahead;
+      const bool prefetch_dy = (dy_whole_pairs ? dyp_bytes : dyq_bytes) > kDyPrefetchMinBytes;
       auto plan_ahead = [&](Step st) {
         ahead.reset();
-        if ((dy_whole_pairs ? dyp_bytes : dyq_bytes) <= kDyPrefetchMinBytes || !next(st)) return;
+        if (!prefetch_dy || !next(st)) return;
         const int oh1 = std::min(OH, st.oh0 + chunk_rows), ow1 = std::min(OW, st.ow0 + chunk_cols);
         for (int kb = st.kg; kb < std::min(kb1, st.kg + kWgradKbGroup); ++kb)
           for (int oh = st.oh0; oh < oh1; ++oh) {

@@ -55,12 +55,12 @@ class ConvPrimitives {
   std::unique_ptr<Impl> impl_;
 };
 
-// Fully connected without bias: y[n][k] = sum_c x[n][c] * w[k][c].
 // oneDNN's BF16-operand convolution for `shape`, as the bf16 policy runs it; none at the ref level
 // (no JIT code there) or where oneDNN has no primitive for the shape (the caller then rounds the
 // operands to BF16 and runs the FP32 operator: the same numerics).
 std::optional<ConvPrimitives> native_bf16_conv(const Context& ctx, const ConvShape& shape, const std::string& name);
 
+// Fully connected without bias: y[n][k] = sum_c x[n][c] * w[k][c].
 class InnerProductPrimitives {
  public:
   InnerProductPrimitives(const Context& ctx, int batch, int in_features, int out_features,

@@ -2,7 +2,6 @@
 //   dfp info [--threads N] [--isa LEVEL]   CPU features, the kernel chosen per op, versions
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/tbb/version.h>
-#include <xsimd/config/xsimd_config.hpp>
 #include <zlib.h>
 
 #include <sys/wait.h>
@@ -184,9 +183,9 @@ int cmd_info(Args& args) {
               k.bn_bwd_apply_s16.name);
   std::printf("sgd update                   f32    %s\n", k.sgd_update.name);
   const dnnl_version_t* v = dnnl_version();
-  std::printf("\nlibraries      oneDNN %d.%d.%d (%s runtime), oneTBB %s, xsimd %d.%d.%d, zlib %s\n", v->major, v->minor,
+  std::printf("\nlibraries      oneDNN %d.%d.%d (%s runtime), oneTBB %s, xsimd %s, zlib %s\n", v->major, v->minor,
               v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other", TBB_runtime_version(),
-              XSIMD_VERSION_MAJOR, XSIMD_VERSION_MINOR, XSIMD_VERSION_PATCH, zlibVersion());
+              dfp::simd::xsimd_version(), zlibVersion());
   if (policy_given) {
     std::printf("\npolicy         %s\n", pc.policy.describe().c_str());
     std::printf("loss scaling   %s\n", pc.loss_scale.describe().c_str());

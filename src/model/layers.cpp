@@ -369,7 +369,8 @@ class WeightedLayer : public Layer {
   // Allocates weights, gradients and the buffers of the policy's operator; creates the INT16
   // operator itself. Returns true when the subclass must create an FP32 operator (fp32, and the
   // bf16/fp16 layers that run it on rounded operands); a subclass that can run BF16 natively
-  // sets native_bf16_ in its build() via try_native_bf16().
+  // sets native_bf16_ in its build() where wants_native_bf16() and simd::onednn::native_bf16_conv()
+  // give it a primitive.
   bool plan(const Context& ctx, const ConvShape& shape, const TensorShape& in, const TensorShape& out,
             const PrecisionPolicy& policy) {
     ctx_ = &ctx;
