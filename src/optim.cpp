@@ -15,6 +15,7 @@ Sgd::Sgd(const Context& ctx, Model& model, const SgdOptions& o) : ctx_(ctx), mod
   DFP_CHECK(o.momentum >= 0.f && o.weight_decay >= 0.f, Status::invalid_argument,
             "Sgd: momentum and weight decay must be >= 0");
   for (const Parameter& p : model.parameters()) velocity_.emplace_back(p.size, 0.f);
+  max_abs_.assign(model.parameters().size(), -1.f);
 }
 
 void Sgd::step(float lr) {
@@ -24,10 +25,10 @@ void Sgd::step(float lr) {
     for (int64_t i = b; i < e; ++i) {
       Parameter& p = params[i];
       const simd::SgdArgs a{lr, opt_.momentum, p.decay ? opt_.weight_decay : 0.f, opt_.nesterov};
-      p.max_abs = update(p.value, p.grad, velocity_[i].data(), p.size, a);
+      max_abs_[size_t(i)] = update(p.value, p.grad, velocity_[i].data(), p.size, a);
     }
   });
-  model_.weights_updated();
+  model_.weights_updated(max_abs_);
 }
 
 ScheduleKind parse_schedule(const std::string& t, const std::string& origin) {

@@ -765,10 +765,11 @@ TEST(Sgd, UpdateFollowsTheFormulaAtEveryKernelLevel) {
     }
 }
 
-// The optimizer's pass measures max|w| (Parameter::max_abs); the next weights_updated() takes the
-// INT16 weights' exponent from it and consumes it, so the same bits follow as from a measured
-// maximum, and values changed by other code are measured again.
-TEST(Sgd, ItsMaximumSetsTheWeightExponentOnce) {
+// The optimizer's pass measures max|w| and hands it to weights_updated(max_abs), which takes the
+// INT16 weights' exponent from it: the same exponent as a measured maximum; a reported 4x larger
+// maximum moves it by exactly 2; weights_updated() without maxima measures again; a wrong count
+// is refused.
+TEST(Sgd, ItsMaximumSetsTheWeightExponent) {
   Model m(ctx2(), "m");
   auto x = m.input(3, 6, 6);
   m.softmax_cross_entropy(m.linear(m.global_avgpool(m.conv(x, 16, 3, 1, 1, false, "c"), "gap"), 4, true, "fc"));
@@ -781,20 +782,25 @@ TEST(Sgd, ItsMaximumSetsTheWeightExponentOnce) {
   m.forward(img.data(), y.data(), 2, true);
   m.backward();
   sgd.step(0.1f);
-  Parameter& w = m.parameters()[0];
-  EXPECT_EQ(w.max_abs, -1.f) << "consumed by weights_updated()";
   auto exp_w = [&] {
     m.forward(img.data(), y.data(), 2, true);
     return m.numerics().at(0).exp_w;
   };
+  const int from_optimizer = exp_w();
+  m.weights_updated();
   const int measured = exp_w();
+  EXPECT_EQ(from_optimizer, measured);
+  const Parameter& w = m.parameters()[0];
   float true_max = 0.f;
   for (size_t i = 0; i < w.size; ++i) true_max = std::max(true_max, std::fabs(w.value[i]));
-  w.max_abs = true_max * 4;  // as if the optimizer had reported a 4x larger weight
-  m.weights_updated();
+  std::vector<float> reported(m.parameters().size(), -1.f);
+  reported[0] = true_max * 4;  // as if the optimizer had reported a 4x larger weight
+  m.weights_updated(reported);
   EXPECT_EQ(exp_w(), measured + 2);
   m.weights_updated();  // nothing reported: measured again
   EXPECT_EQ(exp_w(), measured);
+  reported.pop_back();
+  test::expect_error([&] { m.weights_updated(reported); }, Status::invalid_argument, {"weights_updated", "one per parameter"});
 }
 
 TEST(Schedule, WarmupCosineStepMultistep) {

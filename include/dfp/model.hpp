@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,12 +87,6 @@ struct Parameter {
   float* grad = nullptr;
   size_t size = 0;
   bool decay = true;  // weight decay applies (PyTorch applies it to every parameter by default)
-  // max|value| as the optimizer measured it in its update pass, for the next weights_updated(),
-  // which consumes it (resets it to -1): an INT16 layer then takes its weights' DFP16 exponent
-  // from it instead of a pass of its own (a grouped conv measures each group's). -1 (or any
-  // negative or non-finite value): measured there. Code that changes `value` other than through
-  // an optimizer must leave it at -1 (or set it to -1).
-  float max_abs = -1.f;
 };
 
 // Per-layer numerics of the reduced-precision Conv2d/Linear layers. Exponents, chains and
@@ -251,6 +246,11 @@ class Model {
   // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed
   // them (INT16: DFP16 + VNNI layouts; FP32: oneDNN's layout). Once per optimizer step.
   void weights_updated();
+  // Same, with max|value| of each parameter (in parameters() order) as the caller measured it,
+  // e.g. in the optimizer's update pass: an INT16 layer then takes its weights' DFP16 exponent
+  // from it instead of a pass of its own (a grouped conv measures each group's). A negative or
+  // non-finite entry: measured there. Throws if the size is not parameters().size().
+  void weights_updated(std::span<const float> max_abs);
 
   // Training steps taken (backward() calls); seeds dropout and stochastic rounding. A resumed
   // run restores it so that it reproduces an uninterrupted one.

@@ -27,6 +27,7 @@ class Sgd {
   Model& model_;
   SgdOptions opt_;
   std::vector<std::vector<float>> velocity_;
+  std::vector<float> max_abs_;  // max|w| of each parameter from the last update pass, for the model
 };
 
 enum class ScheduleKind { constant, step, multistep, cosine };

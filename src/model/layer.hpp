@@ -113,7 +113,7 @@ class Layer {
   virtual void buffers(std::vector<std::pair<std::string, std::vector<float>*>>& out) {}
   // The optimizer changed the parameters; `step` is the next training step (rounding streams).
   // weight_max_abs: max|value| of the layer's first parameter as the optimizer measured it
-  // (Parameter::max_abs; negative or non-finite: not known).
+  // (Model::weights_updated(max_abs); negative or non-finite: not known).
   virtual void weights_updated(uint64_t step, float weight_max_abs) {}
   virtual const char* precision() const { return "fp32"; }
   // Adaptive loss scaling: the power-of-two factor this layer applies to its incoming gradient dy

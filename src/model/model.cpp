@@ -340,7 +340,7 @@ struct Model::Impl {
     probs = AlignedBuffer<float>(size_t(b) * ls.c);
     plan_memory();
     built = true;
-    weights_updated();
+    weights_updated(nullptr);
   }
 
   // ---- memory plan ----------------------------------------------------------------------------
@@ -541,18 +541,12 @@ struct Model::Impl {
     if (poison) std::fill(workspace.data(), workspace.data() + workspace.size(), std::byte{0xFF});
   }
 
-  void weights_updated() {
-    // The optimizer's max|w| of each layer's first parameter (its weight) is used once: every one
-    // is reset on the way out, also when a layer throws (non-finite weights), so that weights a
-    // caller restores afterwards are measured again.
-    struct Consume {
-      std::vector<Parameter>& ps;
-      ~Consume() {
-        for (Parameter& p : ps) p.max_abs = -1.f;
-      }
-    } consume{params};
+  // max_abs: per parameter, or null (all measured by the layers). A layer's first parameter is
+  // its weight.
+  void weights_updated(const float* max_abs) {
     for (NodeInfo& n : nodes)
-      if (n.layer) n.layer->weights_updated(step, n.param_end > n.param_begin ? params[n.param_begin].max_abs : -1.f);
+      if (n.layer)
+        n.layer->weights_updated(step, max_abs && n.param_end > n.param_begin ? max_abs[n.param_begin] : -1.f);
   }
 
   StepResult forward(const float* images, const int32_t* lab, int count, bool train) {
@@ -872,7 +866,13 @@ MemoryPlan Model::memory_plan() const {
   DFP_CHECK(impl_->built, Status::invalid_argument, "model '" + impl_->name + "': memory_plan() before build()");
   return impl_->plan;
 }
-void Model::weights_updated() { impl_->weights_updated(); }
+void Model::weights_updated() { impl_->weights_updated(nullptr); }
+void Model::weights_updated(std::span<const float> max_abs) {
+  DFP_CHECK(max_abs.size() == impl_->params.size(), Status::invalid_argument,
+            "model '" + impl_->name + "': weights_updated() got " + std::to_string(max_abs.size()) +
+                " maxima, expected one per parameter (" + std::to_string(impl_->params.size()) + ")");
+  impl_->weights_updated(max_abs.data());
+}
 uint64_t Model::step() const noexcept { return impl_->step; }
 void Model::set_step(uint64_t step) { impl_->step = step; }
 std::vector<Parameter>& Model::parameters() { return impl_->params; }
