@@ -39,18 +39,20 @@ std::string LossScaleOptions::describe() const {
   return o.str();
 }
 
+void LossScaleOptions::validate(const std::string& origin) const {
+  const bool scaled = mode != LossScaleMode::none;
+  DFP_CHECK(!scaled || (std::isfinite(initial_scale()) && initial_scale() > 0), Status::invalid_argument,
+            origin + ": init_scale expected a positive finite scale, got " + std::to_string(initial_scale()));
+  DFP_CHECK(growth_interval >= 1, Status::invalid_argument,
+            origin + ": growth_interval expected >= 1, got " + std::to_string(growth_interval));
+  DFP_CHECK(growth_factor >= 1 && backoff_factor > 0 && backoff_factor <= 1, Status::invalid_argument,
+            origin + ": expected growth_factor >= 1 and 0 < backoff_factor <= 1, got " + std::to_string(growth_factor) +
+                " and " + std::to_string(backoff_factor));
+}
+
 LossScaler::LossScaler(const LossScaleOptions& o) : options_(o) {
-  const bool scaled = o.mode != LossScaleMode::none;
-  DFP_CHECK(!scaled || (std::isfinite(o.initial_scale()) && o.initial_scale() > 0), Status::invalid_argument,
-            "LossScaleOptions.init_scale (flag --loss-scale): expected a positive finite scale, got " +
-                std::to_string(o.initial_scale()));
-  DFP_CHECK(o.growth_interval >= 1, Status::invalid_argument,
-            "LossScaleOptions.growth_interval (flag --scale-growth-interval): expected >= 1, got " +
-                std::to_string(o.growth_interval));
-  DFP_CHECK(o.growth_factor >= 1 && o.backoff_factor > 0 && o.backoff_factor <= 1, Status::invalid_argument,
-            "LossScaleOptions: expected growth_factor >= 1 and 0 < backoff_factor <= 1, got " +
-                std::to_string(o.growth_factor) + " and " + std::to_string(o.backoff_factor));
-  scale_ = scaled ? o.initial_scale() : 1.0;
+  o.validate("LossScaleOptions");
+  scale_ = o.mode != LossScaleMode::none ? o.initial_scale() : 1.0;
 }
 
 bool LossScaler::update(bool finite) {

@@ -143,13 +143,8 @@ void validate_train_config(const TrainConfig& c) {
             "flag --device: expected cpu or cuda, got '" + c.device + "'");
   DFP_CHECK(!c.profile || c.device == "cpu", Status::unsupported,
             "flag --profile: times the CPU model's layers; not available with --device cuda");
-  LossScaler{c.loss_scale};  // its constructor checks the scale, growth and backoff settings
-  const std::pair<const char*, int> headroom[3] = {{"weights", c.policy.dfp.weights.headroom},
-                                                   {"activations", c.policy.dfp.activations.headroom},
-                                                   {"gradients", c.policy.dfp.gradients.headroom}};
-  for (const auto& [cls, h] : headroom)
-    check(h >= 0 && h <= kDfpMaxHeadroom, "--headroom", "bits in [0, " + std::to_string(kDfpMaxHeadroom) + "]",
-          std::to_string(h) + " (" + cls + ")");
+  c.loss_scale.validate("flags --loss-scale/--scale-growth-interval");
+  c.policy.validate(kPolicyFlags);
 }
 
 namespace {

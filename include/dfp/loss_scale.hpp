@@ -43,6 +43,8 @@ struct LossScaleOptions {
   double adaptive_max_factor = 16.0;
   double adaptive_max_scale = 1024.0;
   std::string describe() const;
+  // Throws dfp::Error(invalid_argument) naming `origin` and the field out of range.
+  void validate(const std::string& origin) const;
 };
 
 class LossScaler {

@@ -127,7 +127,7 @@ void finish_policy(dfp::TrainConfig& c, const std::string& keep_fp32, const Scal
   std::string item;
   while (std::getline(ss, item, ','))
     if (!item.empty()) c.policy.overrides.emplace_back(item, dfp::Precision::fp32);
-  c.policy.validate("flags");
+  c.policy.validate(dfp::kPolicyFlags);
 }
 
 int cmd_info(Args& args) {
