@@ -702,35 +702,35 @@ class GroupedConv2d final : public Layer {
   // shortest chains, counts summed, and the rounding statistics of the whole tensors (signal and
   // noise summed over the groups, as an ungrouped layer measures them).
   bool numerics(LayerNumerics& out) const override {
-    if (convs_.empty() || !convs_.front()->numerics(out)) return false;
-    SampledNumerics whole = convs_.front()->sampled_numerics();
-    if (const ConvStats* s0 = convs_.front()->int16_stats()) {
-      const QuantStats *x = &s0->x, *w = &s0->w, *dy = &s0->dy;
-      for (const auto& c : convs_) {
-        const ConvStats& s = *c->int16_stats();
-        if (s.x.max_abs > x->max_abs) x = &s.x;
-        if (s.w.max_abs > w->max_abs) w = &s.w;
-        if (s.dy.max_abs > dy->max_abs) dy = &s.dy;
+    if (convs_.empty() || !convs_.front()->numerics(out)) return false;  // name and format
+    if (const ConvStats* first = convs_.front()->int16_stats()) {
+      ConvStats whole = *first;
+      auto widest = [](QuantStats& into, const QuantStats& g) {
+        const uint64_t saturated = into.saturated + g.saturated;
+        if (g.max_abs > into.max_abs) into = g;
+        into.saturated = saturated;
+      };
+      for (size_t g = 1; g < convs_.size(); ++g) {
+        const ConvStats& s = *convs_[g]->int16_stats();
+        widest(whole.x, s.x);
+        widest(whole.w, s.w);
+        widest(whole.dy, s.dy);
+        whole.chain_fwd = std::min(whole.chain_fwd, s.chain_fwd);
+        whole.chain_bwd = std::min(whole.chain_bwd, s.chain_bwd);
+        whole.chain_wgrad = std::min(whole.chain_wgrad, s.chain_wgrad);
+        whole.overflow_events += s.overflow_events;
       }
-      out.exp_x = x->exponent;
-      out.exp_w = w->exponent;
-      out.exp_dy = dy->exponent;
+      report_numerics(whole, name, out);
     }
+    SampledNumerics sampled = convs_.front()->sampled_numerics();
     for (size_t g = 1; g < convs_.size(); ++g) {
-      LayerNumerics n;
-      convs_[g]->numerics(n);
-      out.chain_fwd = std::min(out.chain_fwd, n.chain_fwd);
-      out.chain_bwd = std::min(out.chain_bwd, n.chain_bwd);
-      out.chain_wgrad = std::min(out.chain_wgrad, n.chain_wgrad);
-      out.saturated += n.saturated;
-      out.overflow_events += n.overflow_events;
       const SampledNumerics& s = convs_[g]->sampled_numerics();
-      whole.sampled = whole.sampled && s.sampled;
-      whole.x.add(s.x);
-      whole.w.add(s.w);
-      whole.dy.add(s.dy);
+      sampled.sampled = sampled.sampled && s.sampled;
+      sampled.x.add(s.x);
+      sampled.w.add(s.w);
+      sampled.dy.add(s.dy);
     }
-    report_sample(whole, out);
+    report_sample(sampled, out);
     out.layer = name;
     return true;
   }
