@@ -15,6 +15,7 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "tests/common/expect_error.hpp"
+#include "tests/common/reference.hpp"
 
 namespace {
 
@@ -43,17 +44,6 @@ std::vector<float> random_blocked(int n, int c, int h, int w, uint64_t seed) {
 
 std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
 
-// ||a - b|| / ||b||, in double.
-double relative_l2_error(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = double(a[i]) - double(b[i]);
-    num += d * d;
-    den += double(b[i]) * double(b[i]);
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
 
 double dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;
@@ -187,7 +177,7 @@ TEST(ConvF32Ref, ForwardMatchesPlainModel) {
     expect_zero_padding(y, s.N, s.K, s.OH(), s.OW(), "y");
     std::vector<float> y_plain(size_t(s.N) * s.K * s.OH() * s.OW());
     dfp::from_blocked(y.data(), y_plain.data(), s.N, s.K, s.OH(), s.OW());
-    EXPECT_LT(relative_l2_error(y_plain, naive_forward_nchw(s, x_plain, w)), 1e-6);
+    EXPECT_LT(dfp::test::rel_l2(y_plain, naive_forward_nchw(s, x_plain, w)), 1e-6);
   }
 }
 
@@ -237,19 +227,19 @@ TEST(ConvF32OneDnn, MatchesReferenceAllPasses) {
     std::vector<float> y_ref = nan_filled(dy.size()), y = nan_filled(dy.size());
     ref.forward(x.data(), y_ref.data());
     dnn.forward(x.data(), y.data());
-    EXPECT_LT(relative_l2_error(y, y_ref), kTolerance) << "forward, " << dnn.kernel_name();
+    EXPECT_LT(dfp::test::rel_l2(y, y_ref), kTolerance) << "forward, " << dnn.kernel_name();
     expect_zero_padding(y, s.N, s.K, s.OH(), s.OW(), "oneDNN y");
 
     std::vector<float> dx_ref = nan_filled(x.size()), dx = nan_filled(x.size());
     ref.backward_data(dy.data(), dx_ref.data());
     dnn.backward_data(dy.data(), dx.data());
-    EXPECT_LT(relative_l2_error(dx, dx_ref), kTolerance) << "backward_data";
+    EXPECT_LT(dfp::test::rel_l2(dx, dx_ref), kTolerance) << "backward_data";
     expect_zero_padding(dx, s.N, s.C, s.H, s.W, "oneDNN dx");
 
     std::vector<float> dw_ref = nan_filled(w.size()), dw = nan_filled(w.size());
     ref.backward_weights(x.data(), dy.data(), dw_ref.data());
     dnn.backward_weights(x.data(), dy.data(), dw.data());
-    EXPECT_LT(relative_l2_error(dw, dw_ref), kTolerance) << "backward_weights";
+    EXPECT_LT(dfp::test::rel_l2(dw, dw_ref), kTolerance) << "backward_weights";
 
     // Repeated calls on other buffers reuse the cached memories correctly.
     std::vector<float> y2 = nan_filled(dy.size());
@@ -275,8 +265,8 @@ TEST(ConvF32OneDnn, NewWeightsTakeEffect) {
     dnn.forward(x.data(), y.data());
     ref.backward_data(dy.data(), dx_ref.data());
     dnn.backward_data(dy.data(), dx.data());
-    EXPECT_LT(relative_l2_error(y, y_ref), kTolerance);
-    EXPECT_LT(relative_l2_error(dx, dx_ref), kTolerance);
+    EXPECT_LT(dfp::test::rel_l2(y, y_ref), kTolerance);
+    EXPECT_LT(dfp::test::rel_l2(dx, dx_ref), kTolerance);
   }
 }
 
@@ -307,17 +297,17 @@ TEST(LinearF32, OneDnnMatchesReference) {
     std::vector<float> y_ref = nan_filled(dy.size()), y = nan_filled(dy.size());
     ref.forward(x.data(), y_ref.data());
     dnn.forward(x.data(), y.data());
-    EXPECT_LT(relative_l2_error(y, y_ref), kTolerance) << "forward, " << dnn.kernel_name();
+    EXPECT_LT(dfp::test::rel_l2(y, y_ref), kTolerance) << "forward, " << dnn.kernel_name();
 
     std::vector<float> dx_ref = nan_filled(x.size()), dx = nan_filled(x.size());
     ref.backward_data(dy.data(), dx_ref.data());
     dnn.backward_data(dy.data(), dx.data());
-    EXPECT_LT(relative_l2_error(dx, dx_ref), kTolerance) << "backward_data";
+    EXPECT_LT(dfp::test::rel_l2(dx, dx_ref), kTolerance) << "backward_data";
 
     std::vector<float> dw_ref = nan_filled(w.size()), dw = nan_filled(w.size());
     ref.backward_weights(x.data(), dy.data(), dw_ref.data());
     dnn.backward_weights(x.data(), dy.data(), dw.data());
-    EXPECT_LT(relative_l2_error(dw, dw_ref), kTolerance) << "backward_weights";
+    EXPECT_LT(dfp::test::rel_l2(dw, dw_ref), kTolerance) << "backward_weights";
 
     // The reference passes are adjoints too.
     EXPECT_NEAR(dot(x, dx_ref), dot(y_ref, dy), 1e-5 * std::sqrt(dot(y_ref, y_ref) * dot(dy, dy)));

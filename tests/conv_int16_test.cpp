@@ -14,6 +14,7 @@
 #include "tests/common/reference.hpp"
 #include "tests/common/tolerance.hpp"
 #include "tests/common/expect_error.hpp"
+#include "tests/common/isa_levels.hpp"
 
 using namespace dfp;
 using test::random_ints;
@@ -118,9 +119,10 @@ std::vector<float> constant_magnitude(size_t n, float value, uint32_t seed, bool
 Outputs run_linear(const Context& ctx, int N, int C, int K, const std::vector<float>& x, const std::vector<float>& w,
                    const std::vector<float>& dy, const DfpConvOptions& o = {}) {
   Outputs out;
-  out.y.resize(size_t(N) * K);
-  out.dx.resize(size_t(N) * C);
-  out.dw.resize(size_t(K) * C);
+  // -1, as run_int16's: an element the operator does not write, or adds to instead of writing, shows.
+  out.y.assign(size_t(N) * K, -1.f);
+  out.dx.assign(size_t(N) * C, -1.f);
+  out.dw.assign(size_t(K) * C, -1.f);
   LinearInt16 fc(ctx, N, C, K, o);
   fc.set_weights(w.data());
   fc.quantize_input(x.data());
@@ -317,27 +319,26 @@ TEST(ConvInt16, FullRangeOperandsChainOneStepWithoutOverflow) {
     const int wterms = s.N * s.OH() * s.OW();
     for (size_t i = 0; i < dw.size(); ++i) ASSERT_LE(std::fabs(fast.dw[i] - dw[i]), bound(b2 * wterms, wterms)) << "dw " << i;
 
+    // The fully connected layer: [N][C] x [K][C] is a 1x1 convolution of 1x1 images, so the
+    // convolution's FP64 references apply.
     const int N = 6, C = 40, K = 20;
+    const ConvShape ls = make(N, C, 1, 1, K, 1, 1, 1, 0);
     const auto lx = fill(size_t(N) * C, 21), lw = fill(size_t(K) * C, 22), ldy = fill(size_t(N) * K, 23);
     const Outputs lin = run_linear(ctx, N, C, K, lx, lw, ldy, o), lin_checked = run_linear(ctx, N, C, K, lx, lw, ldy, v);
     for (const Outputs* r : {&lin, &lin_checked}) {
       EXPECT_EQ(r->stats.chain_fwd, 1);
+      EXPECT_EQ(r->stats.chain_bwd, 1);
       EXPECT_EQ(r->stats.chain_wgrad, 1);
     }
     EXPECT_EQ(lin_checked.stats.overflow_events, 0);
     expect_outputs_bits_equal(lin, lin_checked, "linear ");
-    for (int n = 0; n < N; ++n)
-      for (int k = 0; k < K; ++k) {
-        double ref = 0;
-        for (int c = 0; c < C; ++c) ref += double(lx[n * C + c]) * lw[k * C + c];
-        ASSERT_LE(std::fabs(lin.y[n * K + k] - ref), bound(b2 * C, C)) << "linear y " << n << "," << k;
-      }
-    for (int k = 0; k < K; ++k)
-      for (int c = 0; c < C; ++c) {
-        double ref = 0;
-        for (int n = 0; n < N; ++n) ref += double(lx[n * C + c]) * ldy[n * K + k];
-        ASSERT_LE(std::fabs(lin.dw[k * C + c] - ref), bound(b2 * N, N)) << "linear dw " << k << "," << c;
-      }
+    std::vector<double> ly, ldx, ldw;
+    test::conv_fwd_ref(ls, lx, lw, ly);
+    test::conv_bwd_data_ref(ls, ldy, lw, ldx);
+    test::conv_bwd_weights_ref(ls, lx, ldy, ldw);
+    for (size_t i = 0; i < ly.size(); ++i) ASSERT_LE(std::fabs(lin.y[i] - ly[i]), bound(b2 * C, C)) << "linear y " << i;
+    for (size_t i = 0; i < ldx.size(); ++i) ASSERT_LE(std::fabs(lin.dx[i] - ldx[i]), bound(b2 * K, K)) << "linear dx " << i;
+    for (size_t i = 0; i < ldw.size(); ++i) ASSERT_LE(std::fabs(lin.dw[i] - ldw[i]), bound(b2 * N, N)) << "linear dw " << i;
   }
 }
 
@@ -470,8 +471,8 @@ TEST(ConvInt16, IndependentOfThreadCount) {
 // layers (split by slices, and writing dW in place), and at every kernel level; no INT32 chain
 // overflows (the reference counts them).
 TEST(ConvInt16, WeightGradientWithoutInputGradientGivesTheSameBits) {
-  for (const char* isa : {"ref", "avx512bw", "avx512vnni"}) {
-    if (!detect_cpu_features().supports(parse_isa(isa, "test"))) continue;
+  for (Isa level : test::isa_levels()) {
+    const std::string isa = isa_name(level);
     Context ctx(ContextOptions{.threads = 2, .isa = isa});
     for (const ConvShape& s : {make(5, 3, 12, 150, 16, 3, 3, 1, 1), make(3, 3, 15, 13, 20, 7, 7, 2, 3),
                                make(4, 20, 9, 9, 72, 3, 3, 2, 1), make(3, 1, 28, 28, 6, 5, 5, 1, 2),
@@ -485,7 +486,7 @@ TEST(ConvInt16, WeightGradientWithoutInputGradientGivesTheSameBits) {
       to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
       DfpConvOptions with;
       with.gradients.rounding = Rounding::stochastic;
-      with.verify = std::string(isa) == "ref";
+      with.verify = level == Isa::ref;
       DfpConvOptions without = with;
       without.input_gradient = false;
       std::vector<float> dw[2];
@@ -505,7 +506,9 @@ TEST(ConvInt16, WeightGradientWithoutInputGradientGivesTheSameBits) {
       EXPECT_EQ(st[0].dy.max_abs_int, st[1].dy.max_abs_int);
       EXPECT_EQ(st[0].dy.saturated, st[1].dy.saturated);
       EXPECT_EQ(st[0].chain_wgrad, st[1].chain_wgrad);
-      EXPECT_EQ(st[1].overflow_events, 0);
+      if (with.verify) {  // counted by the reference only
+        EXPECT_EQ(st[1].overflow_events, 0);
+      }
     }
   }
 }
@@ -647,8 +650,8 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
 // strided phases, image tiles, GEMM, unfolded columns folded back) and ISA, with derived and
 // forced short chains (several flushes per output). Integer data: every order of the sums is exact.
 TEST(ConvInt16, BackwardDataAccumulatesOntoDx) {
-  for (const char* isa : {"ref", "avx512bw", "avx512vnni"}) {
-    if (!detect_cpu_features().supports(parse_isa(isa, "test"))) continue;
+  for (Isa level : test::isa_levels()) {
+    const std::string isa = isa_name(level);
     Context ctx(ContextOptions{.threads = 2, .isa = isa});
     for (const ConvShape& s : edge_shapes()) {
       SCOPED_TRACE(describe(s) + " " + isa);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dfp/context.hpp"
+#include "tests/common/reference.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/loss_scale.hpp"
 #include "dfp/model.hpp"
@@ -171,16 +172,6 @@ inline void separable_batch(int batch, std::mt19937& g, std::vector<float>& imag
   }
   images.assign(blocked_size(batch, 1, 28, 28), 0.f);
   to_blocked(nchw.data(), images.data(), batch, 1, 28, 28);
-}
-
-
-inline double rel_l2(const float* a, const float* ref, size_t n) {
-  double d = 0, r = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    r += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(d) / std::max(std::sqrt(r), 1e-12);
 }
 
 // The worst relative errors of the device against the CPU over one case.

@@ -1,6 +1,7 @@
 // FP64 references and fills shared by the tests.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -9,6 +10,20 @@
 #include "dfp/conv.hpp"
 
 namespace dfp::test {
+
+// ||got - ref|| / ||ref||, in double. An all-zero ref divides by 1e-12 instead: any nonzero got
+// then fails every tolerance. Different sizes give infinity.
+inline double rel_l2(const float* got, const float* ref, size_t n) {
+  double d = 0, r = 0;
+  for (size_t i = 0; i < n; ++i) {
+    d += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    r += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(d) / std::max(std::sqrt(r), 1e-12);
+}
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+  return got.size() == ref.size() ? rel_l2(got.data(), ref.data(), ref.size()) : INFINITY;
+}
 
 inline std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
   std::mt19937 g(seed);
