@@ -73,10 +73,10 @@ struct PixelAcc {
 
 // How a flush writes dst. A call that overwrites dst keeps its partial sums unscaled (in units of
 // 2^(e_src + e_wei)) and applies the scale once, at its last flush: the mid-chain flushes are then
-// a convert and an add, where they were a convert and an FMA, and on Zen 4 the FMA shares its
-// pipes with VPDPWSSD while the add does not (an inline-asm loop of 24 accumulators flushed every
-// 16 steps lost 11% of its VPDPWSSD rate with convert + FMA, under 1% with convert + add). The
-// bits are those of an FMA per flush: the partial sums are integers, so in both forms they are
+// a convert and an add, where they were a convert and an FMA, which on Zen 4 competes with
+// VPDPWSSD for its pipes more than the add does (bench/flush_bench, 24 accumulators flushed every
+// 16 steps, medians of 9 interleaved runs: 12% of the VPDPWSSD rate lost with convert + FMA, 6%
+// with convert + add; every 8 steps 20% and 5%). The bits are those of an FMA per flush: the partial sums are integers, so in both forms they are
 // integer multiples of the scale, normal FP32 when nonzero (the scale is >= 2^-126), and scaling
 // by a power of two commutes with rounding there (short of FP32 overflow, where the FMA form
 // would have stopped at inf). A call that adds to dst (accumulate) keeps the FMA: dst holds other
@@ -295,8 +295,10 @@ void pair_kernel(const PairKernelArgs& a) {
     for (int k = 0; k < NK; ++k) sum_f[k] = a.accumulate ? _mm512_loadu_ps(a.dw + k * a.dw_k) : _mm512_setzero_ps();
   }
   // One lambda with the mode tested per row (predictable branches): a lambda per mode, chosen per
-  // flush, put the accumulators on the stack.
-  auto flush = [&]() __attribute__((always_inline)) {
+  // flush, put the accumulators on the stack. `last`: the call's final flush, which in a call
+  // that overwrites dw also applies the scale (a separate scaling pass over dw cost the 4096 x
+  // 4096 fully connected weight gradient, whose calls flush twice, 138 -> 94 GOP/s).
+  auto flush = [&](bool last) __attribute__((always_inline)) {
 #pragma GCC unroll 16
     for (int k = 0; k < NK; ++k) {
       __m512i sum = acc[0][k];
@@ -305,7 +307,8 @@ void pair_kernel(const PairKernelArgs& a) {
       const __m512 f = _mm512_cvtepi32_ps(sum);
       float* d = a.dw + k * a.dw_k;
       const __m512 old = REG_SUMS ? sum_f[REG_SUMS ? k : 0] : first ? f : _mm512_loadu_ps(d);
-      const __m512 r = first ? f : fma_flush ? _mm512_fmadd_ps(f, scale, old) : _mm512_add_ps(f, old);
+      __m512 r = first ? f : fma_flush ? _mm512_fmadd_ps(f, scale, old) : _mm512_add_ps(f, old);
+      if (last && !a.accumulate) r = _mm512_mul_ps(r, scale);
       if constexpr (REG_SUMS)
         sum_f[k] = r;
       else
@@ -328,17 +331,19 @@ void pair_kernel(const PairKernelArgs& a) {
         const int16_t* g = gr + c * a.dy_col;
 #pragma GCC unroll 16
         for (int k = 0; k < NK; ++k) Dot::step(acc[s][k], xv, g + 2 * k);
-        if (++pending == a.chain) { flush(); pending = 0; }
+        if (++pending == a.chain) { flush(false); pending = 0; }
       }
     }
   }
-  if (pending > 0 || first) flush();
+  const bool tail = pending > 0 || first;  // steps since the last flush, or none flushed yet
+  if (tail) flush(true);
+  // Where the last flush fell on the last step, an overwriting call scales here.
 #pragma GCC unroll 16
   for (int k = 0; k < NK; ++k) {
     float* d = a.dw + k * a.dw_k;
     if constexpr (REG_SUMS)
-      _mm512_storeu_ps(d, a.accumulate ? sum_f[k] : _mm512_mul_ps(sum_f[k], scale));
-    else if (!a.accumulate)
+      _mm512_storeu_ps(d, a.accumulate || tail ? sum_f[k] : _mm512_mul_ps(sum_f[k], scale));
+    else if (!a.accumulate && !tail)
       _mm512_storeu_ps(d, _mm512_mul_ps(_mm512_loadu_ps(d), scale));
   }
 }

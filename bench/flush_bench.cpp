@@ -1,0 +1,77 @@
+// The cost of the INT16 kernels' INT32 -> FP32 flush, in isolation: why a flush mid-call converts
+// and adds (simd/avx512/conv_s16_kernels.hpp, Flush) instead of converting and multiply-adding.
+//
+// One thread runs 24 independent VPDPWSSD accumulators (embedded broadcast, as the pixel kernel's
+// steps) and flushes all 24 every `chain` steps into 24 L1-resident FP32 lines:
+//   none      no flush (the VPDPWSSD rate alone)
+//   fma       convert, FMA with the scale and the line, store, zero   (the old flush)
+//   add       convert, add the line, store, zero                       (the flush now)
+// Inline asm with fixed registers, so that the compiler adds nothing. Counter Gsteps = VPDPWSSD
+// per ns; compare the modes of one run (the VM is noisy). Skipped without AVX-512 VNNI.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+
+#include "dfp/isa.hpp"
+
+namespace {
+
+#define DFP_ACCS "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23"
+#define DFP_STEPS ".irp r," DFP_ACCS "\n\tvpdpwssd (%[src])%{1to16%}, %%zmm30, %%zmm\\r\n\t.endr\n\t"
+
+enum Mode { kNone, kFma, kAdd };
+
+template <Mode M>
+__attribute__((target("avx512f,avx512vnni"))) void run(int64_t iters, int chain, const int32_t* src, float* out) {
+  int scratch;
+  if constexpr (M == kNone)
+    asm volatile("1:\n\tmov %[chain], %[n]\n\t2:\n\t" DFP_STEPS "dec %[n]\n\tjnz 2b\n\tdec %[it]\n\tjnz 1b"
+                 : [it] "+r"(iters), [n] "=&r"(scratch)
+                 : [chain] "r"(chain), [src] "r"(src)
+                 : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                   "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
+                   "xmm21", "xmm22", "xmm23", "xmm28", "xmm30", "xmm31");
+  if constexpr (M == kFma)
+    asm volatile("1:\n\tmov %[chain], %[n]\n\t2:\n\t" DFP_STEPS "dec %[n]\n\tjnz 2b\n\t"
+                 ".irp r," DFP_ACCS "\n\tvcvtdq2ps %%zmm\\r, %%zmm28\n\tvfmadd213ps \\r*64(%[out]), %%zmm31, %%zmm28\n\t"
+                 "vmovaps %%zmm28, \\r*64(%[out])\n\tvpxord %%zmm\\r, %%zmm\\r, %%zmm\\r\n\t.endr\n\t"
+                 "dec %[it]\n\tjnz 1b"
+                 : [it] "+r"(iters), [n] "=&r"(scratch)
+                 : [chain] "r"(chain), [src] "r"(src), [out] "r"(out)
+                 : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                   "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
+                   "xmm21", "xmm22", "xmm23", "xmm28", "xmm30", "xmm31");
+  if constexpr (M == kAdd)
+    asm volatile("1:\n\tmov %[chain], %[n]\n\t2:\n\t" DFP_STEPS "dec %[n]\n\tjnz 2b\n\t"
+                 ".irp r," DFP_ACCS "\n\tvcvtdq2ps %%zmm\\r, %%zmm28\n\tvaddps \\r*64(%[out]), %%zmm28, %%zmm28\n\t"
+                 "vmovaps %%zmm28, \\r*64(%[out])\n\tvpxord %%zmm\\r, %%zmm\\r, %%zmm\\r\n\t.endr\n\t"
+                 "dec %[it]\n\tjnz 1b"
+                 : [it] "+r"(iters), [n] "=&r"(scratch)
+                 : [chain] "r"(chain), [src] "r"(src), [out] "r"(out)
+                 : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                   "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
+                   "xmm21", "xmm22", "xmm23", "xmm28", "xmm30", "xmm31");
+}
+
+template <Mode M>
+void flush(benchmark::State& state) {
+  if (!dfp::detect_cpu_features().supports(dfp::Isa::avx512vnni)) {
+    state.SkipWithError("this CPU lacks AVX-512 VNNI");
+    return;
+  }
+  const int chain = static_cast<int>(state.range(0));
+  alignas(64) static int32_t src[16] = {0x00030005};
+  alignas(64) static float out[24 * 16] = {};
+  const int64_t rounds = 4096 / chain;  // about 100k VPDPWSSD per iteration
+  for (auto _ : state) run<M>(rounds, chain, src, out);
+  state.counters["Gsteps"] =
+      benchmark::Counter(double(rounds) * chain * 24 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(flush<kNone>)->Name("flush/none")->ArgName("chain")->Arg(8)->Arg(16)->Arg(24)->Arg(48)->UseRealTime();
+BENCHMARK(flush<kFma>)->Name("flush/fma")->ArgName("chain")->Arg(8)->Arg(16)->Arg(24)->Arg(48)->UseRealTime();
+BENCHMARK(flush<kAdd>)->Name("flush/add")->ArgName("chain")->Arg(8)->Arg(16)->Arg(24)->Arg(48)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
