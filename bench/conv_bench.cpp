@@ -146,7 +146,7 @@ void bench_int16(benchmark::State& state, const ConvLayer& layer, Pass pass, int
     };
     run();  // warm-up, as the peer benchmark does
     for (auto _ : state) run();
-    state.SetLabel(conv.kernel_name());
+    state.SetLabel(pass == Pass::bwd_weights ? conv.weight_gradient_kernel_name() : conv.kernel_name());
     set_gops_counter(state, s);
     // VPDPWSSD steps per INT32 chain (between FP32 flushes): a short chain is flush overhead.
     const dfp::ConvStats& st = conv.stats();

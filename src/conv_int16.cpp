@@ -54,7 +54,7 @@ namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
 constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
-constexpr int kWgradKbGroup = 2;    // weight-gradient output blocks sharing one x tile (4: slower, L1)
+constexpr int kWgradKbGroup = 4;    // weight-gradient output blocks sharing one x tile (4: slower, L1)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
 // The weight gradient fetches the next step's dy rows ahead only when dy is larger than this
 // (a quarter of this CPU's 32 MiB L3): smaller, its rows come from L3, which the hardware
@@ -1369,7 +1369,7 @@ struct ConvInt16::Impl {
       // are the innermost loop, so each x tile (one cb and tap, in L1) serves all of them: with kb
       // outermost, 1x1 layers with many channels re-streamed x from memory once per kb.
       alignas(64) int16_t tile[kWgradKbGroup][kPairTile * 32 + 32];
-      const bool prefetch_x = T == 1 && size_t(CB) * xp_h * xp_w * 64 > (size_t(1) << 20);  // + one line: 8 KiB apart, they shared L1 sets
+      const bool prefetch_x = T == 1;  // the next input block's x tile, from the calls (below)
       // Row oh, columns from ow0, of output block kb of image n in dyq.
       auto dy_row = [&](int n, int kb, int oh, int ow0) {
         return dyq + (((size_t(n) * KB + kb) * OHb + oh + pt) * OWb + ow0 + pl) * 16;
@@ -1449,18 +1449,24 @@ struct ConvInt16::Impl {
             x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
           for (int kb = kg; kb < kg1; ++kb)
             chains[kb - kg] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[kb - kg]));
-          // 1x1 layers whose input planes outgrow L2 stream x from memory, and the next input
-          // block's rows of this tile are a plane away: a new stream that the hardware
-          // prefetcher finds only after a few misses. Fetch it while this block computes
-          // (measured: ResNet-50 c256->64 1x1 bwd_weights +18%; 3x3 layers reuse x from
-          // cache and lost 4% with it).
+          // 1x1 layers stream x from L3 or memory, and the next input block's rows of this tile
+          // are a plane away: a new stream that the hardware prefetcher finds only after a few
+          // misses. The kernel calls of this block fetch it while they compute, a share each, a
+          // line per position (3x3 layers reuse x from cache and lost 4% with a prefetch).
+          // It used to be a burst before the block's calls, and only for planes over 1 MiB: the
+          // burst stalled on the full miss queue, and smaller planes came from L3 with misses.
+          // Interleaved A/B, medians of 4 rounds, GOP/s, ResNet-50 1x1 bwd_weights: 1 thread
+          // 1024->256 14x14 128 -> 176, 512->128 28x28 170 -> 188, 64->64 56x56 138 -> 164;
+          // 2 threads 1024->256 14x14 295 -> 356, 1024->512 14x14 273 -> 355.
+          const char *next_x = nullptr, *x_end = nullptr;
+          size_t x_share = 0;  // bytes per call
           if (prefetch_x && cb + 1 < CB) {
             const int r0 = std::max(0, oh0 * x_row_step - sh.pad_h);
             const int r1 = std::min(xp_h, (oh1 - 1) * x_row_step - sh.pad_h + sh.R);
-            const char* next_x = reinterpret_cast<const char*>(
-                xp.data() + ((size_t(p) * CB + cb + 1) * xp_h + r0) * xp_w * 32);
-            const size_t bytes = size_t(std::max(0, r1 - r0)) * xp_w * 64;
-            for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(next_x + o, _MM_HINT_T1);
+            next_x = reinterpret_cast<const char*>(xp.data() + ((size_t(p) * CB + cb + 1) * xp_h + r0) * xp_w * 32);
+            const size_t lines = size_t(std::max(0, r1 - r0)) * xp_w;  // 64 bytes per position
+            x_share = (lines + (kg1 - kg) - 1) / (kg1 - kg) * 64;
+            x_end = next_x + lines * 64;
           }
           for (int t = 0; t < T; ++t) {
             const int r = t / sh.S, s2 = t % sh.S;
@@ -1475,6 +1481,9 @@ struct ConvInt16::Impl {
             for (int kb = kg; kb < kg1; ++kb) {
               const int16_t* g = dy_whole_pairs ? dyp_at(p, kb, lo_r, lo_c)
                                                 : tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+              // T == 1 where next_x is set: one call per kb.
+              a.prefetch = next_x ? next_x + size_t(kb - kg) * x_share : nullptr;
+              a.prefetch_end = next_x ? std::min(x_end, a.prefetch + x_share) : nullptr;
               if (lanes_k) {  // lanes over k from the dy tile, x's channel pairs broadcast
                 simd::PairKernelArgs b = a;
                 b.x = g;
@@ -1571,6 +1580,9 @@ const ConvShape& ConvInt16::shape() const noexcept { return impl_->user; }
 const ConvStats& ConvInt16::stats() const noexcept { return impl_->stats; }
 const char* ConvInt16::kernel_name() const noexcept {
   return impl_->opt.verify ? "conv_s16s16f32__ref_int64_shadow" : impl_->ctx.kernels().conv_s16_pixel.name;
+}
+const char* ConvInt16::weight_gradient_kernel_name() const noexcept {
+  return impl_->opt.verify ? "conv_s16s16f32__ref_int64_shadow" : impl_->ctx.kernels().conv_s16_pair.name;
 }
 void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w, -1.f); }

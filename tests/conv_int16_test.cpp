@@ -11,6 +11,7 @@
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
 #include "tests/common/reference.hpp"
 #include "tests/common/tolerance.hpp"
 #include "tests/common/expect_error.hpp"
@@ -181,6 +182,24 @@ TEST_P(ConvInt16Isa, BitExactAgainstScalarModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, ConvInt16Isa, ::testing::Values("avx512bw", "avx512vnni"));
+
+// Each pass names the kernel it runs: the pixel kernel for forward and backward data, the pair
+// kernel for the weight gradient, of the context's ISA; the verification mode names its shadow.
+TEST_P(ConvInt16Isa, NamesTheKernelOfEachPass) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context ctx(ContextOptions{.threads = 2, .isa = GetParam()});
+  const ConvShape s = edge_shapes().front();
+  const ConvInt16 conv(ctx, s);
+  EXPECT_STREQ(conv.kernel_name(), ctx.kernels().conv_s16_pixel.name);
+  EXPECT_STREQ(conv.weight_gradient_kernel_name(), ctx.kernels().conv_s16_pair.name);
+  EXPECT_NE(std::string(conv.kernel_name()).find(GetParam()), std::string::npos) << conv.kernel_name();
+  EXPECT_NE(std::string(conv.weight_gradient_kernel_name()).find(GetParam()), std::string::npos);
+  EXPECT_NE(std::string(conv.weight_gradient_kernel_name()).find("_pair"), std::string::npos);
+  DfpConvOptions o;
+  o.verify = true;
+  const ConvInt16 verifying(ctx, s, o);
+  EXPECT_STREQ(verifying.weight_gradient_kernel_name(), "conv_s16s16f32__ref_int64_shadow");
+}
 
 // Adding onto a dx that holds other (non-integer) values keeps an FMA per flush, while a call that
 // overwrites sums unscaled and scales at the end: both against the scalar model, with derived

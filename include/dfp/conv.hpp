@@ -87,8 +87,10 @@ class ConvInt16 {
 
   const ConvShape& shape() const noexcept;
   const ConvStats& stats() const noexcept;
-  // Name of the micro-kernel each pass runs on this context.
+  // Name of the micro-kernel the forward and backward-data passes run on this context.
   const char* kernel_name() const noexcept;
+  // Name of the micro-kernel the weight-gradient pass runs on this context.
+  const char* weight_gradient_kernel_name() const noexcept;
 
   // Training step whose stochastic-rounding streams the next quantizations use: the stream of
   // element n is a function of (seed, step, n), so steps do not reuse random numbers and a resumed

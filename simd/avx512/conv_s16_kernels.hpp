@@ -262,7 +262,10 @@ void pixel_entry(const PixelKernelArgs& a) {
 
 // ---- pair kernel (weight gradient) ---------------------------------------------------------
 
-template <class Dot, int NK>
+// PREFETCH: the call fetches a.prefetch's lines (instantiated for 16 rows only, the 1x1 layers'
+// calls that carry them; the others keep a loop without it: the fully connected weight gradients,
+// 16 positions per call, lost 3% to the extra instructions).
+template <class Dot, int NK, bool PREFETCH = false>
 void pair_kernel(const PairKernelArgs& a) {
   // Few rows leave too few independent VPDPWSSD chains to hide its latency (12 or more needed, see
   // peers.md; ResNet stems' weight gradients run 9 and 5 rows): consecutive positions then rotate
@@ -319,6 +322,10 @@ void pair_kernel(const PairKernelArgs& a) {
     first = false;
   };
   int pending = 0;
+  // Branch-free, one prefetch per position: once the range is done, its last line again (with
+  // _mm_prefetch under a branch, GCC copied all 16 accumulators to other registers around every
+  // step and spilled one).
+  const char* pf = a.prefetch;
   for (int r = 0; r < a.rows; ++r) {
     const int16_t* xr = a.x + r * a.x_row;
     const int16_t* gr = a.dy + r * a.dy_row;
@@ -331,6 +338,10 @@ void pair_kernel(const PairKernelArgs& a) {
         const int16_t* g = gr + c * a.dy_col;
 #pragma GCC unroll 16
         for (int k = 0; k < NK; ++k) Dot::step(acc[s][k], xv, g + 2 * k);
+        if constexpr (PREFETCH) {
+          asm volatile("prefetcht1 %0" ::"m"(*pf));
+          pf += pf + 64 < a.prefetch_end ? 64 : 0;
+        }
         if (++pending == a.chain) { flush(false); pending = 0; }
       }
     }
@@ -357,6 +368,7 @@ void pair_entry_impl(const PairKernelArgs& a, std::integer_sequence<int, K...>) 
 
 template <class Dot>
 void pair_entry(const PairKernelArgs& a) {
+  if (a.nk == 16 && a.prefetch < a.prefetch_end) return pair_kernel<Dot, 16, true>(a);
   pair_entry_impl<Dot>(a, std::make_integer_sequence<int, 16>{});
 }
 
