@@ -1369,7 +1369,6 @@ struct ConvInt16::Impl {
       // are the innermost loop, so each x tile (one cb and tap, in L1) serves all of them: with kb
       // outermost, 1x1 layers with many channels re-streamed x from memory once per kb.
       alignas(64) int16_t tile[kWgradKbGroup][kPairTile * 32 + 32];
-      const bool prefetch_x = T == 1;  // the next input block's x tile, from the calls (below)
       // Row oh, columns from ow0, of output block kb of image n in dyq.
       auto dy_row = [&](int n, int kb, int oh, int ow0) {
         return dyq + (((size_t(n) * KB + kb) * OHb + oh + pt) * OWb + ow0 + pl) * 16;
@@ -1449,23 +1448,25 @@ struct ConvInt16::Impl {
             x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
           for (int kb = kg; kb < kg1; ++kb)
             chains[kb - kg] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[kb - kg]));
-          // 1x1 layers stream x from L3 or memory, and the next input block's rows of this tile
-          // are a plane away: a new stream that the hardware prefetcher finds only after a few
-          // misses. The kernel calls of this block fetch it while they compute, a share each, a
-          // line per position (3x3 layers reuse x from cache and lost 4% with a prefetch).
-          // It used to be a burst before the block's calls, and only for planes over 1 MiB: the
-          // burst stalled on the full miss queue, and smaller planes came from L3 with misses.
-          // Interleaved A/B, medians of 4 rounds, GOP/s, ResNet-50 1x1 bwd_weights: 1 thread
-          // 1024->256 14x14 128 -> 176, 512->128 28x28 170 -> 188, 64->64 56x56 138 -> 164;
-          // 2 threads 1024->256 14x14 295 -> 356, 1024->512 14x14 273 -> 355.
+          // The next input block's rows of this tile are a plane away: a new stream that the
+          // hardware prefetcher finds only after a few misses, from L3 or memory where the layer
+          // has many channels or large planes. The kernel calls of this block fetch it while they
+          // compute, a share each, a line per position. It used to be a burst before the block's
+          // calls, for 1x1 layers with planes over 1 MiB only: the burst stalled on the full miss
+          // queue, and the rest missed. Interleaved A/B, medians of 4 rounds, GOP/s, ResNet-50
+          // bwd_weights: 1 thread, 1x1 1024->256 14x14 128 -> 176, 512->128 28x28 170 -> 188,
+          // 64->64 56x56 138 -> 164; 2 threads, 1x1 1024->256 14x14 295 -> 356, 1024->512 14x14
+          // 273 -> 355, 3x3 stride 2 256-channel 28x28 252 -> 324, 128-channel 56x56 254 -> 301
+          // (stride-1 3x3 layers, which reuse x across taps, unchanged).
           const char *next_x = nullptr, *x_end = nullptr;
           size_t x_share = 0;  // bytes per call
-          if (prefetch_x && cb + 1 < CB) {
+          if (cb + 1 < CB) {
             const int r0 = std::max(0, oh0 * x_row_step - sh.pad_h);
             const int r1 = std::min(xp_h, (oh1 - 1) * x_row_step - sh.pad_h + sh.R);
             next_x = reinterpret_cast<const char*>(xp.data() + ((size_t(p) * CB + cb + 1) * xp_h + r0) * xp_w * 32);
             const size_t lines = size_t(std::max(0, r1 - r0)) * xp_w;  // 64 bytes per position
-            x_share = (lines + (kg1 - kg) - 1) / (kg1 - kg) * 64;
+            const size_t calls = size_t(T) * (kg1 - kg);
+            x_share = (lines + calls - 1) / calls * 64;
             x_end = next_x + lines * 64;
           }
           for (int t = 0; t < T; ++t) {
@@ -1481,8 +1482,7 @@ struct ConvInt16::Impl {
             for (int kb = kg; kb < kg1; ++kb) {
               const int16_t* g = dy_whole_pairs ? dyp_at(p, kb, lo_r, lo_c)
                                                 : tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
-              // T == 1 where next_x is set: one call per kb.
-              a.prefetch = next_x ? next_x + size_t(kb - kg) * x_share : nullptr;
+              a.prefetch = next_x ? next_x + (size_t(t) * (kg1 - kg) + kb - kg) * x_share : nullptr;
               a.prefetch_end = next_x ? std::min(x_end, a.prefetch + x_share) : nullptr;
               if (lanes_k) {  // lanes over k from the dy tile, x's channel pairs broadcast
                 simd::PairKernelArgs b = a;

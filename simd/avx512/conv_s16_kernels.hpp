@@ -262,7 +262,7 @@ void pixel_entry(const PixelKernelArgs& a) {
 
 // ---- pair kernel (weight gradient) ---------------------------------------------------------
 
-// PREFETCH: the call fetches a.prefetch's lines (instantiated for 16 rows only, the 1x1 layers'
+// PREFETCH: the call fetches a.prefetch's lines (instantiated for 16 rows only, the convolution
 // calls that carry them; the others keep a loop without it: the fully connected weight gradients,
 // 16 positions per call, lost 3% to the extra instructions).
 template <class Dot, int NK, bool PREFETCH = false>
