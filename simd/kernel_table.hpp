@@ -182,6 +182,11 @@ struct PixelKernelArgs {
   float scale;             // 2^(e_src + e_wei)
   bool accumulate;         // add to dst instead of overwriting it
   int64_t* overflow_events;  // verification (reference only): INT32 range exits, or null
+  // Only for an overwriting call with no steps (ntaps == 0) and dst 64-byte aligned: write its
+  // zeros with non-temporal stores, which do not read dst's lines for ownership first (a strided
+  // layer's backward-data phases that no tap reaches, in outputs far larger than the cache).
+  // Same values; the reference ignores it.
+  bool stream = false;
 };
 inline constexpr int kPixelAccumulators = 28;  // ZMM accumulators per call (plus 2 weight regs)
 inline constexpr int max_pixels(int nob) { return kPixelAccumulators / nob; }

@@ -62,6 +62,10 @@ constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the th
 // it saves. Measured, alternating runs: ResNet-20's 3-channel first layer (4 MiB of dy) +4 to
 // +7% without; ResNet-50's 7x7 and 64 -> 256 1x1 layers (51 MiB) lose 6% and 9% without.
 constexpr size_t kDyPrefetchMinBytes = size_t(8) << 20;
+// A pixel pass streams the zeros of its tapless phases (non-temporal stores) when its output is
+// larger than this: the 32 MiB L3 could not keep them for the next layer anyway. (Streaming every
+// output of such layers measured slower: ResNet-50's 64 -> 256 1x1 forward 320 -> 301 GOP/s.)
+constexpr size_t kStreamMinBytes = size_t(32) << 20;
 constexpr int kUnfoldBlocks = 4;    // largest column unfolding, in 16-channel blocks
 constexpr int kUnfoldPixels = 64;   // pixels per gather tile of the column unfolding
 // Rows of at most this many output pixels (VGG's last 2x2 layers on CIFAR) tile across images at
@@ -1178,6 +1182,11 @@ struct ConvInt16::Impl {
     base.chain = choose_chains(pp, src_stats.max_abs_int);
     base.scale = pow2(src_stats.exponent + stats.w.exponent, name, pass);
     base.accumulate = accumulate;
+    // Phases that no tap reaches (a strided layer's backward data) only write zeros: where the
+    // output is far larger than the cache, with non-temporal stores, instead of reading each line
+    // for ownership first (see PixelKernelArgs::stream).
+    const bool stream_zeros = !accumulate && reinterpret_cast<uintptr_t>(dst) % 64 == 0 &&
+                              size_t(sh.N) * pp.dst_img * sizeof(float) > kStreamMinBytes;
     base.nib = pp.in_blocks;
     base.pairs = pairs_of(pp.in_channels);
     base.src_ib = pp.src_ib;
@@ -1214,6 +1223,7 @@ struct ConvInt16::Impl {
         size_t q = 0;
         while (pos >= pp.pos_begin[q + 1]) ++q;
         const Phase& p = pp.phases[q];
+        a.stream = stream_zeros && p.tap_wei.empty();
         const int i = static_cast<int>((pos - pp.pos_begin[q]) / p.nj), j = static_cast<int>((pos - pp.pos_begin[q]) % p.nj);
         a.npix = std::min(per, sh.N - n0);
         int32_t tile_bound = 0;  // over the tile's images
@@ -1232,6 +1242,7 @@ struct ConvInt16::Impl {
       size_t q = 0;  // the phase of item r
       while (r >= pp.row_begin[q + 1]) ++q;
       const Phase& p = pp.phases[q];
+      a.stream = stream_zeros && p.tap_wei.empty();
       const int64_t local = r - pp.row_begin[q], per_image = p.ni + p.edges.calls();
       const int n = static_cast<int>(local / per_image);
       const int16_t* src_n = src + n * pp.src_img;

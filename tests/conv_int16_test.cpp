@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -663,6 +665,39 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
   ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
   EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, -1.f), Error);
   EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, INFINITY), Error);
+}
+
+// A strided layer's backward data whose dx outgrows the cache streams the zeros of the phases no
+// tap reaches (non-temporal stores, 64-byte aligned dx only): every element of dx is written, with
+// the exact answer, aligned (streamed) or not, on every ISA. dx starts as NaN.
+TEST(ConvInt16, LargeStridedBackwardDataWritesEveryElement) {
+  const ConvShape s = make(2, 256, 130, 130, 16, 1, 1, 2, 0);  // dx 33 MiB
+  const auto w = random_ints(size_t(s.K) * s.C, 61, -7, 7);
+  const auto dy = random_ints(size_t(s.N) * s.K * s.OH() * s.OW(), 62, -7, 7);
+  std::vector<double> want;
+  test::conv_bwd_data_ref(s, dy, w, want);
+  std::vector<float> dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
+  to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
+  const size_t n = blocked_size(s.N, s.C, s.H, s.W);
+  std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(64, (n + 16) * sizeof(float))),
+                                                   &std::free);
+  ASSERT_NE(buf, nullptr);
+  std::vector<float> got(n);
+  for (Isa level : test::isa_levels()) {
+    const std::string isa = isa_name(level);
+    Context ctx(ContextOptions{.threads = 2, .isa = isa});
+    ConvInt16 conv(ctx, s, {}, "strided");
+    conv.set_weights(w.data());
+    conv.quantize_grad_output(dyb.data());
+    for (int offset : {0, 4}) {  // 64-byte aligned, and not
+      SCOPED_TRACE(isa + " offset " + std::to_string(offset));
+      float* dx = buf.get() + offset;
+      std::fill(dx, dx + n, NAN);
+      conv.backward_data(dx);
+      from_blocked(dx, got.data(), s.N, s.C, s.H, s.W);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "dx " << i;
+    }
+  }
 }
 
 // backward_data(dx, accumulate = true) adds the gradient to what dx holds, on every path (direct,

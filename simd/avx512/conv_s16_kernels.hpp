@@ -170,6 +170,14 @@ __attribute__((always_inline)) inline void pixel_flush_end(PixelAcc<NOB, NPIX>& 
 // of fewer than 16 channels), and the per-step variant always reads a.pairs.
 template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL = UNIT_CHAIN>
 void pixel_kernel(const PixelKernelArgs& a) {
+  if (a.stream) {  // no steps, overwriting: zeros, with non-temporal stores (see PixelKernelArgs)
+#pragma GCC unroll 32
+    for (int p = 0; p < NPIX; ++p)
+#pragma GCC unroll 2
+      for (int ob = 0; ob < NOB; ++ob) _mm512_stream_ps(a.dst + ob * a.dst_ob + p * a.dst_pix, _mm512_setzero_ps());
+    _mm_sfence();  // the stores are weakly ordered: make them visible before the caller's join
+    return;
+  }
   PixelAcc<NOB, NPIX> acc;
 #pragma GCC unroll 32
   for (int i = 0; i < NOB * NPIX; ++i) acc.v[i] = _mm512_setzero_si512();
