@@ -54,7 +54,7 @@ namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
 constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
-constexpr int kWgradKbGroup = 4;    // weight-gradient output blocks sharing one x tile (4: slower, L1)
+constexpr int kWgradKbGroup = 2;    // weight-gradient output blocks sharing one x tile (4: slower, L1)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
 // The weight gradient fetches the next step's dy rows ahead only when dy is larger than this
 // (a quarter of this CPU's 32 MiB L3): smaller, its rows come from L3, which the hardware
