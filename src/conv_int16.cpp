@@ -527,10 +527,7 @@ struct ConvInt16::Impl {
     step_x = opt.activations;
     step_dy = opt.gradients;
     set_step(0);
-    for (const QuantOptions* q : {&opt.weights, &opt.activations, &opt.gradients})
-      DFP_CHECK(q->headroom >= 0 && q->headroom <= kDfpMaxHeadroom, Status::invalid_argument,
-                "convolution '" + name + "': " + q->name + " headroom expected in [0, " +
-                    std::to_string(kDfpMaxHeadroom) + "], got " + std::to_string(q->headroom));
+    for (const QuantOptions* q : {&opt.weights, &opt.activations, &opt.gradients}) q->validate("convolution '" + name + "'");
     DFP_CHECK(opt.chain_override >= 0, Status::invalid_argument,
               "convolution '" + name + "': chain_override expected >= 0, got " + std::to_string(opt.chain_override));
     CB = channel_blocks(sh.C);

@@ -22,12 +22,13 @@ constexpr size_t kChunk = 1 << 16;  // elements per parallel task: large enough 
 
 int64_t chunks(size_t n) { return static_cast<int64_t>((n + kChunk - 1) / kChunk); }
 
-void check_options(const QuantOptions& o) {
-  DFP_CHECK(o.headroom >= 0 && o.headroom <= kDfpMaxHeadroom, Status::invalid_argument,
-            "quantization of '" + o.name + "': headroom expected in [0, " + std::to_string(kDfpMaxHeadroom) +
-                "], got " + std::to_string(o.headroom));
-}
 }  // namespace
+
+void QuantOptions::validate(const std::string& origin) const {
+  DFP_CHECK(headroom >= 0 && headroom <= kDfpMaxHeadroom, Status::invalid_argument,
+            origin + ": headroom expected in [0, " + std::to_string(kDfpMaxHeadroom) + "], got " +
+                std::to_string(headroom) + " (" + name + ")");
+}
 
 namespace detail {
 std::string TensorName::text() const {
@@ -95,7 +96,7 @@ float max_abs(const Context& ctx, const float* x, size_t n, uint64_t* nonfinite)
 
 QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, int16_t* dst, size_t n, int exponent,
                                         const QuantOptions& o, uint64_t index_base) {
-  check_options(o);
+  o.validate("quantization");
   const auto fn = ctx.kernels().quantize.fn;
   std::atomic<uint64_t> saturated{0}, bad{0};
   std::atomic<int32_t> max_q{0};
@@ -120,7 +121,7 @@ QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, in
 
 QuantStats quantize_dfp16_with_max_abs(const Context& ctx, const float* src, int16_t* dst, size_t n, float known_max,
                                        const QuantOptions& o) {
-  check_options(o);
+  o.validate("quantization");
   const float m = detail::exponent_max_abs(ctx, src, n, known_max, o.nonfinite, detail::TensorName{o.name});
   QuantStats st = quantize_dfp16_with_exponent(ctx, src, dst, n, dfp16_exponent(m, o.headroom), o);
   st.max_abs = m;

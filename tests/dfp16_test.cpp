@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "dfp/context.hpp"
+#include "dfp/conv.hpp"
 #include "dfp/dfp16.hpp"
+#include "dfp/model.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "tests/common/reference.hpp"
@@ -108,6 +110,33 @@ TEST(Dfp16Quantize, NonFiniteIsAnErrorNamingTheTensor) {
   QuantOptions o = opts(2, Rounding::nearest_even);
   o.name = "conv3.activations";
   test::expect_error([&] { quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), o); }, Status::numerical_error, {"conv3.activations", "element 17"});
+}
+
+// A headroom out of [0, kDfpMaxHeadroom] is refused by one rule (QuantOptions::validate) wherever
+// options arrive: the quantizers, the INT16 convolution, the precision policy.
+TEST(Dfp16Quantize, HeadroomOutOfRangeIsRefusedEverywhere) {
+  std::vector<float> x(8, 0.5f);
+  std::vector<int16_t> q(x.size());
+  for (int bad : {-1, kDfpMaxHeadroom + 1}) {
+    const std::string got = "got " + std::to_string(bad);
+    QuantOptions o = opts(bad, Rounding::nearest_even);
+    o.name = "fc.weights";
+    test::expect_error([&] { quantize_dfp16(best_ctx(), x.data(), q.data(), x.size(), o); }, Status::invalid_argument,
+                       {"quantization", "headroom", got, "fc.weights"});
+    test::expect_error([&] { quantize_dfp16_with_max_abs(best_ctx(), x.data(), q.data(), x.size(), 0.5f, o); },
+                       Status::invalid_argument, {"headroom", got});
+    DfpConvOptions co;
+    co.gradients.headroom = bad;
+    ConvShape s;
+    s.N = 1; s.C = 16; s.H = 4; s.W = 4; s.K = 16; s.R = 3; s.S = 3; s.pad_h = 1; s.pad_w = 1;
+    test::expect_error([&] { ConvInt16 c(best_ctx(), s, co, "layer3.conv2"); }, Status::invalid_argument,
+                       {"convolution 'layer3.conv2'", "headroom", got, co.gradients.name});
+    PrecisionPolicy p;
+    p.precision = Precision::int16;
+    p.dfp.activations.headroom = bad;
+    test::expect_error([&] { p.validate("flags"); }, Status::invalid_argument,
+                       {"flags", "headroom", got, p.dfp.activations.name});
+  }
 }
 
 // A maximum measured by the tensor's producer (the optimizer's update, a ReLU) gives the bits and

@@ -49,6 +49,9 @@ struct QuantOptions {
   uint64_t seed = 0;                   // stochastic rounding stream
   NonFinitePolicy nonfinite = NonFinitePolicy::error;
   std::string name = "tensor";         // used in error messages
+  // Throws dfp::Error(invalid_argument) naming `origin` and this tensor where a setting is out of
+  // range (the headroom). Every quantizer and every policy that carries options checks them here.
+  void validate(const std::string& origin) const;
 };
 
 struct QuantStats {

@@ -70,10 +70,7 @@ void PrecisionPolicy::validate(const std::string& origin) const {
   DFP_CHECK(!class_formats_set || any_float, Status::invalid_argument,
             origin + ": per-class formats (weights/activations/gradients) apply to bf16/fp16 layers, but the policy "
                      "has none (precision " + precision_name(precision) + ")");
-  for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients})
-    DFP_CHECK(q->headroom >= 0 && q->headroom <= kDfpMaxHeadroom, Status::invalid_argument,
-              origin + ": expected headroom bits in [0, " + std::to_string(kDfpMaxHeadroom) + "], got " +
-                  std::to_string(q->headroom) + " (" + q->name + ")");
+  for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients}) q->validate(origin);
   if (any_float)
     for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients})
       DFP_CHECK(q->rounding != Rounding::biased || (precision == Precision::int16 && !class_formats_set), Status::invalid_argument,
