@@ -54,18 +54,13 @@ std::string fmt_exact(double v) {
 // JSON has no inf/NaN: an unmeasurable SQNR (no noise, or no signal) is null.
 std::string json_number(double v) { return std::isfinite(v) ? fmt_exact(v) : "null"; }
 
-
-// The settings that decide a run's result, as text (floats exactly). A checkpoint stores them,
-// config.json lists them, and --resume refuses a checkpoint written with other values: the
-// continued run would not be the uninterrupted one. Not among them: where the data lives, the
-// thread count and kernels (checked apart, as a note), and what is only logged or measured
-// (--limit-test, --print-every, --numerics-every, --profile, --out).
 // A float as the shortest text that reads back as the same float ("0.1", not 0.1f's 17 digits).
 std::string fmt_float(float v) {
   char b[32];
   return {b, std::to_chars(b, b + sizeof b, v).ptr};
 }
 
+// A setting of a run, as text (floats exactly): a checkpoint stores it and config.json lists it.
 struct Setting {
   enum Kind { text, literal, real };  // a JSON string; a JSON number or literal; a float
   const char* key;   // checkpoint field and config.json key
@@ -82,7 +77,15 @@ struct Setting {
   bool matches(const std::string& stored) const {
     return kind == real ? std::strtof(stored.c_str(), nullptr) == std::strtof(value.c_str(), nullptr) : stored == value;
   }
+  // "key":value, as config.json lists it.
+  std::string json_field() const {
+    return json::quote(json_key ? json_key : key) + ":" + (kind == text ? json::quote(value) : value);
+  }
 };
+// The settings that decide a run's result. --resume refuses a checkpoint written with other
+// values: the continued run would not be the uninterrupted one. Not among them: where the data
+// lives, where the run computes (machine_settings), and what is only logged or measured
+// (--limit-test, --print-every, --numerics-every, --profile, --out).
 std::vector<Setting> result_settings(const TrainConfig& c, const std::string& policy_text) {
   using S = Setting;
   std::string milestones;
@@ -107,6 +110,12 @@ std::vector<Setting> result_settings(const TrainConfig& c, const std::string& po
           {"augment", "--no-augment", c.augment ? "true" : "false", S::literal},
           {"limit_train", "--limit-train", std::to_string(c.limit_train), S::literal},
           {"image_size", "--image-size", std::to_string(c.image_size), S::literal}};
+}
+// Where the run computes: recorded like the settings above, but a resume that differs is only
+// noted (the FP32 library operators may round differently; dfp's own kernels give the same bits).
+std::vector<Setting> machine_settings(const Context& ctx) {
+  return {{"threads", "--threads", std::to_string(ctx.threads()), Setting::literal},
+          {"isa", "--isa", isa_name(ctx.isa()), Setting::text}};
 }
 
 }  // namespace
@@ -575,9 +584,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   sched.step_epochs = cfg.step_epochs;
 
   const std::vector<Setting> settings = result_settings(cfg, policy_text);
-  // Where the run computes: recorded in checkpoints, and only noted when a resume differs.
-  const std::vector<std::pair<std::string, std::string>> machine = {{"threads", std::to_string(ctx.threads())},
-                                                                    {"isa", isa_name(ctx.isa())}};
+  const std::vector<Setting> machine = machine_settings(ctx);
   int start_epoch = 0;
   if (!cfg.resume.empty()) {
     const Checkpoint ck = read_checkpoint(cfg.resume);
@@ -597,10 +604,11 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
               "checkpoint '" + cfg.resume + "' was written by a run with other settings: " + differ +
                   "; resume with the settings it was written with");
     if (!unchecked.empty()) say("note: checkpoint " + cfg.resume + " does not record " + unchecked + "; not checked");
-    for (const auto& [key, now] : machine)
-      if (ck.meta.count(key) && ck.meta.at(key) != now)
-        say("note: the checkpoint was written with " + key + " " + ck.meta.at(key) + ", this run uses " + now +
-            ": the FP32 library operators may then round differently from an uninterrupted run");
+    for (const Setting& st : machine)
+      if (ck.meta.count(st.key) && !st.matches(ck.meta.at(st.key)))
+        say(std::string("note: the checkpoint was written with ") + st.key + " " + ck.meta.at(st.key) +
+            ", this run uses " + st.value + ": the FP32 library operators may then round differently from an "
+            "uninterrupted run");
     m.set_step(std::stoull(meta_get(ck, "step", cfg.resume)));
     load_model(m, &sgd, ck, cfg.resume);
     if (ck.meta.count("loss_scale"))
@@ -623,11 +631,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     DFP_CHECK(!ec, Status::io_error, "flag --out: cannot create directory '" + cfg.out + "': " + ec.message());
     std::ofstream c(cfg.out + "/config.json");
     c << "{";
-    for (const Setting& st : settings)
-      c << "\"" << (st.json_key ? st.json_key : st.key) << "\":" << (st.kind == Setting::text ? json::quote(st.value) : st.value) << ",";
+    for (const std::vector<Setting>* list : {&settings, &machine})
+      for (const Setting& st : *list) c << st.json_field() << ",";
     c << "\"data\":" << json::quote(cfg.data) << ",\"limit_test\":" << cfg.limit_test
-      << ",\"threads\":" << ctx.threads() << ",\"isa\":\"" << isa_name(ctx.isa())
-      << "\",\"label\":" << json::quote(cfg.label.empty() ? precision_label(cfg) : cfg.label)
+      << ",\"label\":" << json::quote(cfg.label.empty() ? precision_label(cfg) : cfg.label)
       << ",\"device\":\"" << cfg.device << "\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
       << "\",\"numerics_every\":" << cfg.numerics_interval << ",\"train_images\":" << train_set.count
       << ",\"test_images\":" << test_set.count << ",\"parameters\":" << m.parameter_count() << "}\n";
@@ -754,8 +761,8 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
                  {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)},
                  {"channels", std::to_string(train_set.channels)}, {"height", std::to_string(train_set.height)},
                  {"width", std::to_string(train_set.width)}, {"classes", std::to_string(train_set.classes)}};
-      for (const Setting& st : settings) ck.meta[st.key] = st.value;
-      ck.meta.insert(machine.begin(), machine.end());
+      for (const std::vector<Setting>* list : {&settings, &machine})
+        for (const Setting& st : *list) ck.meta[st.key] = st.value;
       put_policy(ck, cfg.policy);
       save_model(m, &sgd, ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
