@@ -7,8 +7,8 @@
 //   fma       convert, FMA with the scale and the line, store, zero   (the old flush)
 //   add       convert, add the line, store, zero                       (the flush now)
 // Inline asm with fixed registers (accumulators zmm0-23, the flush's scratch zmm28), so that
-// the compiler adds nothing. Counter Gsteps = VPDPWSSD
-// per ns; compare the modes of one run (the VM is noisy). Skipped without AVX-512 VNNI.
+// the compiler adds nothing. Counter Gsteps = VPDPWSSD per ns; compare the modes of one run (the
+// VM is noisy). Skipped without AVX-512 VNNI.
 #include <benchmark/benchmark.h>
 
 #include <immintrin.h>

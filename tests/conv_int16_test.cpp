@@ -4,9 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +12,7 @@
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "src/aligned_buffer.hpp"
 #include "tests/common/reference.hpp"
 #include "tests/common/tolerance.hpp"
 #include "tests/common/expect_error.hpp"
@@ -679,9 +678,7 @@ TEST(ConvInt16, LargeStridedBackwardDataWritesEveryElement) {
   std::vector<float> dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
   to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
   const size_t n = blocked_size(s.N, s.C, s.H, s.W);
-  std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(64, (n + 16) * sizeof(float))),
-                                                   &std::free);
-  ASSERT_NE(buf, nullptr);
+  AlignedBuffer<float> buf(n + 16);  // 64-byte aligned
   std::vector<float> got(n);
   for (Isa level : test::isa_levels()) {
     const std::string isa = isa_name(level);
@@ -691,7 +688,7 @@ TEST(ConvInt16, LargeStridedBackwardDataWritesEveryElement) {
     conv.quantize_grad_output(dyb.data());
     for (int offset : {0, 4}) {  // 64-byte aligned, and not
       SCOPED_TRACE(isa + " offset " + std::to_string(offset));
-      float* dx = buf.get() + offset;
+      float* dx = buf.data() + offset;
       std::fill(dx, dx + n, NAN);
       conv.backward_data(dx);
       from_blocked(dx, got.data(), s.N, s.C, s.H, s.W);

@@ -76,10 +76,11 @@ struct PixelAcc {
 // a convert and an add, where they were a convert and an FMA, which on Zen 4 competes with
 // VPDPWSSD for its pipes more than the add does (bench/flush_bench, 24 accumulators flushed every
 // 16 steps, medians of 9 interleaved repetitions, three runs: 12-14% of the VPDPWSSD rate lost
-// with convert + FMA, 1-10% with convert + add; every 8 steps 19-21% and 0-7%). The bits are those of an FMA per flush: the partial sums are integers, so in both forms they are
-// integer multiples of the scale, normal FP32 when nonzero (the scale is >= 2^-126), and scaling
-// by a power of two commutes with rounding there (short of FP32 overflow, where the FMA form
-// would have stopped at inf). A call that adds to dst (accumulate) keeps the FMA: dst holds other
+// with convert + FMA, 1-10% with convert + add; every 8 steps 19-21% and 0-7%). The bits are
+// those of an FMA per flush: the partial sums are integers, so in both forms they are integer
+// multiples of the scale, normal FP32 when nonzero (the scale is >= 2^-126), and scaling by a
+// power of two commutes with rounding there (short of FP32 overflow, where the FMA form would
+// have stopped at inf). A call that adds to dst (accumulate) keeps the FMA: dst holds other
 // values there.
 enum class Flush {
   fma,         // dst = fma(acc, scale, dst)          every flush of an accumulating call

@@ -1701,7 +1701,6 @@ class ShortcutPad final : public Layer {
   }
 
  private:
-
   int out_c_, stride_;
   TensorShape in_, out_;
 };
