@@ -51,9 +51,13 @@ static int available_cores() {
   return 1;
 }
 
+void ContextOptions::validate_threads(int threads, const std::string& origin) {
+  DFP_CHECK(threads >= 0, Status::invalid_argument,
+            origin + ": expected >= 0 (0 = all cores), got " + std::to_string(threads));
+}
+
 Context::Context(const ContextOptions& o) : impl_(std::make_unique<Impl>()) {
-  DFP_CHECK(o.threads >= 0, Status::invalid_argument,
-            "ContextOptions.threads: expected >= 0 (0 = all cores), got " + std::to_string(o.threads));
+  ContextOptions::validate_threads(o.threads, "ContextOptions.threads");
   impl_->threads = o.threads > 0 ? o.threads : available_cores();
   impl_->cpu = detect_cpu_features();
   impl_->seed = o.seed;

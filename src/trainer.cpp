@@ -140,7 +140,7 @@ void validate_train_config(const TrainConfig& c) {
   check(c.limit_test >= 0, "--limit-test", ">= 0 (0 = all)", std::to_string(c.limit_test));
   check(c.print_every >= 1, "--print-every", ">= 1", std::to_string(c.print_every));
   check(c.numerics_interval >= 0, "--numerics-every", ">= 0 (0 = never)", std::to_string(c.numerics_interval));
-  check(c.threads >= 0, "--threads", ">= 0 (0 = all cores)", std::to_string(c.threads));
+  ContextOptions::validate_threads(c.threads, "flag --threads");
   check(c.image_size >= 0 && c.image_size <= 8192, "--image-size", "a side in [0, 8192] (0 = 224)",
         std::to_string(c.image_size));
   check(c.warmup_epochs >= 0 && c.warmup_epochs <= c.epochs, "--warmup-epochs",

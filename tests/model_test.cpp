@@ -824,6 +824,21 @@ TrainConfig lenet_config(Precision p, int epochs, int batch, int train_images, i
 }
 }  // namespace
 
+// A thread count passes through one rule (ContextOptions::validate_threads) wherever it enters: a
+// context's options and a training configuration refuse the same values with the same wording,
+// each naming its own origin (the command line's --threads: compare_test), and both take 0.
+TEST(Training, ThreadCountRuleIsOneEverywhere) {
+  test::expect_error([] { Context c(ContextOptions{.threads = -1}); }, Status::invalid_argument,
+                     {"ContextOptions.threads", "expected >= 0 (0 = all cores)", "got -1"});
+  TrainConfig c = lenet_config(Precision::fp32, 1, 8, 8, 8);
+  c.threads = -3;
+  test::expect_error([&] { validate_train_config(c); }, Status::invalid_argument,
+                     {"flag --threads", "expected >= 0 (0 = all cores)", "got -3"});
+  c.threads = 0;
+  EXPECT_NO_THROW(validate_train_config(c));
+  EXPECT_GE(Context(ContextOptions{.threads = 0}).threads(), 1);
+}
+
 // Fashion-MNIST subset: both precisions learn (a stated threshold), and INT16 stays close to FP32.
 TEST(Training, FashionMnistSmokeFp32AndInt16) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";

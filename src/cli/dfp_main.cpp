@@ -68,7 +68,7 @@ float to_float(const std::string& flag, const std::string& v) { return parse_num
 // --threads N (0 = all cores) and --isa LEVEL, checked here so that the error names the flag.
 int threads_flag(const std::string& flag, const std::string& v) {
   const int n = to_int(flag, v);
-  DFP_CHECK(n >= 0, dfp::Status::invalid_argument, "flag " + flag + ": expected >= 0 (0 = all cores), got " + v);
+  dfp::ContextOptions::validate_threads(n, "flag " + flag);
   return n;
 }
 std::string isa_flag(const std::string& flag, const std::string& v) {
