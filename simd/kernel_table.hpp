@@ -146,9 +146,11 @@ inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) noexcept {
 //
 // Both kernels compute INT16 x INT16 -> INT32 dot products in the pair form of VPDPWSSD
 // (acc += a[2j]*b[2j] + a[2j+1]*b[2j+1] per 32-bit lane) and flush the INT32 sums into FP32
-// memory after at most `chain` steps: dst = fma(float(acc), scale, dst), or dst = float(acc) *
-// scale for the first flush of a non-accumulating call. Planning chooses `chain` from a bound
-// on the actual operands so that no INT32 partial sum can overflow (conv_int16.cpp).
+// after at most `chain` steps. A call that adds to its output takes dst = fma(float(acc), scale,
+// dst) per flush; one that overwrites sums float(acc) unscaled and multiplies by the scale once,
+// at its last flush (the same bits: see Flush in simd/avx512/conv_s16_kernels.hpp; the reference,
+// simd/ref/conv_ref.cpp, sums in the same order). Planning chooses `chain` from a bound on the
+// actual operands so that no INT32 partial sum can overflow (conv_int16.cpp).
 
 // "Pixel" kernel, used by forward propagation and backward-data. Computes, for `npix` output
 // pixels and `nob` blocks of 16 output lanes:
@@ -231,7 +233,8 @@ using ReluBwdFn = void (*)(const uint16_t* mask, const float* dy, float* dx, siz
 using AddFn = void (*)(const float* a, const float* b, float* y, size_t n);        // y = a + b
 // y = relu(a + b) with relu_fwd's mask and max: the bits of add, then relu_fwd on the sum.
 using AddReluFn = float (*)(const float* a, const float* b, float* y, uint16_t* mask, size_t n);
-// Channel-shifted pixel copy (the zero-padding shortcut's both passes): for p < pixels and lane l,
+// Channel-shifted pixel copy (a channel range moved across 16-lane blocks: the zero-padding
+// shortcut's both passes, Concat's and the grouped convolution's gathers): for p < pixels, lane l,
 //   out[p * out_step * 16 + l] = keep bit l ? v : 0,  v = l + shift < 16 ? a[p * in_step * 16 + l + shift]
 //                                                                      : b[p * in_step * 16 + l + shift - 16]
 // where a and b are pixel rows of two consecutive 16-channel blocks (null: zeros), 0 <= shift < 16.

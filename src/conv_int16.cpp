@@ -1466,6 +1466,9 @@ struct ConvInt16::Impl {
           // 64->64 56x56 138 -> 164; 2 threads, 1x1 1024->256 14x14 295 -> 356, 1024->512 14x14
           // 273 -> 355, 3x3 stride 2 256-channel 28x28 252 -> 324, 128-channel 56x56 254 -> 301
           // (stride-1 3x3 layers, which reuse x across taps, unchanged).
+          // The range is the next block's whole rows (xp_w wide) whatever the column tile, so a
+          // layer wider than kPairTile (VGG's 224) fetches those rows once per column tile: a hint
+          // repeated, not a wrong result.
           const char *next_x = nullptr, *x_end = nullptr;
           size_t x_share = 0;  // bytes per call
           if (cb + 1 < CB) {

@@ -14,6 +14,7 @@
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "tests/common/isa_levels.hpp"
 #include "tests/common/expect_error.hpp"
 #include "tests/common/reference.hpp"
 
@@ -142,10 +143,9 @@ TEST(ConvF32Ref, KernelName) {
 // The FP32 backend is a kernel-table entry like any kernel: the reference at `ref`, oneDNN's
 // primitives at every AVX-512 level the CPU has, and the operators run what the table names.
 TEST(ConvF32, BackendComesFromTheKernelTable) {
-  const dfp::CpuFeatures cpu = dfp::detect_cpu_features();
   const dfp::ConvShape s = conv(1, 4, 5, 5, 4, 3, 3, 1, 1);
-  for (const char* level : {"ref", "avx512bw", "avx512vnni"}) {
-    if (!cpu.supports(dfp::parse_isa(level, "test"))) continue;
+  for (dfp::Isa isa : dfp::test::isa_levels()) {
+    const char* level = dfp::isa_name(isa);
     SCOPED_TRACE(level);
     dfp::ContextOptions o = ref_options();
     o.isa = level;

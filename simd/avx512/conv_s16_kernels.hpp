@@ -171,14 +171,6 @@ __attribute__((always_inline)) inline void pixel_flush_end(PixelAcc<NOB, NPIX>& 
 // of fewer than 16 channels), and the per-step variant always reads a.pairs.
 template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL = UNIT_CHAIN>
 void pixel_kernel(const PixelKernelArgs& a) {
-  if (a.stream) {  // no steps, overwriting: zeros, with non-temporal stores (see PixelKernelArgs)
-#pragma GCC unroll 32
-    for (int p = 0; p < NPIX; ++p)
-#pragma GCC unroll 2
-      for (int ob = 0; ob < NOB; ++ob) _mm512_stream_ps(a.dst + ob * a.dst_ob + p * a.dst_pix, _mm512_setzero_ps());
-    _mm_sfence();  // the stores are weakly ordered: make them visible before the caller's join
-    return;
-  }
   PixelAcc<NOB, NPIX> acc;
 #pragma GCC unroll 32
   for (int i = 0; i < NOB * NPIX; ++i) acc.v[i] = _mm512_setzero_si512();
@@ -261,8 +253,17 @@ void pixel_dispatch_npix(const PixelKernelArgs& a, std::integer_sequence<int, P.
   table[a.npix - 1](a);
 }
 
+// A call that only writes zeros (no steps, overwriting) with non-temporal stores (see
+// PixelKernelArgs::stream): once here, not in every pixel-count instantiation.
+inline void pixel_stream_zeros(const PixelKernelArgs& a) {
+  for (int p = 0; p < a.npix; ++p)
+    for (int ob = 0; ob < a.nob; ++ob) _mm512_stream_ps(a.dst + ob * a.dst_ob + p * a.dst_pix, _mm512_setzero_ps());
+  _mm_sfence();  // the stores are weakly ordered: make them visible before the caller's join
+}
+
 template <class Dot>
 void pixel_entry(const PixelKernelArgs& a) {
+  if (a.stream) return pixel_stream_zeros(a);
   if (a.nob == 2)
     pixel_dispatch_npix<Dot, 2>(a, std::make_integer_sequence<int, max_pixels(2)>{});
   else
