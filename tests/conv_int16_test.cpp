@@ -96,6 +96,18 @@ Outputs run_int16(const Context& ctx, const ConvShape& s, const std::vector<floa
   return out;
 }
 
+// An operator ready for backward_data: plain [K][C][R][S] weights, a blocked dy, a forced chain
+// (0: derived).
+ConvInt16 backward_data_op(const Context& ctx, const ConvShape& s, const std::vector<float>& w,
+                           const std::vector<float>& dy_blocked, int chain) {
+  DfpConvOptions o;
+  o.chain_override = chain;
+  ConvInt16 conv(ctx, s, o, "bwd");
+  conv.set_weights(w.data());
+  conv.quantize_grad_output(dy_blocked.data());
+  return conv;
+}
+
 void expect_bits_equal(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)
@@ -227,12 +239,8 @@ TEST_P(ConvInt16Isa, AccumulatingBackwardDataBitExactAgainstScalarModel) {
     to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
     to_blocked(before.data(), start.data(), s.N, s.C, s.H, s.W);
     for (int chain : {0, 3, 8}) {
-      DfpConvOptions o;
-      o.chain_override = chain;
       auto run = [&](const Context& c) {
-        ConvInt16 conv(c, s, o, "acc");
-        conv.set_weights(w.data());
-        conv.quantize_grad_output(dyb.data());
+        ConvInt16 conv = backward_data_op(c, s, w, dyb, chain);
         std::vector<float> dx = start;
         conv.backward_data(dx.data(), true);
         return dx;
@@ -256,11 +264,7 @@ TEST(ConvInt16, OverwritingGivesTheBitsOfAnFmaPerFlush) {
       std::vector<float> dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
       to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
       for (int chain : {1, 3}) {
-        DfpConvOptions o;
-        o.chain_override = chain;
-        ConvInt16 conv(ctx, s, o, "overwrite");
-        conv.set_weights(w.data());
-        conv.quantize_grad_output(dyb.data());
+        ConvInt16 conv = backward_data_op(ctx, s, w, dyb, chain);
         std::vector<float> overwritten(blocked_size(s.N, s.C, s.H, s.W), -1.f), added(overwritten.size(), 0.f);
         conv.backward_data(overwritten.data(), false);
         conv.backward_data(added.data(), true);
@@ -751,11 +755,7 @@ TEST(ConvInt16, BackwardDataAccumulatesOntoDx) {
       std::vector<float> dyb(blocked_size(s.N, s.K, s.OH(), s.OW())), dxb(blocked_size(s.N, s.C, s.H, s.W));
       to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
       for (int chain : {0, 3}) {
-        DfpConvOptions o;
-        o.chain_override = chain;
-        ConvInt16 conv(ctx, s, o, "acc");
-        conv.set_weights(w.data());
-        conv.quantize_grad_output(dyb.data());
+        ConvInt16 conv = backward_data_op(ctx, s, w, dyb, chain);
         to_blocked(before.data(), dxb.data(), s.N, s.C, s.H, s.W);  // padding lanes 0
         conv.backward_data(dxb.data(), true);
         std::vector<float> got(before.size());
