@@ -22,6 +22,7 @@ namespace dfp::cuda {
 // group, k / (K/groups).
 struct ConvDims {
   int N = 0, C = 0, H = 0, W = 0, K = 0, R = 0, S = 0, stride = 1, pad = 0, OH = 0, OW = 0, groups = 1;
+  int group_channels() const { return C / groups; }  // input channels each output channel reads
 };
 
 struct Staged {

@@ -135,9 +135,9 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
     NodeRt& r = nodes_[i];
     const NodeRt& x = nodes_[r.spec.inputs.at(0)];
     if (r.kind == Kind::conv || r.kind == Kind::fc) {
-      const int k = r.spec.kernel;
       const int cg = r.kind == Kind::conv ? x.C / r.spec.groups : x.C;  // input channels each output reads
-      r.wparam = claim(r, ".weight", r.kind == Kind::conv ? size_t(r.C) * cg * k * k : size_t(r.C) * x.C);
+      const int rs = r.kind == Kind::conv ? r.spec.kernel * r.spec.kernel : 1;
+      r.wparam = claim(r, ".weight", size_t(r.C) * cg * rs);
       if (r.spec.bias) r.bparam = claim(r, ".bias", size_t(r.C));
       ParamRt& w = params_[r.wparam];
       w.kind = r.kind == Kind::conv ? 2 : 1;
@@ -148,7 +148,7 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
       s.kind = w.kind;
       s.dev = w.dev;
       s.C = cg;
-      s.RS = r.kind == Kind::conv ? k * k : 1;
+      s.RS = rs;
     } else if (r.kind == Kind::bn) {
       const size_t padded = size_t(channel_blocks(r.C)) * 16;  // the host pads gamma/beta to 16 lanes
       r.wparam = claim(r, ".weight", padded);

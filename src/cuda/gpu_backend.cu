@@ -203,7 +203,7 @@ class GpuBackend final : public Backend {
     for (auto& cv : p.cv) dnn_check(cudnnCreateConvolutionDescriptor(&cv), "cudnnCreateConvolutionDescriptor");
     dnn_check(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NHWC, dt, d.N, d.C, d.H, d.W),
               "cudnnSetTensor4dDescriptor (input) of " + p.name);
-    dnn_check(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NHWC, d.K, d.C / d.groups, d.R, d.S),
+    dnn_check(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NHWC, d.K, d.group_channels(), d.R, d.S),
               "cudnnSetFilter4dDescriptor of " + p.name);
     for (auto cv : p.cv) {
       // FP32 compute type for both precisions (FP16 data: cuDNN's pseudo-half configuration).

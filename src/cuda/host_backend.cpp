@@ -74,7 +74,6 @@ class HostBackend final : public Backend {
   // the order n, oh, ow, k, r, s: the element offsets of y[n][oh][ow][k] (NHWC), of the first
   // channel of k's group in the input pixel x[n][ih][iw] (NHWC) and of channel 0 of w[k][r][s]
   // (KRSC, C/groups channels); the callers sum over the group's C/groups channels.
-  static int group_channels(const ConvDims& d) { return d.C / d.groups; }
   template <class F>
   static void for_each_tap(const ConvDims& d, F&& f) {
     for (int n = 0; n < d.N; ++n)
@@ -88,8 +87,8 @@ class HostBackend final : public Backend {
               for (int s = 0; s < d.S; ++s) {
                 const int iw = ow * d.stride + s - d.pad;
                 if (iw < 0 || iw >= d.W) continue;
-                f(y_off, nhwc_index(d.H, d.W, d.C, n, ih, iw, k / (d.K / d.groups) * group_channels(d)),
-                  ((size_t(k) * d.R + r) * d.S + s) * group_channels(d));
+                f(y_off, nhwc_index(d.H, d.W, d.C, n, ih, iw, k / (d.K / d.groups) * d.group_channels()),
+                  ((size_t(k) * d.R + r) * d.S + s) * d.group_channels());
               }
             }
           }
@@ -101,7 +100,7 @@ class HostBackend final : public Backend {
     float* y = static_cast<float*>(yv);
     std::vector<double> acc(size_t(d.N) * d.OH * d.OW * d.K, 0.0);
     for_each_tap(d, [&](size_t yo, size_t xo, size_t wo) {
-      for (int c = 0; c < group_channels(d); ++c) acc[yo] += double(x[xo + c]) * w[wo + c];
+      for (int c = 0; c < d.group_channels(); ++c) acc[yo] += double(x[xo + c]) * w[wo + c];
     });
     for (size_t i = 0; i < acc.size(); ++i) y[i] = float(acc[i]);
   }
@@ -112,7 +111,7 @@ class HostBackend final : public Backend {
     std::vector<double> acc(size_t(d.N) * d.H * d.W * d.C, 0.0);
     for_each_tap(d, [&](size_t yo, size_t xo, size_t wo) {
       const double g = dy[yo];
-      for (int c = 0; c < group_channels(d); ++c) acc[xo + c] += g * w[wo + c];
+      for (int c = 0; c < d.group_channels(); ++c) acc[xo + c] += g * w[wo + c];
     });
     for (size_t i = 0; i < acc.size(); ++i) dx[i] = float(acc[i] + (accumulate ? dx[i] : 0.0));
   }
@@ -120,10 +119,10 @@ class HostBackend final : public Backend {
     const ConvDims& d = convs_.at(id);
     const float *x = static_cast<const float*>(xv), *dy = static_cast<const float*>(dyv);
     float* dw = static_cast<float*>(dwv);
-    std::vector<double> acc(size_t(d.K) * d.R * d.S * group_channels(d), 0.0);
+    std::vector<double> acc(size_t(d.K) * d.R * d.S * d.group_channels(), 0.0);
     for_each_tap(d, [&](size_t yo, size_t xo, size_t wo) {
       const double g = dy[yo];
-      for (int c = 0; c < group_channels(d); ++c) acc[wo + c] += g * x[xo + c];
+      for (int c = 0; c < d.group_channels(); ++c) acc[wo + c] += g * x[xo + c];
     });
     for (size_t i = 0; i < acc.size(); ++i) dw[i] = float(acc[i]);
   }
