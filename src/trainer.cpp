@@ -152,7 +152,8 @@ void validate_train_config(const TrainConfig& c) {
             "flag --device: expected cpu or cuda, got '" + c.device + "'");
   DFP_CHECK(!c.profile || c.device == "cpu", Status::unsupported,
             "flag --profile: times the CPU model's layers; not available with --device cuda");
-  c.loss_scale.validate("flags --loss-scale/--scale-growth-interval");
+  // growth_factor and backoff_factor have no flag: the origin names the field as well.
+  c.loss_scale.validate("TrainConfig.loss_scale (flags --loss-scale, --scale-growth-interval)");
   c.policy.validate(kPolicyFlags);
 }
 

@@ -292,10 +292,6 @@ void lowp_vs_fp32(const std::function<void(Model&)>& make, int batch, std::vecto
     for (const Parameter& q : m.parameters()) grads[p].emplace_back(q.grad, q.grad + q.size);
   }
 }
-void int16_vs_fp32(const std::function<void(Model&)>& make, int batch, std::vector<std::vector<float>> (&grads)[2],
-                   double (&loss)[2]) {
-  lowp_vs_fp32(make, batch, grads, loss);
-}
 // Cosine similarity of two whole-network gradients (all tensors as one vector).
 double cosine(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   double dot = 0, n0 = 0, n1 = 0;
@@ -333,7 +329,7 @@ void each_tensor_tracks_fp32(const std::function<void(Model&)>& make, std::initi
 TEST(Layers, Int16GradientsTrackFp32ResNet20) {
   std::vector<std::vector<float>> g[2];
   double loss[2];
-  int16_vs_fp32([](Model& m) { build_model(m, "resnet20", 3, 16, 16, 10); }, 8, g, loss);
+  lowp_vs_fp32([](Model& m) { build_model(m, "resnet20", 3, 16, 16, 10); }, 8, g, loss);
   EXPECT_NEAR(loss[0], loss[1], 1e-3 * loss[0]);
   EXPECT_GT(cosine(g[0], g[1]), test::kInt16GradCosineNetwork);
 }

@@ -243,8 +243,10 @@ class Model {
   std::vector<LayerTime> layer_times() const;
   void reset_layer_times();
   MemoryPlan memory_plan() const;  // after build()
-  // Re-quantizes and re-packs the weights of every Conv2d/Linear after the optimizer changed
-  // them (INT16: DFP16 + VNNI layouts; FP32: oneDNN's layout). Once per optimizer step.
+  // Re-quantizes and re-packs the weights of every Conv2d/Linear after their values changed
+  // (INT16: DFP16 + VNNI layouts; FP32: oneDNN's layout), each layer measuring its own: for
+  // callers that changed the weights themselves (loading a checkpoint, a copy back from the GPU).
+  // The optimizer calls the overload below, once per step.
   void weights_updated();
   // Same, with max|value| of each parameter (in parameters() order) as the caller measured it,
   // e.g. in the optimizer's update pass: an INT16 layer then takes its weights' DFP16 exponent

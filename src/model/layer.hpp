@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -112,9 +113,9 @@ class Layer {
   virtual size_t count_parameters(const std::vector<TensorShape>& in) const { return 0; }
   virtual void buffers(std::vector<std::pair<std::string, std::vector<float>*>>& out) {}
   // The optimizer changed the parameters; `step` is the next training step (rounding streams).
-  // weight_max_abs: max|value| of the layer's first parameter as the optimizer measured it
-  // (Model::weights_updated(max_abs); negative or non-finite: not known).
-  virtual void weights_updated(uint64_t step, float weight_max_abs) {}
+  // param_max_abs: max|value| of each of this layer's parameters, in parameters() order, as the
+  // optimizer measured them (Model::weights_updated(max_abs)); empty where not known.
+  virtual void weights_updated(uint64_t step, std::span<const float> param_max_abs) {}
   virtual const char* precision() const { return "fp32"; }
   // Adaptive loss scaling: the power-of-two factor this layer applies to its incoming gradient dy
   // (whose accumulated adaptive scale is `scale_so_far`). 1 for layers without low-precision

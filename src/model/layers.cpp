@@ -265,10 +265,11 @@ class WeightedLayer : public Layer {
     out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
     if (has_bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
   }
-  void weights_updated(uint64_t step, float weight_max_abs) override {
+  void weights_updated(uint64_t step, std::span<const float> param_max_abs) override {
     if (q_) {
       q_->set_step(step);
-      q_->set_weights_with_max_abs(w_.data(), weight_max_abs);
+      // The weight is the first of parameters(); a negative maximum: measured by the quantizer.
+      q_->set_weights_with_max_abs(w_.data(), param_max_abs.empty() ? -1.f : param_max_abs[0]);
     } else if (float_) {
       // Weight statistics of adaptive loss scaling: once per weight version, here, not per backward.
       double sq = 0, mx = 0;
@@ -555,19 +556,18 @@ void scatter_channels(const Context& ctx, const float* part, const TensorShape& 
     const int off = first % 16, to_first = std::min(lanes, 16 - off);
     float* d0 = whole + (size_t(n) * wcb + first / 16) * plane(ws);
     float* d1 = d0 + plane(ws);
-    if (off == 0 && lanes == 16 && !accumulate) {
-      std::memcpy(d0, s, plane(ps) * sizeof(float));
-      return;
-    }
+    // Contiguous runs: a whole aligned block at once, else per pixel lanes [0, to_first) into d0
+    // and the rest into d1 (the mode chosen outside the loops).
+    auto put = [accumulate](float* d, const float* src, size_t count) {
+      if (accumulate)
+        for (size_t l = 0; l < count; ++l) d[l] += src[l];
+      else
+        std::memcpy(d, src, count * sizeof(float));
+    };
+    if (off == 0 && lanes == 16) return put(d0, s, plane(ps));
     for (size_t i = 0; i < pixels; ++i) {
-      for (int l = 0; l < to_first; ++l) {
-        float& d = d0[i * 16 + off + l];
-        d = accumulate ? d + s[i * 16 + l] : s[i * 16 + l];
-      }
-      for (int l = to_first; l < lanes; ++l) {
-        float& d = d1[i * 16 + off + l - 16];
-        d = accumulate ? d + s[i * 16 + l] : s[i * 16 + l];
-      }
+      put(d0 + i * 16 + off, s + i * 16, size_t(to_first));
+      if (lanes > to_first) put(d1 + i * 16, s + i * 16 + to_first, size_t(lanes - to_first));
     }
   });
 }
@@ -585,6 +585,8 @@ class GroupedConv2d final : public Layer {
       : k_(k), r_(r), stride_(stride), pad_(pad), bias_(bias), groups_(groups) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override {
     const TensorShape& x = in[0];
+    DFP_CHECK(groups_ >= 1, Status::invalid_argument,
+              "conv '" + name + "': groups must be at least 1, got " + std::to_string(groups_));
     DFP_CHECK(x.c % groups_ == 0 && k_ % groups_ == 0, Status::invalid_argument,
               "conv '" + name + "': groups " + std::to_string(groups_) + " must divide both the input channels (" +
                   std::to_string(x.c) + ") and the output channels (" + std::to_string(k_) + ")");
@@ -676,9 +678,9 @@ class GroupedConv2d final : public Layer {
     out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
     if (bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
   }
-  void weights_updated(uint64_t step, float) override {
+  void weights_updated(uint64_t step, std::span<const float>) override {
     // The whole tensor's maximum is not a group's: each group measures its own.
-    for (auto& c : convs_) c->weights_updated(step, -1.f);
+    for (auto& c : convs_) c->weights_updated(step, {});
   }
   const char* precision() const override { return convs_.empty() ? "fp32" : convs_.front()->precision(); }
   double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,

@@ -542,12 +542,12 @@ struct Model::Impl {
     if (poison) std::fill(workspace.data(), workspace.data() + workspace.size(), std::byte{0xFF});
   }
 
-  // max_abs: per parameter, or null (all measured by the layers). A layer's first parameter is
-  // its weight.
+  // max_abs: per parameter, or null (all measured by the layers); each layer gets its own.
   void weights_updated(const float* max_abs) {
     for (NodeInfo& n : nodes)
       if (n.layer)
-        n.layer->weights_updated(step, max_abs && n.param_end > n.param_begin ? max_abs[n.param_begin] : -1.f);
+        n.layer->weights_updated(step, max_abs ? std::span<const float>(max_abs + n.param_begin, n.param_end - n.param_begin)
+                                               : std::span<const float>());
   }
 
   StepResult forward(const float* images, const int32_t* lab, int count, bool train) {
@@ -771,9 +771,6 @@ Model::Node Model::input(int c, int h, int w) {
 Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string n, int groups) {
   LayerSpec sp;
   sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b; sp.groups = groups;
-  DFP_CHECK(groups >= 1, Status::invalid_argument,
-            "model '" + impl_->name + "': conv '" + (n.empty() ? "conv" + std::to_string(impl_->nodes.size()) : n) +
-                "': groups must be at least 1, got " + std::to_string(groups));
   return impl_->add(model::make_conv(k, r, s, p, b, groups), {x}, std::move(n), "conv", sp);
 }
 Model::Node Model::batchnorm(Node x, std::string n) { return impl_->add(model::make_batchnorm(), {x}, std::move(n), "bn"); }
