@@ -1581,10 +1581,6 @@ struct ConvInt16::Impl {
         for (int64_t k = k0; k < k1; ++k) {
           float* out = dw + size_t(k) * sh.C;
           const float* in = dw_part + size_t(k) * dw_k;
-          if (ns == 1) {
-            for (int c = 0; c < sh.C; ++c) out[c] = in[c] * scale;
-            continue;
-          }
           std::memcpy(out, in, size_t(sh.C) * sizeof(float));
           for (int sl = 1; sl < ns; ++sl)
             for (int c = 0; c < sh.C; ++c) out[c] += in[size_t(sl) * part + c];

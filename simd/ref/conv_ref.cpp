@@ -2,7 +2,8 @@
 // products, wrapping INT32 accumulation) and of the FP32 flush (convert with round-to-nearest-even,
 // then, in a call that adds to dst, one fused multiply-add; in a call that overwrites dst, an add
 // to the unscaled partial sum and one multiply by the scale at the end). Loop order differs from
-// the vector kernels but every lane sees the same sequence of INT32 additions and flushes, so the results are identical.
+// the vector kernels but every lane sees the same sequence of INT32 additions and flushes, so the
+// results are identical.
 //
 // Verification: when overflow_events is non-null, an INT64 shadow of every accumulator counts
 // the steps at which the true sum leaves the INT32 range (the hardware sum would have wrapped).

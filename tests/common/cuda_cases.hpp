@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "dfp/context.hpp"
-#include "tests/common/reference.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/loss_scale.hpp"
 #include "dfp/model.hpp"
 #include "dfp/optim.hpp"
 #include "src/cuda/executor.hpp"
+#include "tests/common/reference.hpp"
 
 namespace dfp::test {
 
