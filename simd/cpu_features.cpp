@@ -62,6 +62,7 @@ CpuFeatures detect_cpu_features() {
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     // XMM|YMM (bits 1,2) and opmask|ZMM_Hi256|Hi16_ZMM (bits 5,6,7) enabled by the OS.
     f.os_saves_zmm = (lo & 0xE6) == 0xE6;
+    f.os_saves_amx = (lo & 0x60000) == 0x60000;  // bits 17, 18: XTILECFG, XTILEDATA
   }
   if (max_leaf >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
@@ -73,6 +74,9 @@ CpuFeatures detect_cpu_features() {
     f.avx512vnni = c & (1u << 11);
     f.vaes = c & (1u << 9);
     f.avx512fp16 = d & (1u << 23);
+    f.amx_bf16 = d & (1u << 22);
+    f.amx_tile = d & (1u << 24);
+    f.amx_int8 = d & (1u << 25);
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512bf16 = a & (1u << 5);
   }

@@ -179,17 +179,18 @@ std::vector<std::string> profile_table(const std::vector<LayerTime>& times, cons
     return a->forward_seconds + a->backward_seconds > b->forward_seconds + b->backward_seconds;
   });
   std::vector<std::string> out;
-  char line[200];
+  char line[400];
   std::snprintf(line, sizeof line, "profile: %llu training steps, %.2f ms per step (forward + loss + backward + optimizer)",
                 static_cast<unsigned long long>(p.steps), p.step_seconds * per);
   out.push_back(line);
-  out.push_back("  layer                    kind      precision  forward ms  backward ms   share");
+  out.push_back("  layer                    kind      precision  forward ms  backward ms   share  implementation "
+                "(fwd | bwd_data | bwd_weights)");
   const size_t shown = std::min<size_t>(order.size(), 15);
   for (size_t i = 0; i < shown; ++i) {
     const LayerTime& t = *order[i];
-    std::snprintf(line, sizeof line, "  %-24s %-9s %-9s %11.3f %12.3f %6.1f%%", t.layer.c_str(), t.kind.c_str(),
+    std::snprintf(line, sizeof line, "  %-24s %-9s %-9s %11.3f %12.3f %6.1f%%  %s", t.layer.c_str(), t.kind.c_str(),
                   t.precision.c_str(), t.forward_seconds * per, t.backward_seconds * per,
-                  100.0 * (t.forward_seconds + t.backward_seconds) / p.step_seconds);
+                  100.0 * (t.forward_seconds + t.backward_seconds) / p.step_seconds, t.implementation.c_str());
     out.push_back(line);
   }
   if (order.size() > shown) out.push_back("  (" + std::to_string(order.size() - shown) + " more layers in profile.json)");
@@ -228,7 +229,8 @@ void write_profile_json(const std::string& path, const std::vector<LayerTime>& t
   for (size_t i = 0; i < times.size(); ++i) {
     const LayerTime& t = times[i];
     f << (i ? "," : "") << "{\"layer\":" << json::quote(t.layer) << ",\"kind\":\"" << t.kind
-      << "\",\"precision\":\"" << t.precision << "\",\"forward_seconds\":" << t.forward_seconds
+      << "\",\"precision\":\"" << t.precision << "\",\"implementation\":" << json::quote(t.implementation)
+      << ",\"forward_seconds\":" << t.forward_seconds
       << ",\"backward_seconds\":" << t.backward_seconds << ",\"steps\":" << t.steps << "}";
   }
   f << "]}\n";

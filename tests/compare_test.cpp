@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "dfp/isa.hpp"
 #include "src/report/report.hpp"
 #include "tests/common/temp_dir.hpp"
 
@@ -103,13 +104,25 @@ TEST(Cli, InfoReportsFeaturesKernelsAndLibraries) {
     const std::string cmd = std::string(*isa ? "DFP_ISA=" : "") + isa + " '" + DFP_CLI + "' info > '" + log + "' 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(log);
     const std::string out = slurp(log);
-    for (const char* want : {"avx512_vnni=", "kernel level", "quantize", "conv fwd / bwd_data, linear  int16",
+    for (const char* want : {"avx512_vnni=", "avx512_fp16=", "amx_bf16=", "amx_int8=", "kernel level", "quantize", "conv fwd / bwd_data, linear  int16",
                              "conv bwd_weights", "conv all passes              fp32", "linear all passes", "batchnorm",
                              "sgd update", "oneDNN 2.", "oneTBB 20", "xsimd 8.", "zlib 1."})
       EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
     if (*isa) {
       EXPECT_NE(out.find("kernel level   ref"), std::string::npos) << out;
       EXPECT_NE(out.find("conv_s16s16f32_pixel__ref"), std::string::npos) << out;
+      EXPECT_NE(out.find("conv all passes              bf16   bf16-rounded operands"), std::string::npos) << out;
+    } else {
+      // Each BF16 pass names the oneDNN implementation its primitive reports: on a CPU with AMX
+      // tiles, oneDNN 2.6's AMX kernels.
+      for (const char* pass : {"conv fwd                     bf16   onednn:", "conv bwd_data                bf16   onednn:",
+                               "conv bwd_weights             bf16   onednn:"}) {
+        const size_t at = out.find(pass);
+        ASSERT_NE(at, std::string::npos) << pass << " in\n" << out;
+        const dfp::CpuFeatures cpu = dfp::detect_cpu_features();
+        if (cpu.amx_bf16 && cpu.os_saves_amx)
+          EXPECT_NE(out.substr(at, out.find('\n', at) - at).find("amx_bf16"), std::string::npos) << out;
+      }
     }
   }
 }

@@ -548,14 +548,29 @@ TEST(LossScaling, AdaptiveFactorMatchesHandComputedCase) {
   EXPECT_EQ(adaptive_layer_factor(in, FloatFormat::fp32, 16, 1024), 1.0);
 }
 
-// BF16 runs oneDNN's BF16 primitives: on a CPU with AVX512_BF16 natively, without it in oneDNN's
-// emulation. The emulated path must give the same bits. The test re-runs this binary with
-// ONEDNN_MAX_CPU_ISA=AVX512_CORE (no AVX512_BF16) and compares a training step's gradients.
+// BF16 runs oneDNN's BF16 primitives: with AMX tiles (TDPBF16PS) where the CPU has them and
+// oneDNN takes them, else with VDPBF16PS where the CPU has AVX512_BF16, else in oneDNN's
+// emulation of VDPBF16PS. What holds on each CPU:
+//   - VDPBF16PS and its emulation give the same bits (the emulation is exact);
+//   - AMX tiles sum the same exact products in another order: on a network without kinks the
+//     gradients agree with the VDPBF16PS ones to FP32 rounding carried through one step, not bit
+//     for bit (through ReLUs and BatchNorm a pre-activation that switches sides moves single
+//     gradients far more, as between any two summation orders).
+// The tests re-run this binary under ONEDNN_MAX_CPU_ISA (AVX512_CORE: no AVX512_BF16;
+// AVX512_CORE_BF16: no AMX) and compare one training step's gradients.
 TEST(Bf16, WriteOneStep) {
   const char* out = std::getenv("DFP_TEST_BF16_OUT");
-  if (!out) GTEST_SKIP() << "helper of Bf16.EmulationGivesTheSameBits";
+  if (!out) GTEST_SKIP() << "helper of Bf16.EmulationGivesTheSameBits and Bf16.AmxAgreesWithVdpbf16ps";
   Model m(ctx2(), "b");
-  build_model(m, "resnet20", 3, 16, 16, 10);
+  const char* net = std::getenv("DFP_TEST_BF16_NET");
+  if (net && std::string(net) == "smooth") {  // no kinks: conv, BN, average pooling, linear
+    auto x = m.input(16, 16, 16);
+    x = m.batchnorm(m.conv(x, 32, 3, 1, 1, false, "c1"), "bn1");
+    x = m.conv(x, 64, 3, 2, 1, true, "c2");
+    m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 10, true, "fc"));
+  } else {
+    build_model(m, "resnet20", 3, 16, 16, 10);
+  }
   PrecisionPolicy pol;
   pol.precision = Precision::bf16;
   m.build(8, pol);
@@ -568,28 +583,52 @@ TEST(Bf16, WriteOneStep) {
   for (const Parameter& q : m.parameters()) f.write(reinterpret_cast<const char*>(q.grad), q.size * sizeof(float));
 }
 
-TEST(Bf16, EmulationGivesTheSameBits) {
-  if (!detect_cpu_features().avx512bf16) GTEST_SKIP() << "CPU lacks AVX512_BF16: both runs would be emulated";
-  const test::TempDir tmp("dfp_bf16_");
-  const std::string dir = tmp.str();
+namespace {
+// One BF16 training step in a child process with oneDNN limited to `max_isa` ("": unlimited);
+// returns its gradients' bytes and its oneDNN verbose log.
+// `net`: "resnet20", or "smooth" (no kinks, 16 -> 32 -> 64 channels).
+std::pair<std::string, std::string> bf16_step(const std::string& dir, const std::string& name, const std::string& max_isa,
+                                              const std::string& net) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe");
-  auto run = [&](const std::string& isa, const std::string& file) {
-    const std::string cmd = (isa.empty() ? "" : "ONEDNN_MAX_CPU_ISA=" + isa + " ") + "ONEDNN_VERBOSE=1 DFP_TEST_BF16_OUT='" +
-                            file + "' '" + self + "' --gtest_filter=Bf16.WriteOneStep > '" + file + ".log' 2>&1";
-    return std::system(cmd.c_str());
-  };
-  ASSERT_EQ(run("", dir + "/native"), 0);
-  ASSERT_EQ(run("AVX512_CORE", dir + "/emulated"), 0);
-  auto slurp = [](const std::string& f) {
+  const std::string file = dir + "/" + name;
+  const std::string cmd = (max_isa.empty() ? "" : "ONEDNN_MAX_CPU_ISA=" + max_isa + " ") + "DFP_TEST_BF16_NET=" + net +
+                          " ONEDNN_VERBOSE=1 DFP_TEST_BF16_OUT='" + file + "' '" + self +
+                          "' --gtest_filter=Bf16.WriteOneStep > '" + file + ".log' 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto slurp_file = [](const std::string& f) {
     std::ifstream in(f, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
-  const std::string native_log = slurp(dir + "/native.log"), emulated_log = slurp(dir + "/emulated.log");
+  return {slurp_file(file), slurp_file(file + ".log")};
+}
+}  // namespace
+
+TEST(Bf16, EmulationGivesTheSameBits) {
+  if (!detect_cpu_features().avx512bf16) GTEST_SKIP() << "CPU lacks AVX512_BF16: both runs would be emulated";
+  const test::TempDir tmp("dfp_bf16_");
+  const auto [native, native_log] = bf16_step(tmp.str(), "native", "AVX512_CORE_BF16", "resnet20");
+  const auto [emulated, emulated_log] = bf16_step(tmp.str(), "emulated", "AVX512_CORE", "resnet20");
   EXPECT_NE(native_log.find("avx512_core_bf16"), std::string::npos) << "native run did not use VDPBF16PS";
+  EXPECT_EQ(native_log.find("amx"), std::string::npos) << "AVX512_CORE_BF16 run used AMX";
   EXPECT_EQ(emulated_log.find("avx512_core_bf16"), std::string::npos) << "emulated run used VDPBF16PS";
-  const std::string a = slurp(dir + "/native"), b = slurp(dir + "/emulated");
-  ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == b) << "BF16 gradients differ between native and emulated runs";
+  ASSERT_FALSE(native.empty());
+  EXPECT_TRUE(native == emulated) << "BF16 gradients differ between native and emulated runs";
+}
+
+TEST(Bf16, AmxAgreesWithVdpbf16ps) {
+  const CpuFeatures cpu = detect_cpu_features();
+  if (!(cpu.amx_bf16 && cpu.os_saves_amx && cpu.avx512bf16)) GTEST_SKIP() << "CPU lacks AMX-BF16";
+  const test::TempDir tmp("dfp_bf16_amx_");
+  const auto [amx, amx_log] = bf16_step(tmp.str(), "amx", "", "smooth");
+  const auto [vdp, vdp_log] = bf16_step(tmp.str(), "vdpbf16ps", "AVX512_CORE_BF16", "smooth");
+  EXPECT_NE(amx_log.find("avx512_core_amx_bf16"), std::string::npos) << "default run did not use AMX tiles";
+  EXPECT_EQ(vdp_log.find("amx"), std::string::npos) << "AVX512_CORE_BF16 run used AMX";
+  ASSERT_EQ(amx.size(), vdp.size());
+  ASSERT_FALSE(amx.empty());
+  std::vector<float> a(amx.size() / sizeof(float)), b(a.size());
+  std::memcpy(a.data(), amx.data(), amx.size());
+  std::memcpy(b.data(), vdp.data(), vdp.size());
+  EXPECT_LE(test::rel_l2(a.data(), b.data(), a.size()), test::kAmxGradRelL2) << "AMX and VDPBF16PS gradients disagree";
 }
 
 TEST(Training, SameSeedSameBits) {
@@ -630,6 +669,8 @@ TEST(Profiling, LayerTimesCoverTrainingPassesOnly) {
   }
   EXPECT_EQ(0, std::memcmp(w[0].data(), w[1].data(), w[0].size() * sizeof(float))) << "profiling changed the bits";
   ASSERT_EQ(times.size(), graph.size()) << "every layer but the input, then the loss";
+  const std::string m_kernels_pixel = ctx2().kernels().conv_s16_pixel.name;
+  const std::string m_kernels_pair = ctx2().kernels().conv_s16_pair.name;
   for (size_t i = 0; i + 1 < times.size(); ++i) {
     EXPECT_EQ(times[i].layer, graph[i + 1].name);
     EXPECT_EQ(times[i].kind, graph[i + 1].kind);
@@ -638,6 +679,8 @@ TEST(Profiling, LayerTimesCoverTrainingPassesOnly) {
     EXPECT_GE(times[i].backward_seconds, 0.0);
     if (times[i].kind == "conv") {
       EXPECT_EQ(times[i].precision, "int16");
+      const std::string k = m_kernels_pixel + " | " + m_kernels_pixel + " | " + m_kernels_pair;
+      EXPECT_EQ(times[i].implementation, k) << times[i].layer;
       EXPECT_GT(times[i].forward_seconds, 0.0) << times[i].layer;
       EXPECT_GT(times[i].backward_seconds, 0.0) << times[i].layer;
     }
@@ -1031,7 +1074,10 @@ TEST(Training, ProfileWritesTableAndJson) {
   EXPECT_NE(log.find("optimizer"), std::string::npos) << log;
   const std::string json = slurp(c.out + "/profile.json");
   EXPECT_EQ(json.rfind("{\"steps\":10,", 0), 0u) << json;
-  EXPECT_NE(json.find("{\"layer\":\"conv1\",\"kind\":\"conv\",\"precision\":\"int16\""), std::string::npos) << json;
+  EXPECT_NE(json.find("{\"layer\":\"conv1\",\"kind\":\"conv\",\"precision\":\"int16\",\"implementation\":\"conv_s16"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(log.find("implementation (fwd | bwd_data | bwd_weights)"), std::string::npos) << log;
   EXPECT_NE(json.find("{\"layer\":\"loss\",\"kind\":\"loss\""), std::string::npos) << json;
 }
 

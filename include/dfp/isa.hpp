@@ -26,6 +26,10 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512vnni = false, avx512bf16 = false, avx512fp16 = false, vaes = false;
   bool os_saves_zmm = false;  // XGETBV: the OS enabled the opmask/ZMM state
+  // AMX tiles (Sapphire Rapids and later). dfp's own kernels do not use them; oneDNN's BF16
+  // primitives do, which the bf16 precision runs (dfp info shows which implementation runs).
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  bool os_saves_amx = false;  // XGETBV: the OS enabled the XTILECFG/XTILEDATA state
 
   bool supports(Isa isa) const noexcept;
   Isa best() const noexcept;

@@ -143,6 +143,10 @@ struct LayerTime {
   std::string layer;      // name; "loss" for the softmax cross-entropy
   std::string kind;       // LayerSpec::kind; "loss"
   std::string precision;  // fp32, int16, bf16, fp16
+  // What runs the layer's convolution or matrix product, "fwd | bwd_data | bwd_weights" where the
+  // passes differ (e.g. "onednn:brgconv:avx512_core_amx_bf16 | onednn:jit:avx512_core_amx_bf16 |
+  // ..."); empty for layers without one.
+  std::string implementation;
   double forward_seconds = 0, backward_seconds = 0;
   uint64_t steps = 0;     // training forward passes timed
 };

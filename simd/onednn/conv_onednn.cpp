@@ -52,6 +52,14 @@ struct Training {
   Port fwd_src, fwd_dst;             // forward: x -> y
   Port bd_diff_dst, bd_diff_src;     // backward data: dy -> dx
   Port bw_src, bw_diff_dst, bw_diff_wei;  // backward weights: x, dy -> dw
+  // The weight gradient reads x and dy in the layouts the forward and backward-data passes
+  // reordered them into, when those are the same: bw_src shares fwd_src's buffer, bw_diff_dst
+  // bd_diff_dst's. x_ready / dy_ready name the caller's buffer whose reordered copy that buffer
+  // holds, from the last forward / backward-data call, until the weight gradient has read it:
+  // one reorder per tensor per training step, not one per pass.
+  bool bw_src_shared = false, bw_diff_dst_shared = false;
+  const void* x_ready = nullptr;
+  const void* dy_ready = nullptr;
 
   memory user_wei;                   // the caller's weights, attached in set_weights
   memory fwd_wei, bd_wei;            // weights in the layouts the primitives chose
@@ -76,22 +84,29 @@ bool is_reference_impl(const std::string& impl) { return impl.rfind("ref", 0) ==
 
 // Creates a primitive descriptor with the activations in the user layout when a non-reference
 // implementation accepts that; otherwise lets oneDNN choose (format_tag::any) and the caller
-// reorders. make(true) asks for the user layout, make(false) for `any`.
+// reorders. make(true) asks for the user layout, make(false) for `any`. Where oneDNN answers `any`
+// with an AMX implementation (a CPU with AMX tiles, which oneDNN 2.6 runs only on layouts of its
+// own choice), that one is taken: on such a CPU the tile kernels run BF16 several times faster
+// than the AVX-512 kernels that accept the user layout, which is worth two reorders per pass.
 template <class Pd, class Make>
 Pd choose_pd(Make make) {
   Pd user_layout;
   try {
     user_layout = make(true);
-    if (!is_reference_impl(user_layout.impl_info_str())) return user_layout;
   } catch (const dnnl::error&) {
     // No implementation for the user layout: fall through to `any`.
   }
+  const bool user_ok = user_layout && !is_reference_impl(user_layout.impl_info_str());
+  Pd any;
   try {
-    Pd any = make(false);
-    if (!is_reference_impl(any.impl_info_str()) || !user_layout) return any;
+    any = make(false);
   } catch (const dnnl::error&) {
     if (!user_layout) throw;
+    return user_layout;
   }
+  const std::string any_impl = any.impl_info_str();
+  if (user_ok && any_impl.find("amx") == std::string::npos) return user_layout;
+  if (!is_reference_impl(any_impl) || !user_layout) return any;
   return user_layout;  // both are reference implementations: avoid the reorders
 }
 
@@ -100,14 +115,18 @@ Step make_reorder(const Training& t, const memory::desc& from, const memory::des
   return Step{dnnl::reorder(pd), pd.scratchpad_desc(), {}};
 }
 
-Port make_port(const Training& t, const memory::desc& user_md, const memory::desc& inner_md, bool input) {
+// `share`: a port of another pass whose inner buffer this one uses when both reorder the same user
+// layout into the same inner layout (null: none).
+Port make_port(const Training& t, const memory::desc& user_md, const memory::desc& inner_md, bool input,
+               const Port* share = nullptr) {
   Port p;
   p.user = memory(user_md, t.eng, DNNL_MEMORY_NONE);
   if (user_md == inner_md) {
     p.inner = p.user;
     p.direct = true;
   } else {
-    p.inner = memory(inner_md, t.eng);
+    const bool shared = share && !share->direct && share->inner.get_desc() == inner_md;
+    p.inner = shared ? share->inner : memory(inner_md, t.eng);
     p.convert = input ? make_reorder(t, user_md, inner_md) : make_reorder(t, inner_md, user_md);
     p.direct = false;
   }
@@ -138,8 +157,10 @@ void build(Training& t, const FwdPd& fpd, const BdPd& bdpd, const BwPd& bwpd, co
   t.fwd_dst = make_port(t, user_dst_out, fpd.dst_desc(), false);
   t.bd_diff_dst = make_port(t, user_dst_in, bdpd.diff_dst_desc(), true);
   t.bd_diff_src = make_port(t, user_src_out, bdpd.diff_src_desc(), false);
-  t.bw_src = make_port(t, user_src_in, bwpd.src_desc(), true);
-  t.bw_diff_dst = make_port(t, user_dst_in, bwpd.diff_dst_desc(), true);
+  t.bw_src = make_port(t, user_src_in, bwpd.src_desc(), true, &t.fwd_src);
+  t.bw_diff_dst = make_port(t, user_dst_in, bwpd.diff_dst_desc(), true, &t.bd_diff_dst);
+  t.bw_src_shared = !t.bw_src.direct && t.bw_src.inner.get() == t.fwd_src.inner.get();
+  t.bw_diff_dst_shared = !t.bw_diff_dst.direct && t.bw_diff_dst.inner.get() == t.bd_diff_dst.inner.get();
   t.bw_diff_wei = make_port(t, user_wei, bwpd.diff_weights_desc(), false);
 
   t.user_wei = memory(user_wei, t.eng, DNNL_MEMORY_NONE);
@@ -223,6 +244,7 @@ void forward(Training& t, const void* x, float* y) {
   DFP_CHECK(t.weights_set, Status::invalid_argument, t.name + ": forward called before set_weights");
   t.ctx->bind_openmp();
   prepare_input(t, t.fwd_src, x, "input reorder (forward)");
+  t.x_ready = x;
   attach(t.fwd_dst.user, y);
   execute(t, t.fwd, "forward",
           {{DNNL_ARG_SRC, t.fwd_src.inner.get()}, {DNNL_ARG_WEIGHTS, t.fwd_wei.get()},
@@ -235,6 +257,7 @@ void backward_data(Training& t, const void* dy, float* dx) {
   DFP_CHECK(t.weights_set, Status::invalid_argument, t.name + ": backward_data called before set_weights");
   t.ctx->bind_openmp();
   prepare_input(t, t.bd_diff_dst, dy, "gradient reorder (backward data)");
+  t.dy_ready = dy;
   attach(t.bd_diff_src.user, dx);
   execute(t, t.bd, "backward data",
           {{DNNL_ARG_DIFF_DST, t.bd_diff_dst.inner.get()}, {DNNL_ARG_WEIGHTS, t.bd_wei.get()},
@@ -245,8 +268,10 @@ void backward_data(Training& t, const void* dy, float* dx) {
 
 void backward_weights(Training& t, const void* x, const void* dy, float* dw) {
   t.ctx->bind_openmp();
-  prepare_input(t, t.bw_src, x, "input reorder (backward weights)");
-  prepare_input(t, t.bw_diff_dst, dy, "gradient reorder (backward weights)");
+  if (!(t.bw_src_shared && t.x_ready == x)) prepare_input(t, t.bw_src, x, "input reorder (backward weights)");
+  if (!(t.bw_diff_dst_shared && t.dy_ready == dy))
+    prepare_input(t, t.bw_diff_dst, dy, "gradient reorder (backward weights)");
+  t.x_ready = t.dy_ready = nullptr;
   attach(t.bw_diff_wei.user, dw);
   execute(t, t.bw, "backward weights",
           {{DNNL_ARG_SRC, t.bw_src.inner.get()}, {DNNL_ARG_DIFF_DST, t.bw_diff_dst.inner.get()},

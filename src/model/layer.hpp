@@ -117,6 +117,9 @@ class Layer {
   // optimizer measured them (Model::weights_updated(max_abs)); empty where not known.
   virtual void weights_updated(uint64_t step, std::span<const float> param_max_abs) {}
   virtual const char* precision() const { return "fp32"; }
+  // What runs the layer's convolution or matrix product, per pass where they differ ("fwd |
+  // bwd_data | bwd_weights"), as --profile reports it; empty for layers without one.
+  virtual std::string implementation() const { return ""; }
   // Adaptive loss scaling: the power-of-two factor this layer applies to its incoming gradient dy
   // (whose accumulated adaptive scale is `scale_so_far`). 1 for layers without low-precision
   // gradients.

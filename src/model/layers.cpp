@@ -292,6 +292,11 @@ class WeightedLayer : public Layer {
     }
   }
   const char* precision() const override { return precision_name(prec_); }
+  std::string implementation() const override {
+    if (!q_) return operator_implementation();
+    const std::string fwd = q_->kernel_name(), bww = q_->weight_gradient_kernel_name();
+    return fwd + " | " + fwd + " | " + bww;
+  }
   bool accumulates_input_grad(size_t) const override { return q_ != nullptr; }
   size_t workspace_bytes() const override { return q_ ? q_->workspace_bytes() : dy_bytes_; }
   void use_workspace(void* region) override {
@@ -419,6 +424,7 @@ class WeightedLayer : public Layer {
   virtual void forward_bf16(const uint16_t* x, float* y) {}
   virtual void backward_bf16(const uint16_t* dy, float* dx) {}  // dx may be null; uses the saved xb_
   virtual void set_weights_bf16(const float* w) {}
+  virtual std::string operator_implementation() const = 0;  // of the fp32 or native bf16 operator
 
   void sample_int16_forward(const float* x) {
     sample_.sampled = true;
@@ -509,6 +515,12 @@ class Conv2d final : public WeightedLayer {
     bf_->backward_weights(xb_.data(), dy, gw_.data());
   }
   void set_weights_bf16(const float* w) override { bf_->set_weights(w); }
+  std::string operator_implementation() const override {
+    if (bf_)
+      return "onednn:" + bf_->impl_forward() + " | onednn:" + bf_->impl_backward_data() + " | onednn:" +
+             bf_->impl_backward_weights();
+    return f_ ? f_->kernel_name() : "";
+  }
   bool accepts_input_spans(size_t i) const override { return i == 0 && q_ && q_->accepts_input_spans(); }
   void take_input_spans(size_t, InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) override {
     q_->set_step(st.step);
@@ -819,6 +831,7 @@ class Linear final : public WeightedLayer {
     f_->backward_weights(rows_x_.data(), rows_y_.data(), gw_.data());
   }
   void set_weights_f32(const float* w) override { f_->set_weights(w); }
+  std::string operator_implementation() const override { return f_ ? f_->kernel_name() : ""; }
 
   int n_ = 0, f_in_ = 0;
   AlignedBuffer<float> rows_x_, rows_y_, rows_dx_;

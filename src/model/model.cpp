@@ -136,6 +136,9 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
           line += "EMULATED: operands rounded to BF16, products accumulated in FP32 by the scalar reference (slow)";
         else if (!all_bf16)
           line += "mixed formats: operands rounded, FP32 oneDNN convolutions (exact products, FP32 accumulation)";
+        else if (cpu.amx_bf16 && cpu.os_saves_amx)
+          line += "native: oneDNN BF16 convolutions on AMX tiles (TDPBF16PS) where oneDNN takes them, else "
+                  "VDPBF16PS; FP32 accumulation and outputs (dfp info and --profile name each pass's kernel)";
         else if (cpu.avx512bf16)
           line += "native: oneDNN BF16 convolutions (VDPBF16PS), FP32 accumulation and outputs";
         else
@@ -910,10 +913,11 @@ std::vector<LayerTime> Model::layer_times() const {
   uint64_t steps = 0;
   for (const auto& n : impl_->nodes) {
     if (!n.layer || n.fwd_steps == 0) continue;  // the input; nothing timed yet
-    out.push_back({n.layer->name, n.layer->kind, n.layer->precision(), n.fwd_seconds, n.bwd_seconds, n.fwd_steps});
+    out.push_back({n.layer->name, n.layer->kind, n.layer->precision(), n.layer->implementation(), n.fwd_seconds,
+                   n.bwd_seconds, n.fwd_steps});
     steps = std::max(steps, n.fwd_steps);
   }
-  if (steps > 0) out.push_back({"loss", "loss", "fp32", impl_->loss_fwd_seconds, impl_->loss_bwd_seconds, steps});
+  if (steps > 0) out.push_back({"loss", "loss", "fp32", "", impl_->loss_fwd_seconds, impl_->loss_bwd_seconds, steps});
   return out;
 }
 
