@@ -115,21 +115,32 @@ Step make_reorder(const Training& t, const memory::desc& from, const memory::des
   return Step{dnnl::reorder(pd), pd.scratchpad_desc(), {}};
 }
 
+// An activation tensor of exactly 16 channels in nChw16c ([N][1][H][W][16]) is byte for byte
+// nhwc; oneDNN compares layouts by descriptor, so without this check it would reorder a copy.
+bool same_bytes(const memory::desc& user_md, const memory::desc& inner_md) {
+  if (user_md == inner_md) return true;
+  const memory::dims d = user_md.dims();
+  if (d.size() != 4 || d[1] != 16) return false;
+  const dt type = user_md.data_type();
+  return user_md == memory::desc(d, type, tag::nChw16c) && inner_md == memory::desc(d, type, tag::nhwc);
+}
+
 // `share`: a port of another pass whose inner buffer this one uses when both reorder the same user
 // layout into the same inner layout (null: none).
 Port make_port(const Training& t, const memory::desc& user_md, const memory::desc& inner_md, bool input,
                const Port* share = nullptr) {
   Port p;
-  p.user = memory(user_md, t.eng, DNNL_MEMORY_NONE);
-  if (user_md == inner_md) {
+  if (same_bytes(user_md, inner_md)) {
+    p.user = memory(inner_md, t.eng, DNNL_MEMORY_NONE);
     p.inner = p.user;
     p.direct = true;
-  } else {
-    const bool shared = share && !share->direct && share->inner.get_desc() == inner_md;
-    p.inner = shared ? share->inner : memory(inner_md, t.eng);
-    p.convert = input ? make_reorder(t, user_md, inner_md) : make_reorder(t, inner_md, user_md);
-    p.direct = false;
+    return p;
   }
+  p.user = memory(user_md, t.eng, DNNL_MEMORY_NONE);
+  const bool shared = share && !share->direct && share->inner.get_desc() == inner_md;
+  p.inner = shared ? share->inner : memory(inner_md, t.eng);
+  p.convert = input ? make_reorder(t, user_md, inner_md) : make_reorder(t, inner_md, user_md);
+  p.direct = false;
   return p;
 }
 
