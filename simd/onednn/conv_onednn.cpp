@@ -449,7 +449,12 @@ void InnerProductPrimitives::backward_weights(const float* x, const float* dy, f
 std::optional<ConvPrimitives> native_bf16_conv(const Context& ctx, const ConvShape& shape, const std::string& name) {
   if (ctx.isa() == Isa::ref) return std::nullopt;
   try {
-    return ConvPrimitives(ctx, shape, name, true);
+    ConvPrimitives p(ctx, shape, name, true);
+    // oneDNN's reference BF16 convolution (a CPU without AVX-512, where oneDNN 2.6 has no BF16
+    // JIT code) is far slower than the FP32 JIT kernels on BF16-rounded operands.
+    for (const std::string* impl : {&p.impl_forward(), &p.impl_backward_data(), &p.impl_backward_weights()})
+      if (is_reference_impl(*impl)) return std::nullopt;
+    return p;
   } catch (const Error&) {
     return std::nullopt;
   }

@@ -56,8 +56,9 @@ class ConvPrimitives {
 };
 
 // oneDNN's BF16-operand convolution for `shape`, as the bf16 policy runs it; none at the ref level
-// (no JIT code there) or where oneDNN has no primitive for the shape (the caller then rounds the
-// operands to BF16 and runs the FP32 operator: the same numerics).
+// (no JIT code there), where oneDNN has no primitive for the shape, or where it has only its
+// reference implementation for a pass (a CPU without AVX-512): the caller then rounds the operands
+// to BF16 and runs the FP32 operator, the same numerics (exact products, FP32 sums).
 std::optional<ConvPrimitives> native_bf16_conv(const Context& ctx, const ConvShape& shape, const std::string& name);
 
 // Fully connected without bias: y[n][k] = sum_c x[n][c] * w[k][c].
