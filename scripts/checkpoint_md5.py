@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""MD5 over a dfp checkpoint's tensor records (every record but "meta"), in file order.
+"""MD5 over a dfp checkpoint's tensor records (every record but "meta"), in file order: each
+record's name bytes, then its floats' bytes (the digest the project has tracked since session 16).
 
 The training-bits check: a refactor must leave this digest unchanged for a fixed command, e.g.
   build/src/dfp train --model resnet20 --dataset fashion-mnist --precision int16 --epochs 1 \
@@ -26,7 +27,8 @@ def tensor_md5(path):
         if body_end > end:
             raise SystemExit(f"{path}: record {name!r} runs past the end of the file")
         if name != b"meta":
-            h.update(data[pos:body_end])
+            h.update(name)
+            h.update(data[pos + 12 + n:body_end])
         pos = body_end
     return h.hexdigest()
 
