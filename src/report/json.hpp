@@ -2,8 +2,8 @@
 //
 // Internal to the report writer. Reads RFC 8259 JSON: objects, arrays, strings with every escape
 // (\uXXXX with surrogate pairs becomes UTF-8), numbers, true, false, null. One extension: the bare
-// tokens nan, -nan, inf, -inf (and NaN, Infinity, -Infinity) are read as numbers, because that is
-// what a C++ stream writes for a diverged run's loss. Every error is a dfp::Error
+// tokens nan, -nan, inf, -inf (and NaN, Infinity, -Infinity) are read as numbers, because C++
+// streams and Python's json module write them for non-finite values (dfp itself writes null). Every error is a dfp::Error
 // (Status::corrupt_data) whose message starts "<source>:<line>:<column>: " and says what was
 // expected and what was found.
 #pragma once
