@@ -286,14 +286,15 @@ IdxHeader read_idx_header(ByteReader& in, const std::string& path, bool images) 
 }
 
 // Reads `count` records of `record_bytes` after the header into `out`, then requires the end of
-// the data. The buffer grows as data arrives (never sized from the header alone beyond 1 GiB),
-// so a header that lies about the count fails as a truncation, not as a huge allocation.
+// the data. The buffer grows 4 MiB at a time as data arrives (never sized from the header alone),
+// so a header that lies about the count or the image size fails as a truncation, not as a huge
+// allocation.
 void read_idx_records(ByteReader& in, const std::string& path, const IdxHeader& h, size_t record_bytes,
                       const char* record_kind, std::vector<uint8_t>& out) {
   const size_t total = size_t(h.count) * record_bytes;
   out.clear();
-  out.reserve(std::min<size_t>(total, size_t(1) << 30));
-  const size_t chunk = std::max<size_t>(record_bytes, (size_t(4) << 20) / record_bytes * record_bytes);
+  out.reserve(std::min<size_t>(total, size_t(64) << 20));
+  const size_t chunk = size_t(4) << 20;
   size_t done = 0;
   while (done < total) {
     const size_t want = std::min(chunk, total - done);

@@ -28,6 +28,15 @@ struct Value {
   std::vector<std::pair<std::string, Value>> members;  // object members, in file order
   int line = 0;       // where the value starts (for messages)
 
+  // Declared here and defaulted in json.cpp, where Value is complete: clang with libstdc++ cannot
+  // define them inside the class, whose members hold pairs of the class being defined.
+  Value();
+  ~Value();
+  Value(const Value&);
+  Value(Value&&) noexcept;
+  Value& operator=(const Value&);
+  Value& operator=(Value&&) noexcept;
+
   bool is_null() const noexcept { return type == Type::null; }
   bool is_number() const noexcept { return type == Type::number; }
   bool is_string() const noexcept { return type == Type::string; }
