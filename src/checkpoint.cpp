@@ -60,7 +60,13 @@ std::string write_all(int fd, const std::string& buf) {
 std::string checkpoint_bytes(const Checkpoint& ck) {
   std::string buf(kCheckpointMagic, 8);
   std::string meta;
-  for (const auto& [k, v] : ck.meta) meta += k + "=" + v + "\n";
+  for (const auto& [k, v] : ck.meta) {
+    // One line per field: a line break or a key's '=' would split or shift fields on reading.
+    DFP_CHECK(k.find_first_of("=\n") == std::string::npos && v.find('\n') == std::string::npos, Status::invalid_argument,
+              "checkpoint meta field '" + k + "': a key without '=' or line breaks and a value without line breaks "
+              "expected");
+    meta += k + "=" + v + "\n";
+  }
   auto record = [&](const std::string& name, const float* data, uint64_t n) {
     const uint32_t len = uint32_t(name.size());
     put(buf, &len, 4);

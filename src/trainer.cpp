@@ -1,10 +1,8 @@
 // The training loop, metrics, and checkpoints.
 #include "dfp/trainer.hpp"
 
-#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <charconv>
@@ -141,6 +139,8 @@ void validate_train_config(const TrainConfig& c) {
     check(c.milestones[i] >= 1 && (i == 0 || c.milestones[i] > c.milestones[i - 1]), "--milestones",
           "epochs >= 1 in increasing order", std::to_string(c.milestones[i]).append(" at item ").append(std::to_string(i + 1)));
   check(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label-smoothing", "a number in [0, 1)", num(c.label_smoothing));
+  check(c.data.find('\n') == std::string::npos, "--data", "a path without line breaks (the checkpoint records it)",
+        "a path with one");
   check(c.limit_train >= 0, "--limit-train", ">= 0 (0 = all)", std::to_string(c.limit_train));
   check(c.limit_test >= 0, "--limit-test", ">= 0 (0 = all)", std::to_string(c.limit_test));
   check(c.print_every >= 1, "--print-every", ">= 1", std::to_string(c.print_every));

@@ -400,6 +400,15 @@ TEST(Hostile, ResumeOfAFinishedRunSaysSo) {
   EXPECT_EQ(lines_of(c.out + "/metrics.jsonl").size(), 1u);
 }
 
+// A data path with a line break would split the checkpoint's meta line: refused up front.
+TEST(Hostile, DataPathWithALineBreakIsRefused) {
+  TrainConfig c = mnist_config("/tmp/a\nb", 1);
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"flag --data", "line breaks"});
+  Checkpoint ck;
+  ck.meta["data"] = "a\nb";
+  test::expect_error([&] { checkpoint_bytes(ck); }, Status::invalid_argument, {"meta field 'data'"});
+}
+
 // A thread count far beyond any machine is a setting error, not an allocation failure.
 TEST(Hostile, ThreadCountIsCapped) {
   TrainConfig c = mnist_config("/nonexistent-dfp-test-dir", 1);
