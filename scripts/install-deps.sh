@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what dfp needs from Debian 12's own packages (nothing else is downloaded).
 # Runs apt-get only when something is missing. gnuplot-nox draws the report plots (without it the
-# report still writes its tables, data and HTML).
+# report still writes its tables, data and HTML). clang-14 and libclang-rt-14-dev build the
+# libFuzzer targets (ctest -L fuzz; without them only the corpus replay is built).
 set -euo pipefail
 pkgs=(cmake g++ make libdnnl-dev libtbb-dev libxsimd-dev libgtest-dev libbenchmark-dev zlib1g-dev
-      pkg-config libturbojpeg0-dev dataset-fashion-mnist gnuplot-nox)
+      pkg-config libturbojpeg0-dev dataset-fashion-mnist gnuplot-nox clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -54,6 +54,9 @@ static int available_cores() {
 void ContextOptions::validate_threads(int threads, const std::string& origin) {
   DFP_CHECK(threads >= 0, Status::invalid_argument,
             origin + ": expected >= 0 (0 = all cores), got " + std::to_string(threads));
+  DFP_CHECK(threads <= kMaxThreads, Status::invalid_argument,
+            origin + ": expected at most " + std::to_string(kMaxThreads) + " (0 = all cores), got " +
+                std::to_string(threads));
 }
 
 Context::Context(const ContextOptions& o) : impl_(std::make_unique<Impl>()) {

@@ -7,12 +7,17 @@
 // as a shorter one). Nothing is returned unless the whole file was read and checked.
 #include "dfp/data.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <iterator>
+#include <map>
+#include <set>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -40,92 +45,183 @@ uint32_t big_endian32(const unsigned char* p) {
   return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
 }
 
-// Throws io_error unless `path` is an existing regular file (a clearer message than zlib's or
-// fopen's errno alone).
+// Throws io_error unless `path` is an existing regular file (or a link to one), saying what it is
+// instead: missing, a link to nothing or to a link cycle, a directory, a device, FIFO or socket.
 void require_file(const std::string& path, const std::string& what) {
-  std::error_code ec;
+  std::error_code ec, lec;
+  const auto lst = fs::symlink_status(path, lec);
   const auto st = fs::status(path, ec);
-  DFP_CHECK(fs::exists(st), Status::io_error, in_quotes(path) + ": " + what + " not found");
+  if (fs::is_symlink(lst) && !fs::exists(st)) {
+    std::error_code rec;
+    const fs::path target = fs::read_symlink(path, rec);
+    dfp::fail(Status::io_error, in_quotes(path) + ": " + what + " is a link to " + in_quotes(target.string()) +
+                                    (ec && ec.value() == ELOOP ? ", a cycle of links" : ", which does not exist") +
+                                    "; expected a regular file");
+  }
+  DFP_CHECK(fs::exists(st), Status::io_error,
+            in_quotes(path) + ": " + what + (ec && ec != std::errc::no_such_file_or_directory
+                                                 ? " cannot be examined: " + ec.message()
+                                                 : std::string(" not found")));
+  DFP_CHECK(!fs::is_directory(st), Status::io_error,
+            in_quotes(path) + ": " + what + " is a directory; expected a regular file");
   DFP_CHECK(fs::is_regular_file(st), Status::io_error,
-            in_quotes(path) + ": " + what + " is not a regular file");
+            in_quotes(path) + ": " + what + " is not a regular file (a device, FIFO or socket); expected a regular file");
 }
 
 void require_dir(const std::string& dir, const std::string& dataset, const std::string& expected) {
   std::error_code ec;
   const auto st = fs::status(dir, ec);
+  DFP_CHECK(!ec || ec == std::errc::no_such_file_or_directory, Status::io_error,
+            dataset + ": directory " + in_quotes(dir) + " cannot be examined: " + ec.message() + " (expected " +
+                expected + " in it)");
   DFP_CHECK(fs::exists(st), Status::io_error,
             dataset + ": directory " + in_quotes(dir) + " does not exist (expected " + expected + " in it)");
   DFP_CHECK(fs::is_directory(st), Status::io_error,
             dataset + ": " + in_quotes(dir) + " is not a directory (expected " + expected + " in it)");
 }
 
-// A file read through zlib: gzread decompresses gzip and passes any other file through
-// unchanged, so plain and .gz IDX files share one code path.
-class GzReader {
+// A file read as a byte stream: a file that starts with the gzip magic bytes (1F 8B) is inflated
+// (every member of a multi-member stream, as gunzip does), any other file is read as it is, so
+// plain and .gz IDX files share one code path. Unlike gunzip, bytes after the last gzip member
+// that do not start another member are an error: a file with appended garbage is not trusted.
+class ByteReader {
  public:
-  explicit GzReader(const std::string& path) : path_(path) {
+  explicit ByteReader(const std::string& path) : path_(path), in_(size_t(1) << 18) {
     require_file(path, "IDX file");
-    errno = 0;
-    f_ = gzopen(path.c_str(), "rb");
-    DFP_CHECK(f_ != nullptr, Status::io_error,
-              in_quotes(path) + ": cannot open: " + (errno ? std::strerror(errno) : "zlib out of memory"));
-    gzbuffer(f_, 1 << 18);  // fewer read() calls than the 8 KiB default; must precede the first read
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    DFP_CHECK(fd_ >= 0, Status::io_error, in_quotes(path) + ": cannot open: " + std::strerror(errno));
+    while (avail_ < 2 && fill_more()) {
+    }
+    gzip_ = avail_ >= 2 && in_[0] == 0x1F && in_[1] == 0x8B;
+    if (gzip_) {
+      DFP_CHECK(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK, Status::io_error, in_quotes(path) + ": zlib out of memory");
+    }
   }
-  ~GzReader() {
-    if (f_) gzclose(f_);
+  ~ByteReader() {
+    if (gzip_) inflateEnd(&zs_);
+    if (fd_ >= 0) ::close(fd_);
   }
-  GzReader(const GzReader&) = delete;
-  GzReader& operator=(const GzReader&) = delete;
+  ByteReader(const ByteReader&) = delete;
+  ByteReader& operator=(const ByteReader&) = delete;
 
-  // Reads up to n bytes; fewer only at the end of the data or on a zlib error (a corrupt or
-  // truncated gzip stream), whose text zlib_error() then returns.
+  // Reads up to n bytes; fewer only at the end of the data or on an error (a corrupt or
+  // truncated gzip stream, bytes after it, a failed read), which zlib_error() then describes.
   size_t read(void* dst, size_t n) {
+    uint8_t* out = static_cast<uint8_t*>(dst);
     size_t done = 0;
-    while (done < n) {
-      const unsigned chunk = unsigned(std::min<size_t>(n - done, size_t(1) << 30));
-      const int r = gzread(f_, static_cast<char*>(dst) + done, chunk);
-      if (r <= 0) break;
-      done += size_t(r);
+    while (done < n && error_ == Fault::none) {
+      if (avail_ == 0 && !fill()) {
+        if (gzip_ && !member_done_ && error_ == Fault::none) set(Fault::truncated, "unexpected end of file");
+        break;
+      }
+      if (!gzip_) {
+        const size_t k = std::min(n - done, avail_);
+        std::memcpy(out + done, in_.data() + pos_, k);
+        pos_ += k;
+        avail_ -= k;
+        done += k;
+        continue;
+      }
+      if (member_done_) {
+        // Another member, or the end of the file: anything else is refused.
+        while (avail_ < 2 && fill_more()) {
+        }
+        if (avail_ >= 2 && in_[pos_] == 0x1F && in_[pos_ + 1] == 0x8B) {
+          inflateReset(&zs_);
+          member_done_ = false;
+          continue;
+        }
+        if (error_ != Fault::none) break;
+        struct stat st{};
+        const long long size = ::fstat(fd_, &st) == 0 ? (long long)st.st_size : -1;
+        const long long at = (long long)(consumed_ - avail_);
+        set(Fault::corrupt, std::to_string(size >= 0 ? size - at : (long long)avail_) +
+                                " bytes follow the end of the gzip stream at byte " + std::to_string(at) +
+                                " and do not start another gzip member; expected the file to end there");
+        break;
+      }
+      zs_.next_in = in_.data() + pos_;
+      zs_.avail_in = uInt(avail_);
+      zs_.next_out = out + done;
+      zs_.avail_out = uInt(std::min<size_t>(n - done, size_t(1) << 30));
+      const uInt before_out = zs_.avail_out;
+      const int r = inflate(&zs_, Z_NO_FLUSH);
+      pos_ += avail_ - zs_.avail_in;
+      avail_ = zs_.avail_in;
+      done += before_out - zs_.avail_out;
+      if (r == Z_STREAM_END) {
+        member_done_ = true;
+      } else if (r == Z_DATA_ERROR || r == Z_NEED_DICT || r == Z_STREAM_ERROR) {
+        set(Fault::corrupt, zs_.msg ? zs_.msg : "invalid deflate data");
+      } else if (r == Z_MEM_ERROR) {
+        set(Fault::io, "zlib out of memory");
+      }
     }
     return done;
   }
 
-  // "" when zlib saw no error; else its message (", zlib: unexpected end of file", ...).
-  std::string zlib_error() {
-    int code = Z_OK;
-    const char* msg = gzerror(f_, &code);
-    if (code == Z_OK) return "";
-    if (code == Z_ERRNO) return std::string(", read error: ") + std::strerror(errno);
-    std::string m = msg ? msg : "error";
-    // zlib prefixes the path, which every dfp message already starts with.
-    if (m.compare(0, path_.size() + 2, path_ + ": ") == 0) m.erase(0, path_.size() + 2);
-    return ", zlib: " + m;
+  // "" when no error was seen; else its description (", zlib: unexpected end of file", ...).
+  std::string zlib_error() const {
+    switch (error_) {
+      case Fault::none: return "";
+      case Fault::io: return ", read error: " + message_;
+      case Fault::trailing: return ", " + message_;
+      default: return ", zlib: " + message_;
+    }
   }
 
-  // A corrupt (not merely truncated) gzip stream or a failed read: zlib reports a truncated
-  // stream as Z_BUF_ERROR, which the callers word as a truncation instead.
-  bool hard_error() {
-    int code = Z_OK;
-    gzerror(f_, &code);
-    return code != Z_OK && code != Z_BUF_ERROR;
-  }
+  // A corrupt (not merely truncated) gzip stream or a failed read: a truncated stream is worded
+  // as a truncation by the callers instead.
+  bool hard_error() const { return error_ != Fault::none && error_ != Fault::truncated; }
 
-  // Throws corrupt_data (io_error for a failed read) naming `where` when hard_error(). zlib
-  // inflates ahead of the caller, so `where` is where the error surfaced, which may be before
-  // the damaged bytes (a CRC-32 mismatch covers the whole stream).
+  // Throws corrupt_data (io_error for a failed read) naming `where` when hard_error(). The
+  // stream is inflated ahead of the caller, so `where` is where the error surfaced, which may be
+  // before the damaged bytes (a CRC-32 mismatch covers the whole stream).
   void check(const std::string& where) {
     if (!hard_error()) return;
-    int code = Z_OK;
-    gzerror(f_, &code);
-    const bool io = code == Z_ERRNO;
+    const bool io = error_ == Fault::io;
     dfp::fail(io ? Status::io_error : Status::corrupt_data,
-              in_quotes(path_) + ": " + (io ? "read failed in " : "corrupt gzip stream, detected while reading ") +
-                  where + zlib_error());
+              in_quotes(path_) + ": " + (io ? "read failed in " : "corrupt gzip stream, detected while reading ") + where +
+                  zlib_error());
   }
 
  private:
+  enum class Fault { none, truncated, corrupt, trailing, io };
+  void set(Fault f, const std::string& m) {
+    error_ = f == Fault::corrupt && member_done_ ? Fault::trailing : f;
+    message_ = m;
+  }
+  // Refills the empty buffer from the file; false at the end of the file or on a read error.
+  bool fill() {
+    pos_ = 0;
+    return fill_more();
+  }
+  // Appends to the buffer's unread bytes (moved to its start); false when nothing was added.
+  bool fill_more() {
+    if (pos_ > 0 && avail_ > 0) std::memmove(in_.data(), in_.data() + pos_, avail_);
+    pos_ = 0;
+    for (;;) {
+      const ssize_t r = ::read(fd_, in_.data() + avail_, in_.size() - avail_);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        set(Fault::io, std::strerror(errno));
+        return false;
+      }
+      avail_ += size_t(r);
+      consumed_ += uint64_t(r);
+      return r > 0;
+    }
+  }
+
   std::string path_;
-  gzFile f_ = nullptr;
+  int fd_ = -1;
+  std::vector<uint8_t> in_;  // raw bytes: in_[pos_, pos_ + avail_) are not yet used
+  size_t pos_ = 0, avail_ = 0;
+  uint64_t consumed_ = 0;    // raw bytes read from the file so far
+  bool gzip_ = false, member_done_ = false;
+  z_stream zs_{};
+  Fault error_ = Fault::none;
+  std::string message_;
 };
 
 struct IdxHeader {
@@ -135,7 +231,7 @@ struct IdxHeader {
 
 // Reads and checks an IDX header: images (3 dims, magic 0x00000803) or labels (1 dim, magic
 // 0x00000801), unsigned-byte data in both.
-IdxHeader read_idx_header(GzReader& in, const std::string& path, bool images) {
+IdxHeader read_idx_header(ByteReader& in, const std::string& path, bool images) {
   const size_t bytes = images ? 16 : 8;
   const uint32_t magic_expected = images ? 0x00000803u : 0x00000801u;
   const char* kind = images ? "images (unsigned bytes, 3 dimensions: count, rows, cols)"
@@ -190,14 +286,15 @@ IdxHeader read_idx_header(GzReader& in, const std::string& path, bool images) {
 }
 
 // Reads `count` records of `record_bytes` after the header into `out`, then requires the end of
-// the data. The buffer grows as data arrives (never sized from the header alone beyond 1 GiB),
-// so a header that lies about the count fails as a truncation, not as a huge allocation.
-void read_idx_records(GzReader& in, const std::string& path, const IdxHeader& h, size_t record_bytes,
+// the data. The buffer grows 4 MiB at a time as data arrives (never sized from the header alone),
+// so a header that lies about the count or the image size fails as a truncation, not as a huge
+// allocation.
+void read_idx_records(ByteReader& in, const std::string& path, const IdxHeader& h, size_t record_bytes,
                       const char* record_kind, std::vector<uint8_t>& out) {
   const size_t total = size_t(h.count) * record_bytes;
   out.clear();
-  out.reserve(std::min<size_t>(total, size_t(1) << 30));
-  const size_t chunk = std::max<size_t>(record_bytes, (size_t(4) << 20) / record_bytes * record_bytes);
+  out.reserve(std::min<size_t>(total, size_t(64) << 20));
+  const size_t chunk = size_t(4) << 20;
   size_t done = 0;
   while (done < total) {
     const size_t want = std::min(chunk, total - done);
@@ -271,6 +368,7 @@ Dataset read_cifar(const std::vector<std::string>& files, const CifarFormat& fmt
 
   Dataset d;
   d.name = name;
+  for (const std::string& f : files) d.source += (d.source.empty() ? "" : ", ") + f;
   d.count = int(total);
   d.channels = 3;
   d.height = 32;
@@ -342,24 +440,83 @@ std::vector<std::string> class_folders(const fs::path& dir) {
   return names;
 }
 
-// Every JPEG file under dir (recursively, symlinks followed), sorted by path.
-std::vector<std::string> jpeg_files(const fs::path& dir) {
-  std::vector<std::string> files;
-  std::error_code ec;
-  const auto opts = fs::directory_options::follow_directory_symlink;
-  for (fs::recursive_directory_iterator it(dir, opts, ec), end; !ec && it != end; it.increment(ec)) {
-    if (hidden(it->path())) {
-      std::error_code ec3;
-      if (it->is_directory(ec3)) it.disable_recursion_pending();
-      continue;
-    }
-    std::error_code ec2;
-    if (jpeg_extension(it->path()) && fs::is_regular_file(it->path(), ec2)) files.push_back(it->path().string());
-  }
-  DFP_CHECK(!ec, Status::io_error, "image folder: cannot list directory " + in_quotes(dir.string()) + ": " + ec.message());
-  std::sort(files.begin(), files.end());
-  return files;
+// Whether `p` is `root` or lies under it (both canonical).
+bool within(const fs::path& p, const fs::path& root) {
+  auto r = root.begin(), q = p.begin();
+  for (; r != root.end(); ++r, ++q)
+    if (q == p.end() || *q != *r) return false;
+  return true;
 }
+
+// A directory's identity: links and bind mounts aside, the same device and inode are the same
+// directory, however it was reached.
+struct DirId {
+  dev_t dev;
+  ino_t ino;
+  bool operator<(const DirId& o) const { return dev != o.dev ? dev < o.dev : ino < o.ino; }
+};
+
+// Scans one class folder of an image folder's split.
+class ClassScan {
+ public:
+  // split: the split folder (train/ or val/), folder: the class folder in it.
+  ClassScan(const fs::path& split, const fs::path& folder) : folder_(folder) {
+    std::error_code ec;
+    split_canon_ = fs::canonical(split, ec);
+    DFP_CHECK(!ec, Status::io_error, "image folder: cannot resolve " + in_quotes(split.string()) + ": " + ec.message());
+    class_canon_ = fs::canonical(folder, ec);
+    DFP_CHECK(!ec, Status::io_error, "image folder: cannot resolve " + in_quotes(folder.string()) + ": " + ec.message());
+  }
+
+  // Every JPEG file under the class folder (recursively, links followed), sorted by path.
+  std::vector<std::string> files() {
+    enter(folder_);
+    std::sort(files_.begin(), files_.end());
+    return std::move(files_);
+  }
+
+ private:
+  void enter(const fs::path& dir) {
+    struct stat st{};
+    DFP_CHECK(::stat(dir.c_str(), &st) == 0, Status::io_error,
+              "image folder: cannot examine " + in_quotes(dir.string()) + ": " + std::strerror(errno));
+    DFP_CHECK(visited_.insert(DirId{st.st_dev, st.st_ino}).second, Status::invalid_argument,
+              "image folder: " + in_quotes(dir.string()) + " leads to a directory already scanned for class " +
+                  in_quotes(folder_.filename().string()) + " (a cycle of links, or two links to one folder); expected " +
+                  "each directory under a class folder to be reached once");
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const fs::path& p = it->path();
+      if (hidden(p)) continue;
+      std::error_code ec2;
+      const bool link = it->is_symlink(ec2);
+      const auto st2 = fs::status(p, ec2);
+      if (ec2 && link) continue;  // a link to nothing, or a link cycle that never reaches a file: no image
+      if (link && (fs::is_directory(st2) || jpeg_extension(p))) {
+        // A link's target must not be filed under another class of this split, or under the
+        // split folder itself (which would reach every class).
+        std::error_code ec3;
+        const fs::path target = fs::canonical(p, ec3);
+        if (!ec3 && within(target, split_canon_) && !within(target, class_canon_))
+          dfp::fail(Status::invalid_argument,
+                    "image folder: " + in_quotes(p.string()) + " in class folder " + in_quotes(folder_.string()) +
+                        " is a link to " + in_quotes(target.string()) + ", which is not in that class folder: its " +
+                        "images would be labelled " + in_quotes(folder_.filename().string()) +
+                        "; expected links only within the class folder or to places outside " +
+                        in_quotes(split_canon_.string()));
+      }
+      if (fs::is_directory(st2))
+        enter(p);
+      else if (jpeg_extension(p) && fs::is_regular_file(st2))
+        files_.push_back(p.string());
+    }
+    DFP_CHECK(!ec, Status::io_error, "image folder: cannot list directory " + in_quotes(dir.string()) + ": " + ec.message());
+  }
+
+  fs::path folder_, split_canon_, class_canon_;
+  std::set<DirId> visited_;
+  std::vector<std::string> files_;
+};
 
 std::string join(const std::vector<std::string>& v, size_t max_items) {
   std::string s;
@@ -382,6 +539,7 @@ Dataset load_image_folder(const std::string& dir, bool train, int image_size) {
 
   Dataset d;
   d.name = "imagenet-folder";
+  d.source = split_dir.string();
   d.class_names = class_folders(train_dir);
   DFP_CHECK(!d.class_names.empty(), Status::io_error,
             "image folder: no class folders in " + in_quotes(train_dir.string()) +
@@ -402,9 +560,22 @@ Dataset load_image_folder(const std::string& dir, bool train, int image_size) {
                   in_quotes(missing[0]) + " (missing: " + join(missing, 5) +
                   "); expected the same class folders in train/ and val/");
   }
+  // Two class names for one folder (a link to another class folder) would give its images two labels.
+  std::map<fs::path, std::string> class_of;
+  for (const std::string& name : d.class_names) {
+    std::error_code ec;
+    const fs::path canon = fs::canonical(split_dir / name, ec);
+    DFP_CHECK(!ec, Status::io_error,
+              "image folder: cannot resolve " + in_quotes((split_dir / name).string()) + ": " + ec.message());
+    const auto [it, fresh] = class_of.emplace(canon, name);
+    DFP_CHECK(fresh, Status::invalid_argument,
+              "image folder: class folders " + in_quotes((split_dir / it->second).string()) + " and " +
+                  in_quotes((split_dir / name).string()) + " are the same directory " + in_quotes(canon.string()) +
+                  "; expected one folder per class");
+  }
   for (size_t c = 0; c < d.class_names.size(); ++c) {
     const fs::path folder = split_dir / d.class_names[c];
-    std::vector<std::string> files = jpeg_files(folder);
+    std::vector<std::string> files = ClassScan(split_dir, folder).files();
     DFP_CHECK(!files.empty(), Status::io_error,
               "image folder: class folder " + in_quotes(folder.string()) +
                   " has no JPEG file, expected at least one *.jpg or *.jpeg");
@@ -422,6 +593,19 @@ Dataset load_image_folder(const std::string& dir, bool train, int image_size) {
   return d;
 }
 
+void check_same_geometry(const Dataset& train, const Dataset& test) {
+  auto shape = [](const Dataset& d) {
+    return std::to_string(d.channels) + " channel" + (d.channels == 1 ? "" : "s") + " of " + std::to_string(d.height) +
+           "x" + std::to_string(d.width) + " pixels, " + std::to_string(d.classes) + " classes";
+  };
+  DFP_CHECK(train.channels == test.channels && train.height == test.height && train.width == test.width &&
+                train.classes == test.classes,
+            Status::invalid_argument,
+            "dataset " + in_quotes(train.name) + ": the test images " + in_quotes(test.source) + " have " + shape(test) +
+                ", the training images " + in_quotes(train.source) + " " + shape(train) +
+                "; expected the test split to have the training split's channels, height, width and classes");
+}
+
 AugmentOptions image_folder_augment(bool train) {
   AugmentOptions a;
   a.mean = {0.485f, 0.456f, 0.406f};
@@ -435,8 +619,8 @@ Dataset load_idx(const std::string& images_file, const std::string& labels_file,
   DFP_CHECK(classes >= 1 && classes <= 256, Status::invalid_argument,
             "load_idx(" + in_quotes(images_file) + "): classes is " + std::to_string(classes) +
                 ", expected 1 .. 256 (labels are bytes)");
-  GzReader images(images_file);
-  GzReader labels(labels_file);
+  ByteReader images(images_file);
+  ByteReader labels(labels_file);
   const IdxHeader hi = read_idx_header(images, images_file, true);
   const IdxHeader hl = read_idx_header(labels, labels_file, false);
   // Before reading megabytes of pixels: a pair from different splits fails at once.
@@ -446,6 +630,7 @@ Dataset load_idx(const std::string& images_file, const std::string& labels_file,
 
   Dataset d;
   d.name = fs::path(images_file).filename().string();
+  d.source = images_file;
   d.count = int(hi.count);
   d.channels = 1;
   d.height = int(hi.rows);
@@ -471,8 +656,10 @@ Dataset load_mnist_like(const std::string& dir, bool train, const std::string& n
     for (const auto& stem : stems)
       for (const char* ext : {"", ".gz"}) {
         const fs::path p = fs::path(dir) / (stem + ext);
+        // Any entry by that name, so that a directory, device or dangling link there is named as
+        // such (require_file) rather than reported as missing.
         std::error_code ec;
-        if (fs::is_regular_file(p, ec)) return p.string();
+        if (fs::exists(fs::symlink_status(p, ec))) return p.string();
       }
     dfp::fail(Status::io_error, name + ": no " + stems[0] + "[.gz] (or " + stems[1] + "[.gz]) in " + in_quotes(dir));
   };
@@ -487,13 +674,16 @@ Dataset load_cifar10(const std::string& dir, bool train) {
   const std::string pattern = train ? "data_batch_*.bin" : "test_batch*.bin";
   require_dir(dir, "CIFAR-10", pattern + " files");
   const std::string head = train ? "data_batch_" : "test_batch";
+  // Every name that matches is a batch file: one that is not a readable regular file (a
+  // directory, a dangling link) is refused by read_cifar rather than skipped, so that a split
+  // never silently loses a batch.
   std::vector<std::string> files;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string fname = e.path().filename().string();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string fname = it->path().filename().string();
     if (fname.size() >= head.size() + 4 && fname.compare(0, head.size(), head) == 0 &&
-        fname.compare(fname.size() - 4, 4, ".bin") == 0 && e.is_regular_file())
-      files.push_back(e.path().string());
+        fname.compare(fname.size() - 4, 4, ".bin") == 0)
+      files.push_back(it->path().string());
   }
   DFP_CHECK(!ec, Status::io_error, "CIFAR-10: cannot list directory " + in_quotes(dir) + ": " + ec.message());
   DFP_CHECK(!files.empty(), Status::io_error, "CIFAR-10: no " + pattern + " file in " + in_quotes(dir));
@@ -507,7 +697,7 @@ Dataset load_cifar100(const std::string& dir, bool train) {
   require_dir(dir, "CIFAR-100", file);
   const std::string path = (fs::path(dir) / file).string();
   std::error_code ec;
-  DFP_CHECK(fs::exists(path, ec), Status::io_error, "CIFAR-100: no " + file + " in " + in_quotes(dir));
+  DFP_CHECK(fs::exists(fs::symlink_status(path, ec)), Status::io_error, "CIFAR-100: no " + file + " in " + in_quotes(dir));
   return read_cifar({path}, CifarFormat{"CIFAR-100", 2, 20, 100}, "cifar100");
 }
 

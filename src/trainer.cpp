@@ -1,10 +1,8 @@
 // The training loop, metrics, and checkpoints.
 #include "dfp/trainer.hpp"
 
-#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <charconv>
@@ -26,6 +24,8 @@
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
+#include "src/checkpoint.hpp"
+#include "src/run_lock.hpp"
 #include "src/report/json.hpp"
 
 namespace dfp {
@@ -51,8 +51,11 @@ std::string fmt_exact(double v) {
   std::snprintf(b, sizeof b, "%.17g", v);
   return b;
 }
-// JSON has no inf/NaN: an unmeasurable SQNR (no noise, or no signal) is null.
+// JSON has no inf/NaN: a non-finite value (an unmeasurable SQNR: no noise, or no signal) is null.
 std::string json_number(double v) { return std::isfinite(v) ? fmt_exact(v) : "null"; }
+// A metric as JSON: finite values as a stream writes them (6 significant digits), NaN and
+// infinities (a diverged loss) as null.
+std::string json_metric(double v) { return std::isfinite(v) ? fmt_g(v) : "null"; }
 
 // A float as the shortest text that reads back as the same float ("0.1", not 0.1f's 17 digits).
 std::string fmt_float(float v) {
@@ -136,6 +139,8 @@ void validate_train_config(const TrainConfig& c) {
     check(c.milestones[i] >= 1 && (i == 0 || c.milestones[i] > c.milestones[i - 1]), "--milestones",
           "epochs >= 1 in increasing order", std::to_string(c.milestones[i]).append(" at item ").append(std::to_string(i + 1)));
   check(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label-smoothing", "a number in [0, 1)", num(c.label_smoothing));
+  check(c.data.find('\n') == std::string::npos, "--data", "a path without line breaks (the checkpoint records it)",
+        "a path with one");
   check(c.limit_train >= 0, "--limit-train", ">= 0 (0 = all)", std::to_string(c.limit_train));
   check(c.limit_test >= 0, "--limit-test", ">= 0 (0 = all)", std::to_string(c.limit_test));
   check(c.print_every >= 1, "--print-every", ">= 1", std::to_string(c.print_every));
@@ -237,156 +242,6 @@ void write_profile_json(const std::string& path, const std::vector<LayerTime>& t
   DFP_CHECK(f.good(), Status::io_error, "write to '" + path + "' failed (disk full?)");
 }
 
-// ---- checkpoints ------------------------------------------------------------------------------
-// Layout: "DFPCKPT1", then records [u32 name length][name][u64 float count][floats], the first
-// record being "meta" (its floats encode the meta text's bytes one per float), and finally a u32
-// CRC-32 of everything before it.
-constexpr char kMagic[8] = {'D', 'F', 'P', 'C', 'K', 'P', 'T', '1'};
-
-struct Checkpoint {
-  std::map<std::string, std::string> meta;
-  std::map<std::string, std::vector<float>> tensors;
-};
-
-void put(std::string& buf, const void* p, size_t n) { buf.append(static_cast<const char*>(p), n); }
-
-void write_checkpoint(const std::string& path, const Checkpoint& ck) {
-  std::string buf(kMagic, 8);
-  std::string meta;
-  for (const auto& [k, v] : ck.meta) meta += k + "=" + v + "\n";
-  auto record = [&](const std::string& name, const float* data, uint64_t n) {
-    const uint32_t len = uint32_t(name.size());
-    put(buf, &len, 4);
-    put(buf, name.data(), len);
-    put(buf, &n, 8);
-    put(buf, data, n * sizeof(float));
-  };
-  std::vector<float> meta_f(meta.begin(), meta.end());
-  record("meta", meta_f.data(), meta_f.size());
-  for (const auto& [name, v] : ck.tensors) record(name, v.data(), v.size());
-  const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size())));
-  put(buf, &crc, 4);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + tmp + "': cannot open for writing");
-    f.write(buf.data(), std::streamsize(buf.size()));
-    f.flush();
-    DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + tmp + "': write failed (disk full?)");
-  }
-  // The data reaches the disk before the rename, and the rename before we return: after a power
-  // loss the path holds the old checkpoint or the new one, never a renamed empty file.
-  // Returns "" or what failed, with errno's text read before close() can change it.
-  auto sync = [](const std::string& p, int flags) -> std::string {
-    const int fd = ::open(p.c_str(), flags);
-    if (fd < 0) return std::string("open failed: ") + std::strerror(errno);
-    const std::string failed = ::fsync(fd) == 0 ? "" : std::string("fsync failed: ") + std::strerror(errno);
-    ::close(fd);
-    return failed;
-  };
-  if (const std::string failed = sync(tmp, O_RDONLY); !failed.empty()) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);  // the previous checkpoint, if any, stays as it was
-    fail(Status::io_error, "checkpoint '" + tmp + "': " + failed);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);  // atomic on POSIX: a crash leaves the old file intact
-  DFP_CHECK(!ec, Status::io_error, "checkpoint '" + path + "': rename from temporary file failed: " + ec.message());
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  sync(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);  // some file systems cannot sync a directory: best effort
-}
-
-// A record name as it appears in an error: quoted, at most 64 bytes, non-printable bytes as \xNN
-// (a corrupt length field can make the "name" any bytes of the file).
-std::string quoted_name(const std::string& name) {
-  std::string o = "'";
-  for (size_t i = 0; i < std::min<size_t>(name.size(), 64); ++i) {
-    const unsigned char ch = static_cast<unsigned char>(name[i]);
-    if (ch >= 0x20 && ch < 0x7f) {
-      o += char(ch);
-    } else {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", ch);
-      o += hex;
-    }
-  }
-  return o + (name.size() > 64 ? "'... (" + std::to_string(name.size()) + " bytes)" : "'");
-}
-
-Checkpoint read_checkpoint(const std::string& path) {
-  std::error_code dir_ec;
-  DFP_CHECK(!std::filesystem::is_directory(path, dir_ec), Status::io_error,
-            "checkpoint '" + path + "': is a directory; expected a checkpoint file (checkpoint.dfp in a run's --out)");
-  std::ifstream f(path, std::ios::binary);
-  DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + path + "': cannot open");
-  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  DFP_CHECK(buf.size() >= 12 && std::memcmp(buf.data(), kMagic, 8) == 0, Status::corrupt_data,
-            "checkpoint '" + path + "': not a dfp checkpoint (expected magic DFPCKPT1 at offset 0)");
-  // Walk the records before checking the CRC, so that a file that ends early is reported as
-  // truncated, with the record it ends in, rather than as a bare checksum mismatch. Every length is
-  // checked against the bytes left (no arithmetic that could wrap on a corrupt count).
-  Checkpoint ck;
-  size_t pos = 8;
-  const size_t end = buf.size() - 4;
-  std::string record;  // "#3 'conv1.weight'": which record a length check is about
-  // `count` items of `size` bytes each must fit before the CRC (compared without multiplying, so a
-  // corrupt count cannot wrap).
-  auto need = [&](uint64_t count, size_t size, const char* what) {
-    DFP_CHECK(count <= (end - pos) / size, Status::corrupt_data,
-              "checkpoint '" + path + "': truncated: " + what + " of record " + record + " at byte " +
-                  std::to_string(pos) + " needs " + std::to_string(count) + (size == 1 ? "" : " floats of 4") +
-                  " bytes, but the file (" + std::to_string(buf.size()) + " bytes) has " + std::to_string(end - pos) +
-                  " left before its 4-byte CRC (the file ends early, or this length field is corrupt)");
-  };
-  struct Record {
-    std::string name;
-    size_t offset;   // of its floats in buf
-    uint64_t count;  // floats
-  };
-  std::vector<Record> records;
-  while (pos < end) {
-    record = std::string("#").append(std::to_string(records.size() + 1));  // (not "#" + ...: a GCC 12 -Wrestrict false positive)
-    uint32_t len;
-    need(4, 1, "name length");
-    std::memcpy(&len, buf.data() + pos, 4);
-    pos += 4;
-    need(len, 1, "name");
-    std::string name(buf.data() + pos, len);
-    record.append(" ").append(quoted_name(name));  // (not " " + ...: a GCC 12 -Wrestrict false positive)
-    pos += len;
-    uint64_t n;
-    need(8, 1, "element count");
-    std::memcpy(&n, buf.data() + pos, 8);
-    pos += 8;
-    need(n, sizeof(float), "data");
-    records.push_back({std::move(name), pos, n});
-    pos += n * sizeof(float);
-  }
-  uint32_t stored;
-  std::memcpy(&stored, buf.data() + buf.size() - 4, 4);
-  const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size() - 4)));
-  DFP_CHECK(crc == stored, Status::corrupt_data,
-            "checkpoint '" + path + "': CRC-32 mismatch (stored " + std::to_string(stored) + ", computed " +
-                std::to_string(crc) + "): the file is corrupt, or cut short exactly at a record's end");
-  for (const Record& rec : records) {
-    std::vector<float> v(rec.count);
-    std::memcpy(v.data(), buf.data() + rec.offset, rec.count * sizeof(float));
-    const std::string& name = rec.name;
-    if (name == "meta") {
-      std::string text(v.begin(), v.end());
-      std::istringstream ss(text);
-      std::string line;
-      while (std::getline(ss, line)) {
-        const size_t eq = line.find('=');
-        if (eq != std::string::npos) ck.meta[line.substr(0, eq)] = line.substr(eq + 1);
-      }
-    } else {
-      ck.tensors[name] = std::move(v);
-    }
-  }
-  return ck;
-}
-
 // Model state <-> checkpoint tensors, with every mismatch named.
 void save_model(Model& m, Sgd* sgd, Checkpoint& ck) {
   auto& ps = m.parameters();
@@ -471,6 +326,79 @@ std::string meta_get(const Checkpoint& ck, const std::string& key, const std::st
   return it->second;
 }
 
+// A meta field that must be a whole integer in [lo, hi].
+int64_t meta_int(const Checkpoint& ck, const std::string& key, const std::string& path, int64_t lo, int64_t hi) {
+  const std::string v = meta_get(ck, key, path);
+  int64_t x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  DFP_CHECK(ec == std::errc() && end == v.data() + v.size() && x >= lo && x <= hi, Status::corrupt_data,
+            "checkpoint '" + path + "': meta field '" + key + "' is '" + v + "'; expected an integer in " +
+                std::to_string(lo) + ".." + std::to_string(hi));
+  return x;
+}
+
+// A meta field that must be a finite number in [lo, hi].
+double meta_real(const Checkpoint& ck, const std::string& key, const std::string& path, double lo, double hi) {
+  const std::string v = meta_get(ck, key, path);
+  char* end = nullptr;
+  const double x = v.empty() ? std::nan("") : std::strtod(v.c_str(), &end);
+  DFP_CHECK(end && *end == 0 && std::isfinite(x) && x >= lo && x <= hi, Status::corrupt_data,
+            "checkpoint '" + path + "': meta field '" + key + "' is '" + v + "'; expected a number in [" + fmt_g(lo) +
+                ", " + fmt_g(hi) + "]");
+  return x;
+}
+
+// The data a checkpoint was trained on: channels, height, width, classes and (image folders) the
+// class names, as the checkpoint records them.
+struct DataShape {
+  int channels = 0, height = 0, width = 0, classes = 0;
+  std::vector<std::string> class_names;  // empty when not recorded (formats with numbered classes)
+};
+
+void put_shape(Checkpoint& ck, const Dataset& d) {
+  ck.meta["channels"] = std::to_string(d.channels);
+  ck.meta["height"] = std::to_string(d.height);
+  ck.meta["width"] = std::to_string(d.width);
+  ck.meta["classes"] = std::to_string(d.classes);
+  if (!d.class_names.empty()) ck.meta["class_names"] = join_names(d.class_names);
+}
+
+DataShape get_shape(const Checkpoint& ck, const std::string& path) {
+  DataShape s;
+  s.channels = int(meta_int(ck, "channels", path, 1, 65536));
+  s.height = int(meta_int(ck, "height", path, 1, 65536));
+  s.width = int(meta_int(ck, "width", path, 1, 65536));
+  s.classes = int(meta_int(ck, "classes", path, 1, 0x7FFFFFFF));
+  if (ck.meta.count("class_names")) {
+    s.class_names = split_names(ck.meta.at("class_names"), "checkpoint '" + path + "': meta field 'class_names'");
+    DFP_CHECK(s.class_names.size() == size_t(s.classes), Status::corrupt_data,
+              "checkpoint '" + path + "': meta field 'class_names' lists " + std::to_string(s.class_names.size()) +
+                  " names; expected " + std::to_string(s.classes) + " (field 'classes')");
+  }
+  return s;
+}
+
+// Requires `d` (`split` of the run's data) to be the data the checkpoint was trained on: a model
+// built for other images cannot read these, and other class names would score every answer
+// against the wrong labels. Error(invalid_argument) naming the first difference.
+void check_shape(const DataShape& s, const Dataset& d, const std::string& split, const std::string& path) {
+  auto shape = [](int c, int h, int w, int k) {
+    return std::to_string(c) + " channel" + (c == 1 ? "" : "s") + " of " + std::to_string(h) + "x" + std::to_string(w) +
+           " pixels, " + std::to_string(k) + " classes";
+  };
+  DFP_CHECK(s.channels == d.channels && s.height == d.height && s.width == d.width && s.classes == d.classes,
+            Status::invalid_argument,
+            "checkpoint '" + path + "' was trained on " + shape(s.channels, s.height, s.width, s.classes) + ", but the " +
+                split + " images '" + d.source + "' have " + shape(d.channels, d.height, d.width, d.classes) +
+                "; expected the data the checkpoint was trained on (flag --data)");
+  if (s.class_names.empty() || d.class_names.empty()) return;
+  for (size_t i = 0; i < s.class_names.size(); ++i)
+    DFP_CHECK(s.class_names[i] == d.class_names[i], Status::invalid_argument,
+              "checkpoint '" + path + "': class " + std::to_string(i) + " (0-based) is '" + s.class_names[i] +
+                  "' in the checkpoint but '" + d.class_names[i] + "' in '" + d.source +
+                  "'; expected the class folders the checkpoint was trained on (flag --data)");
+}
+
 AugmentOptions augment_for(const Dataset& d, bool train, bool augment) {
   if (d.file_backed()) return image_folder_augment(train && augment);  // ImageNet recipe
   AugmentOptions a;
@@ -529,6 +457,89 @@ Totals run_eval(CudaModel& m, Loader& loader) {
 
 }  // namespace
 
+namespace {
+
+// The files of a run in `dir`, the ones holds_run() looks for.
+constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "checkpoint.dfp"};
+
+// Those of kRunFiles present in dir, as "'a', 'b'".
+std::string run_files(const std::string& dir) {
+  std::string found;
+  for (const char* f : kRunFiles) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::symlink_status(std::filesystem::path(dir) / f, ec)))
+      found += (found.empty() ? "'" : ", '") + std::string(f) + "'";
+  }
+  return found;
+}
+
+// Rewrites metrics.jsonl (when present) to its lines of epochs 1..epochs, in order, each once:
+// reading stops at the first line that is not a whole JSON object with an "epoch" (a line cut
+// by a kill) or whose epoch is not the next one. Written to a temporary file and renamed.
+void keep_metrics_through(const std::string& path, int epochs) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) return;
+  std::string kept, line;
+  int next = 1;
+  for (int line_no = 1; next <= epochs && std::getline(in, line); ++line_no) {
+    if (in.eof()) break;  // no newline: the write of this line was cut
+    try {
+      const json::Value v = json::parse(line, path, line_no);
+      const json::Value* e = v.find("epoch");
+      if (!e || !e->is_number() || e->number != next) break;
+    } catch (const Error&) {
+      break;
+    }
+    kept += line + "\n";
+    ++next;
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    out.flush();
+    DFP_CHECK(out.good(), Status::io_error, "'" + tmp + "': write failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+  DFP_CHECK(!ec, Status::io_error, "'" + path + "': cannot replace it with its first " + std::to_string(epochs) +
+                                       " epochs: " + ec.message());
+}
+
+}  // namespace
+
+bool holds_run(const std::string& dir) { return !run_files(dir).empty(); }
+
+std::string metrics_line(const EpochMetrics& em, const std::string& policy_text, const std::vector<LayerNumerics>& layers) {
+  std::ostringstream o;
+  o << "{\"epoch\":" << em.epoch << ",\"lr\":" << json_metric(em.lr) << ",\"train_loss\":" << json_metric(em.train_loss)
+    << ",\"train_top1\":" << json_metric(em.train_top1) << ",\"test_loss\":" << json_metric(em.test_loss)
+    << ",\"test_top1\":" << json_metric(em.test_top1) << ",\"test_top5\":" << json_metric(em.test_top5)
+    << ",\"images_per_second\":" << json_metric(em.images_per_second) << ",\"epoch_seconds\":"
+    << json_metric(em.epoch_seconds) << ",\"data_wait_seconds\":" << json_metric(em.data_wait_seconds)
+    << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"loss_scale\":" << json_metric(em.loss_scale)
+    << ",\"skipped_steps\":" << em.skipped_steps << ",\"precision_policy\":" << json::quote(policy_text)
+    << ",\"layers\":[";
+  bool first = true;
+  for (const LayerNumerics& n : layers) {
+    o << (first ? "" : ",") << "{\"layer\":" << json::quote(n.layer) << ",\"format\":" << json::quote(n.format);
+    if (n.format == "int16")
+      o << ",\"exp_x\":" << n.exp_x << ",\"exp_w\":" << n.exp_w << ",\"exp_dy\":" << n.exp_dy
+        << ",\"chain_fwd\":" << n.chain_fwd << ",\"chain_bwd\":" << n.chain_bwd << ",\"chain_wgrad\":" << n.chain_wgrad
+        << ",\"saturated\":" << n.saturated << ",\"overflow_events\":" << n.overflow_events;
+    if (n.sampled)
+      o << ",\"sqnr_x_db\":" << json_number(n.sqnr_x_db) << ",\"sqnr_w_db\":" << json_number(n.sqnr_w_db)
+        << ",\"sqnr_dy_db\":" << json_number(n.sqnr_dy_db) << ",\"overflow\":" << n.overflow
+        << ",\"underflow\":" << n.underflow << ",\"nonzero\":" << n.nonzero;
+    o << "}";
+    first = false;
+  }
+  o << "]}";
+  return o.str();
+}
+
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log) {
   auto say = [&](const std::string& s) { if (log) log(s); };
   validate_train_config(cfg);
@@ -554,6 +565,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
 
   Dataset train_set = load_dataset(cfg.dataset, cfg.data, true, cfg.image_size);
   Dataset test_set = load_dataset(cfg.dataset, cfg.data, false, cfg.image_size);
+  check_same_geometry(train_set, test_set);
   truncate(train_set, cfg.limit_train);
   truncate(test_set, cfg.limit_test);
   DFP_CHECK(train_set.count >= cfg.batch_size, Status::invalid_argument,
@@ -612,12 +624,21 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
         say(std::string("note: the checkpoint was written with ") + st.key + " " + ck.meta.at(st.key) +
             ", this run uses " + st.value + ": the FP32 library operators may then round differently from an "
             "uninterrupted run");
-    m.set_step(std::stoull(meta_get(ck, "step", cfg.resume)));
+    check_shape(get_shape(ck, cfg.resume), train_set, "training", cfg.resume);
+    start_epoch = int(meta_int(ck, "epochs_done", cfg.resume, 1, cfg.epochs));
+    const int64_t steps_done = int64_t{start_epoch} * sched.steps_per_epoch;
+    meta_int(ck, "step", cfg.resume, steps_done, steps_done);  // the loop's step counter after those epochs
+    m.set_step(uint64_t(steps_done));
     load_model(m, &sgd, ck, cfg.resume);
     if (ck.meta.count("loss_scale"))
-      scaler.restore(std::stod(ck.meta.at("loss_scale")), std::stoi(meta_get(ck, "loss_scale_tracker", cfg.resume)),
-                     std::stoull(meta_get(ck, "skipped_steps", cfg.resume)));
-    start_epoch = std::stoi(meta_get(ck, "epochs_done", cfg.resume));
+      scaler.restore(meta_real(ck, "loss_scale", cfg.resume, 0x1p-149, 3.4e38),
+                     int(meta_int(ck, "loss_scale_tracker", cfg.resume, 0, 0x7FFFFFFF)),
+                     uint64_t(meta_int(ck, "skipped_steps", cfg.resume, 0, steps_done)));
+    if (start_epoch == cfg.epochs) {
+      say("checkpoint " + cfg.resume + " is of a finished run: all " + std::to_string(cfg.epochs) +
+          " epochs are done; nothing to train");
+      return {};
+    }
     say("resumed from " + cfg.resume + " after epoch " + std::to_string(start_epoch));
   }
   std::unique_ptr<CudaModel> cuda;
@@ -628,10 +649,18 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   }
 
   std::ofstream metrics;
+  std::unique_ptr<RunLock> lock;
   if (!cfg.out.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.out, ec);
     DFP_CHECK(!ec, Status::io_error, "flag --out: cannot create directory '" + cfg.out + "': " + ec.message());
+    lock = std::make_unique<RunLock>(cfg.out, "flag --out");
+    DFP_CHECK(cfg.overwrite || !cfg.resume.empty() || !holds_run(cfg.out), Status::invalid_argument,
+              "flag --out: directory '" + cfg.out + "' holds an earlier run (" + run_files(cfg.out) +
+                  "); expected an empty or new directory, --resume " + cfg.out + "/checkpoint.dfp to continue it, "
+                  "or --overwrite to replace it");
+    // The directory is this run's now: what killed writers left behind goes.
+    remove_checkpoint_temporaries(cfg.out + "/checkpoint.dfp");
     std::ofstream c(cfg.out + "/config.json");
     c << "{";
     for (const std::vector<Setting>* list : {&settings, &machine})
@@ -641,6 +670,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       << ",\"device\":\"" << cfg.device << "\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
       << "\",\"numerics_every\":" << cfg.numerics_interval << ",\"train_images\":" << train_set.count
       << ",\"test_images\":" << test_set.count << ",\"parameters\":" << m.parameter_count() << "}\n";
+    // A resumed run continues metrics.jsonl from the checkpoint's epoch: lines of later epochs
+    // (written before a checkpoint that was never committed) are dropped, so each epoch appears
+    // once.
+    if (start_epoch > 0) keep_metrics_through(cfg.out + "/metrics.jsonl", start_epoch);
     metrics.open(cfg.out + "/metrics.jsonl", start_epoch > 0 ? std::ios::app : std::ios::trunc);
     DFP_CHECK(metrics.good(), Status::io_error, "cannot write '" + cfg.out + "/metrics.jsonl'");
   }
@@ -732,38 +765,16 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
                       : (", loss scale " + fmt_g(em.loss_scale) + ", skipped " + std::to_string(em.skipped_steps)).c_str());
     say(line);
     if (metrics.is_open()) {
-      metrics << "{\"epoch\":" << em.epoch << ",\"lr\":" << em.lr << ",\"train_loss\":" << em.train_loss
-              << ",\"train_top1\":" << em.train_top1 << ",\"test_loss\":" << em.test_loss << ",\"test_top1\":"
-              << em.test_top1 << ",\"test_top5\":" << em.test_top5 << ",\"images_per_second\":" << em.images_per_second
-              << ",\"epoch_seconds\":" << em.epoch_seconds << ",\"data_wait_seconds\":" << em.data_wait_seconds
-              << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"loss_scale\":" << em.loss_scale
-              << ",\"skipped_steps\":" << em.skipped_steps << ",\"precision_policy\":"
-              << json::quote(policy_text) << ",\"layers\":[";
-      bool first = true;
-      for (const LayerNumerics& n : m.numerics()) {
-        metrics << (first ? "" : ",") << "{\"layer\":" << json::quote(n.layer) << ",\"format\":\"" << n.format << "\"";
-        if (n.format == "int16")
-          metrics << ",\"exp_x\":" << n.exp_x << ",\"exp_w\":" << n.exp_w << ",\"exp_dy\":" << n.exp_dy
-                  << ",\"chain_fwd\":" << n.chain_fwd << ",\"chain_bwd\":" << n.chain_bwd
-                  << ",\"chain_wgrad\":" << n.chain_wgrad << ",\"saturated\":" << n.saturated
-                  << ",\"overflow_events\":" << n.overflow_events;
-        if (n.sampled)
-          metrics << ",\"sqnr_x_db\":" << json_number(n.sqnr_x_db) << ",\"sqnr_w_db\":" << json_number(n.sqnr_w_db)
-                  << ",\"sqnr_dy_db\":" << json_number(n.sqnr_dy_db) << ",\"overflow\":" << n.overflow
-                  << ",\"underflow\":" << n.underflow << ",\"nonzero\":" << n.nonzero;
-        metrics << "}";
-        first = false;
-      }
-      metrics << "]}\n";
+      metrics << metrics_line(em, policy_text, m.numerics()) << "\n";
       metrics.flush();
+      DFP_CHECK(metrics.good(), Status::io_error, "'" + cfg.out + "/metrics.jsonl': write failed (disk full?)");
       if (cuda) cuda->download(m, &sgd.momentum_buffers());
       Checkpoint ck;
       ck.meta = {{"data", cfg.data},
                  {"loss_scale", fmt_exact(scaler.scale())}, {"loss_scale_tracker", std::to_string(scaler.growth_tracker())},
                  {"skipped_steps", std::to_string(scaler.skipped_steps())},
-                 {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)},
-                 {"channels", std::to_string(train_set.channels)}, {"height", std::to_string(train_set.height)},
-                 {"width", std::to_string(train_set.width)}, {"classes", std::to_string(train_set.classes)}};
+                 {"epochs_done", std::to_string(epoch + 1)}, {"step", std::to_string(step)}};
+      put_shape(ck, train_set);
       for (const std::vector<Setting>* list : {&settings, &machine})
         for (const Setting& st : *list) ck.meta[st.key] = st.value;
       put_policy(ck, cfg.policy);
@@ -791,12 +802,15 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_
   co.threads = threads;
   Context ctx(co);
   const std::string dataset = meta_get(ck, "dataset", path);
-  const int image_size = ck.meta.count("image_size") ? std::stoi(ck.meta.at("image_size")) : 0;
+  const int image_size = ck.meta.count("image_size") ? int(meta_int(ck, "image_size", path, 0, 8192)) : 0;
+  const DataShape shape = get_shape(ck, path);
   Dataset test_set = load_dataset(dataset, data_dir.empty() ? meta_get(ck, "data", path) : data_dir, false, image_size);
+  check_shape(shape, test_set, "test", path);
   Model m(ctx, meta_get(ck, "model", path));
-  build_model(m, meta_get(ck, "model", path), test_set.channels, test_set.height, test_set.width, test_set.classes);
-  if (ck.meta.count("label_smoothing")) m.set_label_smoothing(std::stof(ck.meta.at("label_smoothing")));  // the run's test loss
-  m.build(std::stoi(meta_get(ck, "batch_size", path)), get_policy(ck, path));
+  build_model(m, meta_get(ck, "model", path), shape.channels, shape.height, shape.width, shape.classes);
+  if (ck.meta.count("label_smoothing"))  // the run's test loss
+    m.set_label_smoothing(float(meta_real(ck, "label_smoothing", path, 0, 0.999999)));
+  m.build(int(meta_int(ck, "batch_size", path, 1, 1 << 20)), get_policy(ck, path));
   load_model(m, nullptr, ck, path);
   Loader loader(ctx, test_set, m.batch(), false, false, augment_for(test_set, false, false), 1);
   const Totals t = run_eval(m, loader);

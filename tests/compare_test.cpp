@@ -149,3 +149,50 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
   }
   EXPECT_FALSE(fs::exists(dir.file("never"))) << "compare wrote its output directory before refusing a flag";
 }
+
+// Hostile flag values get messages that name the flag and what was wrong with the value, never a
+// library's internal text (std::bad_alloc, "filesystem error:").
+TEST(Cli, HostileValuesAreNamedClearly) {
+  const dfp::test::TempDir dir("dfp_cli_hostile_");
+  std::ofstream(dir.file("a-file")) << "x";
+  std::ofstream(dir.file("short.dfp"), std::ios::binary) << std::string("DFPCKPT1\0\0\0\0", 12);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --lr 1e39", "flag --lr: '1e39' is out of range; expected a number of magnitude"},
+      {"train --epochs 99999999999", "flag --epochs: '99999999999' is out of range; expected an integer"},
+      {"train --out ''", "flag --out: expected a directory, got an empty path"},
+      {"compare --out ''", "flag --out: expected a directory, got an empty path"},
+      {"train --threads 100000000", "flag --threads: expected at most 1024"},
+      {"eval --threads 100000000 --checkpoint x", "flag --threads: expected at most 1024"},
+      {"compare --precisions fp32 --out '" + dir.file("a-file") + "'", "cannot create directory"},
+      {"eval --checkpoint '" + dir.file("short.dfp") + "'", "truncated: the file has 12 bytes, the magic and a CRC but no record"},
+  };
+  for (const auto& [args, message] : cases) {
+    const std::string log = dir.file("cli.log");
+    const std::string cmd = std::string("'") + DFP_CLI + "' " + args + " > '" + log + "' 2>&1";
+    EXPECT_NE(std::system(cmd.c_str()), 0) << args;
+    const std::string out = slurp(log);
+    EXPECT_NE(out.find(message), std::string::npos) << args << ": " << out;
+    for (const char* internal : {"bad_alloc", "filesystem error", "stoi", "stof"})
+      EXPECT_EQ(out.find(internal), std::string::npos) << args << ": " << out;
+  }
+}
+
+// A comparison into a directory of an earlier one is refused before any training, and replaces it
+// with --overwrite (as scripts/run.sh passes).
+TEST(Compare, EarlierComparisonIsReplacedOnlyWithOverwrite) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const dfp::test::TempDir dir("dfp_compare_again_");
+  const std::string base = std::string("'") + DFP_CLI +
+                           "' compare --model lenet --epochs 1 --batch-size 32 --limit-train 64 --limit-test 32 "
+                           "--threads 2 --precisions fp32 --out '" + dir.file("cmp") + "'";
+  const std::string log = dir.file("compare.log");
+  ASSERT_EQ(std::system((base + " > '" + log + "' 2>&1").c_str()), 0) << slurp(log);
+  const std::string first = slurp(dir.file("cmp/fp32/checkpoint.dfp"));
+  EXPECT_NE(std::system((base + " --seed 2 > '" + log + "' 2>&1").c_str()), 0);
+  EXPECT_NE(slurp(log).find("holds an earlier run"), std::string::npos) << slurp(log);
+  EXPECT_EQ(slurp(log).find("== fp32"), std::string::npos) << "a run started: " << slurp(log);
+  EXPECT_EQ(slurp(dir.file("cmp/fp32/checkpoint.dfp")), first);
+  ASSERT_EQ(std::system((base + " --seed 2 --overwrite > '" + log + "' 2>&1").c_str()), 0) << slurp(log);
+  EXPECT_NE(slurp(dir.file("cmp/fp32/checkpoint.dfp")), first);
+}

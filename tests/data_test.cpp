@@ -4,8 +4,14 @@
 // layout), image folders of JPEGs encoded here (class discovery, crop geometry, DCT scaling,
 // grayscale and CMYK, RandomResizedCrop, bad files), and the real datasets when present.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <turbojpeg.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <functional>
 #include <zlib.h>
 
 #include <algorithm>
@@ -299,6 +305,24 @@ TEST(Idx, ImplausibleHeaderFields) {
                {"lying-count", "record 7 of 100000000"});
 }
 
+// A header that declares huge images (2 of 60000x60000) over a file of a few bytes fails as a
+// truncation without allocating for the declared size (found by fuzz_idx: 2.9 GB for 100 bytes).
+TEST(Idx, HugeDeclaredImagesAllocateNothingLarge) {
+  TempDir dir;
+  IdxFixture fx;
+  write_bytes(dir.file("labels"), fx.label_file(0x801, 2), false);
+  std::vector<uint8_t> bytes;
+  for (uint32_t v : {0x803u, 2u, 60000u, 60000u}) put_be32(bytes, v);
+  bytes.resize(bytes.size() + 100, 7);
+  write_bytes(dir.file("huge"), bytes, false);
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  expect_error([&] { load_idx(dir.file("huge"), dir.file("labels"), 10); }, Status::corrupt_data,
+               {"huge", "truncated", "image record 0 of 2", "cut after 100 of its 3600000000 bytes"});
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "peak RSS grew by " << after.ru_maxrss - before.ru_maxrss << " KiB";
+}
+
 TEST(Idx, MissingFile) {
   TempDir dir;
   IdxFixture fx;
@@ -327,6 +351,74 @@ TEST(Idx, MnistLikeDirectory) {
                {"toy", "t10k-labels-idx1-ubyte", dir.str()});
   expect_error([&] { load_mnist_like(dir.file("absent"), true, "toy"); }, Status::io_error,
                {"absent", "does not exist", "train-images-idx3-ubyte"});
+}
+
+// Bytes after the gzip stream that do not start another member are refused (gunzip and zlib's
+// gzread skip them silently); a second member, as `cat a.gz b.gz` makes, is read.
+TEST(Idx, GzipTrailingGarbage) {
+  TempDir dir;
+  IdxFixture fx;
+  write_bytes(dir.file("img.gz"), fx.image_file(), true);
+  write_bytes(dir.file("lbl"), fx.label_file(), false);
+  const auto gz = read_bytes(dir.file("img.gz"));
+  for (const std::vector<uint8_t>& tail : {std::vector<uint8_t>{'j', 'u', 'n', 'k', '\n'}, std::vector<uint8_t>{0}}) {
+    auto bad = gz;
+    bad.insert(bad.end(), tail.begin(), tail.end());
+    write_bytes(dir.file("garbage.gz"), bad, false);
+    expect_error([&] { load_idx(dir.file("garbage.gz"), dir.file("lbl"), 10); }, Status::corrupt_data,
+                 {"garbage.gz", std::to_string(tail.size()) + " bytes follow the end of the gzip stream at byte " +
+                                    std::to_string(gz.size()),
+                  "expected the file to end there"});
+  }
+  // Two members: the image file split after its header.
+  const auto whole = fx.image_file();
+  write_bytes(dir.file("head.gz"), std::vector<uint8_t>(whole.begin(), whole.begin() + 16), true);
+  write_bytes(dir.file("body.gz"), std::vector<uint8_t>(whole.begin() + 16, whole.end()), true);
+  auto two = read_bytes(dir.file("head.gz"));
+  const auto body = read_bytes(dir.file("body.gz"));
+  two.insert(two.end(), body.begin(), body.end());
+  write_bytes(dir.file("two.gz"), two, false);
+  EXPECT_EQ(load_idx(dir.file("two.gz"), dir.file("lbl"), 10).pixels, fx.pixels);
+}
+
+// An IDX name that exists but is not a file is named for what it is, not reported as missing.
+TEST(Idx, PathThatIsNotAFileIsNamedForWhatItIs) {
+  TempDir dir;
+  IdxFixture fx;
+  write_bytes(dir.file("train-images-idx3-ubyte"), fx.image_file(), false);
+  write_bytes(dir.file("train-labels-idx1-ubyte"), fx.label_file(), false);
+  const std::string img = dir.file("train-images-idx3-ubyte");
+  fs::rename(img, dir.file("real"));
+  fs::create_directories(img);
+  expect_error([&] { load_mnist_like(dir.str(), true, "toy"); }, Status::io_error, {img, "is a directory"});
+  fs::remove(img);
+  fs::create_symlink("nowhere", img);
+  expect_error([&] { load_mnist_like(dir.str(), true, "toy"); }, Status::io_error,
+               {img, "is a link to 'nowhere', which does not exist"});
+  fs::remove(img);
+  fs::create_symlink("/dev/null", img);
+  expect_error([&] { load_mnist_like(dir.str(), true, "toy"); }, Status::io_error, {img, "not a regular file"});
+  fs::remove(img);
+  fs::create_symlink(img, img);
+  expect_error([&] { load_mnist_like(dir.str(), true, "toy"); }, Status::io_error, {img, "a cycle of links"});
+}
+
+// The test split must have the training split's geometry; the message names both sources.
+TEST(Datasets, SplitsOfDifferentGeometryAreRefused) {
+  Dataset train, test;
+  train.name = test.name = "mnist";
+  train.source = "dir/train-images";
+  test.source = "dir/t10k-images";
+  train.channels = test.channels = 1;
+  train.height = train.width = 28;
+  test.height = test.width = 14;
+  train.classes = test.classes = 10;
+  expect_error([&] { check_same_geometry(train, test); }, Status::invalid_argument,
+               {"'dir/t10k-images' have 1 channel of 14x14 pixels", "'dir/train-images' 1 channel of 28x28"});
+  test.height = test.width = 28;
+  EXPECT_NO_THROW(check_same_geometry(train, test));
+  test.classes = 9;
+  expect_error([&] { check_same_geometry(train, test); }, Status::invalid_argument, {"9 classes", "10 classes"});
 }
 
 // ---- CIFAR --------------------------------------------------------------------------------
@@ -392,6 +484,19 @@ TEST(Cifar, Cifar10MissingFiles) {
   expect_error([&] { load_cifar10(dir.file("absent"), false); }, Status::io_error, {"absent", "test_batch*.bin"});
   write_bytes(dir.file("data_batch_1.bin"), {}, false);
   expect_error([&] { load_cifar10(dir.str(), true); }, Status::corrupt_data, {"data_batch_1.bin", "empty"});
+}
+
+// A batch file name that is not a readable file (a directory, a link cycle) is refused, never
+// skipped: the split would silently lose its records.
+TEST(Cifar, Cifar10BatchThatIsNotAFileIsRefused) {
+  TempDir dir;
+  std::vector<uint8_t> one = cifar_record(3, 0);
+  write_bytes(dir.file("data_batch_1.bin"), one, false);
+  fs::create_directories(dir.file("data_batch_2.bin"));
+  expect_error([&] { load_cifar10(dir.str(), true); }, Status::io_error, {"data_batch_2.bin", "is a directory"});
+  fs::remove(dir.file("data_batch_2.bin"));
+  fs::create_symlink(dir.file("data_batch_2.bin"), dir.file("data_batch_2.bin"));
+  expect_error([&] { load_cifar10(dir.str(), true); }, Status::io_error, {"data_batch_2.bin", "cycle of links"});
 }
 
 TEST(Cifar, Cifar100FineLabels) {
@@ -1081,6 +1186,89 @@ TEST(ImageFolder, FolderErrors) {
     TempDir dir;
     expect_error([&] { load_image_folder(dir.str(), true, 32); }, Status::io_error, {"train", "does not exist"});
     expect_error([&] { load_image_folder(dir.file("nope"), true, 32); }, Status::io_error, {"nope", "does not exist"});
+  }
+}
+
+// Runs f in a child process that must finish within `seconds`: true when it returned true.
+// (A scan that loops forever fails the test instead of hanging the suite.)
+bool finishes_in_child(const std::function<bool()>& f, int seconds) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(f() ? 0 : 1);
+  for (int i = 0; i < seconds * 20; ++i) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    usleep(50000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  ADD_FAILURE() << "did not finish in " << seconds << " s";
+  return false;
+}
+
+// Whether f throws dfp::Error(status) whose message holds every part.
+bool throws(const std::function<void()>& f, Status status, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    bool all = e.status() == status;
+    for (const auto& p : parts) all = all && std::string(e.what()).find(p) != std::string::npos;
+    if (!all) std::fprintf(stderr, "message: %s\n", e.what());
+    return all;
+  }
+  return false;
+}
+
+// Links inside an image folder: a cycle (two links to '.') is refused instead of scanned forever; a
+// link to the split folder or to another class folder is refused instead of labelling that
+// folder's images with this class; a link to a folder outside the split is followed.
+TEST(ImageFolder, LinksNeverLoopOrRelabel) {
+  {
+    TempDir dir;
+    make_folder(dir);
+    fs::create_directory_symlink(".", dir.file("train/cat/l1"));
+    fs::create_directory_symlink(".", dir.file("train/cat/l2"));
+    EXPECT_TRUE(finishes_in_child(
+        [&] {
+          return throws([&] { load_image_folder(dir.str(), true, 32); }, Status::invalid_argument,
+                        {"train/cat/l", "already scanned for class 'cat'", "cycle"});
+        },
+        30));
+  }
+  for (const char* target : {"..", "../dog", "../dog/.."}) {
+    TempDir dir;
+    make_folder(dir);
+    fs::create_directory_symlink(target, dir.file("train/cat/loop"));
+    EXPECT_TRUE(finishes_in_child(
+        [&] {
+          return throws([&] { load_image_folder(dir.str(), true, 32); }, Status::invalid_argument,
+                        {"train/cat/loop", "not in that class folder", "would be labelled 'cat'"});
+        },
+        30))
+        << target;
+  }
+  {
+    TempDir dir, outside;
+    make_folder(dir);
+    write_bytes(outside.file("more.jpg"), gradient_jpeg(30, 30, 9), false);
+    fs::create_directory_symlink(outside.path(), dir.file("train/cat/more"));
+    fs::create_symlink(dir.file("train/cat/a.jpeg"), dir.file("train/cat/again.jpg"));  // within the class: kept
+    const Dataset d = load_image_folder(dir.str(), true, 32);
+    std::map<std::string, int> label;
+    for (int i = 0; i < d.count; ++i) label[fs::path(d.files[size_t(i)]).filename().string()] = d.label(i);
+    EXPECT_EQ(label.at("more.jpg"), 0);
+    EXPECT_EQ(label.at("again.jpg"), 0);
+    EXPECT_EQ(d.count, 8);  // six of make_folder, more.jpg, again.jpg
+    // A file link to another class's image is refused like a folder link.
+    fs::create_symlink(dir.file("train/dog/small.jpg"), dir.file("train/cat/stolen.jpg"));
+    expect_error([&] { load_image_folder(dir.str(), true, 32); }, Status::invalid_argument,
+                 {"train/cat/stolen.jpg", "would be labelled 'cat'"});
+  }
+  {
+    TempDir dir;
+    make_folder(dir);
+    fs::create_directory_symlink("dog", dir.file("train/wolf"));
+    expect_error([&] { load_image_folder(dir.str(), true, 32); }, Status::invalid_argument,
+                 {"train/dog", "train/wolf", "same directory"});
   }
 }
 

@@ -28,9 +28,13 @@ struct ContextOptions {
   // Worker threads for TBB and for oneDNN's OpenMP runtime. 0: the cores this process may use.
   int threads = 0;
   // The one rule for a thread count, which every entry point applies (this struct, TrainConfig,
-  // the command line's --threads): >= 0, 0 meaning every core this process may use. Throws
-  // invalid_argument naming `origin` ("ContextOptions.threads", "flag --threads") and the value.
+  // the command line's --threads): 0 .. kMaxThreads, 0 meaning every core this process may use.
+  // Throws invalid_argument naming `origin` ("ContextOptions.threads", "flag --threads") and the
+  // value.
   static void validate_threads(int threads, const std::string& origin);
+  // The most threads a context takes: each thread gets per-thread buffers sized by the model, so
+  // a mistyped count must fail as a setting, not as an allocation.
+  static constexpr int kMaxThreads = 1024;
   // Kernel level: "" = the environment variable DFP_ISA if set, else the best the CPU supports.
   // Otherwise "ref", "avx512bw" or "avx512vnni"; a level the CPU lacks is an error.
   std::string isa;

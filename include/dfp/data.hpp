@@ -10,9 +10,10 @@
 //   Image folder (ImageNet layout, as torchvision's ImageFolder): DIR/train/<class>/*.jpg and
 //     DIR/val/<class>/*.jpg, JPEG files decoded by the Loader as it builds each batch.
 //
-// Errors: every problem with a file (missing, truncated, corrupt, wrong magic number, label out
-// of range, counts that disagree, trailing bytes) throws dfp::Error naming the file, the record
-// or header field, and what was expected. A loader never returns partially read data.
+// Errors: every problem with a file (missing, not a regular file, truncated, corrupt, wrong magic
+// number, label out of range, counts that disagree, trailing bytes, bytes after a gzip stream)
+// throws dfp::Error naming the file, the record or header field, and what was expected. A loader
+// never returns partially read data.
 //
 // Determinism: the shuffle order is a function of (seed, epoch) only, and each sample's
 // augmentation random numbers of (seed, epoch, the sample's index in the dataset) only, so a
@@ -34,6 +35,7 @@ class Context;
 // Loader when it builds the batch, so the dataset never has to fit in memory.
 struct Dataset {
   std::string name;
+  std::string source;  // what the images were read from (the image file, batch files or split folder), for messages
   int count = 0, channels = 0, height = 0, width = 0, classes = 0;
   // In memory (files empty):
   std::vector<uint8_t> pixels;  // count * channels * height * width; CHW per image
@@ -51,8 +53,10 @@ struct Dataset {
   const uint8_t* image(int i) const noexcept { return pixels.data() + size_t(i) * image_bytes(); }
 };
 
-// One IDX image file and its IDX label file (each plain or gzip). channels = 1, height = rows,
-// width = cols; every label must be < classes. The dataset's name is the image file's name.
+// One IDX image file and its IDX label file (each plain or gzip: a file starting with the gzip
+// magic bytes 1F 8B is inflated, member after member; anything after the last member is
+// Error(corrupt_data)). channels = 1, height = rows, width = cols; every label must be < classes.
+// The dataset's name is the image file's name.
 Dataset load_idx(const std::string& images_file, const std::string& labels_file, int classes);
 
 // MNIST-style directory: {train,t10k}-{images-idx3,labels-idx1}-ubyte, optionally ending in
@@ -73,8 +77,11 @@ Dataset load_cifar100(const std::string& dir, bool train);
 // The classes are the sorted names of the subdirectories of dir/train (label = position);
 // dir/val must have exactly the same class folders. Each class's files are found recursively
 // and sorted by path, so the sample order is deterministic. Names starting with '.' and files
-// with other extensions are ignored. Only the directories are read here: each JPEG is opened
-// when the Loader decodes it. image_size is the side of the square images the Loader produces
+// with other extensions are ignored; links are followed, but a link whose target lies inside
+// dir/<split> outside its own class folder (its images would be labelled with a class they are not
+// filed under) and a directory reached twice (a link cycle, found by device and inode) are
+// Error(invalid_argument) naming the link. Only the directories are read here: each JPEG is
+// opened when the Loader decodes it. image_size is the side of the square images the Loader produces
 // (height = width = image_size, channels = 3). No class folder, an empty class folder, or
 // differing train/val classes is Error(io_error) naming the folder.
 Dataset load_image_folder(const std::string& dir, bool train, int image_size = 224);
@@ -85,6 +92,11 @@ Dataset load_image_folder(const std::string& dir, bool train, int image_size = 2
 // dataset has a fixed size and requires 0. An unknown name is Error(invalid_argument) listing
 // the known names; a missing directory or file is Error(io_error) naming what was looked for.
 Dataset load_dataset(const std::string& name, const std::string& path, bool train, int image_size = 0);
+
+// Requires the test split to have the training split's geometry (channels, height, width and
+// classes): a model built for one cannot read the other. Error(invalid_argument) naming both
+// splits' sources and shapes.
+void check_same_geometry(const Dataset& train, const Dataset& test);
 
 // Augmentation applied to every image a Loader produces, in this order:
 //   1. In memory: pad > 0: zero-pad each side by `pad` pixels (value 0 in pixel space, as

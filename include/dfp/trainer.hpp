@@ -2,8 +2,11 @@
 //
 // One readable loop: data -> forward -> loss -> backward -> optimizer step (which re-quantizes and
 // re-packs the weights). Per epoch it evaluates on the test set and appends one JSON object to
-// <out>/metrics.jsonl; it writes <out>/config.json once and a checkpoint after every epoch
-// (<out>/checkpoint.dfp, written to a temporary file and renamed, CRC-32 checked on load).
+// <out>/metrics.jsonl (non-finite numbers as null), then writes a checkpoint (<out>/checkpoint.dfp,
+// written to a temporary file of its own and renamed, CRC-32 checked on load); it writes
+// <out>/config.json once. A run owns <out> while it lives (an exclusive lock on <out>/dfp.lock: a
+// second run into it is refused with the holder's PID). A resumed run first cuts metrics.jsonl
+// back to the checkpoint's epochs, so that each epoch appears in it once.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +47,9 @@ struct TrainConfig {
   std::string isa;
   uint64_t seed = 1;
   std::string out;                  // "" = no files
+  // A directory that already holds a run (holds_run) is refused unless resume is set or this is
+  // true (its files are then replaced).
+  bool overwrite = false;
   std::string resume;               // checkpoint to continue from
   int limit_train = 0;              // use only the first N training images (0 = all)
   int limit_test = 0;
@@ -79,6 +85,14 @@ struct EpochMetrics {
   double loss_scale = 1;       // at the end of the epoch
   uint64_t skipped_steps = 0;  // since the start of the run (non-finite gradients)
 };
+
+// Whether dir holds the files of a run (config.json, metrics.jsonl or checkpoint.dfp).
+bool holds_run(const std::string& dir);
+
+// One line of metrics.jsonl, without its newline: the epoch's metrics, the policy and the layers'
+// numerics, as JSON. A number that is not finite (a diverged loss, an unmeasurable SQNR) is null.
+std::string metrics_line(const EpochMetrics& metrics, const std::string& policy_text,
+                         const std::vector<LayerNumerics>& layers);
 
 // Trains as configured; returns the metrics of every epoch run. `log` receives progress text
 // (nullptr: silent).

@@ -30,6 +30,7 @@
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
 #include "src/openmp_env.hpp"
+#include "src/run_lock.hpp"
 #include "src/report/report.hpp"
 #include "simd/kernel_table.hpp"
 #include "simd/onednn/conv_onednn.hpp"
@@ -54,14 +55,19 @@ struct Args {
 // naming the flag.
 template <class T>
 T parse_number(const std::string& flag, const std::string& v) {
+  constexpr bool integer = std::is_same_v<T, int>;
   try {
     size_t used = 0;
-    const T x = std::is_same_v<T, int> ? T(std::stoi(v, &used)) : T(std::stof(v, &used));
+    const T x = integer ? T(std::stoi(v, &used)) : T(std::stof(v, &used));
     if (used == v.size()) return x;
-  } catch (const std::exception&) {
+  } catch (const std::out_of_range&) {
+    dfp::fail(dfp::Status::invalid_argument,
+              "flag " + flag + ": '" + v + "' is out of range; expected " +
+                  (integer ? "an integer in -2147483648..2147483647" : "a number of magnitude 1.2e-38 .. 3.4e38, or 0"));
+  } catch (const std::invalid_argument&) {
   }
-  dfp::fail(dfp::Status::invalid_argument, "flag " + flag + ": expected " +
-                                               (std::is_same_v<T, int> ? "an integer" : "a number") + ", got '" + v + "'");
+  dfp::fail(dfp::Status::invalid_argument,
+            "flag " + flag + ": expected " + (integer ? "an integer" : "a number") + ", got '" + v + "'");
 }
 int to_int(const std::string& flag, const std::string& v) { return parse_number<int>(flag, v); }
 float to_float(const std::string& flag, const std::string& v) { return parse_number<float>(flag, v); }
@@ -316,7 +322,10 @@ bool train_flag(const std::string& a, Args& args, dfp::TrainConfig& c) {
     DFP_CHECK(seed >= 0, dfp::Status::invalid_argument, "flag --seed: expected >= 0, got " + std::to_string(seed));
     c.seed = static_cast<uint64_t>(seed);
   }
-  else if (a == "--out") c.out = args.value(a);
+  else if (a == "--out") {
+    c.out = args.value(a);
+    DFP_CHECK(!c.out.empty(), dfp::Status::invalid_argument, "flag --out: expected a directory, got an empty path");
+  } else if (a == "--overwrite") c.overwrite = true;
   else if (a == "--limit-train") c.limit_train = to_int(a, args.value(a));
   else if (a == "--limit-test") c.limit_test = to_int(a, args.value(a));
   else if (a == "--print-every") c.print_every = to_int(a, args.value(a));
@@ -419,7 +428,11 @@ int cmd_compare(Args& args) {
   ScaleFlags scale_set;
   while (args.next(a)) {
     if (a == "--precisions") { specs_text = args.value(a); continue; }
-    if (a == "--out") { out = args.value(a); continue; }
+    if (a == "--out") {
+      out = args.value(a);
+      DFP_CHECK(!out.empty(), dfp::Status::invalid_argument, "flag --out: expected a directory, got an empty path");
+      continue;
+    }
     DFP_CHECK(a != "--precision" && a != "--loss-scaling" && a != "--label" && a != "--resume" && a != "--device",
               dfp::Status::invalid_argument,
               "dfp compare: flag " + a + " is set per run by --precisions (e.g. --precisions fp32,fp16-static,int16)");
@@ -440,12 +453,23 @@ int cmd_compare(Args& args) {
         DFP_CHECK(specs[i].label != item, dfp::Status::invalid_argument, "flag --precisions: '" + item + "' given twice");
     }
   DFP_CHECK(!specs.empty(), dfp::Status::invalid_argument, "flag --precisions: expected a list like fp32,bf16,fp16,int16");
-  std::filesystem::create_directories(out);
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + out + "': " + ec.message());
+  // The comparison owns OUT (each run locks its own OUT/<spec>); runs of an earlier comparison
+  // there are replaced only with --overwrite, before any training starts.
+  const dfp::RunLock lock(out, "flag --out");
+  for (const RunSpec& r : specs)
+    DFP_CHECK(probe.overwrite || !dfp::holds_run(out + "/" + r.label), dfp::Status::invalid_argument,
+              "flag --out: '" + out + "/" + r.label + "' holds an earlier run; expected a new directory, or --overwrite "
+              "to replace the runs of '" + out + "'");
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  DFP_CHECK(!ec, dfp::Status::io_error, "dfp compare: cannot find this program (/proc/self/exe): " + ec.message());
   std::vector<std::string> done, failed;
   for (const RunSpec& r : specs) {
     const std::string dir = out + "/" + r.label;
-    std::filesystem::create_directories(dir);
+    std::filesystem::create_directories(dir, ec);
+    DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + dir + "': " + ec.message());
     std::vector<std::string> argv = {self, "train"};
     argv.insert(argv.end(), pass.begin(), pass.end());
     argv.insert(argv.end(), {"--device", r.device, "--precision", r.precision, "--loss-scaling", r.scaling, "--label", r.label,
@@ -509,6 +533,7 @@ void usage() {
       "           loss scaling: [--loss-scaling none|static|dynamic|adaptive] [--loss-scale S] [--scale-growth-interval N]\n"
       "           --epochs N --batch-size N --lr F [--momentum F --wd F --nesterov] --schedule cosine|step|multistep|constant\n"
       "           [--warmup-epochs N --milestones 30,60 --gamma F] --threads N --seed N --out DIR [--resume FILE]\n"
+      "           [--overwrite: replace the run DIR holds; without it (or --resume) such a DIR is refused]\n"
       "           [--limit-train N --limit-test N --label-smoothing F --no-augment]\n"
       "           [--profile: time each layer's forward and backward and the optimizer; a table at the end, DIR/profile.json]\n"
       "           [--device cpu|cuda: on cuda --precision is fp16 (FP16 + FP32 master weights, AMP-like) or fp32]\n"

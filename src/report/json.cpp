@@ -24,6 +24,13 @@ const char* type_name(Type t) noexcept {
   return "?";
 }
 
+Value::Value() = default;
+Value::~Value() = default;
+Value::Value(const Value&) = default;
+Value::Value(Value&&) noexcept = default;
+Value& Value::operator=(const Value&) = default;
+Value& Value::operator=(Value&&) noexcept = default;
+
 const Value* Value::find(std::string_view key) const noexcept {
   const Value* found = nullptr;
   for (const auto& [k, v] : members)

@@ -2,8 +2,8 @@
 //
 // Internal to the report writer. Reads RFC 8259 JSON: objects, arrays, strings with every escape
 // (\uXXXX with surrogate pairs becomes UTF-8), numbers, true, false, null. One extension: the bare
-// tokens nan, -nan, inf, -inf (and NaN, Infinity, -Infinity) are read as numbers, because that is
-// what a C++ stream writes for a diverged run's loss. Every error is a dfp::Error
+// tokens nan, -nan, inf, -inf (and NaN, Infinity, -Infinity) are read as numbers, because C++
+// streams and Python's json module write them for non-finite values (dfp itself writes null). Every error is a dfp::Error
 // (Status::corrupt_data) whose message starts "<source>:<line>:<column>: " and says what was
 // expected and what was found.
 #pragma once
@@ -27,6 +27,15 @@ struct Value {
   std::vector<Value> items;                            // array elements
   std::vector<std::pair<std::string, Value>> members;  // object members, in file order
   int line = 0;       // where the value starts (for messages)
+
+  // Declared here and defaulted in json.cpp, where Value is complete: clang with libstdc++ cannot
+  // define them inside the class, whose members hold pairs of the class being defined.
+  Value();
+  ~Value();
+  Value(const Value&);
+  Value(Value&&) noexcept;
+  Value& operator=(const Value&);
+  Value& operator=(Value&&) noexcept;
 
   bool is_null() const noexcept { return type == Type::null; }
   bool is_number() const noexcept { return type == Type::number; }

@@ -45,15 +45,15 @@ void write_text(const std::string& path, const std::string& text) {
 
 std::string where(const std::string& file, const json::Value& v) { return file + ":" + std::to_string(v.line); }
 
-// A number member: absent or null -> NaN (or an error when required).
+// A number member: absent or null -> NaN; an absent required member is an error. null is how dfp
+// writes a number that is not finite (a diverged run's loss), so a required member may be null.
 // `what` prefixes the field's name in messages (e.g. "layer 'conv1': ").
 double number(const json::Value& obj, const char* key, const std::string& file, bool required,
               std::string* text = nullptr, const std::string& what = "") {
   const json::Value* v = obj.find(key);
   if (!v || v->is_null()) {
-    DFP_CHECK(!required, Status::corrupt_data,
-              where(file, obj) + ": " + what + "required field '" + key + "' " + (v ? "is null" : "is missing") +
-                  "; expected a number");
+    DFP_CHECK(!required || v, Status::corrupt_data,
+              where(file, obj) + ": " + what + "required field '" + key + "' is missing; expected a number");
     return kNotLogged;
   }
   DFP_CHECK(v->is_number(), Status::corrupt_data,

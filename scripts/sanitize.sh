@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds dfp with AddressSanitizer + UndefinedBehaviorSanitizer into ./build-asan (the library, the
+# program and the default test suite; not the benchmarks) and runs the default suite there (ctest
+# label "long" excluded). Any sanitizer report fails the test it occurs in. Extra arguments go to
+# CMake's configure step. See the README ("Sanitizers and fuzzing") for what is instrumented.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DDFP_SANITIZE=address,undefined -DDFP_BUILD_BENCH=OFF "$@" >/dev/null
+start=$(date +%s)
+cmake --build build-asan -j"$(nproc)"
+echo "sanitize.sh: build took $(( $(date +%s) - start )) s"
+cd build-asan
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LSAN_OPTIONS=suppressions=$PWD/../scripts/lsan.supp:print_suppressions=0
+start=$(date +%s)
+ctest --output-on-failure -LE long -j"$(nproc)"
+echo "sanitize.sh: tests took $(( $(date +%s) - start )) s"

@@ -1,0 +1,47 @@
+// dfp: the checkpoint file, internal to the trainer (and read by the tests and fuzz targets).
+//
+// Layout: "DFPCKPT1", then records [u32 name length][name][u64 float count][floats] (host byte
+// order), the first record being "meta" (its floats encode the meta text's bytes one per float:
+// lines "key=value"), and finally a u32 CRC-32 of everything before it.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dfp {
+
+inline constexpr char kCheckpointMagic[8] = {'D', 'F', 'P', 'C', 'K', 'P', 'T', '1'};
+
+struct Checkpoint {
+  std::map<std::string, std::string> meta;  // keys without '=' or newline; values without newline
+  std::map<std::string, std::vector<float>> tensors;
+};
+
+// The file's bytes for ck.
+std::string checkpoint_bytes(const Checkpoint& ck);
+
+// Writes ck to `path` so that `path` holds the old checkpoint or the new one whatever happens: the
+// bytes go to a temporary file of a name no other writer uses (path.<pid>-<random>.tmp), reach
+// the disk, and are renamed over `path`. Any failure (disk full, `path` a directory) removes the
+// temporary file and throws Error(io_error) naming the file and what failed.
+void write_checkpoint(const std::string& path, const Checkpoint& ck);
+
+// Removes the temporary files that writers of `path` killed before their rename left behind. Only
+// for the owner of the directory (a run holding its lock): another writer's file would go too.
+void remove_checkpoint_temporaries(const std::string& path);
+
+// Parses a checkpoint's bytes; `path` names it in messages. A file that ends early is
+// Error(corrupt_data) "truncated" naming the record it ends in; a wrong CRC, a meta record that does
+// not hold bytes, or a meta line without '=' is Error(corrupt_data) too.
+Checkpoint parse_checkpoint(std::string_view bytes, const std::string& path);
+// Reads and parses the file (a directory or unreadable file is Error(io_error)).
+Checkpoint read_checkpoint(const std::string& path);
+
+// A list of names as one meta value: comma-separated, with '%', ',', CR and LF written as %25,
+// %2C, %0D, %0A; and back (a malformed escape is Error(corrupt_data) naming `what`).
+std::string join_names(const std::vector<std::string>& names);
+std::vector<std::string> split_names(const std::string& value, const std::string& what);
+
+}  // namespace dfp

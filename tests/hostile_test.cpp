@@ -1,0 +1,418 @@
+// Hostile but realistic use of `dfp train` and `dfp eval` through the library: data whose splits
+// disagree, image folders with other class names, two runs or an earlier run in one output
+// directory, interrupted checkpoint commits, failed checkpoint writes, diverged losses and
+// checkpoints whose fields are out of range. Each is refused with a message naming the file, the
+// field and what was expected, or handled so that no file is left half written. The fixtures are
+// small IDX and JPEG datasets made here, so every test runs without the real datasets.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dfp/status.hpp"
+#include "dfp/trainer.hpp"
+#include "src/checkpoint.hpp"
+#include "src/report/json.hpp"
+#include "src/report/report.hpp"
+#include "src/run_lock.hpp"
+#include "tests/common/expect_error.hpp"
+#include "tests/common/temp_dir.hpp"
+
+using namespace dfp;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir : public test::TempDir {
+ public:
+  TempDir() : test::TempDir("dfp_hostile_test_") {}
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream f(path);
+  for (std::string l; std::getline(f, l);) out.push_back(l);
+  return out;
+}
+
+void put_be32(std::string& v, uint32_t x) {
+  for (int s = 24; s >= 0; s -= 8) v.push_back(char(uint8_t(x >> s)));
+}
+
+// An MNIST-style directory: `train` 28x28 training images and `test` test images of side
+// `test_side`, labels i % 10, pixels a pattern of the label (learnable).
+void write_mnist(const std::string& dir, int train, int test, int test_side) {
+  fs::create_directories(dir);
+  auto write = [&](const std::string& prefix, int count, int side) {
+    std::string img, lbl;
+    put_be32(img, 0x803);
+    put_be32(img, uint32_t(count));
+    put_be32(img, uint32_t(side));
+    put_be32(img, uint32_t(side));
+    put_be32(lbl, 0x801);
+    put_be32(lbl, uint32_t(count));
+    for (int i = 0; i < count; ++i) {
+      const int label = i % 10;
+      for (int k = 0; k < side * side; ++k) img.push_back(char(uint8_t((k % side == label * side / 10) ? 220 : (i * 7 + k) % 40)));
+      lbl.push_back(char(label));
+    }
+    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << img;
+    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << lbl;
+  };
+  write("train", train, 28);
+  write("t10k", test, test_side);
+}
+
+TrainConfig mnist_config(const std::string& data, int epochs) {
+  TrainConfig c;
+  c.model = "lenet";
+  c.dataset = "mnist";
+  c.data = data;
+  c.policy.precision = Precision::fp32;
+  c.epochs = epochs;
+  c.batch_size = 16;
+  c.lr = 0.05f;
+  c.threads = 2;
+  return c;
+}
+
+std::vector<uint8_t> jpeg_of(int w, int h, int seed) {
+  std::vector<uint8_t> px;
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      px.insert(px.end(), {uint8_t(x * 255 / w), uint8_t(y * 255 / h), uint8_t((x + y + seed * 40) % 256)});
+  tjhandle t = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  EXPECT_EQ(tjCompress2(t, px.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420, 90, 0), 0) << tjGetErrorStr2(t);
+  std::vector<uint8_t> out(buf, buf + size);
+  tjFree(buf);
+  tjDestroy(t);
+  return out;
+}
+
+// dir/{train,val}/<class>/ with four JPEGs each.
+void write_folder(const std::string& dir, const std::vector<std::string>& classes) {
+  for (const char* split : {"train", "val"})
+    for (size_t c = 0; c < classes.size(); ++c) {
+      const fs::path folder = fs::path(dir) / split / classes[c];
+      fs::create_directories(folder);
+      for (int i = 0; i < 4; ++i) {
+        const std::vector<uint8_t> j = jpeg_of(40 + 8 * i, 32, int(c) * 4 + i);
+        std::ofstream(folder / ("img" + std::to_string(i) + ".jpg"), std::ios::binary)
+            .write(reinterpret_cast<const char*>(j.data()), std::streamsize(j.size()));
+      }
+    }
+}
+
+std::vector<std::string> temporaries(const std::string& dir) {
+  std::vector<std::string> t;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".tmp") t.push_back(e.path().filename().string());
+  return t;
+}
+
+}  // namespace
+
+// A test split of another image size: 14x14 crashed the evaluation, 40x40 evaluated misread data.
+// Both are refused before training, naming the file and both shapes.
+TEST(Hostile, TestImagesOfAnotherSizeAreRefused) {
+  for (int side : {14, 40}) {
+    TempDir dir;
+    write_mnist(dir.str(), 64, 32, side);
+    const std::string s = std::to_string(side);
+    test::expect_error([&] { train(mnist_config(dir.str(), 1), nullptr); }, Status::invalid_argument,
+                       {"t10k-images-idx3-ubyte", s + "x" + s, "train-images-idx3-ubyte", "28x28", "expected the test split"});
+  }
+}
+
+// Evaluating a checkpoint on data of another shape names the shapes, not a "corrupt" checkpoint.
+TEST(Hostile, EvalOnDataOfAnotherShapeNamesTheShapes) {
+  TempDir dir, other;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 1);
+  c.out = dir.file("run");
+  train(c, nullptr);
+  write_mnist(other.str(), 64, 32, 40);
+  test::expect_error([&] { evaluate_checkpoint(c.out + "/checkpoint.dfp", other.str(), 2, nullptr); },
+                     Status::invalid_argument,
+                     {"checkpoint.dfp", "trained on 1 channel of 28x28 pixels", "40x40", "t10k-images-idx3-ubyte"});
+}
+
+// A run owns its output directory: a second run into a directory whose lock is held is refused
+// with the holder's PID, and nothing of the second run is written there.
+TEST(Hostile, SecondRunIntoALockedDirectoryIsRefused) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 1);
+  c.out = dir.file("run");
+  fs::create_directories(c.out);
+  {
+    const RunLock holder(c.out, "test");
+    test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument,
+                       {"flag --out", c.out, "in use by another dfp run", "PID " + std::to_string(::getpid())});
+    EXPECT_FALSE(fs::exists(c.out + "/config.json"));
+    EXPECT_FALSE(fs::exists(c.out + "/metrics.jsonl"));
+  }
+  EXPECT_NO_THROW(train(c, nullptr));  // released with its holder
+  // A lock held by another process: its PID is named.
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const RunLock holder(c.out, "child");
+    (void)!write(ready[1], "x", 1);
+    pause();
+    _exit(0);
+  }
+  char x;
+  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  c.overwrite = true;
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"PID " + std::to_string(child)});
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+}
+
+// An output directory that holds an earlier run is refused unless the run resumes it or says
+// --overwrite; the refusal names the files found.
+TEST(Hostile, EarlierRunIsReplacedOnlyWithOverwrite) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 1);
+  c.out = dir.file("run");
+  train(c, nullptr);
+  const std::string before = slurp(c.out + "/checkpoint.dfp");
+  c.seed = 2;
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument,
+                     {"holds an earlier run", "'checkpoint.dfp'", "--resume", "--overwrite"});
+  EXPECT_EQ(slurp(c.out + "/checkpoint.dfp"), before);
+  c.overwrite = true;
+  train(c, nullptr);
+  EXPECT_NE(slurp(c.out + "/checkpoint.dfp"), before);
+  EXPECT_EQ(lines_of(c.out + "/metrics.jsonl").size(), 1u);
+}
+
+// The checkpoint records an image folder's class names; eval and resume on a folder with the same
+// number of classes under other names are refused, naming the first class that differs.
+TEST(Hostile, ClassNamesAreRecordedAndChecked) {
+  TempDir dir;
+  const std::string a = dir.file("a"), b = dir.file("b");
+  write_folder(a, {"cat", "dog"});
+  write_folder(b, {"cat", "emu"});
+  TrainConfig c = mnist_config(a, 2);
+  c.dataset = "imagenet-folder";
+  c.image_size = 32;
+  c.batch_size = 4;
+  c.out = dir.file("run");
+  c.stop_after = 1;
+  train(c, nullptr);
+  const std::string ck = c.out + "/checkpoint.dfp";
+  EXPECT_EQ(read_checkpoint(ck).meta.at("class_names"), "cat,dog");
+  EXPECT_NO_THROW(evaluate_checkpoint(ck, a, 2, nullptr));
+  test::expect_error([&] { evaluate_checkpoint(ck, b, 2, nullptr); }, Status::invalid_argument,
+                     {"checkpoint.dfp", "class 1", "'dog' in the checkpoint", "'emu'", b});
+  c.data = b;
+  c.stop_after = 0;
+  c.resume = ck;
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"class 1", "'dog'", "'emu'"});
+}
+
+// A kill between the metrics line of an epoch and its checkpoint's rename leaves metrics.jsonl an
+// epoch ahead of the checkpoint (here: the checkpoint of epoch 1 put back after epoch 2, and a
+// line cut in the middle). The resumed run writes each epoch once, with the same fields as the
+// uninterrupted run's lines.
+TEST(Hostile, MetricsHoldEachEpochOnceAfterAnInterruptedCommit) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 3);
+  c.numerics_interval = 3;
+  c.policy.precision = Precision::int16;
+  c.out = dir.file("whole");
+  train(c, nullptr);
+  c.out = dir.file("cut");
+  c.stop_after = 1;
+  train(c, nullptr);
+  const std::string ck = c.out + "/checkpoint.dfp", metrics = c.out + "/metrics.jsonl";
+  const std::string epoch1 = slurp(ck);
+  c.resume = ck;
+  c.stop_after = 2;
+  train(c, nullptr);
+  std::ofstream(ck, std::ios::binary | std::ios::trunc) << epoch1;          // the rename of epoch 2's never happened
+  std::ofstream(metrics, std::ios::binary | std::ios::app) << "{\"epoch\":3,\"lr\":0.0";  // a cut line
+  c.stop_after = 0;
+  train(c, nullptr);
+  const std::vector<std::string> whole = lines_of(dir.file("whole") + "/metrics.jsonl"), got = lines_of(metrics);
+  ASSERT_EQ(got.size(), 3u) << slurp(metrics);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const json::Value g = json::parse(got[i], metrics), w = json::parse(whole[i], "whole");
+    EXPECT_EQ(g.find("epoch")->number, double(i + 1));
+    EXPECT_EQ(g.find("train_loss")->number, w.find("train_loss")->number) << "epoch " << i + 1;
+    // The same fields, per layer too.
+    auto keys = [](const json::Value& v) {
+      std::string k;
+      for (const auto& [name, m] : v.members) k += name + ",";
+      for (const json::Value& l : v.find("layers")->items)
+        for (const auto& [name, m] : l.members) k += name + ",";
+      return k;
+    };
+    EXPECT_EQ(keys(g), keys(w)) << "epoch " << i + 1;
+  }
+  EXPECT_EQ(slurp(ck), slurp(dir.file("whole") + "/checkpoint.dfp"));
+}
+
+// A checkpoint write that fails leaves no temporary file and the previous checkpoint as it was:
+// the rename fails (checkpoint.dfp is a directory), or the disk is full (here: the file size limit).
+TEST(Hostile, FailedCheckpointWriteLeavesNoTemporaryFile) {
+  TempDir dir;
+  Checkpoint ck;
+  ck.meta["epochs_done"] = "1";
+  ck.tensors["w"] = std::vector<float>(50000, 0.5f);
+  const std::string path = dir.file("checkpoint.dfp");
+  fs::create_directories(fs::path(path) / "in-the-way");
+  test::expect_error([&] { write_checkpoint(path, ck); }, Status::io_error, {"checkpoint.dfp", "rename", "is kept"});
+  EXPECT_TRUE(temporaries(dir.str()).empty());
+  fs::remove_all(path);
+
+  write_checkpoint(path, ck);
+  const std::string good = slurp(path);
+  ck.tensors["w"].resize(200000, 1.f);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG, as on a full disk with ENOSPC
+    const rlimit lim{300000, 300000};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    try {
+      write_checkpoint(path, ck);
+    } catch (const Error& e) {
+      _exit(e.status() == Status::io_error && std::strstr(e.what(), "write failed") ? 0 : 2);
+    }
+    _exit(1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(temporaries(dir.str()).empty());
+  EXPECT_EQ(slurp(path), good);
+}
+
+// Temporary files of writers killed before their rename go when a run takes the directory; two
+// writers never share a temporary name.
+TEST(Hostile, LeftoverTemporaryFilesGoWhenARunTakesTheDirectory) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 2);
+  c.out = dir.file("run");
+  c.stop_after = 1;
+  train(c, nullptr);
+  std::ofstream(c.out + "/checkpoint.dfp.4242-0badcafe.tmp") << "half a checkpoint";
+  c.resume = c.out + "/checkpoint.dfp";
+  c.stop_after = 0;
+  train(c, nullptr);
+  EXPECT_TRUE(temporaries(c.out).empty());
+}
+
+// Non-finite metrics (a diverged loss, an overflowing loss scale) are written as null: every line
+// of metrics.jsonl is JSON, and the report reads the run.
+TEST(Hostile, NonFiniteMetricsAreWrittenAsNull) {
+  EpochMetrics em;
+  em.epoch = 1;
+  em.train_loss = std::nan("");
+  em.test_loss = INFINITY;
+  em.loss_scale = -INFINITY;
+  em.lr = 0.1;
+  em.epoch_seconds = 2;
+  LayerNumerics n;
+  n.layer = "conv1";
+  n.format = "int16";
+  n.sampled = true;
+  n.sqnr_x_db = std::nan("");
+  const std::string line = metrics_line(em, "precision=int16", {n});
+  for (const char* bad : {"nan", "inf"}) EXPECT_EQ(line.find(bad), std::string::npos) << line;
+  for (const char* want : {"\"train_loss\":null", "\"test_loss\":null", "\"loss_scale\":null", "\"sqnr_x_db\":null",
+                           "\"lr\":0.1,"})
+    EXPECT_NE(line.find(want), std::string::npos) << want << " in " << line;
+  TempDir dir;
+  std::ofstream(dir.file("config.json")) << "{\"model\":\"lenet\",\"epochs\":1}\n";
+  std::ofstream(dir.file("metrics.jsonl")) << line << "\n";
+  EXPECT_TRUE(std::isnan(read_run(dir.str()).final_train_loss));
+}
+
+// Checkpoint fields are range-checked where they are read: a message names the field and the range.
+TEST(Hostile, CheckpointFieldsOutOfRangeAreNamed) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 2);
+  c.out = dir.file("run");
+  c.stop_after = 1;
+  train(c, nullptr);
+  const std::string path = c.out + "/checkpoint.dfp";
+  const Checkpoint good = read_checkpoint(path);
+  c.stop_after = 0;
+  c.resume = dir.file("edited.dfp");
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"epochs_done", "-1", "meta field 'epochs_done' is '-1'; expected an integer in 1..2"},
+      {"epochs_done", "x", "meta field 'epochs_done' is 'x'"},
+      {"step", "7", "meta field 'step' is '7'; expected an integer in 4..4"},
+      {"height", "0", "meta field 'height' is '0'"},
+  };
+  for (const auto& [key, value, message] : cases) {
+    Checkpoint ck = good;
+    ck.meta[key] = value;
+    write_checkpoint(c.resume, ck);
+    test::expect_error([&] { train(c, nullptr); }, Status::corrupt_data, {"edited.dfp", message});
+  }
+  // A file of the magic and a CRC only is truncated, not a checksum mismatch.
+  std::ofstream(c.resume, std::ios::binary | std::ios::trunc) << slurp(path).substr(0, 12);
+  test::expect_error([&] { evaluate_checkpoint(c.resume, "", 2, nullptr); }, Status::corrupt_data,
+                     {"edited.dfp", "truncated", "12 bytes"});
+}
+
+// Resuming a finished run says so and trains nothing.
+TEST(Hostile, ResumeOfAFinishedRunSaysSo) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 1);
+  c.out = dir.file("run");
+  train(c, nullptr);
+  c.resume = c.out + "/checkpoint.dfp";
+  std::string log;
+  EXPECT_TRUE(train(c, [&](const std::string& s) { log += s + "\n"; }).empty());
+  EXPECT_NE(log.find("is of a finished run: all 1 epochs are done; nothing to train"), std::string::npos) << log;
+  EXPECT_EQ(lines_of(c.out + "/metrics.jsonl").size(), 1u);
+}
+
+// A data path with a line break would split the checkpoint's meta line: refused up front.
+TEST(Hostile, DataPathWithALineBreakIsRefused) {
+  TrainConfig c = mnist_config("/tmp/a\nb", 1);
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"flag --data", "line breaks"});
+  Checkpoint ck;
+  ck.meta["data"] = "a\nb";
+  test::expect_error([&] { checkpoint_bytes(ck); }, Status::invalid_argument, {"meta field 'data'"});
+}
+
+// A thread count far beyond any machine is a setting error, not an allocation failure.
+TEST(Hostile, ThreadCountIsCapped) {
+  TrainConfig c = mnist_config("/nonexistent-dfp-test-dir", 1);
+  c.threads = 100000000;
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument,
+                     {"flag --threads", "at most 1024", "100000000"});
+}
