@@ -34,6 +34,25 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.round_fp16 = {&ref::round_fp16, "round_f32_fp16__ref"};
   t.conv_f32 = {&ref::make_conv_f32, "conv_f32__ref"};
   t.linear_f32 = {&ref::make_linear_f32, "inner_product_f32__ref"};
+  if (isa == Isa::avx2) {
+    // oneDNN runs its own AVX2 JIT here (it picks from the CPU, or ONEDNN_MAX_CPU_ISA).
+    t.conv_f32 = {&onednn::make_conv_f32, "conv_f32__onednn"};
+    t.linear_f32 = {&onednn::make_linear_f32, "inner_product_f32__onednn"};
+    t.max_abs = {&avx2::max_abs, "max_abs_f32__avx2"};
+    t.dfp16_stats = {&avx2::dfp16_stats, "dfp16_stats_f32__avx2"};
+    // The stochastic stream needs AES rounds: a CPU without AES-NI keeps the reference.
+    if (cpu.aes) t.quantize = {&avx2::quantize_aesni, "quantize_f32_dfp16__avx2_aesni"};
+    t.dequantize = {&avx2::dequantize, "dequantize_dfp16_f32__avx2"};
+    t.interleave = {&avx2::interleave, "interleave_s16__avx2"};
+    // Same bits from both: VPDPWSSD where the CPU has its VEX form, else VPMADDWD + VPADDD.
+    if (cpu.avx_vnni) {
+      t.conv_s16_pixel = {&avxvnni::conv_s16_pixel, "conv_s16s16f32_pixel_12acc__avxvnni_vpdpwssd"};
+      t.conv_s16_pair = {&avxvnni::conv_s16_pair, "conv_s16s16f32_pair_12acc__avxvnni_vpdpwssd"};
+    } else {
+      t.conv_s16_pixel = {&avx2::conv_s16_pixel, "conv_s16s16f32_pixel_12acc__avx2_vpmaddwd"};
+      t.conv_s16_pair = {&avx2::conv_s16_pair, "conv_s16s16f32_pair_12acc__avx2_vpmaddwd"};
+    }
+  }
   if (isa >= Isa::avx512bw) {
     // oneDNN picks its own JIT level from the CPU (its primitives report which: kernel_name()).
     t.conv_f32 = {&onednn::make_conv_f32, "conv_f32__onednn"};

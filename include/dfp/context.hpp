@@ -32,7 +32,7 @@ struct ContextOptions {
   // invalid_argument naming `origin` ("ContextOptions.threads", "flag --threads") and the value.
   static void validate_threads(int threads, const std::string& origin);
   // Kernel level: "" = the environment variable DFP_ISA if set, else the best the CPU supports.
-  // Otherwise "ref", "avx512bw" or "avx512vnni"; a level the CPU lacks is an error.
+  // Otherwise "ref", "avx2", "avx512bw" or "avx512vnni"; a level the CPU lacks is an error.
   std::string isa;
   // Base seed for every random stream (stochastic rounding, initialisation, shuffling).
   uint64_t seed = 1;
