@@ -150,15 +150,20 @@ void pixel_kernel(const PixelKernelArgs& a) {
   for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + p * a.dst_pix)));
   const FlushDst fd{a.dst, a.dst_pix, a.scale};
   const bool accumulate = a.accumulate;
+  // The loop bounds, strides and tap tables in locals (see pair_kernel).
+  const int nib = a.nib, ntaps = a.ntaps, chain = a.chain;
+  const int64_t src_ib_step = a.src_ib, wei_ib_step = a.wei_ib;
+  const int64_t* const tap_src = a.tap_src;
+  const int32_t* const tap_wei = a.tap_wei;
+  const int pairs = FULL ? 8 : a.pairs;
   bool flushed = false;
   int pending = 0;  // steps since the last flush
-  for (int ib = 0; ib < a.nib; ++ib) {
-    const int16_t* src_ib = a.src + ib * a.src_ib;
-    const int16_t* wei_ib = a.wei + ib * a.wei_ib;
-    for (int t = 0; t < a.ntaps; ++t) {
-      const int16_t* s = src_ib + a.tap_src[t];
-      const int16_t* w = wei_ib + int64_t{a.tap_wei[t]} * 256;
-      const int pairs = FULL ? 8 : a.pairs;
+  const int16_t* src_ib = a.src;
+  const int16_t* wei_ib = a.wei;
+  for (int ib = 0; ib < nib; ++ib, src_ib += src_ib_step, wei_ib += wei_ib_step) {
+    for (int t = 0; t < ntaps; ++t) {
+      const int16_t* s = src_ib + tap_src[t];
+      const int16_t* w = wei_ib + int64_t{tap_wei[t]} * 256;
       const int16_t* sp[SRC_PIX ? 1 : NPIX];
       if constexpr (!SRC_PIX) {
 #pragma GCC unroll 8
@@ -172,7 +177,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
 #pragma GCC unroll 8
         for (int p = 0; p < NPIX; ++p) Dot::step2(acc.v[p][0], acc.v[p][1], w0, w1, pix(p) + 2 * j);
         if constexpr (!UNIT_CHAIN) {
-          if (++pending == a.chain) {
+          if (++pending == chain) {
             pixel_flush_mid(acc, fd, accumulate, flushed);
             flushed = true;
             pending = 0;
@@ -181,7 +186,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
       }
       if constexpr (UNIT_CHAIN) {
         pending += pairs;
-        if (pending == a.chain) {
+        if (pending == chain) {
           pixel_flush_mid(acc, fd, accumulate, flushed);
           flushed = true;
           pending = 0;
@@ -273,18 +278,23 @@ void pair_kernel(const PairKernelArgs& a) {
     }
     first = false;
   };
+  // The strides and the chain in locals, the position pointers stepped: read through `a` in the
+  // loop, GCC reloaded them and multiplied per position (the inline asm's memory operands may
+  // alias the arguments), a dozen scalar instructions beside 12 dot-product steps.
+  const int64_t x_col = a.x_col, dy_col = a.dy_col, x_row = a.x_row, dy_row = a.dy_row;
+  const int rows = a.rows, cols = a.cols, chain = a.chain;
   int pending = 0;
-  for (int r = 0; r < a.rows; ++r) {
-    const int16_t* xr = a.x + r * a.x_row;
-    const int16_t* gr = a.dy + r * a.dy_row;
-    for (int c = 0; c < a.cols; ++c) {
-      const int16_t* xp = xr + c * a.x_col;
+  const int16_t* xr = a.x;
+  const int16_t* gr = a.dy;
+  for (int r = 0; r < rows; ++r, xr += x_row, gr += dy_row) {
+    const int16_t* xp = xr;
+    const int16_t* g = gr;
+    for (int c = 0; c < cols; ++c, xp += x_col, g += dy_col) {
       const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
       const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 16));
-      const int16_t* g = gr + c * a.dy_col;
 #pragma GCC unroll 8
       for (int k = 0; k < NK; ++k) Dot::step2(acc[k][0], acc[k][1], x0, x1, g + 2 * k);
-      if (++pending == a.chain) {
+      if (++pending == chain) {
         flush(false);
         pending = 0;
       }
