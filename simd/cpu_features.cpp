@@ -12,6 +12,7 @@ namespace dfp {
 const char* isa_name(Isa isa) noexcept {
   switch (isa) {
     case Isa::ref: return "ref";
+    case Isa::avx2: return "avx2";
     case Isa::avx512bw: return "avx512bw";
     case Isa::avx512vnni: return "avx512vnni";
   }
@@ -19,16 +20,18 @@ const char* isa_name(Isa isa) noexcept {
 }
 
 Isa parse_isa(std::string_view text, std::string_view origin) {
-  for (Isa i : {Isa::ref, Isa::avx512bw, Isa::avx512vnni})
+  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512bw, Isa::avx512vnni})
     if (text == isa_name(i)) return i;
   fail(Status::invalid_argument, std::string(origin) + ": unknown kernel level '" + std::string(text) +
-                                     "'; expected one of ref, avx512bw, avx512vnni");
+                                     "'; expected one of ref, avx2, avx512bw, avx512vnni");
 }
 
 bool CpuFeatures::supports(Isa isa) const noexcept {
-  const bool avx512 = os_saves_zmm && avx512f && avx512bw && avx512dq && avx512vl;
+  const bool avx2_level = os_saves_ymm && avx2 && fma && f16c;
+  const bool avx512 = avx2_level && os_saves_zmm && avx512f && avx512bw && avx512dq && avx512vl;
   switch (isa) {
     case Isa::ref: return true;
+    case Isa::avx2: return avx2_level;
     case Isa::avx512bw: return avx512;
     case Isa::avx512vnni: return avx512 && avx512vnni;
   }
@@ -38,6 +41,7 @@ bool CpuFeatures::supports(Isa isa) const noexcept {
 Isa CpuFeatures::best() const noexcept {
   if (supports(Isa::avx512vnni)) return Isa::avx512vnni;
   if (supports(Isa::avx512bw)) return Isa::avx512bw;
+  if (supports(Isa::avx2)) return Isa::avx2;
   return Isa::ref;
 }
 
@@ -61,6 +65,7 @@ CpuFeatures detect_cpu_features() {
     unsigned lo, hi;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     // XMM|YMM (bits 1,2) and opmask|ZMM_Hi256|Hi16_ZMM (bits 5,6,7) enabled by the OS.
+    f.os_saves_ymm = (lo & 0x06) == 0x06;
     f.os_saves_zmm = (lo & 0xE6) == 0xE6;
     f.os_saves_amx = (lo & 0x60000) == 0x60000;  // bits 17, 18: XTILECFG, XTILEDATA
   }
@@ -78,6 +83,7 @@ CpuFeatures detect_cpu_features() {
     f.amx_tile = d & (1u << 24);
     f.amx_int8 = d & (1u << 25);
     __cpuid_count(7, 1, a, b, c, d);
+    f.avx_vnni = a & (1u << 4);
     f.avx512bf16 = a & (1u << 5);
   }
   unsigned ext = __get_cpuid_max(0x80000000u, nullptr);

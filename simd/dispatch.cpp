@@ -34,6 +34,43 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.round_fp16 = {&ref::round_fp16, "round_f32_fp16__ref"};
   t.conv_f32 = {&ref::make_conv_f32, "conv_f32__ref"};
   t.linear_f32 = {&ref::make_linear_f32, "inner_product_f32__ref"};
+  if (isa == Isa::avx2) {
+    // oneDNN runs its own AVX2 JIT here (it picks from the CPU, or ONEDNN_MAX_CPU_ISA).
+    t.conv_f32 = {&onednn::make_conv_f32, "conv_f32__onednn"};
+    t.linear_f32 = {&onednn::make_linear_f32, "inner_product_f32__onednn"};
+    t.max_abs = {&avx2::max_abs, "max_abs_f32__avx2"};
+    t.dfp16_stats = {&avx2::dfp16_stats, "dfp16_stats_f32__avx2"};
+    // The stochastic stream needs AES rounds: a CPU without AES-NI keeps the reference.
+    if (cpu.aes) t.quantize = {&avx2::quantize_aesni, "quantize_f32_dfp16__avx2_aesni"};
+    t.dequantize = {&avx2::dequantize, "dequantize_dfp16_f32__avx2"};
+    t.interleave = {&avx2::interleave, "interleave_s16__avx2"};
+    t.relu_fwd = {&avx2::relu_fwd, "relu_fwd_f32__avx2"};
+    t.relu_bwd = {&avx2::relu_bwd, "relu_bwd_f32__avx2"};
+    t.add = {&avx2::add, "add_f32__avx2"};
+    t.add_relu = {&avx2::add_relu, "add_relu_f32__avx2"};
+    t.shift_lanes = {&avx2::shift_lanes, "shift_lanes_f32__avx2"};
+    t.sgd_update = {&avx2::sgd_update, "sgd_update_f32__avx2_xsimd"};
+    t.bn_scale_shift = {&avx2::bn_scale_shift, "bn_scale_shift_f32__avx2"};
+    t.bn_moments = {&avx2::bn_moments, "bn_moments_f32__avx2"};
+    t.bn_bwd_sums_s16 = {&avx2::bn_bwd_sums_s16, "bn_bwd_sums_s16__avx2"};
+    t.bn_bwd_sums_f32 = {&avx2::bn_bwd_sums_f32, "bn_bwd_sums_f32__avx2"};
+    t.bn_bwd_apply_s16 = {&avx2::bn_bwd_apply_s16, "bn_bwd_apply_s16__avx2"};
+    t.bn_bwd_apply_f32 = {&avx2::bn_bwd_apply_f32, "bn_bwd_apply_f32__avx2"};
+    t.to_bf16 = {&avx2::to_bf16, "cvt_f32_bf16__avx2"};
+    t.to_fp16 = {&avx2::to_fp16, "cvt_f32_fp16__avx2_f16c_vcvtps2ph"};
+    t.bf16_to_f32 = {&avx2::bf16_to_f32, "cvt_bf16_f32__avx2"};
+    t.fp16_to_f32 = {&avx2::fp16_to_f32, "cvt_fp16_f32__avx2_f16c_vcvtph2ps"};
+    t.round_bf16 = {&avx2::round_bf16, "round_f32_bf16__avx2"};
+    t.round_fp16 = {&avx2::round_fp16, "round_f32_fp16__avx2_f16c_vcvtps2ph"};
+    // Same bits from both: VPDPWSSD where the CPU has its VEX form, else VPMADDWD + VPADDD.
+    if (cpu.avx_vnni) {
+      t.conv_s16_pixel = {&avxvnni::conv_s16_pixel, "conv_s16s16f32_pixel_12acc__avxvnni_vpdpwssd"};
+      t.conv_s16_pair = {&avxvnni::conv_s16_pair, "conv_s16s16f32_pair_12acc__avxvnni_vpdpwssd"};
+    } else {
+      t.conv_s16_pixel = {&avx2::conv_s16_pixel, "conv_s16s16f32_pixel_12acc__avx2_vpmaddwd"};
+      t.conv_s16_pair = {&avx2::conv_s16_pair, "conv_s16s16f32_pair_12acc__avx2_vpmaddwd"};
+    }
+  }
   if (isa >= Isa::avx512bw) {
     // oneDNN picks its own JIT level from the CPU (its primitives report which: kernel_name()).
     t.conv_f32 = {&onednn::make_conv_f32, "conv_f32__onednn"};

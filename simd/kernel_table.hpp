@@ -190,7 +190,9 @@ struct PixelKernelArgs {
   // Same values; the reference ignores it.
   bool stream = false;
 };
-inline constexpr int kPixelAccumulators = 28;  // ZMM accumulators per call (plus 2 weight regs)
+// ZMM accumulators per call (plus 2 weight regs). The AVX2 kernels (16 YMM registers) split a
+// call into sub-calls of fewer pixels and one block each: every output's sum is independent.
+inline constexpr int kPixelAccumulators = 28;
 inline constexpr int max_pixels(int nob) { return kPixelAccumulators / nob; }
 
 // "Pair-reduction" kernel, used by the weight gradient. Reduction runs over positions whose
@@ -255,7 +257,7 @@ struct SgdArgs {
 using SgdUpdateFn = float (*)(float* w, const float* grad, float* v, size_t n, const SgdArgs& a);
 
 // ---- BatchNorm over blocked pixels ---------------------------------------------------------------
-// A pixel is 16 channels (one zmm); per-channel operands (a, b, mean, ...) are 16-lane arrays.
+// A pixel is 16 channels (one zmm, two ymm); per-channel operands (a, b, mean, ...) are 16-lane arrays.
 // Every lane runs the same sequence of FP32 operations in every implementation, with no fused
 // multiply-add, so the kernels are bit-identical to the references. Sums accumulate into the
 // caller's running FP32 lanes (the caller bounds the run length and adds runs into FP64).
@@ -301,7 +303,7 @@ using PairKernelFn = void (*)(const PairKernelArgs&);
 // ---- FP32 baseline: convolution and inner product -------------------------------------------
 // dfp::ConvF32 and dfp::LinearF32 run on a backend made once per layer (oneDNN creates its
 // primitives and their weight layouts there, so a call allocates nothing). The table's factory
-// picks the backend as it picks any kernel: oneDNN's JIT primitives from avx512bw up, the scalar
+// picks the backend as it picks any kernel: oneDNN's JIT primitives from avx2 up, the scalar
 // reference at `ref` (a `ref` context never runs JIT code, and tests pin the specification).
 // Layouts: activations nChw16c, weights [K][C][R][S]; inner product row-major x[N][C], w[K][C],
 // y[N][K].
@@ -371,7 +373,7 @@ const char* xsimd_version() noexcept;
 // picks among forms that give the same bits (the VAES or AES-NI stochastic stream).
 KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu);
 
-// Implementations, one set per level (defined in simd/ref, simd/avx512), declared through the
+// Implementations, one set per level (defined in simd/ref, simd/avx2, simd/avx512), declared through the
 // table's signatures (a function type declares a function): each signature is stated once, at its
 // Fn alias above, and a definition that strays from it fails to link.
 template <class Fn>
@@ -427,6 +429,34 @@ Signature<ToHalfFn> to_bf16, to_fp16;
 Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
 Signature<RoundToFn> round_bf16, round_fp16;
 }  // namespace avx512
+namespace avx2 {
+Signature<MaxAbsFn> max_abs;
+Signature<Dfp16StatsFn> dfp16_stats;
+Signature<QuantizeFn> quantize_aesni;
+Signature<DequantizeFn> dequantize;
+Signature<InterleaveFn> interleave;
+Signature<PixelKernelFn> conv_s16_pixel;
+Signature<PairKernelFn> conv_s16_pair;
+Signature<ReluFwdFn> relu_fwd;
+Signature<ReluBwdFn> relu_bwd;
+Signature<AddFn> add;
+Signature<AddReluFn> add_relu;
+Signature<ShiftLanesFn> shift_lanes;
+Signature<SgdUpdateFn> sgd_update;
+Signature<BnScaleShiftFn> bn_scale_shift;
+Signature<BnMomentsFn> bn_moments;
+Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
+Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
+Signature<BnBwdApplyS16Fn> bn_bwd_apply_s16;
+Signature<BnBwdApplyF32Fn> bn_bwd_apply_f32;
+Signature<ToHalfFn> to_bf16, to_fp16;
+Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
+Signature<RoundToFn> round_bf16, round_fp16;
+}  // namespace avx2
+namespace avxvnni {
+Signature<PixelKernelFn> conv_s16_pixel;
+Signature<PairKernelFn> conv_s16_pair;
+}  // namespace avxvnni
 namespace avx512vnni {
 Signature<PixelKernelFn> conv_s16_pixel;
 Signature<PairKernelFn> conv_s16_pair;

@@ -1,5 +1,5 @@
 // dfp::ConvF32 and dfp::LinearF32: the FP32 baseline, on the backend that the context's kernel
-// table makes (oneDNN's primitives from avx512bw up, the scalar reference at `ref`; see
+// table makes (oneDNN's primitives from avx2 up, the scalar reference at `ref`; see
 // ConvF32Backend in simd/kernel_table.hpp). These classes check the arguments.
 #include <memory>
 #include <string>

@@ -205,7 +205,7 @@ TEST_P(ConvInt16Isa, BitExactAgainstScalarModel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, ConvInt16Isa, ::testing::Values("avx512bw", "avx512vnni"));
+INSTANTIATE_TEST_SUITE_P(AllIsas, ConvInt16Isa, ::testing::Values("avx2", "avx512bw", "avx512vnni"));
 
 // Each pass names the kernel it runs: the pixel kernel for forward and backward data, the pair
 // kernel for the weight gradient, of the context's ISA; the verification mode names its shadow.
@@ -215,8 +215,11 @@ TEST_P(ConvInt16Isa, NamesTheKernelOfEachPass) {
   const ConvInt16 conv(ctx, s);
   EXPECT_STREQ(conv.kernel_name(), ctx.kernels().conv_s16_pixel.name);
   EXPECT_STREQ(conv.weight_gradient_kernel_name(), ctx.kernels().conv_s16_pair.name);
-  EXPECT_NE(std::string(conv.kernel_name()).find(GetParam()), std::string::npos) << conv.kernel_name();
-  EXPECT_NE(std::string(conv.weight_gradient_kernel_name()).find(GetParam()), std::string::npos);
+  // The avx2 level names its VEX VPDPWSSD form "avxvnni" where the CPU has AVX-VNNI.
+  const std::string level = GetParam();
+  const std::string form = level == "avx2" && ctx.cpu().avx_vnni ? "avxvnni" : level;
+  EXPECT_NE(std::string(conv.kernel_name()).find("__" + form + "_"), std::string::npos) << conv.kernel_name();
+  EXPECT_NE(std::string(conv.weight_gradient_kernel_name()).find("__" + form + "_"), std::string::npos);
   EXPECT_NE(std::string(conv.weight_gradient_kernel_name()).find("_pair"), std::string::npos);
   DfpConvOptions o;
   o.verify = true;
@@ -765,6 +768,98 @@ TEST(ConvInt16, BackwardDataAccumulatesOntoDx) {
           if (i % 16 + 16 * (i / (16 * size_t(s.H) * s.W) % channel_blocks(s.C)) >= size_t(s.C)) {
             ASSERT_EQ(dxb[i], 0.f) << "padding lane " << i;
           }
+      }
+    }
+  }
+}
+
+// The AVX2 micro-kernels, both forms (VPMADDWD + VPADDD, and AVX-VNNI's VPDPWSSD where the CPU has
+// it: a CPU picks one, so the table alone would test one), called directly against the scalar
+// model on random arguments: every pixel count up to max_pixels(nob) (the kernels split calls
+// into sub-calls of at most 6 pixels and one block), both block counts, all strides the
+// kernels specialise and others, partial channel pairs, chains of whole units and of single
+// steps, accumulating and overwriting, and full-range operands (partial sums past 2^24, so that
+// flush rounding shows; chains of more than one step wrap, as the model's do).
+TEST(ConvInt16, Avx2MicroKernelsMatchTheScalarModel) {
+  const CpuFeatures cpu = detect_cpu_features();
+  if (!cpu.supports(Isa::avx2)) GTEST_SKIP() << "CPU lacks AVX2";
+  std::vector<std::pair<const char*, simd::PixelKernelFn>> pixel = {{"avx2", &simd::avx2::conv_s16_pixel}};
+  std::vector<std::pair<const char*, simd::PairKernelFn>> pair = {{"avx2", &simd::avx2::conv_s16_pair}};
+  if (cpu.avx_vnni) {
+    pixel.emplace_back("avxvnni", &simd::avxvnni::conv_s16_pixel);
+    pair.emplace_back("avxvnni", &simd::avxvnni::conv_s16_pair);
+  }
+  uint32_t seed = 100;
+  // Operands in [-32767, 32767] (the quantizer never writes -32768): one step's pair sum fits INT32.
+  auto operands = [&](size_t n) {
+    std::vector<int16_t> v(n);
+    const auto r = random_ints(n, seed++, -32767, 32767);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<int16_t>(r[i]);
+    return v;
+  };
+  for (int nob : {1, 2}) {
+    for (int npix = 1; npix <= simd::max_pixels(nob); ++npix) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const int nib = 2, ntaps = 3;
+        const int pairs = variant == 3 ? 5 : 8;
+        const int64_t src_pix = variant == 0 ? 16 : variant == 1 ? 32 : variant == 2 ? 48 : 16;
+        const int64_t src_ib = src_pix * simd::max_pixels(1) + 64;
+        const int64_t tap_span = 40;
+        const std::vector<int16_t> src = operands(size_t(nib * src_ib + 2 * tap_span + 64));
+        const int64_t wei_ib = 3 * 256, wei_ob = nib * wei_ib;
+        const std::vector<int16_t> wei = operands(size_t(2 * wei_ob));
+        const int64_t tap_src[3] = {0, tap_span, 2 * tap_span - 16};
+        const int32_t tap_wei[3] = {2, 0, 1};
+        for (int chain : {1, 3, 5, 8, 16, 48}) {
+          for (bool accumulate : {false, true}) {
+            const int64_t dst_pix = 16, dst_ob = 16 * 40;
+            std::vector<float> start = random_vec(size_t(2 * dst_ob), seed++, -1e6f, 1e6f);
+            simd::PixelKernelArgs a{};
+            a.src = src.data(); a.wei = wei.data(); a.tap_src = tap_src; a.tap_wei = tap_wei;
+            a.ntaps = ntaps; a.nib = nib; a.pairs = pairs; a.src_ib = src_ib; a.src_pix = src_pix;
+            a.wei_ob = wei_ob; a.wei_ib = wei_ib; a.dst_ob = dst_ob; a.dst_pix = dst_pix;
+            a.npix = npix; a.nob = nob; a.chain = chain; a.scale = 0x1p-20f; a.accumulate = accumulate;
+            std::vector<float> want = start;
+            a.dst = want.data();
+            simd::ref::conv_s16_pixel(a);
+            for (auto [name, fn] : pixel) {
+              std::vector<float> got = start;
+              a.dst = got.data();
+              fn(a);
+              ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+                  << name << " pixel nob " << nob << " npix " << npix << " variant " << variant << " chain " << chain
+                  << " accumulate " << accumulate;
+            }
+          }
+        }
+      }
+    }
+  }
+  for (int nk = 1; nk <= 16; ++nk) {
+    for (int chain : {1, 5, 12, 1000}) {
+      for (bool accumulate : {false, true}) {
+        for (float scale : {1.f, 0x1p-18f}) {
+          const int rows = 3, cols = 4;
+          const int64_t x_col = 48, x_row = cols * x_col + 32, dy_col = 40, dy_row = cols * dy_col + 8;
+          const std::vector<int16_t> x = operands(size_t(rows * x_row + 32));
+          const std::vector<int16_t> dy = operands(size_t(rows * dy_row + 32));
+          const int64_t dw_k = 24;
+          const std::vector<float> start = random_vec(size_t(16 * dw_k), seed++, -1e6f, 1e6f);
+          simd::PairKernelArgs a{};
+          a.x = x.data(); a.dy = dy.data(); a.dw_k = dw_k; a.nk = nk; a.rows = rows; a.cols = cols;
+          a.x_row = x_row; a.x_col = x_col; a.dy_row = dy_row; a.dy_col = dy_col; a.chain = chain;
+          a.scale = scale; a.accumulate = accumulate;
+          std::vector<float> want = start;
+          a.dw = want.data();
+          simd::ref::conv_s16_pair(a);
+          for (auto [name, fn] : pair) {
+            std::vector<float> got = start;
+            a.dw = got.data();
+            fn(a);
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+                << name << " pair nk " << nk << " chain " << chain << " accumulate " << accumulate << " scale " << scale;
+          }
+        }
       }
     }
   }

@@ -386,15 +386,16 @@ TEST(Dfp16Quantize, StochasticTinyAndNearIntegerValuesMatchReference) {
   }
 }
 
-// The AVX-512 stochastic kernels, VAES and AES-NI, give the reference's bits from any starting
-// index (the stream is read from the middle of an ARS block when index_base % 4 != 0).
+// The stochastic kernels, AVX-512 with VAES or AES-NI and AVX2 with AES-NI, give the reference's
+// bits from any starting index (the stream is read from the middle of an ARS block when
+// index_base % 4 != 0).
 TEST(Dfp16Quantize, StochasticKernelsMatchReferenceFromAnyIndex) {
   const CpuFeatures f = detect_cpu_features();
-  if (!f.supports(Isa::avx512bw)) GTEST_SKIP() << "CPU lacks AVX-512";
   std::vector<std::pair<const char*, simd::QuantizeFn>> kernels;
-  if (f.vaes) kernels.emplace_back("vaes", &simd::avx512::quantize_vaes);
-  if (f.aes) kernels.emplace_back("aesni", &simd::avx512::quantize_aesni);
-  if (kernels.empty()) GTEST_SKIP() << "CPU lacks AES";
+  if (f.supports(Isa::avx512bw) && f.vaes) kernels.emplace_back("avx512 vaes", &simd::avx512::quantize_vaes);
+  if (f.supports(Isa::avx512bw) && f.aes) kernels.emplace_back("avx512 aesni", &simd::avx512::quantize_aesni);
+  if (f.supports(Isa::avx2) && f.aes) kernels.emplace_back("avx2 aesni", &simd::avx2::quantize_aesni);
+  if (kernels.empty()) GTEST_SKIP() << "CPU lacks AVX2 or AES";
   const std::vector<float> x = test::random_vec(200, 11, -40.f, 40.f);
   for (auto [name, fn] : kernels)
     for (uint64_t base : {uint64_t(0), uint64_t(1), uint64_t(2), uint64_t(3), uint64_t(6), uint64_t(1) << 40 | 5})
@@ -649,7 +650,7 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::Values("avx512bw", "avx512vnni"));
+INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::Values("avx2", "avx512bw", "avx512vnni"));
 
 TEST(Dfp16Quantize, RejectsBadHeadroom) {
   std::vector<float> x(4, 1.f);

@@ -180,4 +180,4 @@ TEST_P(Float16Isa, KernelsBitIdenticalToSpecification) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllLevels, Float16Isa, ::testing::Values("ref", "avx512bw", "avx512vnni"));
+INSTANTIATE_TEST_SUITE_P(AllLevels, Float16Isa, ::testing::Values("ref", "avx2", "avx512bw", "avx512vnni"));

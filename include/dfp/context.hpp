@@ -36,7 +36,7 @@ struct ContextOptions {
   // a mistyped count must fail as a setting, not as an allocation.
   static constexpr int kMaxThreads = 1024;
   // Kernel level: "" = the environment variable DFP_ISA if set, else the best the CPU supports.
-  // Otherwise "ref", "avx512bw" or "avx512vnni"; a level the CPU lacks is an error.
+  // Otherwise "ref", "avx2", "avx512bw" or "avx512vnni"; a level the CPU lacks is an error.
   std::string isa;
   // Base seed for every random stream (stochastic rounding, initialisation, shuffling).
   uint64_t seed = 1;

@@ -10,12 +10,14 @@ namespace dfp {
 // when the CPU has its features (see CpuFeatures::supports).
 enum class Isa {
   ref = 0,         // portable scalar C++: the bit-exact specification of every kernel
-  avx512bw = 1,    // AVX-512 F/BW/DQ/VL: INT16 dot products as VPMADDWD + VPADDD
-  avx512vnni = 2,  // AVX-512 VNNI: INT16 dot products as VPDPWSSD
+  avx2 = 1,        // AVX2 + FMA + F16C on ymm: INT16 dot products as VPMADDWD + VPADDD, or as
+                   // the VEX-encoded AVX-VNNI VPDPWSSD where the CPU has avx_vnni (same bits)
+  avx512bw = 2,    // AVX-512 F/BW/DQ/VL: INT16 dot products as VPMADDWD + VPADDD
+  avx512vnni = 3,  // AVX-512 VNNI: INT16 dot products as VPDPWSSD
 };
 
 const char* isa_name(Isa isa) noexcept;
-// Parses "ref", "avx512bw" or "avx512vnni"; throws dfp::Error(invalid_argument) naming `origin`
+// Parses "ref", "avx2", "avx512bw" or "avx512vnni"; throws dfp::Error(invalid_argument) naming `origin`
 // (for example "environment variable DFP_ISA") otherwise.
 Isa parse_isa(std::string_view text, std::string_view origin);
 
@@ -23,9 +25,11 @@ struct CpuFeatures {
   std::string vendor;
   std::string brand;
   bool avx2 = false, fma = false, f16c = false, aes = false;
+  bool avx_vnni = false;      // VEX-encoded VPDPWSSD on ymm (Alder Lake, Sapphire Rapids, Zen 5)
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512vnni = false, avx512bf16 = false, avx512fp16 = false, vaes = false;
-  bool os_saves_zmm = false;  // XGETBV: the OS enabled the opmask/ZMM state
+  bool os_saves_ymm = false;  // XGETBV: the OS enabled the XMM and YMM state
+  bool os_saves_zmm = false;  // XGETBV: the OS enabled the XMM/YMM and the opmask/ZMM state
   // AMX tiles (Sapphire Rapids and later). dfp's own kernels do not use them; oneDNN's BF16
   // primitives do, which the bf16 precision runs (dfp info shows which implementation runs).
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;

@@ -156,11 +156,12 @@ int cmd_info(Args& args) {
   std::printf("cpu            %s (%s)\n", f.brand.c_str(), f.vendor.c_str());
   std::printf("features       avx2=%s fma=%s f16c=%s avx512f=%s avx512bw=%s avx512dq=%s avx512vl=%s\n", yn(f.avx2),
               yn(f.fma), yn(f.f16c), yn(f.avx512f), yn(f.avx512bw), yn(f.avx512dq), yn(f.avx512vl));
-  std::printf("               avx512_vnni=%s avx512_bf16=%s avx512_fp16=%s aes=%s vaes=%s os_zmm_state=%s\n",
-              yn(f.avx512vnni), yn(f.avx512bf16), yn(f.avx512fp16), yn(f.aes), yn(f.vaes), yn(f.os_saves_zmm));
-  std::printf("               amx_tile=%s amx_bf16=%s amx_int8=%s os_amx_state=%s\n", yn(f.amx_tile), yn(f.amx_bf16),
-              yn(f.amx_int8), yn(f.os_saves_amx));
-  std::printf("kernel level   %s (best supported: %s; force with DFP_ISA=ref|avx512bw|avx512vnni)\n",
+  std::printf("               avx_vnni=%s avx512_vnni=%s avx512_bf16=%s avx512_fp16=%s aes=%s vaes=%s\n",
+              yn(f.avx_vnni), yn(f.avx512vnni), yn(f.avx512bf16), yn(f.avx512fp16), yn(f.aes), yn(f.vaes));
+  std::printf("               amx_tile=%s amx_bf16=%s amx_int8=%s\n", yn(f.amx_tile), yn(f.amx_bf16), yn(f.amx_int8));
+  std::printf("               os_ymm_state=%s os_zmm_state=%s os_amx_state=%s\n", yn(f.os_saves_ymm), yn(f.os_saves_zmm),
+              yn(f.os_saves_amx));
+  std::printf("kernel level   %s (best supported: %s; force with DFP_ISA=ref|avx2|avx512bw|avx512vnni)\n",
               dfp::isa_name(ctx.isa()), dfp::isa_name(f.best()));
   std::printf("threads        %d (oneTBB arena and OpenMP for oneDNN)\n", ctx.threads());
   std::string why;
@@ -520,7 +521,7 @@ void usage() {
       "usage: dfp <command> [flags]\n"
       "commands:\n"
       "  info     CPU features, kernels chosen per op and precision, library versions\n"
-      "           flags: --threads N, --isa ref|avx512bw|avx512vnni, --precision P and the numerics flags\n"
+      "           flags: --threads N, --isa ref|avx2|avx512bw|avx512vnni, --precision P and the numerics flags\n"
       "           of train: prints what that policy resolves to on this machine\n"
       "  bench    short INT16 vs oneDNN FP32 convolution summary (full tables: bench/)\n"
       "           flags: --threads N, --isa LEVEL, --reps N\n"

@@ -15,7 +15,7 @@ inline std::vector<Isa> isa_levels() {
   if (const char* env = std::getenv("DFP_ISA"); env && *env) return {parse_isa(env, "environment variable DFP_ISA")};
   const CpuFeatures cpu = detect_cpu_features();
   std::vector<Isa> out;
-  for (Isa isa : {Isa::ref, Isa::avx512bw, Isa::avx512vnni})
+  for (Isa isa : {Isa::ref, Isa::avx2, Isa::avx512bw, Isa::avx512vnni})
     if (cpu.supports(isa)) out.push_back(isa);
   return out;
 }
