@@ -4,12 +4,13 @@
 // One thread runs 24 independent VPDPWSSD accumulators (embedded broadcast, as the pixel kernel's
 // steps) and flushes all 24 every `chain` steps into 24 L1-resident FP32 lines:
 //   none      no flush (the VPDPWSSD rate alone)
-//   fma       convert, FMA with the scale and the line, store, zero   (the old flush)
-//   add       convert, add the line, store, zero                       (the flush now)
+//   fma       convert, FMA with the scale and the line, store, zero   (the alternative)
+//   add       convert, add the line, store, zero                       (the kernels' flush)
 //   check     the largest |accumulator| over all 24 (VPABSD + VPMAXUD each, then across lanes),
 //             compared and branched on, no flush: what a run-time overflow check that let a
-//             call skip flushes would cost (session 18: about the add flush's cost, and it would
-//             have to run more often than the flush it replaced, so it was not built)
+//             call skip flushes would cost (about the add flush's cost, and it would have to
+//             run more often than the flush it replaces, so the kernels do not use it;
+//             docs/performance.md)
 // Inline asm with fixed registers (accumulators zmm0-23, the flush's scratch zmm28, 29), so that
 // the compiler adds nothing. Counter Gsteps = VPDPWSSD per ns; compare the modes of one run (the
 // VM is noisy). Skipped without AVX-512 VNNI.

@@ -5,7 +5,7 @@
 //   quantize_two_pass      max-abs pass + quantize pass: 8 B read + 2 B written per element
 //   max_abs                the reduction alone: 4 B read per element
 // Counter GBps = bytes moved / wall time; tensors of 256 MiB of FP32, 8x this machine's 32 MiB L3
-// (at 64 MiB a third of a quantization's traffic stayed in L3 and it outran the copy, 199%).
+// (at 64 MiB a third of a quantization's traffic stays in L3 and it outruns the copy).
 #include <benchmark/benchmark.h>
 
 #include <cstring>

@@ -30,7 +30,7 @@ void train_step(benchmark::State& state, Config cfg, dfp::Precision precision, i
 
 // INT16 against FP32 in alternating blocks of kRatioBlock steps (one block of each per iteration,
 // timed apart): both see the same machine state, so their ratio holds on a shared machine whose
-// speed drifts between separate measurements (here by up to 17% from one minute to the next).
+// speed drifts between separate measurements (docs/performance.md).
 // Blocks rather than single steps: training runs consecutive steps of one precision, and a step
 // of the other precision in between evicts what the next step would find in L3 (32 MiB here;
 // the INT16 arena of ResNet-20 is 24 MiB). Counters: each precision's images/s and

@@ -218,9 +218,8 @@ struct PairKernelArgs {
   int64_t* overflow_events;  // verification (reference only), or null
   bool accumulate = true;
   // Lines [prefetch, prefetch_end) to fetch into L2 for a later call, one per position (a hint:
-  // no effect on the result; the reference ignores it). A burst of them before the call stalled
-  // on the full miss queue: ResNet-50's 1024 -> 256 14x14 1x1 weight gradient spent 5% of its
-  // time on one prefetch instruction.
+  // no effect on the result; the reference ignores it). Spread over the call's positions rather
+  // than issued as a burst before it, which stalls on the full miss queue (docs/design/kernels.md).
   const char* prefetch = nullptr;
   const char* prefetch_end = nullptr;
 };

@@ -2,9 +2,8 @@
 // operator is built (a standalone ConvInt16 without a shared workspace: on its first use), never
 // inside a Model's training step. Buffers of 2 MiB or more are 2 MiB-aligned and advised for
 // transparent huge pages (the system default here is madvise): the kernels stream through planes
-// many MiB apart. Measured A/B with train_bench (ResNet-20, four interleaved pairs, one of them
-// taken while the machine slowed down and left out): huge pages made INT16 training 0.5-1.9% and
-// BF16 2.4-5.7% faster.
+// many MiB apart, and huge pages cut their TLB misses (the training figures are in
+// docs/design/memory.md).
 #pragma once
 
 #include <cstddef>

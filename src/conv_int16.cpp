@@ -59,22 +59,21 @@ constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the th
 // The weight gradient fetches the next step's dy rows ahead only when dy is larger than this
 // (a quarter of this CPU's 32 MiB L3): smaller, its rows come from L3, which the hardware
 // prefetcher streams well enough, and the burst of prefetches before each call costs more than
-// it saves. Measured, alternating runs: ResNet-20's 3-channel first layer (4 MiB of dy) +4 to
-// +7% without; ResNet-50's 7x7 and 64 -> 256 1x1 layers (51 MiB) lose 6% and 9% without.
+// it saves; larger (ResNet-50's 51 MiB layers), the prefetch pays (figures:
+// docs/design/kernels.md).
 constexpr size_t kDyPrefetchMinBytes = size_t(8) << 20;
 // A pixel pass streams the zeros of its tapless phases (non-temporal stores) when its output is
-// larger than this: the 32 MiB L3 could not keep them for the next layer anyway. (Streaming every
-// output of such layers measured slower: ResNet-50's 64 -> 256 1x1 forward 320 -> 301 GOP/s.)
+// larger than this: the 32 MiB L3 could not keep them for the next layer anyway. Every other
+// output is written normally: streaming those too is slower (docs/performance.md).
 constexpr size_t kStreamMinBytes = size_t(32) << 20;
 constexpr int kUnfoldBlocks = 4;    // largest column unfolding, in 16-channel blocks
 constexpr int kUnfoldPixels = 64;   // pixels per gather tile of the column unfolding
 // Rows of at most this many output pixels (VGG's last 2x2 layers on CIFAR) tile across images at
 // one position instead: a 2-pixel row tile keeps 4 of 28 accumulators busy, too few to hide
-// VPDPWSSD's latency (512 channels, 2x2, N 128: 307 -> 515 GOP/s forward, 310 -> 547 backward-
-// data). A tile takes the kernel's 14 images, or 8 where the images' source or output lines lie a
-// multiple of 2 KiB apart (a 512-channel layer's: 16 KiB): then 14 lines share one or two L1 sets
-// and thrash them (14 images ran slower than the rows). With 4-pixel rows the row tiles are as
-// fast (4x4: 508 GOP/s vs 422 for image tiles).
+// VPDPWSSD's latency. A tile takes the kernel's 14 images, or 8 where the images' source or output
+// lines lie a multiple of 2 KiB apart (a 512-channel layer's: 16 KiB): then 14 lines share one or
+// two L1 sets and thrash them (14 images are slower than the rows). With 4-pixel rows the row
+// tiles are faster than image tiles. Figures: docs/design/kernels.md, "Tiling and weight packing".
 constexpr int kImageTileMaxRow = 2;
 constexpr int kImageTileNarrow = 8;
 
@@ -150,7 +149,7 @@ struct ChainTable {
   // Lanes run on the context's threads, and each lane's windows come from prefix sums over
   // chunks of its unit sequence: one pass over the units, then about units / n differences per
   // candidate n, with each candidate's open window carried from chunk to chunk (a 512-channel 3x3
-  // layer has 512 lanes of 288 units; scanning them once per candidate took a third of its
+  // layer has 512 lanes of 288 units; scanning them once per candidate would take a third of its
   // set_weights, serially). The maxima do not depend on how the lanes are split.
   static constexpr size_t kMaxCandidates = 64;  // 16 lengths, then x1.5 steps: enough for 10^6 units
   static constexpr int kPrefixChunk = 1024;     // units per prefix-sum chunk (8 KiB of stack)
@@ -418,9 +417,10 @@ struct ConvInt16::Impl {
   // over an input of OW columns with stride 1 and no column padding:
   //   x'[n][c'][h][ow] = x[n][c][h][ow * stride_w + s - pad_w]   (0 outside the image)
   //   w'[k][c'][r]     = w[k][c][r][s]
-  // Reduction lanes that held 13 padding channels of 16 now hold taps, which cuts the forward
-  // and weight-gradient work by up to S times. Weights and dW are read and written through the
-  // index map; x' is gathered row by row as it is quantized; dx is folded back from dx'.
+  // Reduction lanes that would hold 13 padding channels of 16 hold taps instead, which cuts the
+  // forward and weight-gradient work by up to S times. Weights and dW are read and written
+  // through the index map; x' is gathered row by row as it is quantized; dx is folded back from
+  // dx'.
   bool unfold = false;
   AlignedBuffer<float> dx_unfolded;  // dx' (backward_data only: not allocated without input_gradient)
 
@@ -466,9 +466,8 @@ struct ConvInt16::Impl {
   AlignedBuffer<int16_t> xp, wf, wb;
   // xp holds every xp_step-th row and column of x (xp_h x xp_w pixels per plane): a 1x1 layer of
   // stride s > 1 without padding reads only those, and reading them in place from a full copy
-  // cost its weight gradient half its rate (each pair load a new cache line, half of each line
-  // and every other row unused: ResNet-50's 512 -> 1024 stride-2 shortcut ran at 166 GOP/s
-  // against 361 for a stride-1 1x1 layer of the same work).
+  // costs its weight gradient half its rate (each pair load a new cache line, half of each line
+  // and every other row unused; figures in docs/design/kernels.md).
   // x_row_step / x_col_step: rows and columns of xp between consecutive output positions (the
   // stride, or 1 where xp is subsampled); one indexing serves both forms.
   int xp_step = 1, xp_h = 0, xp_w = 0, x_row_step = 1, x_col_step = 1;
@@ -479,8 +478,8 @@ struct ConvInt16::Impl {
   // into dyq, and the weight gradient reads dyp in place: for a fully connected layer, and for a
   // layer without a backward-data pass (options.input_gradient false, as for a network's first
   // layer), which then has no dyq. Otherwise the weight gradient interleaves dy tiles from dyq on
-  // every step of its loop; ResNet-20's 3-channel first layer spent 10% of its weight gradient in
-  // that interleave (each tile serves only three calls).
+  // every step of its loop, a cost that whole pairs avoid where each tile serves only a few calls
+  // (ResNet-20's 3-channel first layer: three; docs/design/kernels.md).
   bool dy_whole_pairs = false;
   // dyp at image pair p, output block kb, output row oh and column ow.
   const int16_t* dyp_at(int p, int kb, int oh, int ow) const {
@@ -791,7 +790,8 @@ struct ConvInt16::Impl {
         const int kb = static_cast<int>(u / (int64_t(CB) * T)), cb = static_cast<int>(u / T % CB),
                   t = static_cast<int>(u % T);
         // Each weight is read once, for both layouts; a whole unit inside the tensor skips the
-        // bounds checks and the index map (this loop ran at 4-5 ns per weight with them).
+        // bounds checks and the index map, which make the loop several times slower
+        // (docs/design/kernels.md).
         if (!unfold && kb * 16 + 16 <= sh.K && cb * 16 + 16 <= sh.C) {
           const int16_t* base = wq + (size_t(kb) * 16 * sh.C + size_t(cb) * 16) * T + t;
           for (int l = 0; l < 16; ++l)
@@ -856,8 +856,8 @@ struct ConvInt16::Impl {
 
   // ---- activations and gradients -----------------------------------------------------------
   // Zeroes a row's border pixels (16 INT16 lanes each). Most borders are one pixel: a fixed-size
-  // copy inlines to two stores, where a memset call per border of every row cost 2% of a
-  // ResNet-20 INT16 step.
+  // copy inlines to two stores, cheaper than a memset call per border of every row
+  // (docs/design/kernels.md).
   static void zero_pixels(int16_t* p, int pixels) {
     if (pixels == 1)
       std::memset(p, 0, 16 * sizeof(int16_t));
@@ -1202,9 +1202,8 @@ struct ConvInt16::Impl {
       // Tiles of images at one output position; items run output-block groups outermost, so a
       // thread's consecutive items share the group's weights (in L2: a fully connected layer
       // reads its weights once, not once per tile). 14 images, or 8 where 14 lines would crowd
-      // L1 sets (kImageTileNarrow). Fully connected layers at batch 32, forward, 14 -> 8 images:
-      // 4096 -> 4096 205 -> 345-363 GOP/s, 2048 -> 1000 222 -> 358-370, 1024 -> 1024 249-282 ->
-      // 331-333; 512 -> 512 (1 KiB rows, 4 lines per set, keeps 14) gained nothing.
+      // L1 sets (kImageTileNarrow; a 512 -> 512 layer's 1 KiB rows, 4 lines per set, keep 14).
+      // Figures: docs/design/kernels.md.
       base.src_pix = pp.src_img;
       base.dst_pix = pp.dst_img;
       const int wide = simd::max_pixels(2);
@@ -1337,8 +1336,8 @@ struct ConvInt16::Impl {
     const int chunk_rows = std::max(1, std::min(OH, kPairTile / chunk_cols));
     const auto inter = ctx.kernels().interleave.fn;
     // A fully connected layer with whole channel blocks whose tasks own whole dW rows writes dW
-    // [K][C] in place: no partials to zero, and none to copy (at 4096 x 4096, batch 32, zeroing
-    // and copying took 56% of the pass).
+    // [K][C] in place: no partials to zero, and none to copy (for a large layer those are most of
+    // the pass; docs/design/kernels.md).
     const bool direct = gemm && by_output_block() && sh.C % 16 == 0;
     simd::PairKernelArgs base{};
     base.dw_k = direct ? sh.C : dw_k;
@@ -1348,7 +1347,7 @@ struct ConvInt16::Impl {
     base.dy_col = 32;
     base.chain = chain;
     // Partials are sums in units of the scale, which sum_into_dw applies: a flush into them is
-    // then an add (scale 1), which leaves VPDPWSSD's pipes free, where an FMA took them. The
+    // then an add (scale 1), which leaves VPDPWSSD's pipes free, where an FMA would take them. The
     // same bits: every partial is an integer, and scaling by a power of two commutes with
     // rounding in the normal range (multiples of scale >= 2^-126). The direct (in-place) calls
     // scale themselves.
@@ -1397,9 +1396,9 @@ struct ConvInt16::Impl {
         return ++st.p < p1;
       };
       // Where dy is larger than kDyPrefetchMinBytes, the dy rows of the next step are fetched into
-      // L2 while this one computes, a share before each kernel call. Interleaving them straight
-      // from memory stalled on the whole tile (measured: ResNet-50 c64->256 1x1 bwd_weights spent
-      // 15% of its time in the interleave). Otherwise `ahead` stays empty.
+      // L2 while this one computes, a share before each kernel call: interleaving them straight
+      // from memory stalls on the whole tile (docs/design/kernels.md). Otherwise `ahead` stays
+      // empty.
       DyPrefetch ahead;
       const bool prefetch_dy = (dy_whole_pairs ? dyp_bytes : dyq_bytes) > kDyPrefetchMinBytes;
       auto plan_ahead = [&](Step st) {
@@ -1459,13 +1458,9 @@ struct ConvInt16::Impl {
           // The next input block's rows of this tile are a plane away: a new stream that the
           // hardware prefetcher finds only after a few misses, from L3 or memory where the layer
           // has many channels or large planes. The kernel calls of this block fetch it while they
-          // compute, a share each, a line per position. It used to be a burst before the block's
-          // calls, for 1x1 layers with planes over 1 MiB only: the burst stalled on the full miss
-          // queue, and the rest missed. Interleaved A/B, medians of 4 rounds, GOP/s, ResNet-50
-          // bwd_weights: 1 thread, 1x1 1024->256 14x14 128 -> 176, 512->128 28x28 170 -> 188,
-          // 64->64 56x56 138 -> 164; 2 threads, 1x1 1024->256 14x14 295 -> 356, 1024->512 14x14
-          // 273 -> 355, 3x3 stride 2 256-channel 28x28 252 -> 324, 128-channel 56x56 254 -> 301
-          // (stride-1 3x3 layers, which reuse x across taps, unchanged).
+          // compute, a share each, a line per position: a burst before the block's calls would
+          // stall on the full miss queue, and the rest would miss. Stride-1 3x3 layers, which
+          // reuse x across taps, neither gain nor lose (figures: docs/design/kernels.md).
           // The range is the next block's whole rows (xp_w wide) whatever the column tile, so a
           // layer wider than kPairTile (VGG's 224) fetches those rows once per column tile: a hint
           // repeated, not a wrong result.
@@ -1552,11 +1547,11 @@ struct ConvInt16::Impl {
     if (direct) return;
     // Sum the slices in a fixed order into dW [K][C][R][S], 16 channels at a time: each tap's
     // partials of a channel block are read in order (with taps innermost, a 512-channel 3x3
-    // layer read them 2 KiB apart) and the block's 16 * T results written in order, in L1.
+    // layer would read them 2 KiB apart) and the block's 16 * T results written in order, in L1.
     // partial(k, c, t) is a partial's offset and out(k, c, t) its place in dW; the common layout
     // spells both out, so its loop has no per-element branches or index map (through
-    // weight_index(), a 4096 x 4096 fully connected layer at batch 32 spent 61% of its weight
-    // gradient here, by perf; VGG-16's 512-channel 14x14 layer ran at 368-392 GOP/s, now 407-409).
+    // weight_index(), large layers spend much of their weight gradient here;
+    // docs/design/kernels.md).
     auto sum_into_dw = [&](auto partial, auto out) {
       ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k)
@@ -1575,8 +1570,7 @@ struct ConvInt16::Impl {
     if (T == 1 && !lanes_k && !unfold) {
       // 1x1: a partial's row k is dW's row k (and padding), so whole rows go at a time, slice by
       // slice: the same additions in the same order as v above, in vector form (element by element
-      // through the general loop, ResNet-50's 512 -> 2048 7x7 layer spent 6% of its weight
-      // gradient here).
+      // through the general loop costs large layers a visible share; docs/design/kernels.md).
       ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k) {
           float* out = dw + size_t(k) * sh.C;

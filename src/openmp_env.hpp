@@ -1,10 +1,10 @@
 // oneDNN's OpenMP threads and dfp's oneTBB threads take turns on the same cores every layer. With
 // libgomp's default wait policy, OpenMP workers spin for a while after each primitive, stealing
-// the cores from the TBB loops (BatchNorm, ReLU, DFP16 kernels) that run next: measured 21% of a
-// BF16 ResNet-20 step spent spinning in libgomp, and +10% (FP32) / +19% (BF16) training
-// throughput with OMP_WAIT_POLICY=PASSIVE. libgomp reads the policy once, when it is loaded, so
-// programs set it before they start: this re-executes the program with the variable set, unless
-// the user set it already (their choice wins). For embedders the README gives the same advice.
+// the cores from the TBB loops (BatchNorm, ReLU, DFP16 kernels) that run next (what that costs:
+// docs/design/threads.md), so dfp's programs run with OMP_WAIT_POLICY=PASSIVE. libgomp reads the
+// policy once, when it is loaded, so programs set it before they start: this re-executes the
+// program with the variable set, unless the user set it already (their choice wins). For
+// embedders the README gives the same advice.
 #pragma once
 
 #include <unistd.h>

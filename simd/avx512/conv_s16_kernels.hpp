@@ -46,11 +46,10 @@ struct DotBw {
   }
   // For kernels whose accumulators fill the register file (the pixel kernel: 28 and 2 weights),
   // inline asm with one temporary for the broadcast and then the product (VPMADDWD has no embedded
-  // broadcast): with the intrinsics GCC spilled accumulators to the stack there (481 spill
-  // instructions in the 2 x 14 variant). Forced avx512bw, 2 threads: ResNet-50 3x3 64-channel
-  // 56x56 forward 173 -> 289 GOP/s, backward-data 175 -> 318; ResNet-20 64-channel 8x8 237 -> 356.
-  // The pair kernel keeps step(): GCC schedules the broadcasts well ahead there, and this form
-  // made its weight gradients 11-23% slower.
+  // broadcast): with the intrinsics GCC spills accumulators to the stack there (481 spill
+  // instructions in the 2 x 14 variant), which costs the avx512bw level much of its forward and
+  // backward-data speed. The pair kernel keeps step(): GCC schedules the broadcasts well ahead
+  // there, and this form makes its weight gradients slower (figures: docs/design/kernels.md).
   static inline void step_tight(__m512i& acc, __m512i w, const int16_t* pair) {
     __m512i t;
     asm("vpbroadcastd %[m], %[t]\n\t"
@@ -73,14 +72,12 @@ struct PixelAcc {
 
 // How a flush writes dst. A call that overwrites dst keeps its partial sums unscaled (in units of
 // 2^(e_src + e_wei)) and applies the scale once, at its last flush: the mid-chain flushes are then
-// a convert and an add, where they were a convert and an FMA, which on Zen 4 competes with
-// VPDPWSSD for its pipes more than the add does (bench/flush_bench, 24 accumulators flushed every
-// 16 steps, medians of 9 interleaved repetitions, three runs: 12-14% of the VPDPWSSD rate lost
-// with convert + FMA, 1-10% with convert + add; every 8 steps 19-21% and 0-7%). The bits are
-// those of an FMA per flush: the partial sums are integers, so in both forms they are integer
-// multiples of the scale, normal FP32 when nonzero (the scale is >= 2^-126), and scaling by a
-// power of two commutes with rounding there (short of FP32 overflow, where the FMA form would
-// have stopped at inf). A call that adds to dst (accumulate) keeps the FMA: dst holds other
+// a convert and an add rather than a convert and an FMA, which on Zen 4 competes with VPDPWSSD for
+// its pipes more than the add does (bench/flush_bench; figures in docs/design/numerics.md). The
+// bits are those of an FMA per flush: the partial sums are integers, so in both forms they are
+// integer multiples of the scale, normal FP32 when nonzero (the scale is >= 2^-126), and scaling
+// by a power of two commutes with rounding there (short of FP32 overflow, where the FMA form
+// would stop at inf). A call that adds to dst (accumulate) keeps the FMA: dst holds other
 // values there.
 enum class Flush {
   fma,         // dst = fma(acc, scale, dst)          every flush of an accumulating call
@@ -126,9 +123,8 @@ __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NOB, NPIX>& acc,
       if constexpr (MODE == Flush::add_scale) r = _mm512_mul_ps(_mm512_add_ps(f, _mm512_loadu_ps(o)), scale);
       _mm512_storeu_ps(o, r);
       // The zeroing idiom in place ("+v": not merged into one zero register that GCC then copies
-      // into each accumulator). Measured against the copies and against the whole flush in asm
-      // (which made GCC route every accumulator through a scratch register), at 1 thread: ResNet-50
-      // 3x3 64-channel forward 200 / 189 -> 209 GOP/s, 256 -> 64 1x1 forward 169 / 170 -> 191.
+      // into each accumulator). Faster than both the copies and the whole flush in asm (which makes
+      // GCC route every accumulator through a scratch register); figures: docs/design/kernels.md.
       asm("vpxord %0, %0, %0" : "+v"(v));
     }
   }
@@ -177,8 +173,8 @@ void pixel_kernel(const PixelKernelArgs& a) {
   const int64_t src_pix = SRC_PIX ? SRC_PIX : a.src_pix;
   // Ask for the tile's output lines now, for writing: the first flush then finds them in cache
   // instead of stalling on read-for-ownership misses. It matters where the reduction is short and
-  // the output large (1x1 layers with K >> C: +8% on ResNet-50's 64 -> 256); prefetching the next
-  // tile's lines from the driver as well measured slower.
+  // the output large (1x1 layers with K >> C, as ResNet-50's 64 -> 256); prefetching the next
+  // tile's lines from the driver as well is slower (docs/design/kernels.md).
 #pragma GCC unroll 32
   for (int ob = 0; ob < NOB; ++ob)
 #pragma GCC unroll 32
@@ -195,7 +191,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
       const int16_t* w = wei_ib + int64_t{a.tap_wei[t]} * 256;
       const int pairs = FULL ? 8 : a.pairs;
       // With a run-time pixel stride, one pointer per pixel for the tap: computing p * src_pix
-      // for each step took an LEA per step and spilled the stride (edge-column calls, pixels a
+      // for each step would take an LEA per step and spill the stride (edge-column calls, pixels a
       // row apart). With a compile-time stride the pixels are displacements from s.
       const int16_t* sp[SRC_PIX ? 1 : NPIX];
       if constexpr (!SRC_PIX) {
@@ -274,7 +270,7 @@ void pixel_entry(const PixelKernelArgs& a) {
 
 // PREFETCH: the call fetches a.prefetch's lines (instantiated for 16 rows only, the convolution
 // calls that carry them; the others keep a loop without it: the fully connected weight gradients,
-// 16 positions per call, lost 3% to the extra instructions).
+// 16 positions per call, would lose to the extra instructions).
 template <class Dot, int NK, bool PREFETCH = false>
 void pair_kernel(const PairKernelArgs& a) {
   // Few rows leave too few independent VPDPWSSD chains to hide its latency (12 or more needed, see
@@ -282,13 +278,13 @@ void pair_kernel(const PairKernelArgs& a) {
   // over SETS accumulator sets, added together at each flush. The INT32 sums are exact, so the
   // flushed values, and the flush points, are those of one set. The BW step needs no sets: its
   // VPMADDWD products are independent, and the VPADDD that chains them has a latency of 1. With
-  // the VNNI sets it spilled its 8- to 11-row kernels; with one set, ResNet-20's 3-channel first
-  // layer's weight gradient went 257-270 -> 294-304 GOP/s (forced avx512bw, 2 threads).
+  // the VNNI sets it would spill its 8- to 11-row kernels; one set is faster
+  // (docs/design/kernels.md).
   constexpr int SETS = !Dot::kLatencyBound ? 1 : NK <= 4 ? 3 : NK <= 11 ? 2 : 1;
   // Where the registers allow (INT32 sets, FP32 sums, x and the scale: at most 31 ZMM, and only
   // with VNNI: the BW step's temporaries made GCC spill; checked in the disassembly), the FP32
   // sums stay in registers between flushes and dW is read once and written once per call: a flush
-  // is then arithmetic only, where it was a load, an FMA and a store per row. Same operations in
+  // is then arithmetic only, instead of a load, an FMA and a store per row. Same operations in
   // the same order, so the same bits.
   constexpr bool REG_SUMS = Dot::kNoTemps && NK * SETS + NK + 2 <= 31;
   __m512i acc[SETS][NK];
@@ -309,8 +305,9 @@ void pair_kernel(const PairKernelArgs& a) {
   }
   // One lambda with the mode tested per row (predictable branches): a lambda per mode, chosen per
   // flush, put the accumulators on the stack. `last`: the call's final flush, which in a call
-  // that overwrites dw also applies the scale (a separate scaling pass over dw cost the 4096 x
-  // 4096 fully connected weight gradient, whose calls flush twice, 138 -> 94 GOP/s).
+  // that overwrites dw also applies the scale (a separate scaling pass over dw would cost calls
+  // that flush only a few times, as the large fully connected weight gradients';
+  // docs/design/kernels.md).
   auto flush = [&](bool last) __attribute__((always_inline)) {
 #pragma GCC unroll 16
     for (int k = 0; k < NK; ++k) {

@@ -1679,8 +1679,8 @@ class ShortcutPad final : public Layer {
     out_ = out;
   }
   // Both passes run row by row through the shift_lanes kernel: each output pixel is one two-block
-  // permute of a source pixel (a scalar lane-by-lane copy took 1.7% of a ResNet-20 INT16 step for
-  // its two shortcuts).
+  // permute of a source pixel, where a scalar lane-by-lane copy would cost a visible share of a
+  // ResNet-20 step for its two shortcuts (docs/design/kernels.md).
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const int off = (out_c_ - in_.c) / 2, OB = cb_of(out_), IB = cb_of(in_);
     const auto shift_lanes = ctx.kernels().shift_lanes.fn;

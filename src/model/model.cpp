@@ -453,8 +453,8 @@ struct Model::Impl {
     std::function<int(int)> root = [&](int a) { return group[a] == a ? a : group[a] = root(group[a]); };
     auto unite = [&](int a, int b) { group[root(a)] = root(b); };
     // A residual Add passes dy unchanged to every input, so all of them can read the Add's own
-    // gradient buffer and its backward copies nothing (in ResNet-20 the copy was 44 MB a step, 4%
-    // of an INT16 step). That holds while nothing writes the shared buffer before the last sharer
+    // gradient buffer and its backward copies nothing (what the copy costs: docs/design/memory.md).
+    // That holds while nothing writes the shared buffer before the last sharer
     // has read it. Backward visits the inputs from the highest node index down, so:
     //   - every input but the lowest: no other consumer (whose part would be summed into the
     //     buffer), and its layer must not write its input gradient over the buffer (keep_grad);
