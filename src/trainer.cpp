@@ -600,6 +600,15 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
 
   const std::vector<Setting> settings = result_settings(cfg, policy_text);
   const std::vector<Setting> machine = machine_settings(ctx);
+  // The run takes its directory before it reads anything there: another run cannot write a newer
+  // checkpoint between this one's resume and its first write.
+  std::unique_ptr<RunLock> lock;
+  if (!cfg.out.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.out, ec);
+    DFP_CHECK(!ec, Status::io_error, "flag --out: cannot create directory '" + cfg.out + "': " + ec.message());
+    lock = std::make_unique<RunLock>(cfg.out, "flag --out");
+  }
   int start_epoch = 0;
   if (!cfg.resume.empty()) {
     const Checkpoint ck = read_checkpoint(cfg.resume);
@@ -649,13 +658,11 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   }
 
   std::ofstream metrics;
-  std::unique_ptr<RunLock> lock;
   if (!cfg.out.empty()) {
+    // Resuming continues the run in --out only when the checkpoint is that run's own.
     std::error_code ec;
-    std::filesystem::create_directories(cfg.out, ec);
-    DFP_CHECK(!ec, Status::io_error, "flag --out: cannot create directory '" + cfg.out + "': " + ec.message());
-    lock = std::make_unique<RunLock>(cfg.out, "flag --out");
-    DFP_CHECK(cfg.overwrite || !cfg.resume.empty() || !holds_run(cfg.out), Status::invalid_argument,
+    const bool resumes_here = !cfg.resume.empty() && std::filesystem::equivalent(cfg.resume, cfg.out + "/checkpoint.dfp", ec);
+    DFP_CHECK(cfg.overwrite || resumes_here || !holds_run(cfg.out), Status::invalid_argument,
               "flag --out: directory '" + cfg.out + "' holds an earlier run (" + run_files(cfg.out) +
                   "); expected an empty or new directory, --resume " + cfg.out + "/checkpoint.dfp to continue it, "
                   "or --overwrite to replace it");
@@ -670,6 +677,8 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       << ",\"device\":\"" << cfg.device << "\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
       << "\",\"numerics_every\":" << cfg.numerics_interval << ",\"train_images\":" << train_set.count
       << ",\"test_images\":" << test_set.count << ",\"parameters\":" << m.parameter_count() << "}\n";
+    c.flush();
+    DFP_CHECK(c.good(), Status::io_error, "cannot write '" + cfg.out + "/config.json' (disk full?)");
     // A resumed run continues metrics.jsonl from the checkpoint's epoch: lines of later epochs
     // (written before a checkpoint that was never committed) are dropped, so each epoch appears
     // once.

@@ -133,7 +133,10 @@ bool run_train(const std::vector<std::string>& args, const std::string& out, con
     }
     if (el > 300) {
       ::kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      close(ino);
       ADD_FAILURE() << "dfp train took more than 300 s";
+      return true;  // not a planned kill: the caller goes on to its checks, which then fail
     }
   }
   close(ino);

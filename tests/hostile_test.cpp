@@ -5,12 +5,15 @@
 // field and what was expected, or handled so that no file is left half written. The fixtures are
 // small IDX and JPEG datasets made here, so every test runs without the real datasets.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <turbojpeg.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -176,19 +179,25 @@ TEST(Hostile, SecondRunIntoALockedDirectoryIsRefused) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    const RunLock holder(c.out, "child");
+    // Raw system calls only: the parent is multi-threaded, so the child must not allocate.
+    const int fd = ::open((c.out + "/dfp.lock").c_str(), O_RDWR | O_CREAT, 0666);
+    if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) _exit(1);
+    char pid[24];
+    const int n = std::snprintf(pid, sizeof pid, "%d\n", int(getpid()));
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid, size_t(n), 0) != n) _exit(1);
     (void)!write(ready[1], "x", 1);
     pause();
     _exit(0);
   }
+  close(ready[1]);  // a child that dies before writing makes read() return 0, not block
+  ready[1] = -1;
   char x;
-  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  ASSERT_EQ(read(ready[0], &x, 1), 1) << "the lock-holding child failed";
   c.overwrite = true;
   test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"PID " + std::to_string(child)});
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   close(ready[0]);
-  close(ready[1]);
 }
 
 // An output directory that holds an earlier run is refused unless the run resumes it or says
@@ -203,6 +212,16 @@ TEST(Hostile, EarlierRunIsReplacedOnlyWithOverwrite) {
   c.seed = 2;
   test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument,
                      {"holds an earlier run", "'checkpoint.dfp'", "--resume", "--overwrite"});
+  EXPECT_EQ(slurp(c.out + "/checkpoint.dfp"), before);
+  // Resuming another run's checkpoint does not make this directory's run its own.
+  TrainConfig other = mnist_config(dir.str(), 2);
+  other.out = dir.file("other");
+  other.stop_after = 1;
+  train(other, nullptr);
+  other.resume = other.out + "/checkpoint.dfp";
+  other.stop_after = 0;
+  other.out = c.out;
+  test::expect_error([&] { train(other, nullptr); }, Status::invalid_argument, {"holds an earlier run", "--overwrite"});
   EXPECT_EQ(slurp(c.out + "/checkpoint.dfp"), before);
   c.overwrite = true;
   train(c, nullptr);
@@ -368,6 +387,7 @@ TEST(Hostile, CheckpointFieldsOutOfRangeAreNamed) {
   const Checkpoint good = read_checkpoint(path);
   c.stop_after = 0;
   c.resume = dir.file("edited.dfp");
+  c.out = dir.file("resumed");  // a copy's run goes to a directory of its own
   const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
       {"epochs_done", "-1", "meta field 'epochs_done' is '-1'; expected an integer in 1..2"},
       {"epochs_done", "x", "meta field 'epochs_done' is 'x'"},

@@ -191,6 +191,9 @@ class ConvF32 {
   void set_weights(const float* w_kcrs);
   void forward(const float* x, float* y);
   void backward_data(const float* dy, float* dx);
+  // x and dy as forward() and backward_data() of this step read them: where oneDNN wants other
+  // layouts, the copies those calls made of the same buffers are used again (one reorder per
+  // tensor and step), so the buffers must not change in between.
   void backward_weights(const float* x, const float* dy, float* dw_kcrs);
 
  private:

@@ -56,7 +56,9 @@ struct Training {
   // reordered them into, when those are the same: bw_src shares fwd_src's buffer, bw_diff_dst
   // bd_diff_dst's. x_ready / dy_ready name the caller's buffer whose reordered copy that buffer
   // holds, from the last forward / backward-data call, until the weight gradient has read it:
-  // one reorder per tensor per training step, not one per pass.
+  // one reorder per tensor per training step, not one per pass. The caller's contract: the
+  // buffers passed to backward_weights hold what forward / backward_data read from them (the
+  // saved input and the gradient of this step), as in any training step.
   bool bw_src_shared = false, bw_diff_dst_shared = false;
   const void* x_ready = nullptr;
   const void* dy_ready = nullptr;
@@ -256,6 +258,7 @@ void forward(Training& t, const void* x, float* y) {
   t.ctx->bind_openmp();
   prepare_input(t, t.fwd_src, x, "input reorder (forward)");
   t.x_ready = x;
+  t.dy_ready = nullptr;  // a dy copy from before this forward belongs to another step
   attach(t.fwd_dst.user, y);
   execute(t, t.fwd, "forward",
           {{DNNL_ARG_SRC, t.fwd_src.inner.get()}, {DNNL_ARG_WEIGHTS, t.fwd_wei.get()},
