@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <random>
+#include <chrono>
 
 #include "dfp/status.hpp"
 
@@ -77,7 +77,7 @@ std::string checkpoint_bytes(const Checkpoint& ck) {
   std::vector<float> meta_f(meta.begin(), meta.end());
   record("meta", meta_f.data(), meta_f.size());
   for (const auto& [name, v] : ck.tensors) record(name, v.data(), v.size());
-  const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size())));
+  const uint32_t crc = uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(buf.data()), buf.size()));
   put(buf, &crc, 4);
   return buf;
 }
@@ -86,7 +86,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck) {
   const std::string buf = checkpoint_bytes(ck);
   // A name of this writer alone: two processes writing the same path never share a file.
   char suffix[32];
-  std::snprintf(suffix, sizeof suffix, ".%ld-%08x.tmp", long(::getpid()), unsigned(std::random_device{}()));
+  std::snprintf(suffix, sizeof suffix, ".%ld-%08x.tmp", long(::getpid()), unsigned(std::chrono::steady_clock::now().time_since_epoch().count()));
   const std::string tmp = path + suffix;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   DFP_CHECK(fd >= 0, Status::io_error,
@@ -175,14 +175,19 @@ Checkpoint parse_checkpoint(std::string_view buf, const std::string& path) {
                 " bytes, the magic and a CRC but no record; expected the 'meta' record first");
   uint32_t stored;
   std::memcpy(&stored, buf.data() + buf.size() - 4, 4);
-  const uint32_t crc = uint32_t(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), uInt(buf.size() - 4)));
+  const uint32_t crc = uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(buf.data()), buf.size() - 4));
   DFP_CHECK(crc == stored, Status::corrupt_data,
             "checkpoint '" + path + "': CRC-32 mismatch (stored " + std::to_string(stored) + ", computed " +
                 std::to_string(crc) + "): the file is corrupt, or cut short exactly at a record's end");
   DFP_CHECK(records.front().name == "meta", Status::corrupt_data,
             "checkpoint '" + path + "': the first record is " + quoted_name(records.front().name) +
                 "; expected 'meta'");
-  for (const Record& rec : records) {
+  for (size_t r = 0; r < records.size(); ++r) {
+    const Record& rec = records[r];
+    // One record per name, and 'meta' first only: a later record never shadows an earlier one.
+    DFP_CHECK((rec.name == "meta") == (r == 0) && !ck.tensors.count(rec.name), Status::corrupt_data,
+              "checkpoint '" + path + "': record #" + std::to_string(r + 1) + " " + quoted_name(rec.name) +
+                  " repeats an earlier record's name; expected each name once");
     std::vector<float> v(rec.count);
     std::memcpy(v.data(), buf.data() + rec.offset, rec.count * sizeof(float));
     const std::string& name = rec.name;
@@ -203,7 +208,9 @@ Checkpoint parse_checkpoint(std::string_view buf, const std::string& path) {
         const size_t eq = line.find('=');
         DFP_CHECK(eq != std::string::npos, Status::corrupt_data,
                   "checkpoint '" + path + "': meta line " + quoted_name(line) + " has no '='; expected key=value");
-        ck.meta[line.substr(0, eq)] = line.substr(eq + 1);
+        DFP_CHECK(ck.meta.emplace(line.substr(0, eq), line.substr(eq + 1)).second, Status::corrupt_data,
+                  "checkpoint '" + path + "': meta key " + quoted_name(line.substr(0, eq)) +
+                      " appears twice; expected each key once");
         start = nl + 1;
       }
     } else {

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <turbojpeg.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cmath>
 #include <cstdio>
@@ -404,6 +405,47 @@ TEST(Hostile, CheckpointFieldsOutOfRangeAreNamed) {
   std::ofstream(c.resume, std::ios::binary | std::ios::trunc) << slurp(path).substr(0, 12);
   test::expect_error([&] { evaluate_checkpoint(c.resume, "", 2, nullptr); }, Status::corrupt_data,
                      {"edited.dfp", "truncated", "12 bytes"});
+}
+
+// A record name or meta key that appears twice is refused: a later copy never shadows the first.
+TEST(Hostile, RepeatedCheckpointRecordsAreRefused) {
+  Checkpoint ck;
+  ck.meta["epochs_done"] = "1";
+  ck.tensors["w"] = {1.f, 2.f};
+  const std::string good = checkpoint_bytes(ck);
+  EXPECT_NO_THROW(parse_checkpoint(good, "good.dfp"));
+  // Append a second "w" record (and re-seal the CRC), and a second meta line with the same key.
+  auto sealed = [](std::string body) {
+    const uint32_t crc = uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(body.data()), body.size()));
+    body.append(reinterpret_cast<const char*>(&crc), 4);
+    return body;
+  };
+  std::string twice = good.substr(0, good.size() - 4);
+  const uint32_t len = 1;
+  const uint64_t n = 1;
+  const float v = 3.f;
+  twice.append(reinterpret_cast<const char*>(&len), 4).append("w").append(reinterpret_cast<const char*>(&n), 8);
+  twice.append(reinterpret_cast<const char*>(&v), 4);
+  test::expect_error([&] { parse_checkpoint(sealed(twice), "twice.dfp"); }, Status::corrupt_data,
+                     {"twice.dfp", "record #3 'w'", "repeats"});
+  Checkpoint two_keys;
+  two_keys.tensors["w"] = {1.f};
+  std::string meta_twice = checkpoint_bytes(two_keys);
+  meta_twice = meta_twice.substr(0, meta_twice.size() - 4);
+  // The meta record is first: [u32 4]["meta"][u64 count][floats]; rebuild it with a repeated key.
+  const std::string text = "a=1\na=2\n";
+  std::string body(meta_twice.substr(0, 8));
+  const uint32_t mlen = 4;
+  const uint64_t mcount = text.size();
+  body.append(reinterpret_cast<const char*>(&mlen), 4).append("meta").append(reinterpret_cast<const char*>(&mcount), 8);
+  for (char ch : text) {
+    const float f = float(static_cast<unsigned char>(ch));
+    body.append(reinterpret_cast<const char*>(&f), 4);
+  }
+  const uint64_t old_count = *reinterpret_cast<const uint64_t*>(meta_twice.data() + 8 + 4 + 4);
+  body += meta_twice.substr(8 + 4 + 4 + 8 + old_count * 4);
+  test::expect_error([&] { parse_checkpoint(sealed(body), "keys.dfp"); }, Status::corrupt_data,
+                     {"keys.dfp", "meta key 'a' appears twice"});
 }
 
 // Resuming a finished run says so and trains nothing.
