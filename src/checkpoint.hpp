@@ -23,7 +23,7 @@ struct Checkpoint {
 std::string checkpoint_bytes(const Checkpoint& ck);
 
 // Writes ck to `path` so that `path` holds the old checkpoint or the new one whatever happens: the
-// bytes go to a temporary file of a name no other writer uses (path.<pid>-<random>.tmp), reach
+// bytes go to a temporary file of a name no other writer uses (path.<pid>-<clock>.tmp, created exclusively), reach
 // the disk, and are renamed over `path`. Any failure (disk full, `path` a directory) removes the
 // temporary file and throws Error(io_error) naming the file and what failed.
 void write_checkpoint(const std::string& path, const Checkpoint& ck);
