@@ -21,6 +21,7 @@
 
 #include "src/checkpoint.hpp"
 #include "src/report/json.hpp"
+#include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -35,17 +36,8 @@ constexpr int kTimedKills = 10;
 #endif
 constexpr int kEpochs = 3;
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-std::vector<std::string> lines_of(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream f(path);
-  for (std::string l; std::getline(f, l);) out.push_back(l);
-  return out;
-}
+using dfp::test::lines_of;
+using dfp::test::slurp;
 
 void put_be32(std::string& v, uint32_t x) {
   for (int s = 24; s >= 0; s -= 8) v.push_back(char(uint8_t(x >> s)));

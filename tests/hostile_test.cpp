@@ -30,6 +30,7 @@
 #include "src/report/report.hpp"
 #include "src/run_lock.hpp"
 #include "tests/common/expect_error.hpp"
+#include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"
 
 using namespace dfp;
@@ -42,17 +43,8 @@ class TempDir : public test::TempDir {
   TempDir() : test::TempDir("dfp_hostile_test_") {}
 };
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-std::vector<std::string> lines_of(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream f(path);
-  for (std::string l; std::getline(f, l);) out.push_back(l);
-  return out;
-}
+using test::lines_of;
+using test::slurp;
 
 void put_be32(std::string& v, uint32_t x) {
   for (int s = 24; s >= 0; s -= 8) v.push_back(char(uint8_t(x >> s)));
