@@ -1,0 +1,355 @@
+// BatchNorm2d over the blocked layout, with its fused ReLU and the DFP16 output it can hand to
+// the next INT16 layer.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <limits>
+
+#include <optional>
+
+#include "dfp/float16.hpp"
+#include "dfp/loss_scale.hpp"
+#include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
+#include "simd/onednn/conv_onednn.hpp"
+#include "src/aligned_buffer.hpp"
+#include "src/model/layer.hpp"
+#include "src/model/layer_helpers.hpp"
+#include "src/model/layer_helpers.hpp"
+
+namespace dfp::model {
+namespace {
+
+// ---- BatchNorm2d ----------------------------------------------------------------------------
+
+// Per-channel reductions run over (channel block, batch slice) tasks with a fixed number of
+// slices, summed in slice order: both cores work even on a 16-channel layer, and results do not
+// depend on the thread count. Within a task, runs of kRun pixels are reduced in FP32 lanes and
+// combined in FP64: the forward statistics as each run's mean and squared deviations about it
+// (bn_moments, Chan et al.), the backward sums as plain run totals (the error of a 256-term FP32
+// sum at most).
+class BatchNorm final : public Layer {
+ public:
+  TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy& policy,
+             std::mt19937_64&) override {
+    s_ = in[0];
+    const int cp = cb_of(s_) * 16;  // padded channels: padding lanes have gamma 0, so output 0
+    gamma_.assign(cp, 0.f);
+    std::fill(gamma_.begin(), gamma_.begin() + s_.c, 1.f);
+    beta_.assign(cp, 0.f);
+    ggamma_.assign(cp, 0.f);
+    gbeta_.assign(cp, 0.f);
+    running_mean_.assign(s_.c, 0.f);
+    running_var_.assign(s_.c, 1.f);
+    mean_.assign(cp, 0.f);
+    invstd_.assign(cp, 0.f);
+    slices_ = std::min(kSlices, s_.n);
+    k1_.assign(cp, 0.f);
+    k2_.assign(cp, 0.f);
+    k3_.assign(cp, 0.f);
+    part_a_.assign(size_t(cb_of(s_)) * slices_ * 16, 0.0);
+    part_b_.assign(part_a_.size(), 0.0);
+    part_n_.assign(size_t(cb_of(s_)) * slices_, 0.0);
+    part_min_.assign(part_a_.size(), 0.f);
+    part_max_.assign(part_a_.size(), 0.f);
+    fa_.assign(cp, 0.f);
+    lo_.assign(cp, 0.f);
+    hi_.assign(cp, 0.f);
+    fb_.assign(cp, 0.f);
+    if (relu_) mask_ = AlignedBuffer<uint16_t>(s_.blocked_elements() / 16);
+    // INT16 policy: the input saved for backward is kept as DFP16 (Das et al. keep every saved
+    // activation in 16 bits); the statistics and the arithmetic stay FP32.
+    if (policy.resolve(name) == Precision::int16) {
+      xq_ = AlignedBuffer<int16_t>(s_.blocked_elements());
+      xq_opts_ = policy.dfp.activations;
+      xq_opts_.seed ^= std::hash<std::string>{}(name + ".saved_input");
+    }
+  }
+  bool backward_reads_input(size_t) const override { return xq_.size() == 0; }
+  // Fused ReLU: y = max(0, bn(x)) with the ReLU's bit mask (bit set: bn(x) > 0, the same test as
+  // the ReLU kernels), and backward masks dy as it reads it. Bit-identical to BN then ReLU.
+  bool absorb_relu() override {
+    relu_ = true;
+    return true;
+  }
+  // With the ReLU fused, the forward measures max|y| (the ReLU kernel returns it); the backward
+  // always measures max|dx| (the apply kernel returns it).
+  float output_max_abs() const override { return out_max_; }
+  float input_grad_max_abs() const override { return in_grad_max_; }
+  bool forward_in_place(size_t) const override { return true; }
+  bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
+  // The output's largest magnitude follows from each channel's extremes before the fact (y = x *
+  // a + b is monotonic in x, and its rounding too), so the consumer (an INT16 conv, which needs
+  // it first, or a residual Add) can take the output as spans (see Layer::feed_spans_to).
+  bool feed_spans_to(Layer* consumer, size_t slot) override {
+    consumer_ = consumer;
+    consumer_slot_ = slot;
+    return true;
+  }
+  void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
+    const int CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    const bool save_q = st.train && xq_.size() > 0;
+    if (st.train) {
+      const double m = double(s_.n) * hw;
+      // One pass: each channel's mean, sum of squared deviations and extremes, and max|x|.
+      moments(ctx, x[0]);
+      float mx = 0.f;  // max|x|
+      for (int c = 0; c < CB * 16; ++c) {  // combined over the slices, in slice order
+        double mean = 0, m2 = 0, count = 0;
+        lo_[c] = std::numeric_limits<float>::infinity();
+        hi_[c] = -lo_[c];
+        for (int sl = 0; sl < slices_; ++sl) {
+          const size_t t = size_t(c / 16) * slices_ + sl, i = t * 16 + c % 16;
+          combine_moments(mean, m2, count, part_a_[i], part_b_[i], part_n_[t]);
+          count += part_n_[t];
+          lo_[c] = part_min_[i] < lo_[c] ? part_min_[i] : lo_[c];
+          hi_[c] = part_max_[i] > hi_[c] ? part_max_[i] : hi_[c];
+        }
+        mx = hi_[c] > mx ? hi_[c] : mx;
+        mx = -lo_[c] > mx ? -lo_[c] : mx;
+        const double var = m2 / m;
+        mean_[c] = static_cast<float>(mean);
+        invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + kEps));
+        if (c < s_.c) {  // PyTorch: running var uses the unbiased estimate
+          running_mean_[c] = (1 - kMomentum) * running_mean_[c] + kMomentum * mean_[c];
+          running_var_[c] = static_cast<float>((1 - kMomentum) * running_var_[c] +
+                                               kMomentum * var * m / std::max(1.0, m - 1));
+        }
+      }
+      if (save_q) xq_exp_ = dfp16_exponent(std::isfinite(mx) ? mx : 0.f, xq_opts_.headroom);
+    } else {
+      for (int c = 0; c < cb_of(s_) * 16; ++c) {
+        mean_[c] = c < s_.c ? running_mean_[c] : 0.f;
+        invstd_[c] = c < s_.c ? 1.f / std::sqrt(running_var_[c] + kEps) : 0.f;
+      }
+    }
+    for (int c = 0; c < CB * 16; ++c) {
+      fa_[c] = gamma_[c] * invstd_[c];
+      fb_[c] = beta_[c] - mean_[c] * fa_[c];
+    }
+    span_ = {x[0], save_q, step_seed(xq_opts_.seed, st.step), &ctx};
+    if (consumer_ && st.train && !st.sample) {
+      // Fused into the consumer: max|y| from each channel's extremes, through the same kernels as
+      // the values themselves, then the spans on request.
+      const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
+      float mx = 0.f;
+      for (int blk = 0; blk < CB; ++blk) {
+        alignas(64) float ext[2][16], z[2][16];
+        std::copy_n(lo_.data() + blk * 16, 16, ext[0]);
+        std::copy_n(hi_.data() + blk * 16, 16, ext[1]);
+        scale_shift(&ext[0][0], &z[0][0], fa_.data() + blk * 16, fb_.data() + blk * 16, 2);
+        for (int l = 0; l < 16; ++l)
+          for (int k = 0; k < 2; ++k) {
+            const float v = relu_ ? z[k][l] : std::fabs(z[k][l]);  // the ReLU's max: from 0
+            mx = v > mx ? v : mx;                                   // NaN never wins
+          }
+      }
+      out_max_ = relu_ ? mx : -1.f;
+      consumer_->take_input_spans(consumer_slot_, &BatchNorm::produce_span, this, mx, st);
+      return;
+    }
+    std::atomic<float> out_max{0.f};
+    for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
+      const size_t off = (size_t(n) * CB + blk) * plane(s_);
+      atomic_max(out_max, normalize(off, blk, hw, y + off));  // y may overwrite x (in place)
+    });
+    out_max_ = relu_ ? out_max.load() : -1.f;
+  }
+  void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
+                const std::vector<float*>& dx, const StepInfo& st) override {
+    if (xq_.size()) backward_from(ctx, xq_.data(), std::ldexp(1.f, xq_exp_), dy, dx[0]);
+    else backward_from(ctx, x[0], 1.f, dy, dx[0]);
+  }
+  void parameters(std::vector<Parameter>& out) override {
+    // The padded lanes are part of the storage; their gradient is always 0, so they stay 0.
+    out.push_back({name + ".weight", gamma_.data(), ggamma_.data(), gamma_.size(), true});
+    out.push_back({name + ".bias", beta_.data(), gbeta_.data(), beta_.size(), true});
+  }
+  size_t count_parameters(const std::vector<TensorShape>& in) const override { return 2 * size_t(in[0].c); }
+  void buffers(std::vector<std::pair<std::string, std::vector<float>*>>& out) override {
+    out.push_back({name + ".running_mean", &running_mean_});
+    out.push_back({name + ".running_var", &running_var_});
+  }
+
+ private:
+  static constexpr int kSlices = 8;
+  static constexpr size_t kRun = 256;
+
+  // The forward's work on `pixels` pixels of channel block blk from element off of x (as of the
+  // current forward, span_): the saved DFP16 copy, y = x * a + b into out, and the fused ReLU with
+  // its mask. Returns the ReLU's max (0 without it).
+  float normalize(size_t off, int blk, size_t pixels, float* out) {
+    const Context& ctx = *span_.ctx;
+    const float* p = span_.x + off;
+    if (span_.save_q) {  // before out, which may overwrite x (in place)
+      simd::QuantCounters cnt;
+      ctx.kernels().quantize.fn(p, xq_.data() + off, pixels * 16, xq_exp_, xq_opts_.rounding, span_.qseed, off, &cnt);
+    }
+    ctx.kernels().bn_scale_shift.fn(p, out, fa_.data() + blk * 16, fb_.data() + blk * 16, pixels);
+    return relu_ ? ctx.kernels().relu_fwd.fn(out, out, mask_.data() + off / 16, pixels * 16) : 0.f;  // in cache
+  }
+  static void produce_span(void* self, int n, int b, int h, int w0, int count, float* out) {
+    BatchNorm& bn = *static_cast<BatchNorm*>(self);
+    const size_t off = (size_t(n) * cb_of(bn.s_) + b) * plane(bn.s_) + (size_t(h) * bn.s_.w + w0) * 16;
+    bn.normalize(off, b, size_t(count), out);
+  }
+
+  // Per (channel block, batch slice) task: runs of at most kRun pixels of each plane through
+  // bn_moments (one pass over memory), combined in FP64 in run order: part_a_ the mean and part_b_
+  // the sum of squared deviations per lane over part_n_ values, part_min_ and part_max_ the extremes.
+  void moments(const Context& ctx, const float* x) {
+    std::fill(part_min_.begin(), part_min_.end(), std::numeric_limits<float>::infinity());
+    std::fill(part_max_.begin(), part_max_.end(), -std::numeric_limits<float>::infinity());
+    const int S = slices_, CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    const auto run_moments = ctx.kernels().bn_moments.fn;
+    ctx.parallel_for(int64_t(CB) * S, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int blk = int(t / S), sl = int(t % S);
+        double* A = part_a_.data() + size_t(t) * 16;
+        double* B = part_b_.data() + size_t(t) * 16;
+        std::fill(A, A + 16, 0.0);
+        std::fill(B, B + 16, 0.0);
+        double count = 0;
+        for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
+          const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          for (size_t i0 = 0; i0 < hw; i0 += kRun) {
+            const size_t np = std::min(hw, i0 + kRun) - i0;
+            alignas(64) float c[16], d[16], q[16];
+            run_moments(x + off + i0 * 16, np, c, d, q, part_min_.data() + size_t(t) * 16,
+                        part_max_.data() + size_t(t) * 16);
+            const double r = double(np);
+            for (int l = 0; l < 16; ++l) {
+              const double dev = d[l];  // the run's mean and squared deviations about it
+              combine_moments(A[l], B[l], count, double(c[l]) + dev / r, std::max(0.0, double(q[l]) - dev * dev / r), r);
+            }
+            count += r;
+          }
+        }
+        part_n_[size_t(t)] = count;
+      }
+    });
+  }
+  // Adds a part of `count_b` values with mean mean_b and sum of squared deviations m2_b to one of
+  // `count` values (Chan, Golub and LeVeque's pairwise update).
+  static void combine_moments(double& mean, double& m2, double count, double mean_b, double m2_b, double count_b) {
+    const double total = count + count_b, delta = mean_b - mean;
+    mean += delta * (count_b / total);
+    m2 += m2_b + delta * delta * (count * count_b / total);
+  }
+
+  // Backward's sums: calls term(blk, first element, pixels, a[16], b[16]) over runs of at most
+  // kRun pixels of every plane, accumulating into FP32 lanes that each run starts at zero, then
+  // adds each run's lanes into the FP64 partials part_a_, part_b_ per (channel block, batch slice,
+  // lane).
+  template <class Term>
+  void reduce(const Context& ctx, Term term) {
+    std::fill(part_a_.begin(), part_a_.end(), 0.0);
+    std::fill(part_b_.begin(), part_b_.end(), 0.0);
+    const int S = slices_, CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    ctx.parallel_for(int64_t(CB) * S, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int blk = int(t / S), sl = int(t % S);
+        double* A = part_a_.data() + size_t(t) * 16;
+        double* B = part_b_.data() + size_t(t) * 16;
+        for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
+          const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          for (size_t i0 = 0; i0 < hw; i0 += kRun) {
+            alignas(64) float fa[16] = {}, fb[16] = {};
+            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb);
+            for (int l = 0; l < 16; ++l) { A[l] += fa[l]; B[l] += fb[l]; }
+          }
+        }
+      }
+    });
+  }
+  // Channel c's total over the slices, in slice order.
+  double total(const std::vector<double>& part, int c) const {
+    double t = 0;
+    for (int sl = 0; sl < slices_; ++sl) t += part[(size_t(c / 16) * slices_ + sl) * 16 + c % 16];
+    return t;
+  }
+
+  // x[i] * x_scale is the saved input (FP32, or DFP16 with x_scale = 2^e).
+  template <class T>
+  void backward_from(const Context& ctx, const T* x, float x_scale, const float* dy, float* dx) {
+    const int CB = cb_of(s_);
+    const size_t hw = size_t(s_.h) * s_.w;
+    const double m = double(s_.n) * hw;
+    const float *mean = mean_.data(), *inv = invstd_.data();
+    // Fused ReLU: the kernels read dy through its mask (0 where the ReLU blocked it).
+    const uint16_t* mask = relu_ ? mask_.data() : nullptr;
+    auto coefficients = [&](int blk) {
+      return simd::BnCoefficients{mean + blk * 16, inv + blk * 16, k1_.data() + blk * 16, k2_.data() + blk * 16,
+                                  k3_.data() + blk * 16, x_scale};
+    };
+    auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx) {
+      const uint16_t* m = mask ? mask + e / 16 : nullptr;
+      if constexpr (std::is_same_v<T, int16_t>)
+        ctx.kernels().bn_bwd_sums_s16.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
+      else
+        ctx.kernels().bn_bwd_sums_f32.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
+    };
+    reduce(ctx, term);
+    for (int c = 0; c < CB * 16; ++c) {
+      const double sdy = total(part_a_, c), sdyx = total(part_b_, c);
+      ggamma_[c] = c < s_.c ? static_cast<float>(sdyx) : 0.f;
+      gbeta_[c] = c < s_.c ? static_cast<float>(sdy) : 0.f;
+      // dx = gamma*inv/m * (m*dy - sum(dy) - xhat*sum(dy*xhat))
+      k1_[c] = gamma_[c] * invstd_[c];
+      k2_[c] = static_cast<float>(sdy / m);
+      k3_[c] = static_cast<float>(sdyx / m);
+    }
+    in_grad_max_ = -1.f;
+    if (!dx) return;
+    std::atomic<float> dx_max{0.f};
+    for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
+      const size_t off = (size_t(n) * CB + blk) * plane(s_);
+      // dx may be dy (in place): each element is read before it is written.
+      const uint16_t* mp = mask ? mask + off / 16 : nullptr;
+      float m;
+      if constexpr (std::is_same_v<T, int16_t>)
+        m = ctx.kernels().bn_bwd_apply_s16.fn(x + off, dy + off, mp, dx + off, coefficients(blk), hw, 0.f);
+      else
+        m = ctx.kernels().bn_bwd_apply_f32.fn(x + off, dy + off, mp, dx + off, coefficients(blk), hw, 0.f);
+      atomic_max(dx_max, m);
+    });
+    in_grad_max_ = dx_max.load();
+  }
+
+  static constexpr double kEps = 1e-5, kMomentum = 0.1;
+  TensorShape s_;
+  std::vector<float> gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_, mean_, invstd_;
+  std::vector<float> k1_, k2_, k3_;  // backward's per-channel coefficients
+  int slices_ = 1;
+  std::vector<double> part_a_, part_b_;  // per (channel block, slice, lane)
+  std::vector<double> part_n_;           // forward: values per (channel block, slice)
+  std::vector<float> part_min_, part_max_;
+  std::vector<float> fa_, fb_;           // forward: y = x * fa_ + fb_ per channel
+  std::vector<float> lo_, hi_;           // forward (training): each channel's min and max of x
+  struct Span {                          // what normalize() reads, set by each forward()
+    const float* x = nullptr;
+    bool save_q = false;
+    uint64_t qseed = 0;
+    const Context* ctx = nullptr;
+  } span_;
+  Layer* consumer_ = nullptr;            // takes the output as spans (feed_spans_to)
+  size_t consumer_slot_ = 0;             // as its input consumer_slot_
+  AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
+  int xq_exp_ = 0;
+  QuantOptions xq_opts_;
+  bool relu_ = false;              // the following ReLU is applied here
+  AlignedBuffer<uint16_t> mask_;   // its bit mask (relu_ only)
+  float out_max_ = -1.f, in_grad_max_ = -1.f;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_batchnorm() { return std::make_unique<BatchNorm>(); }
+
+}  // namespace dfp::model
