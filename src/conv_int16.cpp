@@ -1,6 +1,11 @@
 // INT16 (DFP16) convolution: planning, operand quantization into the kernels' layouts, the
 // INT32-chain bounds, and the drivers of the three passes.
 //
+// Why one file of ~1600 lines: it is one operator. The plan (layouts, tiles, chain bounds,
+// workspaces) is a single Impl that the quantizers, the packers and all three drivers read and
+// the drivers must agree on bit for bit; its seams (plan / operands / passes) become files of
+// their own once Impl has a header, with the layer folders of issue 28 part 2.
+//
 // Layouts (int16 unless noted; lanes are 16 channels; "pair" = two int16 that one VPDPWSSD lane
 // multiplies-and-adds):
 //   xq   [N][CB][Hp][Wp][16]       x, zero border of (pad_h, pad_w): FPROP operand, pairs along C
