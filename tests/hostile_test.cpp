@@ -87,6 +87,18 @@ TrainConfig mnist_config(const std::string& data, int epochs) {
   return c;
 }
 
+// A 2-epoch MNIST run in dir/run stopped after its first epoch (a checkpoint and one metrics
+// line); the returned config has stop_after reset, so that it runs on to the end.
+TrainConfig interrupted_run(const TempDir& dir) {
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 2);
+  c.out = dir.file("run");
+  c.stop_after = 1;
+  train(c, nullptr);
+  c.stop_after = 0;
+  return c;
+}
+
 std::vector<uint8_t> jpeg_of(int w, int h, int seed) {
   std::vector<uint8_t> px;
   for (int y = 0; y < h; ++y)
@@ -330,14 +342,9 @@ TEST(Hostile, FailedCheckpointWriteLeavesNoTemporaryFile) {
 // writers never share a temporary name.
 TEST(Hostile, LeftoverTemporaryFilesGoWhenARunTakesTheDirectory) {
   TempDir dir;
-  write_mnist(dir.str(), 64, 32, 28);
-  TrainConfig c = mnist_config(dir.str(), 2);
-  c.out = dir.file("run");
-  c.stop_after = 1;
-  train(c, nullptr);
+  TrainConfig c = interrupted_run(dir);
   std::ofstream(c.out + "/checkpoint.dfp.4242-0badcafe.tmp") << "half a checkpoint";
   c.resume = c.out + "/checkpoint.dfp";
-  c.stop_after = 0;
   train(c, nullptr);
   EXPECT_TRUE(temporaries(c.out).empty());
 }
@@ -371,14 +378,9 @@ TEST(Hostile, NonFiniteMetricsAreWrittenAsNull) {
 // Checkpoint fields are range-checked where they are read: a message names the field and the range.
 TEST(Hostile, CheckpointFieldsOutOfRangeAreNamed) {
   TempDir dir;
-  write_mnist(dir.str(), 64, 32, 28);
-  TrainConfig c = mnist_config(dir.str(), 2);
-  c.out = dir.file("run");
-  c.stop_after = 1;
-  train(c, nullptr);
+  TrainConfig c = interrupted_run(dir);
   const std::string path = c.out + "/checkpoint.dfp";
   const Checkpoint good = read_checkpoint(path);
-  c.stop_after = 0;
   c.resume = dir.file("edited.dfp");
   c.out = dir.file("resumed");  // a copy's run goes to a directory of its own
   const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
