@@ -5,7 +5,8 @@
 # libFuzzer targets (ctest -L fuzz; without them only the corpus replay is built).
 set -euo pipefail
 pkgs=(cmake g++ make libdnnl-dev libtbb-dev libxsimd-dev libgtest-dev libbenchmark-dev zlib1g-dev
-      pkg-config libturbojpeg0-dev dataset-fashion-mnist gnuplot-nox clang-14 libclang-rt-14-dev)
+      pkg-config libturbojpeg0-dev dataset-fashion-mnist gnuplot-nox clang-14 libclang-rt-14-dev
+      nlohmann-json3-dev libcli11-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
