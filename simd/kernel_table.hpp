@@ -324,11 +324,33 @@ class LinearF32Backend {
   virtual void backward_data(const float* dy_nk, float* dx_nc) = 0;
   virtual void backward_weights(const float* x_nc, const float* dy_nk, float* dw_kc) = 0;
 };
-// Throw dfp::Error naming `name` where the backend cannot run the shape. `ctx` outlives the backend.
-using ConvF32Factory = std::unique_ptr<ConvF32Backend> (*)(const Context& ctx, const ConvShape& shape,
+// BF16-operand convolution with FP32 accumulation and FP32 outputs (the bf16 precision's native
+// form): x and dy are BF16 bit patterns in the blocked layout, weights are passed as FP32 values
+// already rounded to BF16 (the layer controls their rounding), y, dx and dw are FP32. Each pass
+// names what runs it, e.g. "onednn:brg:avx512_core_amx".
+class ConvBf16Backend {
+ public:
+  virtual ~ConvBf16Backend() = default;
+  virtual const char* impl_forward() const noexcept = 0;
+  virtual const char* impl_backward_data() const noexcept = 0;
+  virtual const char* impl_backward_weights() const noexcept = 0;
+  virtual void set_weights(const float* w_kcrs) = 0;
+  virtual void forward(const uint16_t* x, float* y) = 0;
+  virtual void backward_data(const uint16_t* dy, float* dx) = 0;
+  virtual void backward_weights(const uint16_t* x, const uint16_t* dy, float* dw_kcrs) = 0;
+};
+// Throw dfp::Error naming `name` where the backend cannot run the shape. `threads`: the thread
+// count of the engine's context, which a oneDNN backend binds OpenMP to before each call.
+using ConvF32Factory = std::unique_ptr<ConvF32Backend> (*)(int threads, const ConvShape& shape,
                                                           const std::string& name);
-using LinearF32Factory = std::unique_ptr<LinearF32Backend> (*)(const Context& ctx, int batch, int in_features,
+using LinearF32Factory = std::unique_ptr<LinearF32Backend> (*)(int threads, int batch, int in_features,
                                                               int out_features, const std::string& name);
+// Null where the level has no BF16-operand convolution for the shape worth running (the `ref`
+// level, which runs no JIT code; a shape oneDNN has only its reference implementation for): the
+// layer then rounds its operands to BF16 and runs conv_f32, the same arithmetic (products of BF16
+// values are exact in FP32, sums in FP32), so this entry changes speed and summation order only.
+using ConvBf16Factory = std::unique_ptr<ConvBf16Backend> (*)(int threads, const ConvShape& shape,
+                                                            const std::string& name);
 
 template <class Fn>
 struct Entry {
@@ -362,6 +384,7 @@ struct KernelTable {
   Entry<RoundToFn> round_bf16, round_fp16;
   Entry<ConvF32Factory> conv_f32;
   Entry<LinearF32Factory> linear_f32;
+  Entry<ConvBf16Factory> conv_bf16;
 };
 
 // The xsimd version the element-wise kernels were built with (for `dfp info`): the one translation
@@ -403,6 +426,7 @@ Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
 Signature<RoundToFn> round_bf16, round_fp16;
 Signature<ConvF32Factory> make_conv_f32;
 Signature<LinearF32Factory> make_linear_f32;
+Signature<ConvBf16Factory> make_conv_bf16;
 }  // namespace ref
 namespace avx512 {
 Signature<MaxAbsFn> max_abs;
@@ -463,6 +487,7 @@ Signature<PairKernelFn> conv_s16_pair;
 namespace onednn {
 Signature<ConvF32Factory> make_conv_f32;
 Signature<LinearF32Factory> make_linear_f32;
+Signature<ConvBf16Factory> make_conv_bf16;
 }  // namespace onednn
 
 }  // namespace dfp::simd

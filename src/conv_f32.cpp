@@ -30,7 +30,7 @@ struct ConvF32::Impl {
 ConvF32::ConvF32(const Context& ctx, const ConvShape& shape, std::string name) : impl_(std::make_unique<Impl>()) {
   shape.validate(name);
   impl_->name = std::move(name);
-  impl_->backend = ctx.kernels().conv_f32.fn(ctx, shape, impl_->name);
+  impl_->backend = ctx.kernels().conv_f32.fn(ctx.threads(), shape, impl_->name);
 }
 
 ConvF32::~ConvF32() = default;
@@ -89,7 +89,7 @@ LinearF32::LinearF32(const Context& ctx, int batch, int in_features, int out_fea
   need_positive(out_features, "out_features");
   Impl& m = *impl_;
   m.name = std::move(name);
-  m.backend = ctx.kernels().linear_f32.fn(ctx, batch, in_features, out_features, m.name);
+  m.backend = ctx.kernels().linear_f32.fn(ctx.threads(), batch, in_features, out_features, m.name);
 }
 
 LinearF32::~LinearF32() = default;

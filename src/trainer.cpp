@@ -274,50 +274,10 @@ void load_model(Model& m, Sgd* sgd, const Checkpoint& ck, const std::string& pat
 
 // The precision policy as checkpoint meta fields, and back (dfp eval rebuilds the same policy).
 void put_policy(Checkpoint& ck, const PrecisionPolicy& p) {
-  ck.meta["precision"] = precision_name(p.precision);
-  std::string ov;
-  for (const auto& [pattern, prec] : p.overrides) ov += (ov.empty() ? "" : ",") + pattern + "=" + precision_name(prec);
-  ck.meta["overrides"] = ov;
-  auto fmt = [](const std::optional<FloatFormat>& f) { return f ? std::string(float_format_name(*f)) : std::string(); };
-  ck.meta["formats"] = fmt(p.weights_format) + "," + fmt(p.activations_format) + "," + fmt(p.gradients_format);
-  const QuantOptions* q[3] = {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients};
-  ck.meta["headroom"] = std::to_string(q[0]->headroom) + "," + std::to_string(q[1]->headroom) + "," + std::to_string(q[2]->headroom);
-  ck.meta["rounding"] = std::string(rounding_name(q[0]->rounding)) + "," + rounding_name(q[1]->rounding) + "," +
-                        rounding_name(q[2]->rounding);
+  for (auto& [key, value] : p.fields()) ck.meta[key] = value;
 }
-
-std::string meta_get(const Checkpoint& ck, const std::string& key, const std::string& path);
-
 PrecisionPolicy get_policy(const Checkpoint& ck, const std::string& path) {
-  PrecisionPolicy p;
-  const std::string where = "checkpoint '" + path + "' field ";
-  p.precision = parse_precision(meta_get(ck, "precision", path), where + "precision");
-  if (ck.meta.count("overrides")) p.overrides = PrecisionPolicy::parse_overrides(ck.meta.at("overrides"), where + "overrides");
-  auto split3 = [&](const std::string& key) {
-    std::vector<std::string> v;
-    if (!ck.meta.count(key)) return v;
-    std::stringstream ss(ck.meta.at(key));
-    std::string item;
-    while (std::getline(ss, item, ',')) v.push_back(item);
-    while (v.size() < 3) v.emplace_back();
-    DFP_CHECK(v.size() == 3, Status::corrupt_data, where + key + ": expected 3 comma-separated values");
-    return v;
-  };
-  const std::vector<std::string> f = split3("formats"), h = split3("headroom"), r = split3("rounding");
-  std::optional<FloatFormat>* fs[3] = {&p.weights_format, &p.activations_format, &p.gradients_format};
-  QuantOptions* q[3] = {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients};
-  for (int i = 0; i < 3; ++i) {
-    if (!f.empty() && !f[i].empty()) *fs[i] = parse_float_format(f[i], where + "formats");
-    if (!h.empty()) {
-      char* end = nullptr;
-      const long v = std::strtol(h[i].c_str(), &end, 10);
-      DFP_CHECK(end && *end == 0 && !h[i].empty() && v >= 0 && v <= kDfpMaxHeadroom, Status::corrupt_data,
-                where + "headroom: expected integers 0.." + std::to_string(kDfpMaxHeadroom) + ", got '" + h[i] + "'");
-      q[i]->headroom = int(v);
-    }
-    if (!r.empty()) q[i]->rounding = parse_rounding(r[i], where + "rounding");
-  }
-  return p;
+  return PrecisionPolicy::from_fields(ck.meta, "checkpoint '" + path + "'");
 }
 
 std::string meta_get(const Checkpoint& ck, const std::string& key, const std::string& path) {

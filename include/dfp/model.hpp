@@ -25,6 +25,7 @@
 #include "dfp/conv.hpp"
 #include "dfp/float16.hpp"
 #include "dfp/loss_scale.hpp"
+#include "dfp/precision.hpp"
 
 namespace dfp {
 
@@ -34,51 +35,6 @@ struct TensorShape {
   int n = 0, c = 0, h = 0, w = 0;
   size_t blocked_elements() const noexcept { return blocked_size(n, c, h, w); }
 };
-
-// int16: DFP16 operands, INT32 chains flushed into FP32 (VPDPWSSD).
-// bf16:  BF16 operands (x, w, dy), FP32 accumulation and outputs: oneDNN's BF16 primitives
-//        (VDPBF16PS, or oneDNN's bit-identical emulation on AVX-512 CPUs without AVX512_BF16).
-// fp16:  IEEE half operands (F16C rounding: overflow to inf, subnormals), FP32 accumulation as
-//        on tensor cores; weight gradients stored as FP16. This CPU class has no FP16
-//        arithmetic: the numerics are emulated exactly (products of halves are exact in FP32).
-enum class Precision { fp32, int16, bf16, fp16 };
-const char* precision_name(Precision p) noexcept;
-Precision parse_precision(const std::string& text, const std::string& origin);
-
-// Which precision each Conv2d/Linear runs in, and the DFP16 numerics of the INT16 ones.
-struct PrecisionPolicy {
-  Precision precision = Precision::fp32;
-  // Per-layer overrides: glob patterns ('*' and '?') on layer names, first match wins.
-  // Example: {{"conv1", fp32}, {"fc", fp32}} keeps the first conv and the classifier in FP32.
-  std::vector<std::pair<std::string, Precision>> overrides;
-  DfpConvOptions dfp;  // headroom and rounding per tensor class (weights, activations, gradients)
-
-  // Float precisions (bf16, fp16): the storage format of each tensor class; unset = the
-  // layer's precision. Rounding per class is dfp.{weights,activations,gradients}.rounding
-  // (nearest_even or stochastic; biased is DFP16-only).
-  std::optional<FloatFormat> weights_format, activations_format, gradients_format;
-
-  Precision resolve(const std::string& layer_name) const;
-  // The formats a layer of precision p (bf16 or fp16) stores its weights, activations and
-  // gradients in.
-  struct ClassFormats {
-    FloatFormat weights, activations, gradients;
-  };
-  ClassFormats class_formats(Precision p) const;
-  // Throws naming `origin` when a setting does not fit its precision (biased rounding on a float
-  // format, a class format under an fp32/int16-only policy).
-  void validate(const std::string& origin) const;
-  // One line per setting, for logs and metrics.
-  std::string describe() const;
-  // Parses "conv1=fp32,fc=fp32" style override lists; throws naming `origin` on bad syntax.
-  static std::vector<std::pair<std::string, Precision>> parse_overrides(const std::string& text,
-                                                                         const std::string& origin);
-};
-
-// How each precision a policy uses runs on this context's CPU, one line each: the kernels, and
-// whether the format is native or emulated (BF16 without AVX512_BF16, FP16 on any CPU without
-// AVX512_FP16 arithmetic). Printed once at the start of training and by `dfp info --precision`.
-std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx);
 
 // A trainable tensor: FP32 master values and gradient, owned by the model.
 struct Parameter {

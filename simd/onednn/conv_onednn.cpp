@@ -3,6 +3,7 @@
 #include "simd/onednn/conv_onednn.hpp"
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
 #include <algorithm>
@@ -12,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "dfp/context.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 
@@ -44,7 +44,7 @@ struct Port {
 // The state shared by the convolution and the inner product: the plumbing is identical, only the
 // primitive descriptors differ.
 struct Training {
-  const Context* ctx = nullptr;
+  int threads = 1;  // the OpenMP thread count each call binds (the engine context's)
   std::string name;
   dnnl::engine eng;
   dnnl::stream strm;
@@ -245,7 +245,7 @@ void wait(const Training& t) {
 }
 
 void set_weights(Training& t, const float* w) {
-  t.ctx->bind_openmp();
+  omp_set_num_threads(t.threads);
   attach(t.user_wei, w);
   reorder(t, t.wei_to_fwd, t.user_wei, t.fwd_wei, "weight reorder (forward)");
   if (!t.bd_wei_shared) reorder(t, t.wei_to_bd, t.user_wei, t.bd_wei, "weight reorder (backward data)");
@@ -255,7 +255,7 @@ void set_weights(Training& t, const float* w) {
 
 void forward(Training& t, const void* x, float* y) {
   DFP_CHECK(t.weights_set, Status::invalid_argument, t.name + ": forward called before set_weights");
-  t.ctx->bind_openmp();
+  omp_set_num_threads(t.threads);
   prepare_input(t, t.fwd_src, x, "input reorder (forward)");
   t.x_ready = x;
   t.dy_ready = nullptr;  // a dy copy from before this forward belongs to another step
@@ -269,7 +269,7 @@ void forward(Training& t, const void* x, float* y) {
 
 void backward_data(Training& t, const void* dy, float* dx) {
   DFP_CHECK(t.weights_set, Status::invalid_argument, t.name + ": backward_data called before set_weights");
-  t.ctx->bind_openmp();
+  omp_set_num_threads(t.threads);
   prepare_input(t, t.bd_diff_dst, dy, "gradient reorder (backward data)");
   t.dy_ready = dy;
   attach(t.bd_diff_src.user, dx);
@@ -281,7 +281,7 @@ void backward_data(Training& t, const void* dy, float* dx) {
 }
 
 void backward_weights(Training& t, const void* x, const void* dy, float* dw) {
-  t.ctx->bind_openmp();
+  omp_set_num_threads(t.threads);
   if (!(t.bw_src_shared && t.x_ready == x)) prepare_input(t, t.bw_src, x, "input reorder (backward weights)");
   if (!(t.bw_diff_dst_shared && t.dy_ready == dy))
     prepare_input(t, t.bw_diff_dst, dy, "gradient reorder (backward weights)");
@@ -309,13 +309,13 @@ struct ConvPrimitives::Impl {
   Training t;
 };
 
-ConvPrimitives::ConvPrimitives(const Context& ctx, const ConvShape& s, const std::string& name, bool bf16_operands)
+ConvPrimitives::ConvPrimitives(int threads, const ConvShape& s, const std::string& name, bool bf16_operands)
     : impl_(std::make_unique<Impl>()) {
   Training& t = impl_->t;
-  t.ctx = &ctx;
+  t.threads = threads;
   t.name = name;
   // The JIT kernels fix their thread partition at creation: bind the thread count first.
-  ctx.bind_openmp();
+  omp_set_num_threads(threads);
   try {
     t.eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
     t.strm = dnnl::stream(t.eng);
@@ -388,13 +388,13 @@ struct InnerProductPrimitives::Impl {
   Training t;
 };
 
-InnerProductPrimitives::InnerProductPrimitives(const Context& ctx, int batch, int in_features, int out_features,
+InnerProductPrimitives::InnerProductPrimitives(int threads, int batch, int in_features, int out_features,
                                                const std::string& name)
     : impl_(std::make_unique<Impl>()) {
   Training& t = impl_->t;
-  t.ctx = &ctx;
+  t.threads = threads;
   t.name = name;
-  ctx.bind_openmp();
+  omp_set_num_threads(threads);
   try {
     t.eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
     t.strm = dnnl::stream(t.eng);
@@ -449,10 +449,9 @@ void InnerProductPrimitives::backward_weights(const float* x, const float* dy, f
   onednn::backward_weights(impl_->t, x, dy, dw);
 }
 
-std::optional<ConvPrimitives> native_bf16_conv(const Context& ctx, const ConvShape& shape, const std::string& name) {
-  if (ctx.isa() == Isa::ref) return std::nullopt;
+std::optional<ConvPrimitives> native_bf16_conv(int threads, const ConvShape& shape, const std::string& name) {
   try {
-    ConvPrimitives p(ctx, shape, name, true);
+    ConvPrimitives p(threads, shape, name, true);
     // oneDNN's reference BF16 convolution (a CPU without AVX-512, where oneDNN 2.6 has no BF16
     // JIT code) is far slower than the FP32 JIT kernels on BF16-rounded operands.
     for (const std::string* impl : {&p.impl_forward(), &p.impl_backward_data(), &p.impl_backward_weights()})
@@ -483,15 +482,41 @@ class Onednn final : public Backend {
   std::string impl_;
 };
 
+class OnednnBf16 final : public ConvBf16Backend {
+ public:
+  explicit OnednnBf16(ConvPrimitives p)
+      : p_(std::move(p)),
+        fwd_("onednn:" + p_.impl_forward()),
+        bd_("onednn:" + p_.impl_backward_data()),
+        bw_("onednn:" + p_.impl_backward_weights()) {}
+  const char* impl_forward() const noexcept override { return fwd_.c_str(); }
+  const char* impl_backward_data() const noexcept override { return bd_.c_str(); }
+  const char* impl_backward_weights() const noexcept override { return bw_.c_str(); }
+  void set_weights(const float* w) override { p_.set_weights(w); }
+  void forward(const uint16_t* x, float* y) override { p_.forward(x, y); }
+  void backward_data(const uint16_t* dy, float* dx) override { p_.backward_data(dy, dx); }
+  void backward_weights(const uint16_t* x, const uint16_t* dy, float* dw) override { p_.backward_weights(x, dy, dw); }
+
+ private:
+  ConvPrimitives p_;
+  std::string fwd_, bd_, bw_;
+};
+
 }  // namespace
 
-std::unique_ptr<ConvF32Backend> make_conv_f32(const Context& ctx, const ConvShape& shape, const std::string& name) {
-  return std::make_unique<Onednn<ConvF32Backend, ConvPrimitives>>(ctx, shape, name);
+std::unique_ptr<ConvBf16Backend> make_conv_bf16(int threads, const ConvShape& shape, const std::string& name) {
+  auto p = native_bf16_conv(threads, shape, name);
+  if (!p) return nullptr;
+  return std::make_unique<OnednnBf16>(std::move(*p));
 }
 
-std::unique_ptr<LinearF32Backend> make_linear_f32(const Context& ctx, int batch, int in_features, int out_features,
+std::unique_ptr<ConvF32Backend> make_conv_f32(int threads, const ConvShape& shape, const std::string& name) {
+  return std::make_unique<Onednn<ConvF32Backend, ConvPrimitives>>(threads, shape, name);
+}
+
+std::unique_ptr<LinearF32Backend> make_linear_f32(int threads, int batch, int in_features, int out_features,
                                                   const std::string& name) {
-  return std::make_unique<Onednn<LinearF32Backend, InnerProductPrimitives>>(ctx, batch, in_features, out_features, name);
+  return std::make_unique<Onednn<LinearF32Backend, InnerProductPrimitives>>(threads, batch, in_features, out_features, name);
 }
 
 }  // namespace dfp::simd::onednn

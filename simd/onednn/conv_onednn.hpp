@@ -22,20 +22,16 @@
 
 #include "dfp/conv.hpp"
 
-namespace dfp {
-class Context;
-}
-
 namespace dfp::simd::onednn {
 
 class ConvPrimitives {
  public:
-  // Throws dfp::Error(unsupported) naming `name` if oneDNN cannot create a primitive. `ctx` must
-  // outlive the object.
+  // Throws dfp::Error(unsupported) naming `name` if oneDNN cannot create a primitive. `threads`:
+  // the OpenMP thread count bound before creation and before each call.
   // bf16_operands: x, dy (and the packed weights) are BF16 in the same layouts (x, dy passed as
   // uint16_t bit patterns); y, dx and dw stay FP32. set_weights still takes FP32 (oneDNN's
   // reorder rounds to nearest even; pass values already rounded to BF16 to control rounding).
-  ConvPrimitives(const Context& ctx, const ConvShape& shape, const std::string& name, bool bf16_operands = false);
+  ConvPrimitives(int threads, const ConvShape& shape, const std::string& name, bool bf16_operands = false);
   ~ConvPrimitives();
   ConvPrimitives(ConvPrimitives&&) noexcept;
   ConvPrimitives& operator=(ConvPrimitives&&) noexcept;
@@ -59,12 +55,12 @@ class ConvPrimitives {
 // (no JIT code there), where oneDNN has no primitive for the shape, or where it has only its
 // reference implementation for a pass (a CPU without AVX-512): the caller then rounds the operands
 // to BF16 and runs the FP32 operator, the same numerics (exact products, FP32 sums).
-std::optional<ConvPrimitives> native_bf16_conv(const Context& ctx, const ConvShape& shape, const std::string& name);
+std::optional<ConvPrimitives> native_bf16_conv(int threads, const ConvShape& shape, const std::string& name);
 
 // Fully connected without bias: y[n][k] = sum_c x[n][c] * w[k][c].
 class InnerProductPrimitives {
  public:
-  InnerProductPrimitives(const Context& ctx, int batch, int in_features, int out_features,
+  InnerProductPrimitives(int threads, int batch, int in_features, int out_features,
                          const std::string& name);
   ~InnerProductPrimitives();
   InnerProductPrimitives(InnerProductPrimitives&&) noexcept;

@@ -163,13 +163,19 @@ class RefLinear final : public LinearF32Backend {
 
 }  // namespace
 
-std::unique_ptr<ConvF32Backend> make_conv_f32(const Context&, const ConvShape& shape, const std::string&) {
+std::unique_ptr<ConvF32Backend> make_conv_f32(int, const ConvShape& shape, const std::string&) {
   return std::make_unique<RefConv>(shape);
 }
 
-std::unique_ptr<LinearF32Backend> make_linear_f32(const Context&, int batch, int in_features, int out_features,
+std::unique_ptr<LinearF32Backend> make_linear_f32(int, int batch, int in_features, int out_features,
                                                   const std::string&) {
   return std::make_unique<RefLinear>(batch, in_features, out_features);
+}
+
+// The reference level has no BF16-operand convolution of its own: the layer rounds its operands
+// to BF16 and runs make_conv_f32's, which is this arithmetic (exact products, FP32 sums).
+std::unique_ptr<ConvBf16Backend> make_conv_bf16(int, const ConvShape&, const std::string&) {
+  return nullptr;
 }
 
 }  // namespace dfp::simd::ref

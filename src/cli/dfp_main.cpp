@@ -33,7 +33,6 @@
 #include "src/run_lock.hpp"
 #include "src/report/report.hpp"
 #include "simd/kernel_table.hpp"
-#include "simd/onednn/conv_onednn.hpp"
 
 namespace {
 
@@ -184,11 +183,11 @@ int cmd_info(Args& args) {
   std::printf("conv all passes              fp32   %s (%s)\n", k.conv_f32.name, f32.kernel_name());
   dfp::LinearF32 fc(ctx, 2, 64, 16, "probe");
   std::printf("linear all passes            fp32   %s (%s)\n", k.linear_f32.name, fc.kernel_name());
-  const auto bf = dfp::simd::onednn::native_bf16_conv(ctx, probe, "probe");
+  const auto bf = k.conv_bf16.fn(ctx.threads(), probe, "probe");
   if (bf) {
-    std::printf("conv fwd                     bf16   onednn:%s\n", bf->impl_forward().c_str());
-    std::printf("conv bwd_data                bf16   onednn:%s\n", bf->impl_backward_data().c_str());
-    std::printf("conv bwd_weights             bf16   onednn:%s\n", bf->impl_backward_weights().c_str());
+    std::printf("conv fwd                     bf16   %s\n", bf->impl_forward());
+    std::printf("conv bwd_data                bf16   %s\n", bf->impl_backward_data());
+    std::printf("conv bwd_weights             bf16   %s\n", bf->impl_backward_weights());
   } else {
     std::printf("conv all passes              bf16   bf16-rounded operands on the fp32 kernel\n");
   }

@@ -33,7 +33,7 @@ namespace {
 class BatchNorm final : public Layer {
  public:
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy& policy,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const LayerPrecision& precision,
              std::mt19937_64&) override {
     s_ = in[0];
     const int cp = cb_of(s_) * 16;  // padded channels: padding lanes have gamma 0, so output 0
@@ -62,9 +62,9 @@ class BatchNorm final : public Layer {
     if (relu_) mask_ = AlignedBuffer<uint16_t>(s_.blocked_elements() / 16);
     // INT16 policy: the input saved for backward is kept as DFP16 (Das et al. keep every saved
     // activation in 16 bits); the statistics and the arithmetic stay FP32.
-    if (policy.resolve(name) == Precision::int16) {
+    if (precision.precision == Precision::int16) {
       xq_ = AlignedBuffer<int16_t>(s_.blocked_elements());
-      xq_opts_ = policy.dfp.activations;
+      xq_opts_ = precision.options.activations;
       xq_opts_.seed ^= std::hash<std::string>{}(name + ".saved_input");
     }
   }

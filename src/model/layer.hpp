@@ -78,9 +78,10 @@ class Layer {
   std::vector<char> needs_input_grad;
   // Output shape from input shapes (batch dimension n may be 0 before build()).
   virtual TensorShape infer(const std::vector<TensorShape>& in) const = 0;
-  // Plans operators and scratch for the final shapes; initialises parameters from rng.
+  // Plans operators and scratch for the final shapes in the precision the model's policy gives
+  // this layer's name; initialises parameters from rng.
   virtual void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
-                     const PrecisionPolicy& policy, std::mt19937_64& rng) {}
+                     const LayerPrecision& precision, std::mt19937_64& rng) {}
   virtual void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) = 0;
   // dy: gradient of the output. dx[i]: where to write the gradient of input i (overwrite), or
   // null when no gradient is needed for that input. Parameter gradients are overwritten too.

@@ -1,5 +1,5 @@
-// The weighted layers of the model graph: Conv2d, GroupedConv2d and Linear, with the precision
-// policy's operators (INT16, BF16/FP16 operands, FP32) and their sampled numerics. BatchNorm is in
+// The weighted layers of the model graph: Conv2d, GroupedConv2d and Linear, each running the
+// operation its precision chose (weighted_ops.hpp) and reporting its numerics. BatchNorm is in
 // batchnorm.cpp, the parameter-free layers in relu_pool_routing.cpp. Each works on the blocked
 // FP32 layout; parallel loops run on the context's threads over disjoint outputs, so results do
 // not depend on the thread count.
@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <limits>
 
@@ -16,10 +17,10 @@
 #include "dfp/loss_scale.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "simd/onednn/conv_onednn.hpp"
 #include "src/aligned_buffer.hpp"
 #include "src/model/layer.hpp"
 #include "src/model/layer_helpers.hpp"
+#include "src/model/weighted_ops.hpp"
 
 namespace dfp::model {
 namespace {
@@ -44,66 +45,6 @@ void bias_grad(const float* dy, const TensorShape& s, float* gb) {
     }
     for (int l = 0; l < 16 && blk * 16 + l < s.c; ++l) gb[blk * 16 + l] = static_cast<float>(acc[l]);
   }
-}
-
-// The DFP16 options of one Conv2d/Linear: the policy's, with names for error messages and a
-// distinct stochastic stream per layer and tensor class.
-DfpConvOptions layer_dfp_options(const PrecisionPolicy& policy, const std::string& name) {
-  DfpConvOptions o = policy.dfp;
-  for (QuantOptions* q : {&o.weights, &o.activations, &o.gradients}) {
-    q->name = name + "." + q->name;
-    q->seed ^= std::hash<std::string>{}(q->name);
-  }
-  return o;
-}
-
-// ---- reduced-precision operands ----------------------------------------------------------------
-
-
-// Runs a conversion kernel over n elements, one call per kChunk piece. Each piece's stochastic
-// stream starts at its element index, so results do not depend on the thread count.
-template <class Kernel, class Dst>
-void convert_tensor(const Context& ctx, Kernel fn, const float* src, Dst* dst, size_t n, Rounding r, uint32_t key) {
-  for_chunks(ctx, n, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; i += kChunk) fn(src + i, dst + i, std::min(kChunk, e - i), r, key, i);
-  });
-}
-
-// dst = src rounded to `f` (FP32 values).
-void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* dst, size_t n, Rounding r, uint32_t key) {
-  convert_tensor(ctx, f == FloatFormat::bf16 ? ctx.kernels().round_bf16.fn : ctx.kernels().round_fp16.fn, src, dst, n,
-                 r, key);
-}
-// dst = the BF16 bit patterns of src.
-void to_bf16_tensor(const Context& ctx, const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key) {
-  convert_tensor(ctx, ctx.kernels().to_bf16.fn, src, dst, n, r, key);
-}
-
-// Per-tensor-class statistics of the last sampled step.
-struct SampledNumerics {
-  bool sampled = false;
-  FormatStats x, w, dy;
-};
-
-void report_sample(const SampledNumerics& s, LayerNumerics& n) {
-  n.sampled = s.sampled;
-  if (!s.sampled) return;
-  n.sqnr_x_db = s.x.sqnr_db();
-  n.sqnr_w_db = s.w.sqnr_db();
-  n.sqnr_dy_db = s.dy.sqnr_db();
-  n.overflow = s.x.overflow + s.w.overflow + s.dy.overflow;
-  n.underflow = s.x.underflow + s.w.underflow + s.dy.underflow;
-  n.nonzero = s.x.nonzero + s.w.nonzero + s.dy.nonzero;
-}
-
-bool report_numerics(const ConvStats& s, const std::string& name, LayerNumerics& n) {
-  n.layer = name;
-  n.format = "int16";
-  n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
-  n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
-  n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
-  n.overflow_events = s.overflow_events;
-  return true;
 }
 
 // A parameter tensor's storage: the layer's own, or a slice of a tensor that another layer owns.
@@ -150,165 +91,45 @@ class ParamStore {
 };
 
 // ---- Conv2d and Linear ------------------------------------------------------------------------
-// Both hold FP32 master weights (and an optional bias) and run one operator chosen by the precision
-// policy:
-//   int16: ConvInt16 (DFP16 operands, all three passes).
-//   bf16/fp16: the operands x, w, dy are rounded to their class formats, then the FP32 operator
-//     runs on them: products of 16-bit floats are exact in FP32, so this is FP32 accumulation of
-//     exact products, the numerics of VDPBF16PS and of tensor cores. A Conv2d whose three
-//     classes are all BF16 runs oneDNN's BF16 primitives instead (VDPBF16PS, BF16 operands in
-//     memory, half the bytes), with FP32 outputs. FP16 weight gradients are stored as FP16
-//     (rounded, overflow to inf), as a half-precision wgrad output would be.
-//   fp32: the FP32 operator.
-// A Linear layer's input (N, F, 1, 1) is already blocked as rows of F features padded to 16,
-// which is exactly what ConvInt16 reads for a 1x1 convolution over a 1x1 image, so in INT16 it
-// needs no re-layout.
+// Both hold FP32 master weights (and an optional bias) and run the one operation their precision
+// chose when the model was built (weighted_ops.hpp). A Linear layer's input (N, F, 1, 1) is
+// already blocked as rows of F features padded to 16, which is exactly what ConvInt16 reads for a
+// 1x1 convolution over a 1x1 image, so in INT16 it needs no re-layout.
 
 class WeightedLayer : public Layer {
  public:
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
-    if (q_) {
-      if (input_taken_) {
-        input_taken_ = false;  // quantized by the producer, in this step
-      } else {
-        q_->set_step(st.step);
-        q_->quantize_input_with_max_abs(x[0], st.input_max_abs);
-      }
-      q_->forward(y);
-      if (st.sample) sample_int16_forward(x[0]);
-    } else if (native_bf16_) {
-      to_bf16_tensor(ctx, x[0], xb_.data(), in_size_, cls_.activations.rounding, step_key(cls_.activations.seed, st.step));
-      forward_bf16(xb_.data(), y);
-      if (st.sample) {
-        sample_.sampled = true;
-        sample_.x = measure_bf16(ctx, x[0], xb_.data(), in_size_);
-        sample_.w = measure_rounded(ctx, w_.data(), wr_.data(), w_.size());
-      }
-    } else if (float_) {
-      const float* xr = x[0];
-      if (fmt_.activations != FloatFormat::fp32) {
-        round_tensor(ctx, fmt_.activations, x[0], xr_.data(), in_size_, cls_.activations.rounding,
-                     step_key(cls_.activations.seed, st.step));
-        xr = xr_.data();
-      }
-      forward_f32(xr, y);
-      if (st.sample) {
-        sample_.sampled = true;
-        sample_.x = measure_rounded(ctx, x[0], xr, in_size_);
-        sample_.w = fmt_.weights != FloatFormat::fp32 ? measure_rounded(ctx, w_.data(), wr_.data(), w_.size()) : FormatStats{};
-      }
-    } else {
-      forward_f32(x[0], y);
-    }
+    op_->forward(x[0], y, st);
     if (has_bias_) add_bias(ctx, y, out_, b_.data());
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
-    if (q_) {
-      q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs);
-      if (dx[0]) q_->backward_data(dx[0], st.accumulate_dx & 1);
-      q_->backward_weights(gw_.data());
-      if (st.sample) sample_.dy = measure_dfp16(ctx, dy, out_size_, q_->stats().dy.exponent);
-    } else if (native_bf16_) {
-      to_bf16_tensor(ctx, dy, dyb_, out_size_, cls_.gradients.rounding, step_key(cls_.gradients.seed, st.step));
-      backward_bf16(dyb_, dx[0]);
-      if (st.sample) sample_.dy = measure_bf16(ctx, dy, dyb_, out_size_);
-    } else if (float_) {
-      const float* dyr = dy;
-      if (fmt_.gradients != FloatFormat::fp32) {
-        round_tensor(ctx, fmt_.gradients, dy, dyr_, out_size_, cls_.gradients.rounding,
-                     step_key(cls_.gradients.seed, st.step));
-        dyr = dyr_;
-      }
-      backward_f32(fmt_.activations != FloatFormat::fp32 ? xr_.data() : x[0], dyr, dx[0]);
-      if (st.sample) sample_.dy = measure_rounded(ctx, dy, dyr, out_size_);
-    } else {
-      backward_f32(x[0], dy, dx[0]);
-    }
+    op_->backward(x[0], dy, dx[0], gw_.data(), st);
     if (has_bias_) bias_grad(dy, out_, gb_.data());
-    if (float_ && fmt_.gradients == FloatFormat::fp16) {
-      // Half-precision weight-gradient output: rounded, overflowing to inf (the loss scaler's signal).
-      round_tensor(ctx, FloatFormat::fp16, gw_.data(), gw_.data(), gw_.size(), Rounding::nearest_even, 0);
-      if (has_bias_) round_tensor(ctx, FloatFormat::fp16, gb_.data(), gb_.data(), gb_.size(), Rounding::nearest_even, 0);
-    }
+    op_->finish_gradients(gw_.data(), gw_.size(), has_bias_ ? gb_.data() : nullptr, gb_.size());
   }
   void parameters(std::vector<Parameter>& out) override {
     out.push_back({name + ".weight", w_.data(), gw_.data(), w_.size(), true});
     if (has_bias_) out.push_back({name + ".bias", b_.data(), gb_.data(), b_.size(), true});
   }
   void weights_updated(uint64_t step, std::span<const float> param_max_abs) override {
-    if (q_) {
-      q_->set_step(step);
-      // The weight is the first of parameters(); a negative maximum: measured by the quantizer.
-      q_->set_weights_with_max_abs(w_.data(), param_max_abs.empty() ? -1.f : param_max_abs[0]);
-    } else if (float_) {
-      // Weight statistics of adaptive loss scaling: once per weight version, here, not per backward.
-      double sq = 0, mx = 0;
-      for (float v : w_) {
-        sq += double(v) * v;
-        mx = std::max(mx, double(std::fabs(v)));
-      }
-      w_mean_sq_ = sq / double(w_.size());
-      w_max_abs_ = mx;
-      const float* w = w_.data();
-      if (fmt_.weights != FloatFormat::fp32) {
-        round_tensor(*ctx_, fmt_.weights, w_.data(), wr_.data(), w_.size(), cls_.weights.rounding,
-                     step_key(cls_.weights.seed, step));
-        w = wr_.data();
-      }
-      if (native_bf16_) set_weights_bf16(w);  // already BF16 values: oneDNN's reorder is exact
-      else set_weights_f32(w);
-    } else {
-      set_weights_f32(w_.data());
-    }
+    // The weight is the first of parameters(); a negative maximum: measured by the operation.
+    op_->weights_updated(step, param_max_abs.empty() ? -1.f : param_max_abs[0]);
   }
   const char* precision() const override { return precision_name(prec_); }
-  std::string implementation() const override {
-    if (!q_) return operator_implementation();
-    const std::string fwd = q_->kernel_name(), bww = q_->weight_gradient_kernel_name();
-    return fwd + " | " + fwd + " | " + bww;
-  }
-  bool accumulates_input_grad(size_t) const override { return q_ != nullptr; }
-  size_t workspace_bytes() const override { return q_ ? q_->workspace_bytes() : dy_bytes_; }
-  void use_workspace(void* region) override {
-    if (q_) q_->use_workspace(region);
-    dyr_ = static_cast<float*>(region);
-    dyb_ = static_cast<uint16_t*>(region);
-  }
-  bool numerics(LayerNumerics& n) const override {
-    if (q_) {
-      report_numerics(q_->stats(), name, n);
-    } else if (float_) {
-      n.layer = name;
-      n.format = fmt_.weights == fmt_.activations && fmt_.weights == fmt_.gradients
-                     ? std::string(float_format_name(fmt_.weights))
-                     : std::string(float_format_name(fmt_.weights)) + "/" + float_format_name(fmt_.activations) + "/" +
-                           float_format_name(fmt_.gradients);
-    } else {
-      return false;
-    }
-    report_sample(sample_, n);
-    return true;
-  }
+  std::string implementation() const override { return op_->implementation(); }
+  bool accumulates_input_grad(size_t) const override { return op_ && op_->accumulates_input_grad(); }
+  size_t workspace_bytes() const override { return op_ ? op_->workspace_bytes() : 0; }
+  void use_workspace(void* region) override { op_->use_workspace(region); }
+  bool numerics(LayerNumerics& n) const override { return op_->numerics(name, n); }
   double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
                          const AdaptiveScaling& opts) const override {
     AdaptiveInputs in;
     FloatFormat f;
-    if (!adaptive_weight_inputs(in, f)) return 1;
+    if (!op_->adaptive_weight_inputs(in, f)) return 1;
     return adaptive_factor_over(dy, out_, in, f, scale_so_far, opts);
   }
-  // Adaptive loss scaling (Zhao, Vogel, Ahmed 2019) keeps the expected magnitude of the gradient a
-  // layer passes on above its format's underflow threshold without letting its largest product
-  // overflow. Its weight-side inputs (the current weights' E[w^2] and max|w|, the fan-in) and the
-  // gradient format; false when the layer's gradients are not 16-bit floats (factor 1).
-  bool adaptive_weight_inputs(AdaptiveInputs& in, FloatFormat& f) const {
-    if (!float_ || (fmt_.gradients != FloatFormat::fp16 && fmt_.gradients != FloatFormat::bf16)) return false;
-    in.w_mean_sq = w_mean_sq_;
-    in.w_max_abs = w_max_abs_;
-    in.fan_in = fan_in_;
-    f = fmt_.gradients;
-    return true;
-  }
+  bool adaptive_weight_inputs(AdaptiveInputs& in, FloatFormat& f) const { return op_->adaptive_weight_inputs(in, f); }
   // The factor with the gradient-side inputs measured over dy (blocked, shape `out`: padding lanes
   // are zero and not counted).
   static double adaptive_factor_over(const float* dy, const TensorShape& out, AdaptiveInputs in, FloatFormat f,
@@ -328,8 +149,8 @@ class WeightedLayer : public Layer {
   }
   // The rounding statistics of the last sampled step (a grouped conv sums its groups'), and the
   // INT16 operator's figures of the last step (null unless int16).
-  const SampledNumerics& sampled_numerics() const noexcept { return sample_; }
-  const ConvStats* int16_stats() const noexcept { return q_ ? &q_->stats() : nullptr; }
+  const SampledNumerics& sampled_numerics() const noexcept { return op_->sampled_numerics(); }
+  const ConvStats* int16_stats() const noexcept { return op_->int16_stats(); }
   // Before build(): keep the weights, their gradient (and the bias and its gradient, when the
   // layer has one) in slices of tensors that a grouped convolution owns.
   void share_parameters(float* w, float* gw, size_t w_size, float* b, float* gb) {
@@ -343,86 +164,38 @@ class WeightedLayer : public Layer {
 
  protected:
   WeightedLayer(int k, bool bias) : k_(k), has_bias_(bias) {}
-  // Allocates weights, gradients and the buffers of the policy's operator; creates the INT16
-  // operator itself. Returns true when the subclass must create an FP32 operator (fp32, and the
-  // bf16/fp16 layers that run it on rounded operands); a subclass that can run BF16 natively
-  // sets native_bf16_ in its build() where wants_native_bf16() and simd::onednn::native_bf16_conv()
-  // give it a primitive.
-  bool plan(const Context& ctx, const ConvShape& shape, const TensorShape& in, const TensorShape& out,
-            const PrecisionPolicy& policy) {
-    ctx_ = &ctx;
+  // Allocates weights and gradients, and the operation of the layer's precision; `make_f32`
+  // makes the layer's FP32 operator where that operation runs one. bf16_operands: the layer can
+  // run the kernel table's BF16-operand convolution.
+  void plan(const Context& ctx, const ConvShape& shape, const TensorShape& in, const TensorShape& out,
+            const LayerPrecision& precision, std::function<std::unique_ptr<F32Operator>()> make_f32,
+            bool bf16_operands) {
     out_ = out;
-    in_size_ = in.blocked_elements();
-    out_size_ = out.blocked_elements();
-    fan_in_ = double(shape.C) * shape.R * shape.S;
     w_.allocate(size_t(shape.K) * shape.C * shape.R * shape.S);
     gw_.allocate(w_.size());
     if (has_bias_) { b_.allocate(k_); gb_.allocate(k_); }
-    prec_ = policy.resolve(name);
-    if (prec_ == Precision::int16) {
-      DfpConvOptions o = layer_dfp_options(policy, name);
-      o.input_gradient = needs_input_grad.empty() || needs_input_grad[0];
-      q_ = std::make_unique<ConvInt16>(ctx, shape, o, name);
-      return false;
-    }
-    if (prec_ == Precision::bf16 || prec_ == Precision::fp16) {
-      float_ = true;
-      fmt_ = policy.class_formats(prec_);
-      cls_ = layer_dfp_options(policy, name);
-      if (fmt_.weights != FloatFormat::fp32) wr_ = AlignedBuffer<float>(w_.size());
-    }
-    return true;
-  }
-  // BF16 in all three classes: use BF16 operands in memory when the subclass supports it.
-  bool wants_native_bf16() const {
-    return float_ && fmt_.weights == FloatFormat::bf16 && fmt_.activations == FloatFormat::bf16 &&
-           fmt_.gradients == FloatFormat::bf16;
-  }
-  // Buffers of the rounded-operand path (or of the native BF16 one).
-  void allocate_operand_buffers() {
-    if (!float_) return;
-    if (native_bf16_) {
-      xb_ = AlignedBuffer<uint16_t>(in_size_);
-      dy_bytes_ = out_size_ * sizeof(uint16_t);
-      return;
-    }
-    if (fmt_.activations != FloatFormat::fp32) xr_ = AlignedBuffer<float>(in_size_);
-    if (fmt_.gradients != FloatFormat::fp32) dy_bytes_ = out_size_ * sizeof(float);
-  }
-  virtual void forward_f32(const float* x, float* y) = 0;
-  virtual void backward_f32(const float* x, const float* dy, float* dx) = 0;  // dx may be null
-  virtual void set_weights_f32(const float* w) = 0;
-  virtual void forward_bf16(const uint16_t* x, float* y) {}
-  virtual void backward_bf16(const uint16_t* dy, float* dx) {}  // dx may be null; uses the saved xb_
-  virtual void set_weights_bf16(const float* w) {}
-  virtual std::string operator_implementation() const = 0;  // of the fp32 or native bf16 operator
-
-  void sample_int16_forward(const float* x) {
-    sample_.sampled = true;
-    sample_.x = measure_dfp16(*ctx_, x, in_size_, q_->stats().x.exponent);
-    sample_.w = measure_dfp16(*ctx_, w_.data(), w_.size(), q_->stats().w.exponent);
+    prec_ = precision.precision;
+    WeightedOpSpec spec;
+    spec.ctx = &ctx;
+    spec.name = name;
+    spec.shape = shape;
+    spec.in_size = in.blocked_elements();
+    spec.out_size = out.blocked_elements();
+    spec.weights = w_.data();
+    spec.weight_count = w_.size();
+    spec.input_gradient = needs_input_grad.empty() || needs_input_grad[0];
+    spec.fan_in = double(shape.C) * shape.R * shape.S;
+    spec.make_f32 = std::move(make_f32);
+    spec.bf16_operands = bf16_operands;
+    op_ = make_weighted_op(spec, precision);
   }
 
-  const Context* ctx_ = nullptr;
   int k_;
   bool has_bias_;
   TensorShape out_;
-  size_t in_size_ = 0, out_size_ = 0;
-  double fan_in_ = 1;
   Precision prec_ = Precision::fp32;
   ParamStore w_, gw_, b_, gb_;
-  std::unique_ptr<ConvInt16> q_;
-  bool input_taken_ = false;  // q_'s input was quantized by the producer in this step
-  bool float_ = false, native_bf16_ = false;
-  PrecisionPolicy::ClassFormats fmt_{};
-  DfpConvOptions cls_;                         // rounding and stochastic seeds per class
-  AlignedBuffer<float> wr_, xr_;               // rounded operands (xr_ is kept for the weight gradient)
-  AlignedBuffer<uint16_t> xb_;                 // native BF16 input, kept for the weight gradient
-  float* dyr_ = nullptr;                       // rounded dy, in the shared workspace
-  uint16_t* dyb_ = nullptr;                    // native BF16 dy, in the shared workspace
-  size_t dy_bytes_ = 0;
-  double w_mean_sq_ = 0, w_max_abs_ = 0;       // of the current weights (adaptive loss scaling)
-  SampledNumerics sample_;
+  std::unique_ptr<WeightedOp> op_;
 };
 
 // The output shape of a convolution of k output channels with an r x r kernel over x.
@@ -441,6 +214,22 @@ void init_kaiming_fan_out(Range& w, int fan_out, std::mt19937_64& rng) {
   for (auto& v : w) v = nd(rng);
 }
 
+// A Conv2d's FP32 operator: ConvF32 on the blocked layout as it is.
+class ConvF32Operator final : public F32Operator {
+ public:
+  ConvF32Operator(const Context& ctx, const ConvShape& s, const std::string& name) : f_(ctx, s, name) {}
+  void set_weights(const float* w) override { f_.set_weights(w); }
+  void forward(const float* x, float* y) override { f_.forward(x, y); }
+  void backward(const float* x, const float* dy, float* dx, float* gw) override {
+    if (dx) f_.backward_data(dy, dx);
+    f_.backward_weights(x, dy, gw);
+  }
+  std::string implementation() const override { return f_.kernel_name(); }
+
+ private:
+  ConvF32 f_;
+};
+
 class Conv2d final : public WeightedLayer {
  public:
   Conv2d(int k, int r, int stride, int pad, bool bias) : WeightedLayer(k, bias), r_(r), stride_(stride), pad_(pad) {}
@@ -450,59 +239,28 @@ class Conv2d final : public WeightedLayer {
   size_t count_parameters(const std::vector<TensorShape>& in) const override {
     return size_t(k_) * in[0].c * r_ * r_ + (has_bias_ ? k_ : 0);
   }
-  // The weight gradient reads x; INT16 keeps its DFP16 copy, BF16 its BF16 copy, the rounded-
-  // operand path its rounded copy: only plain FP32 needs the Model's.
-  bool backward_reads_input(size_t) const override {
-    return !q_ && !native_bf16_ && !(float_ && fmt_.activations != FloatFormat::fp32);
-  }
+  // Before build(): as FP32, which reads x for the weight gradient.
+  bool backward_reads_input(size_t) const override { return !op_ || op_->backward_reads_input(); }
   void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
-             const PrecisionPolicy& policy, std::mt19937_64& rng) override {
+             const LayerPrecision& precision, std::mt19937_64& rng) override {
     ConvShape s;
     s.N = in[0].n; s.C = in[0].c; s.H = in[0].h; s.W = in[0].w;
     s.K = k_; s.R = s.S = r_;
     s.stride_h = s.stride_w = stride_;
     s.pad_h = s.pad_w = pad_;
-    if (plan(ctx, s, in[0], out, policy)) {
-      if (wants_native_bf16()) {
-        bf_ = simd::onednn::native_bf16_conv(ctx, s, name);
-        native_bf16_ = bf_.has_value();
-      }
-      if (!native_bf16_) f_ = std::make_unique<ConvF32>(ctx, s, name);
-      allocate_operand_buffers();
-    }
+    plan(ctx, s, in[0], out, precision,
+         [&ctx, s, this] { return std::make_unique<ConvF32Operator>(ctx, s, name); }, true);
     if (!w_.shared()) init_kaiming_fan_out(w_, k_ * r_ * r_, rng);  // else the tensor's owner draws it
   }
 
  private:
-  void forward_f32(const float* x, float* y) override { f_->forward(x, y); }
-  void backward_f32(const float* x, const float* dy, float* dx) override {
-    if (dx) f_->backward_data(dy, dx);
-    f_->backward_weights(x, dy, gw_.data());
-  }
-  void set_weights_f32(const float* w) override { f_->set_weights(w); }
-  void forward_bf16(const uint16_t* x, float* y) override { bf_->forward(x, y); }
-  void backward_bf16(const uint16_t* dy, float* dx) override {
-    if (dx) bf_->backward_data(dy, dx);
-    bf_->backward_weights(xb_.data(), dy, gw_.data());
-  }
-  void set_weights_bf16(const float* w) override { bf_->set_weights(w); }
-  std::string operator_implementation() const override {
-    if (bf_)
-      return "onednn:" + bf_->impl_forward() + " | onednn:" + bf_->impl_backward_data() + " | onednn:" +
-             bf_->impl_backward_weights();
-    return f_ ? f_->kernel_name() : "";
-  }
-  bool accepts_input_spans(size_t i) const override { return i == 0 && q_ && q_->accepts_input_spans(); }
+  bool accepts_input_spans(size_t i) const override { return i == 0 && op_->accepts_input_spans(); }
   void take_input_spans(size_t, InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) override {
-    q_->set_step(st.step);
-    q_->quantize_input_spans(fn, producer, max_abs);
-    input_taken_ = true;
+    op_->take_input_spans(fn, producer, max_abs, st);
   }
-  bool input_taken() const override { return input_taken_; }
+  bool input_taken() const override { return op_->input_taken(); }
 
   int r_, stride_, pad_;
-  std::unique_ptr<ConvF32> f_;
-  std::optional<simd::onednn::ConvPrimitives> bf_;
 };
 
 // Conv2d with groups > 1 (PyTorch's Conv2d(groups=G)): input channels and output channels are cut
@@ -532,7 +290,7 @@ class GroupedConv2d final : public Layer {
     return convs_.empty() || convs_.front()->backward_reads_input(0);  // before build(): as FP32
   }
   void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
-             const PrecisionPolicy& policy, std::mt19937_64& rng) override {
+             const LayerPrecision& precision, std::mt19937_64& rng) override {
     in_ = in[0];
     out_ = out;
     part_in_ = {in_.n, in_.c / groups_, in_.h, in_.w};
@@ -541,11 +299,7 @@ class GroupedConv2d final : public Layer {
     w_.assign(wg * groups_, 0.f);
     gw_.assign(w_.size(), 0.f);
     if (bias_) { b_.assign(k_, 0.f); gb_.assign(k_, 0.f); }
-    // The groups run at the precision the policy gives this layer's name (their own names, which
-    // no override was written for, only seed their rounding streams).
-    PrecisionPolicy group_policy = policy;
-    group_policy.overrides.clear();
-    group_policy.precision = policy.resolve(name);
+    // The groups run at this layer's precision (their own names only seed their rounding streams).
     convs_.clear();
     size_t ws = 0;
     for (int g = 0; g < groups_; ++g) {
@@ -555,7 +309,7 @@ class GroupedConv2d final : public Layer {
       c->needs_input_grad = needs_input_grad;
       c->share_parameters(w_.data() + g * wg, gw_.data() + g * wg, wg, bias_ ? b_.data() + g * part_out_.c : nullptr,
                           bias_ ? gb_.data() + g * part_out_.c : nullptr);
-      c->build(ctx, {part_in_}, part_out_, group_policy, rng);  // draws no weights: they are shared
+      c->build(ctx, {part_in_}, part_out_, precision, rng);  // draws no weights: they are shared
       ws = std::max(ws, c->workspace_bytes());
       convs_.push_back(std::move(c));
     }
@@ -694,37 +448,28 @@ class GroupedConv2d final : public Layer {
   char* base_ = nullptr;
 };
 
-class Linear final : public WeightedLayer {
+// A Linear's FP32 operator: LinearF32 on dense rows, copied from and to the blocked rows (padded
+// to 16 features). backward() reuses the rows forward() copied, so it reads no x.
+class LinearF32Operator final : public F32Operator {
  public:
-  Linear(int k, bool bias) : WeightedLayer(k, bias) {}
-  TensorShape infer(const std::vector<TensorShape>& in) const override {
-    DFP_CHECK(in[0].h == 1 && in[0].w == 1, Status::invalid_argument,
-              "linear '" + name + "': input must be flat (N x F x 1 x 1); add flatten() or global_avgpool() first");
-    return {in[0].n, k_, 1, 1};
+  LinearF32Operator(const Context& ctx, int n, int f_in, int k, const std::string& name)
+      : n_(n), f_in_(f_in), k_(k), f_(ctx, n, f_in, k, name),
+        rows_x_(size_t(n) * f_in), rows_y_(size_t(n) * k), rows_dx_(size_t(n) * f_in) {}
+  void set_weights(const float* w) override { f_.set_weights(w); }
+  void forward(const float* x, float* y) override {
+    to_rows(x, rows_x_.data(), n_, f_in_);
+    f_.forward(rows_x_.data(), rows_y_.data());
+    from_rows(rows_y_.data(), y, n_, k_);
   }
-  size_t count_parameters(const std::vector<TensorShape>& in) const override {
-    return size_t(k_) * in[0].c + (has_bias_ ? k_ : 0);
-  }
-  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
-             const PrecisionPolicy& policy, std::mt19937_64& rng) override {
-    n_ = in[0].n;
-    f_in_ = in[0].c;
-    ConvShape s;
-    s.N = n_; s.C = f_in_; s.K = k_;  // 1x1 kernel over a 1x1 image
-    if (plan(ctx, s, in[0], out, policy)) {
-      // oneDNN's inner product reads dense rows; the blocked rows are padded to 16 features.
-      f_ = std::make_unique<LinearF32>(ctx, n_, f_in_, k_, name);
-      rows_x_ = AlignedBuffer<float>(size_t(n_) * f_in_);
-      rows_y_ = AlignedBuffer<float>(size_t(n_) * k_);
-      rows_dx_ = AlignedBuffer<float>(size_t(n_) * f_in_);
-      allocate_operand_buffers();  // BF16 too runs on rounded operands here: the layer is small
+  void backward(const float*, const float* dy, float* dx, float* gw) override {
+    to_rows(dy, rows_y_.data(), n_, k_);  // rows_x_ still holds this step's input
+    if (dx) {
+      f_.backward_data(rows_y_.data(), rows_dx_.data());
+      from_rows(rows_dx_.data(), dx, n_, f_in_);
     }
-    // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and bias.
-    const float bound = 1.f / std::sqrt(float(f_in_));
-    std::uniform_real_distribution<float> ud(-bound, bound);
-    for (auto& v : w_) v = ud(rng);
-    for (auto& v : b_) v = ud(rng);
+    f_.backward_weights(rows_x_.data(), rows_y_.data(), gw);
   }
+  std::string implementation() const override { return f_.kernel_name(); }
 
  private:
   static void to_rows(const float* blk, float* rows, int n, int f) {
@@ -738,25 +483,37 @@ class Linear final : public WeightedLayer {
       std::fill(blk + size_t(i) * fp + f, blk + size_t(i + 1) * fp, 0.f);
     }
   }
-  void forward_f32(const float* x, float* y) override {
-    to_rows(x, rows_x_.data(), n_, f_in_);
-    f_->forward(rows_x_.data(), rows_y_.data());
-    from_rows(rows_y_.data(), y, n_, k_);
-  }
-  void backward_f32(const float* x, const float* dy, float* dx) override {
-    to_rows(dy, rows_y_.data(), n_, k_);  // rows_x_ still holds this step's input
-    if (dx) {
-      f_->backward_data(rows_y_.data(), rows_dx_.data());
-      from_rows(rows_dx_.data(), dx, n_, f_in_);
-    }
-    f_->backward_weights(rows_x_.data(), rows_y_.data(), gw_.data());
-  }
-  void set_weights_f32(const float* w) override { f_->set_weights(w); }
-  std::string operator_implementation() const override { return f_ ? f_->kernel_name() : ""; }
 
-  int n_ = 0, f_in_ = 0;
+  int n_, f_in_, k_;
+  LinearF32 f_;
   AlignedBuffer<float> rows_x_, rows_y_, rows_dx_;
-  std::unique_ptr<LinearF32> f_;
+};
+
+class Linear final : public WeightedLayer {
+ public:
+  Linear(int k, bool bias) : WeightedLayer(k, bias) {}
+  TensorShape infer(const std::vector<TensorShape>& in) const override {
+    DFP_CHECK(in[0].h == 1 && in[0].w == 1, Status::invalid_argument,
+              "linear '" + name + "': input must be flat (N x F x 1 x 1); add flatten() or global_avgpool() first");
+    return {in[0].n, k_, 1, 1};
+  }
+  size_t count_parameters(const std::vector<TensorShape>& in) const override {
+    return size_t(k_) * in[0].c + (has_bias_ ? k_ : 0);
+  }
+  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape& out,
+             const LayerPrecision& precision, std::mt19937_64& rng) override {
+    const int n = in[0].n, f_in = in[0].c;
+    ConvShape s;
+    s.N = n; s.C = f_in; s.K = k_;  // 1x1 kernel over a 1x1 image
+    // BF16 too runs on rounded operands here: the layer is small.
+    plan(ctx, s, in[0], out, precision,
+         [&ctx, n, f_in, this] { return std::make_unique<LinearF32Operator>(ctx, n, f_in, k_, name); }, false);
+    // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and bias.
+    const float bound = 1.f / std::sqrt(float(f_in));
+    std::uniform_real_distribution<float> ud(-bound, bound);
+    for (auto& v : w_) v = ud(rng);
+    for (auto& v : b_) v = ud(rng);
+  }
 };
 
 }  // namespace

@@ -23,144 +23,6 @@
 
 namespace dfp {
 
-const char* precision_name(Precision p) noexcept {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::int16: return "int16";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-  }
-  return "?";
-}
-
-Precision parse_precision(const std::string& text, const std::string& origin) {
-  return parse_named(text, {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}, precision_name,
-                     origin, "precision");
-}
-
-namespace {
-bool glob_match(const char* p, const char* s) {
-  for (; *p; ++p, ++s) {
-    if (*p == '*') {
-      for (; *s; ++s)
-        if (glob_match(p + 1, s)) return true;
-      return glob_match(p + 1, s);
-    }
-    if (!*s || (*p != '?' && *p != *s)) return false;
-  }
-  return !*s;
-}
-}  // namespace
-
-Precision PrecisionPolicy::resolve(const std::string& layer) const {
-  for (const auto& [pattern, p] : overrides)
-    if (glob_match(pattern.c_str(), layer.c_str())) return p;
-  return precision;
-}
-
-PrecisionPolicy::ClassFormats PrecisionPolicy::class_formats(Precision p) const {
-  const FloatFormat own = p == Precision::fp16 ? FloatFormat::fp16 : p == Precision::bf16 ? FloatFormat::bf16 : FloatFormat::fp32;
-  return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own)};
-}
-
-void PrecisionPolicy::validate(const std::string& origin) const {
-  bool any_float = precision == Precision::bf16 || precision == Precision::fp16;
-  for (const auto& o : overrides) any_float |= o.second == Precision::bf16 || o.second == Precision::fp16;
-  const bool class_formats_set = weights_format || activations_format || gradients_format;
-  DFP_CHECK(!class_formats_set || any_float, Status::invalid_argument,
-            origin + ": per-class formats (weights/activations/gradients) apply to bf16/fp16 layers, but the policy "
-                     "has none (precision " + precision_name(precision) + ")");
-  for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients}) q->validate(origin);
-  if (any_float)
-    for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients})
-      DFP_CHECK(q->rounding != Rounding::biased || (precision == Precision::int16 && !class_formats_set), Status::invalid_argument,
-                origin + ": " + q->name + " rounding 'biased' is defined for DFP16 only; bf16/fp16 take nearest or stochastic");
-}
-
-std::string PrecisionPolicy::describe() const {
-  std::ostringstream o;
-  o << "precision=" << precision_name(precision);
-  for (const auto& [pattern, p] : overrides) o << " override[" << pattern << "]=" << precision_name(p);
-  auto q = [&](const char* what, const QuantOptions& x, const std::optional<FloatFormat>& f) {
-    o << " " << what << "{";
-    if (f) o << "format=" << float_format_name(*f) << ",";
-    o << "headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding) << "}";
-  };
-  q("weights", dfp.weights, weights_format);
-  q("activations", dfp.activations, activations_format);
-  q("gradients", dfp.gradients, gradients_format);
-  if (dfp.chain_override > 0) o << " chain=" << dfp.chain_override;
-  if (dfp.verify) o << " verify";
-  return o.str();
-}
-
-std::vector<std::pair<std::string, Precision>> PrecisionPolicy::parse_overrides(const std::string& text,
-                                                                               const std::string& origin) {
-  std::vector<std::pair<std::string, Precision>> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    DFP_CHECK(eq != std::string::npos && eq > 0, Status::invalid_argument,
-              origin + ": expected PATTERN=PRECISION items separated by commas, got '" + item + "'");
-    out.emplace_back(item.substr(0, eq), parse_precision(item.substr(eq + 1), origin));
-  }
-  return out;
-}
-
-std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx) {
-  std::vector<Precision> used = {policy.precision};
-  for (const auto& o : policy.overrides)
-    if (std::find(used.begin(), used.end(), o.second) == used.end()) used.push_back(o.second);
-  std::vector<std::string> out;
-  const CpuFeatures& cpu = ctx.cpu();
-  const bool jit = ctx.isa() != Isa::ref;
-  for (Precision p : used) {
-    switch (p) {
-      case Precision::fp32:
-        out.push_back(std::string("fp32: ") + ctx.kernels().conv_f32.name + ", " + ctx.kernels().linear_f32.name +
-                      (jit ? "" : " (scalar reference: DFP_ISA=ref)"));
-        break;
-      case Precision::int16:
-        out.push_back(std::string("int16: DFP16 operands, INT32 chains flushed into FP32; kernels ") +
-                      ctx.kernels().conv_s16_pixel.name + ", " + ctx.kernels().conv_s16_pair.name);
-        break;
-      case Precision::bf16: {
-        const auto f = policy.class_formats(p);
-        const bool all_bf16 = f.weights == FloatFormat::bf16 && f.activations == FloatFormat::bf16 &&
-                              f.gradients == FloatFormat::bf16;
-        std::string line = "bf16: formats w/x/dy " + std::string(float_format_name(f.weights)) + "/" +
-                           float_format_name(f.activations) + "/" + float_format_name(f.gradients) + "; ";
-        if (!jit)
-          line += "EMULATED: operands rounded to BF16, products accumulated in FP32 by the scalar reference (slow)";
-        else if (!all_bf16)
-          line += "mixed formats: operands rounded, FP32 oneDNN convolutions (exact products, FP32 accumulation)";
-        else if (cpu.amx_bf16 && cpu.os_saves_amx)
-          line += "native: oneDNN BF16 convolutions on AMX tiles (TDPBF16PS) where oneDNN takes them, else "
-                  "VDPBF16PS; FP32 accumulation and outputs (dfp info and --profile name each pass's kernel)";
-        else if (cpu.avx512bf16)
-          line += "native: oneDNN BF16 convolutions (VDPBF16PS), FP32 accumulation and outputs";
-        else
-          line += "EMULATED: this CPU has no AVX512_BF16; oneDNN emulates VDPBF16PS bit for bit, several times slower";
-        out.push_back(line);
-        break;
-      }
-      case Precision::fp16: {
-        const auto f = policy.class_formats(p);
-        out.push_back("fp16: formats w/x/dy " + std::string(float_format_name(f.weights)) + "/" +
-                      float_format_name(f.activations) + "/" + float_format_name(f.gradients) +
-                      "; EMULATED: " + (cpu.avx512fp16 ? "" : "this CPU has no FP16 arithmetic; ") +
-                      "operands rounded to IEEE half (" + ctx.kernels().round_fp16.name +
-                      "), exact products accumulated in FP32 as on tensor cores" +
-                      (f.gradients == FloatFormat::fp16 ? "; weight gradients stored as FP16" : ""));
-        break;
-      }
-    }
-  }
-  return out;
-}
-
 struct Model::Impl {
   struct NodeInfo {
     std::unique_ptr<model::Layer> layer;  // null for the input
@@ -271,7 +133,7 @@ struct Model::Impl {
       std::string names;
       for (const NodeInfo& n : nodes)
         if (n.layer) {
-          hit = hit || glob_match(pattern.c_str(), n.layer->name.c_str());
+          hit = hit || PrecisionPolicy::matches(pattern, n.layer->name);
           if (names.size() < 240) names.append(names.empty() ? "" : ", ").append(n.layer->name);
         }
       DFP_CHECK(hit, Status::invalid_argument,
@@ -300,7 +162,7 @@ struct Model::Impl {
       if (n.layer) {
         n.layer->needs_input_grad.clear();
         for (int j : n.inputs) n.layer->needs_input_grad.push_back(j != 0);
-        n.layer->build(ctx, in_shapes(n), n.shape, policy, rng);
+        n.layer->build(ctx, in_shapes(n), n.shape, policy.for_layer(n.layer->name), rng);
         n.param_begin = params.size();
         n.layer->parameters(params);
         n.param_end = params.size();

@@ -58,7 +58,7 @@ class Relu final : public Layer {
     }
     mask_gradient(ctx, mask_.data(), dy, dx[0], n);
   }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const LayerPrecision&,
              std::mt19937_64&) override {
     n_elems_ = in[0].blocked_elements();
     if (!through_) mask_ = AlignedBuffer<uint16_t>((n_elems_ + 15) / 16);
@@ -86,7 +86,7 @@ class Pool final : public Layer {
               "pool '" + name + "': window larger than the padded input");
     return {in[0].n, in[0].c, out_dim(in[0].h), out_dim(in[0].w)};
   }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const LayerPrecision&,
              std::mt19937_64&) override {
     in_ = in[0];
     out_ = out;
@@ -193,7 +193,7 @@ class Pool final : public Layer {
 class GlobalAvgPool final : public Layer {
  public:
   TensorShape infer(const std::vector<TensorShape>& in) const override { return {in[0].n, in[0].c, 1, 1}; }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const LayerPrecision&,
              std::mt19937_64&) override {
     in_ = in[0];
   }
@@ -231,7 +231,7 @@ class Flatten final : public Layer {
   TensorShape infer(const std::vector<TensorShape>& in) const override {
     return {in[0].n, in[0].c * in[0].h * in[0].w, 1, 1};
   }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const LayerPrecision&,
              std::mt19937_64&) override {
     in_ = in[0];
     out_ = out;
@@ -275,7 +275,7 @@ class Add final : public Layer {
                   "x" + std::to_string(in[1].w) + ")");
     return in[0];
   }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const LayerPrecision&,
              std::mt19937_64&) override {
     s_ = in[0];
     n_ = in[0].blocked_elements();
@@ -382,7 +382,7 @@ class Concat final : public Layer {
     }
     return o;
   }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const LayerPrecision&,
              std::mt19937_64&) override {
     in_ = in;
     out_ = out;
@@ -420,7 +420,7 @@ class Dropout final : public Layer {
               "dropout '" + name + "': p expected in [0, 1), got " + std::to_string(p_));
     return in[0];
   }
-  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+  void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape&, const LayerPrecision&,
              std::mt19937_64& rng) override {
     n_ = in[0].blocked_elements();
     seed_ = rng();
@@ -463,7 +463,7 @@ class Lrn final : public Layer {
  public:
   Lrn(int size, float alpha, float beta, float k) : size_(size), alpha_(alpha), beta_(beta), k_(k) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const LayerPrecision&,
              std::mt19937_64&) override {
     s_ = in[0];
     scale_ = AlignedBuffer<float>(s_.blocked_elements());
@@ -531,7 +531,7 @@ class ShortcutPad final : public Layer {
               "shortcut '" + name + "': output channels must exceed input channels by an even number");
     return {in[0].n, out_c_, (in[0].h + stride_ - 1) / stride_, (in[0].w + stride_ - 1) / stride_};
   }
-  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const PrecisionPolicy&,
+  void build(const Context&, const std::vector<TensorShape>& in, const TensorShape& out, const LayerPrecision&,
              std::mt19937_64&) override {
     in_ = in[0];
     out_ = out;

@@ -1,0 +1,108 @@
+// dfp: the precision policy, the one home of the number formats a model computes in.
+//
+// A PrecisionPolicy says which precision each Conv2d/Linear runs in (a default plus per-layer
+// overrides by name), the storage format of each tensor class of the 16-bit float precisions,
+// and the DFP16 numerics (headroom, rounding) of each class. Model::build resolves it once into a
+// LayerPrecision per layer; layers never read the policy. Its text forms (flags, log line,
+// checkpoint fields) are parsed and printed here only.
+//
+// Adding a format: a Precision value with its name below, its case in PrecisionPolicy's
+// methods, and one weighted-layer operation (src/layers/weighted_ops.hpp).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dfp/conv.hpp"
+#include "dfp/float16.hpp"
+
+namespace dfp {
+
+class Context;
+
+// int16: DFP16 operands, INT32 chains flushed into FP32 (VPDPWSSD).
+// bf16:  BF16 operands (x, w, dy), FP32 accumulation and outputs: oneDNN's BF16 primitives
+//        (VDPBF16PS, or oneDNN's bit-identical emulation on AVX-512 CPUs without AVX512_BF16).
+// fp16:  IEEE half operands (F16C rounding: overflow to inf, subnormals), FP32 accumulation as
+//        on tensor cores; weight gradients stored as FP16. This CPU class has no FP16
+//        arithmetic: the numerics are emulated exactly (products of halves are exact in FP32).
+enum class Precision { fp32, int16, bf16, fp16 };
+const char* precision_name(Precision p) noexcept;
+// Throws invalid_argument naming `origin` and the accepted names.
+Precision parse_precision(const std::string& text, const std::string& origin);
+
+// The storage format of each tensor class of a layer.
+struct ClassFormats {
+  FloatFormat weights = FloatFormat::fp32, activations = FloatFormat::fp32, gradients = FloatFormat::fp32;
+};
+
+// A policy resolved for one layer (PrecisionPolicy::for_layer): everything a Conv2d, Linear or
+// BatchNorm needs to choose its arithmetic, once, when the model is built.
+struct LayerPrecision {
+  Precision precision = Precision::fp32;
+  // bf16/fp16: the class formats of the policy; fp32 in every class otherwise.
+  ClassFormats formats;
+  // Headroom, rounding and stochastic seed per class and the INT16 chain settings: the policy's.
+  DfpConvOptions options;
+
+  // `options` named after `layer` (error messages name "layer.weights" ...), each class with a
+  // stochastic stream of its own.
+  DfpConvOptions options_for(const std::string& layer) const;
+  // bf16 or fp16: operands rounded to 16-bit floats, FP32 accumulation.
+  bool is_float() const noexcept { return precision == Precision::bf16 || precision == Precision::fp16; }
+  // BF16 in all three classes: the form BF16-operand kernels (the table's conv_bf16) run.
+  bool all_bf16() const noexcept {
+    return is_float() && formats.weights == FloatFormat::bf16 && formats.activations == FloatFormat::bf16 &&
+           formats.gradients == FloatFormat::bf16;
+  }
+};
+
+// Which precision each Conv2d/Linear runs in, and the DFP16 numerics of the INT16 ones.
+struct PrecisionPolicy {
+  Precision precision = Precision::fp32;
+  // Per-layer overrides: glob patterns ('*' and '?') on layer names, first match wins.
+  // Example: {{"conv1", fp32}, {"fc", fp32}} keeps the first conv and the classifier in FP32.
+  std::vector<std::pair<std::string, Precision>> overrides;
+  DfpConvOptions dfp;  // headroom and rounding per tensor class (weights, activations, gradients)
+
+  // Float precisions (bf16, fp16): the storage format of each tensor class; unset = the
+  // layer's precision. Rounding per class is dfp.{weights,activations,gradients}.rounding
+  // (nearest_even or stochastic; biased is DFP16-only).
+  std::optional<FloatFormat> weights_format, activations_format, gradients_format;
+
+  using ClassFormats = dfp::ClassFormats;
+
+  // The precision of the layer named `layer_name`: the first override whose pattern matches it,
+  // else `precision`.
+  Precision resolve(const std::string& layer_name) const;
+  // Everything the layer named `layer_name` computes with.
+  LayerPrecision for_layer(const std::string& layer_name) const;
+  // The formats a layer of precision p (bf16 or fp16) stores its weights, activations and
+  // gradients in.
+  ClassFormats class_formats(Precision p) const;
+  // Whether `pattern` (an override's) matches `layer_name`.
+  static bool matches(const std::string& pattern, const std::string& layer_name);
+  // Throws naming `origin` when a setting does not fit its precision (biased rounding on a float
+  // format, a class format under an fp32/int16-only policy).
+  void validate(const std::string& origin) const;
+  // One line per setting, for logs and metrics.
+  std::string describe() const;
+  // Parses "conv1=fp32,fc=fp32" style override lists; throws naming `origin` on bad syntax.
+  static std::vector<std::pair<std::string, Precision>> parse_overrides(const std::string& text,
+                                                                         const std::string& origin);
+  // The policy as named text fields (a checkpoint's meta: precision, overrides, formats,
+  // headroom, rounding), and back. from_fields throws corrupt_data naming `origin` + the field;
+  // "precision" is required, the others default to the policy's defaults.
+  std::map<std::string, std::string> fields() const;
+  static PrecisionPolicy from_fields(const std::map<std::string, std::string>& fields, const std::string& origin);
+};
+
+// How each precision a policy uses runs on this context's CPU, one line each: the kernels, and
+// whether the format is native or emulated (BF16 without AVX512_BF16, FP16 on any CPU without
+// AVX512_FP16 arithmetic). Printed once at the start of training and by `dfp info --precision`.
+std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx);
+
+}  // namespace dfp

@@ -1,0 +1,225 @@
+// The precision policy: names, parsing, resolution per layer, its text forms, and what each
+// precision runs on this CPU (include/dfp/precision.hpp).
+#include "dfp/precision.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
+#include "dfp/context.hpp"
+#include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
+#include "src/named_enum.hpp"
+
+namespace dfp {
+
+const char* precision_name(Precision p) noexcept {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::int16: return "int16";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
+
+Precision parse_precision(const std::string& text, const std::string& origin) {
+  return parse_named(text, {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}, precision_name,
+                     origin, "precision");
+}
+
+namespace {
+bool glob_match(const char* p, const char* s) {
+  for (; *p; ++p, ++s) {
+    if (*p == '*') {
+      for (; *s; ++s)
+        if (glob_match(p + 1, s)) return true;
+      return glob_match(p + 1, s);
+    }
+    if (!*s || (*p != '?' && *p != *s)) return false;
+  }
+  return !*s;
+}
+}  // namespace
+
+Precision PrecisionPolicy::resolve(const std::string& layer) const {
+  for (const auto& [pattern, p] : overrides)
+    if (glob_match(pattern.c_str(), layer.c_str())) return p;
+  return precision;
+}
+
+bool PrecisionPolicy::matches(const std::string& pattern, const std::string& layer) {
+  return glob_match(pattern.c_str(), layer.c_str());
+}
+
+LayerPrecision PrecisionPolicy::for_layer(const std::string& layer) const {
+  LayerPrecision l;
+  l.precision = resolve(layer);
+  if (l.is_float()) l.formats = class_formats(l.precision);
+  l.options = dfp;
+  return l;
+}
+
+DfpConvOptions LayerPrecision::options_for(const std::string& layer) const {
+  DfpConvOptions o = options;
+  for (QuantOptions* q : {&o.weights, &o.activations, &o.gradients}) {
+    q->name = layer + "." + q->name;
+    q->seed ^= std::hash<std::string>{}(q->name);
+  }
+  return o;
+}
+
+ClassFormats PrecisionPolicy::class_formats(Precision p) const {
+  const FloatFormat own = p == Precision::fp16 ? FloatFormat::fp16 : p == Precision::bf16 ? FloatFormat::bf16 : FloatFormat::fp32;
+  return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own)};
+}
+
+void PrecisionPolicy::validate(const std::string& origin) const {
+  bool any_float = precision == Precision::bf16 || precision == Precision::fp16;
+  for (const auto& o : overrides) any_float |= o.second == Precision::bf16 || o.second == Precision::fp16;
+  const bool class_formats_set = weights_format || activations_format || gradients_format;
+  DFP_CHECK(!class_formats_set || any_float, Status::invalid_argument,
+            origin + ": per-class formats (weights/activations/gradients) apply to bf16/fp16 layers, but the policy "
+                     "has none (precision " + precision_name(precision) + ")");
+  for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients}) q->validate(origin);
+  if (any_float)
+    for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients})
+      DFP_CHECK(q->rounding != Rounding::biased || (precision == Precision::int16 && !class_formats_set), Status::invalid_argument,
+                origin + ": " + q->name + " rounding 'biased' is defined for DFP16 only; bf16/fp16 take nearest or stochastic");
+}
+
+std::string PrecisionPolicy::describe() const {
+  std::ostringstream o;
+  o << "precision=" << precision_name(precision);
+  for (const auto& [pattern, p] : overrides) o << " override[" << pattern << "]=" << precision_name(p);
+  auto q = [&](const char* what, const QuantOptions& x, const std::optional<FloatFormat>& f) {
+    o << " " << what << "{";
+    if (f) o << "format=" << float_format_name(*f) << ",";
+    o << "headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding) << "}";
+  };
+  q("weights", dfp.weights, weights_format);
+  q("activations", dfp.activations, activations_format);
+  q("gradients", dfp.gradients, gradients_format);
+  if (dfp.chain_override > 0) o << " chain=" << dfp.chain_override;
+  if (dfp.verify) o << " verify";
+  return o.str();
+}
+
+std::vector<std::pair<std::string, Precision>> PrecisionPolicy::parse_overrides(const std::string& text,
+                                                                               const std::string& origin) {
+  std::vector<std::pair<std::string, Precision>> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    DFP_CHECK(eq != std::string::npos && eq > 0, Status::invalid_argument,
+              origin + ": expected PATTERN=PRECISION items separated by commas, got '" + item + "'");
+    out.emplace_back(item.substr(0, eq), parse_precision(item.substr(eq + 1), origin));
+  }
+  return out;
+}
+
+std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx) {
+  std::vector<Precision> used = {policy.precision};
+  for (const auto& o : policy.overrides)
+    if (std::find(used.begin(), used.end(), o.second) == used.end()) used.push_back(o.second);
+  std::vector<std::string> out;
+  const CpuFeatures& cpu = ctx.cpu();
+  const bool jit = ctx.isa() != Isa::ref;
+  for (Precision p : used) {
+    switch (p) {
+      case Precision::fp32:
+        out.push_back(std::string("fp32: ") + ctx.kernels().conv_f32.name + ", " + ctx.kernels().linear_f32.name +
+                      (jit ? "" : " (scalar reference: DFP_ISA=ref)"));
+        break;
+      case Precision::int16:
+        out.push_back(std::string("int16: DFP16 operands, INT32 chains flushed into FP32; kernels ") +
+                      ctx.kernels().conv_s16_pixel.name + ", " + ctx.kernels().conv_s16_pair.name);
+        break;
+      case Precision::bf16: {
+        const auto f = policy.class_formats(p);
+        const bool all_bf16 = f.weights == FloatFormat::bf16 && f.activations == FloatFormat::bf16 &&
+                              f.gradients == FloatFormat::bf16;
+        std::string line = "bf16: formats w/x/dy " + std::string(float_format_name(f.weights)) + "/" +
+                           float_format_name(f.activations) + "/" + float_format_name(f.gradients) + "; ";
+        if (!jit)
+          line += "EMULATED: operands rounded to BF16, products accumulated in FP32 by the scalar reference (slow)";
+        else if (!all_bf16)
+          line += "mixed formats: operands rounded, FP32 oneDNN convolutions (exact products, FP32 accumulation)";
+        else if (cpu.amx_bf16 && cpu.os_saves_amx)
+          line += "native: oneDNN BF16 convolutions on AMX tiles (TDPBF16PS) where oneDNN takes them, else "
+                  "VDPBF16PS; FP32 accumulation and outputs (dfp info and --profile name each pass's kernel)";
+        else if (cpu.avx512bf16)
+          line += "native: oneDNN BF16 convolutions (VDPBF16PS), FP32 accumulation and outputs";
+        else
+          line += "EMULATED: this CPU has no AVX512_BF16; oneDNN emulates VDPBF16PS bit for bit, several times slower";
+        out.push_back(line);
+        break;
+      }
+      case Precision::fp16: {
+        const auto f = policy.class_formats(p);
+        out.push_back("fp16: formats w/x/dy " + std::string(float_format_name(f.weights)) + "/" +
+                      float_format_name(f.activations) + "/" + float_format_name(f.gradients) +
+                      "; EMULATED: " + (cpu.avx512fp16 ? "" : "this CPU has no FP16 arithmetic; ") +
+                      "operands rounded to IEEE half (" + ctx.kernels().round_fp16.name +
+                      "), exact products accumulated in FP32 as on tensor cores" +
+                      (f.gradients == FloatFormat::fp16 ? "; weight gradients stored as FP16" : ""));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::map<std::string, std::string> PrecisionPolicy::fields() const {
+  std::map<std::string, std::string> f;
+  f["precision"] = precision_name(precision);
+  std::string ov;
+  for (const auto& [pattern, prec] : overrides) ov += (ov.empty() ? "" : ",") + pattern + "=" + precision_name(prec);
+  f["overrides"] = ov;
+  auto fmt = [](const std::optional<FloatFormat>& x) { return x ? std::string(float_format_name(*x)) : std::string(); };
+  f["formats"] = fmt(weights_format) + "," + fmt(activations_format) + "," + fmt(gradients_format);
+  const QuantOptions* q[3] = {&dfp.weights, &dfp.activations, &dfp.gradients};
+  f["headroom"] = std::to_string(q[0]->headroom) + "," + std::to_string(q[1]->headroom) + "," + std::to_string(q[2]->headroom);
+  f["rounding"] = std::string(rounding_name(q[0]->rounding)) + "," + rounding_name(q[1]->rounding) + "," +
+                  rounding_name(q[2]->rounding);
+  return f;
+}
+
+PrecisionPolicy PrecisionPolicy::from_fields(const std::map<std::string, std::string>& fields, const std::string& origin) {
+  PrecisionPolicy p;
+  const std::string where = origin + " field ";
+  const auto prec = fields.find("precision");
+  DFP_CHECK(prec != fields.end(), Status::corrupt_data, origin + ": meta field 'precision' missing");
+  p.precision = parse_precision(prec->second, where + "precision");
+  if (fields.count("overrides")) p.overrides = parse_overrides(fields.at("overrides"), where + "overrides");
+  auto split3 = [&](const std::string& key) {
+    std::vector<std::string> v;
+    if (!fields.count(key)) return v;
+    std::stringstream ss(fields.at(key));
+    std::string item;
+    while (std::getline(ss, item, ',')) v.push_back(item);
+    while (v.size() < 3) v.emplace_back();
+    DFP_CHECK(v.size() == 3, Status::corrupt_data, where + key + ": expected 3 comma-separated values");
+    return v;
+  };
+  const std::vector<std::string> f = split3("formats"), h = split3("headroom"), r = split3("rounding");
+  std::optional<FloatFormat>* fs[3] = {&p.weights_format, &p.activations_format, &p.gradients_format};
+  QuantOptions* q[3] = {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients};
+  for (int i = 0; i < 3; ++i) {
+    if (!f.empty() && !f[i].empty()) *fs[i] = parse_float_format(f[i], where + "formats");
+    if (!h.empty()) {
+      char* end = nullptr;
+      const long v = std::strtol(h[i].c_str(), &end, 10);
+      DFP_CHECK(end && *end == 0 && !h[i].empty() && v >= 0 && v <= kDfpMaxHeadroom, Status::corrupt_data,
+                where + "headroom: expected integers 0.." + std::to_string(kDfpMaxHeadroom) + ", got '" + h[i] + "'");
+      q[i]->headroom = int(v);
+    }
+    if (!r.empty()) q[i]->rounding = parse_rounding(r[i], where + "rounding");
+  }
+  return p;
+}
+
+}  // namespace dfp
