@@ -6,8 +6,8 @@
 // LayerPrecision per layer; layers never read the policy. Its text forms (flags, log line,
 // checkpoint fields) are parsed and printed here only.
 //
-// Adding a format: a Precision value with its name below, its case in PrecisionPolicy's
-// methods, and one weighted-layer operation (src/layers/weighted_ops.hpp).
+// Adding a format: a Precision value, its row in src/numerics/precision.cpp's table (name, operand
+// format), and its weighted-layer operation (make_weighted_op, src/layers/weighted_ops.cpp).
 #pragma once
 
 #include <map>
@@ -33,6 +33,9 @@ enum class Precision { fp32, int16, bf16, fp16 };
 const char* precision_name(Precision p) noexcept;
 // Throws invalid_argument naming `origin` and the accepted names.
 Precision parse_precision(const std::string& text, const std::string& origin);
+// The 16-bit float format a float precision (bf16, fp16) rounds its operands to; fp32 for the
+// others.
+FloatFormat operand_format(Precision p) noexcept;
 
 // The storage format of each tensor class of a layer.
 struct ClassFormats {
@@ -52,7 +55,7 @@ struct LayerPrecision {
   // stochastic stream of its own.
   DfpConvOptions options_for(const std::string& layer) const;
   // bf16 or fp16: operands rounded to 16-bit floats, FP32 accumulation.
-  bool is_float() const noexcept { return precision == Precision::bf16 || precision == Precision::fp16; }
+  bool is_float() const noexcept { return operand_format(precision) != FloatFormat::fp32; }
   // BF16 in all three classes: the form BF16-operand kernels (the table's conv_bf16) run.
   bool all_bf16() const noexcept {
     return is_float() && formats.weights == FloatFormat::bf16 && formats.activations == FloatFormat::bf16 &&

@@ -10,23 +10,49 @@
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/named_enum.hpp"
+#include <iterator>
 
 namespace dfp {
 
+namespace {
+// Every precision once: its name, and the 16-bit float format a float precision rounds its
+// operands to (fp32: none).
+struct PrecisionInfo {
+  Precision value;
+  const char* name;
+  FloatFormat operands;
+};
+constexpr PrecisionInfo kPrecisions[] = {
+    {Precision::fp32, "fp32", FloatFormat::fp32},
+    {Precision::int16, "int16", FloatFormat::fp32},
+    {Precision::bf16, "bf16", FloatFormat::bf16},
+    {Precision::fp16, "fp16", FloatFormat::fp16},
+};
+const PrecisionInfo* info(Precision p) noexcept {
+  for (const PrecisionInfo& i : kPrecisions)
+    if (i.value == p) return &i;
+  return nullptr;
+}
+}  // namespace
+
 const char* precision_name(Precision p) noexcept {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::int16: return "int16";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-  }
-  return "?";
+  const PrecisionInfo* i = info(p);
+  return i ? i->name : "?";
+}
+
+FloatFormat operand_format(Precision p) noexcept {
+  const PrecisionInfo* i = info(p);
+  return i ? i->operands : FloatFormat::fp32;
 }
 
 Precision parse_precision(const std::string& text, const std::string& origin) {
-  return parse_named(text, {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}, precision_name,
-                     origin, "precision");
+  std::string expected;
+  const size_t n = std::size(kPrecisions);
+  for (size_t k = 0; k < n; ++k) {
+    if (text == kPrecisions[k].name) return kPrecisions[k].value;
+    expected += (k == 0 ? "" : k + 1 == n ? " or " : ", ") + std::string(kPrecisions[k].name);
+  }
+  fail(Status::invalid_argument, origin + ": unknown precision '" + text + "'; expected " + expected);
 }
 
 namespace {
@@ -71,13 +97,13 @@ DfpConvOptions LayerPrecision::options_for(const std::string& layer) const {
 }
 
 ClassFormats PrecisionPolicy::class_formats(Precision p) const {
-  const FloatFormat own = p == Precision::fp16 ? FloatFormat::fp16 : p == Precision::bf16 ? FloatFormat::bf16 : FloatFormat::fp32;
+  const FloatFormat own = operand_format(p);
   return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own)};
 }
 
 void PrecisionPolicy::validate(const std::string& origin) const {
-  bool any_float = precision == Precision::bf16 || precision == Precision::fp16;
-  for (const auto& o : overrides) any_float |= o.second == Precision::bf16 || o.second == Precision::fp16;
+  bool any_float = operand_format(precision) != FloatFormat::fp32;
+  for (const auto& o : overrides) any_float |= operand_format(o.second) != FloatFormat::fp32;
   const bool class_formats_set = weights_format || activations_format || gradients_format;
   DFP_CHECK(!class_formats_set || any_float, Status::invalid_argument,
             origin + ": per-class formats (weights/activations/gradients) apply to bf16/fp16 layers, but the policy "
