@@ -150,7 +150,7 @@ inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) noexcept {
 // dst) per flush; one that overwrites sums float(acc) unscaled and multiplies by the scale once,
 // at its last flush (the same bits: see Flush in simd/avx512/conv_s16_kernels.hpp; the reference,
 // simd/ref/conv_ref.cpp, sums in the same order). Planning chooses `chain` from a bound on the
-// actual operands so that no INT32 partial sum can overflow (conv_int16.cpp).
+// actual operands so that no INT32 partial sum can overflow (src/ops/conv_int16/chains.cpp).
 
 // "Pixel" kernel, used by forward propagation and backward-data. Computes, for `npix` output
 // pixels and `nob` blocks of 16 output lanes:

@@ -1,6 +1,6 @@
 // The DFP16 exponent's input, one rule for every quantizer (the public ones in dfp16.cpp and the
-// convolution's own in conv_int16.cpp): trust the maximum the tensor's producer measured, or
-// measure it, refusing non-finite elements under NonFinitePolicy::error.
+// convolution's own in src/ops/conv_int16/quantize.cpp): trust the maximum the tensor's producer
+// measured, or measure it, refusing non-finite elements under NonFinitePolicy::error.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,188 @@
+// The INT16 convolution's pixel-kernel passes, forward (x -> y) and backward-data (dy -> dx): one
+// driver runs the planned phases as row calls, edge-column calls or image tiles, each call with the
+// chain of the rows it reads; an unfolded layer's dx is folded back from dx'.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+
+#include "src/ops/conv_int16/conv_int16_impl.hpp"
+
+namespace dfp {
+
+// img[n * rows + y] = the largest row_max[(n * blocks + b) * rows + y] over the blocks b: the
+// bound on every source of image n's row y.
+void ConvInt16::Impl::image_row_max(const int16_t* row_max, int blocks, int rows, int16_t* img) const {
+  ctx.parallel_for(sh.N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      int16_t* d = img + n * rows;
+      std::copy_n(row_max + n * blocks * rows, rows, d);
+      for (int b = 1; b < blocks; ++b) {
+        const int16_t* m = row_max + (n * blocks + b) * rows;
+        for (int y = 0; y < rows; ++y) d[y] = std::max(d[y], m[y]);
+      }
+    }
+  });
+}
+
+// Of n lines `stride` bytes apart, the most that share one L1 set (64 sets of 64-byte lines:
+// addresses 4 KiB apart share a set).
+int ConvInt16::Impl::same_set_lines(int64_t stride, int n) {
+  const int64_t r = stride % 4096 / 64;  // set step per line
+  const int64_t sets = r == 0 ? 1 : 64 / std::gcd(r, int64_t{64});
+  return static_cast<int>((n + sets - 1) / sets);
+}
+
+// Runs a pixel-kernel pass from src (quantized with src_stats, per-row maxima row_max
+// [N][in_blocks][src_rows]) through the packed weights wei into dst (added to it with
+// accumulate). Returns the pass's shortest chain, which it reports.
+int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats,
+                                    const int16_t* row_max, const int16_t* wei, float* dst, bool accumulate,
+                                    const char* pass) {
+  const auto fn = pixel_fn();
+  simd::PixelKernelArgs base{};
+  base.chain = choose_chains(pp, src_stats.max_abs_int);
+  base.scale = pow2(src_stats.exponent + stats.w.exponent, name, pass);
+  base.accumulate = accumulate;
+  // Phases that no tap reaches (a strided layer's backward data) only write zeros: where the
+  // output is far larger than the cache, with non-temporal stores, instead of reading each line
+  // for ownership first (see PixelKernelArgs::stream).
+  const bool stream_zeros = !accumulate && reinterpret_cast<uintptr_t>(dst) % 64 == 0 &&
+                            size_t(sh.N) * pp.dst_img * sizeof(float) > kStreamMinBytes;
+  base.nib = pp.in_blocks;
+  base.pairs = pairs_of(pp.in_channels);
+  base.src_ib = pp.src_ib;
+  base.wei_ib = int64_t(T) * 256;
+  base.wei_ob = int64_t(pp.in_blocks) * base.wei_ib;
+  const int64_t wei_group = 2 * base.wei_ob;  // weights of a group of two output blocks
+  const int ngroups = (pp.out_blocks + 1) / 2;
+  base.dst_ob = pp.dst_ob;
+  image_row_max(row_max, pp.in_blocks, pp.src_rows, pp.img_max.data());
+  // The largest |q| of the source rows that a phase's output rows [i0, i1) of image n read.
+  auto bound = [&](const Phase& p, int n, int i0, int i1) {
+    return span_max(pp.img_max.data() + size_t(n) * pp.src_rows, i0 * pp.row_step + p.dr_min,
+                    (i1 - 1) * pp.row_step + p.dr_max, pp.src_rows);
+  };
+  if (pp.image_tiles) {
+    // Tiles of images at one output position; items run output-block groups outermost, so a
+    // thread's consecutive items share the group's weights (in L2: a fully connected layer
+    // reads its weights once, not once per tile). 14 images, or 8 where 14 lines would crowd
+    // L1 sets (kImageTileNarrow; a 512 -> 512 layer's 1 KiB rows, 4 lines per set, keep 14).
+    // Figures: docs/design/kernels.md.
+    base.src_pix = pp.src_img;
+    base.dst_pix = pp.dst_img;
+    const int wide = simd::max_pixels(2);
+    const int per = same_set_lines(pp.src_img * int64_t(sizeof(int16_t)), wide) <= 4 &&
+                            same_set_lines(pp.dst_img * int64_t(sizeof(float)), wide) <= 4
+                        ? wide
+                        : kImageTileNarrow;
+    const int64_t nblk = (sh.N + per - 1) / per, per_group = pp.pos_begin.back() * nblk;
+    run_calls(ngroups * per_group, base, [&](simd::PixelKernelArgs& a, int64_t r) {
+      const int g = static_cast<int>(r / per_group);
+      const int64_t pos = r % per_group / nblk;
+      const int n0 = static_cast<int>(r % nblk) * per;
+      size_t q = 0;
+      while (pos >= pp.pos_begin[q + 1]) ++q;
+      const Phase& p = pp.phases[q];
+      a.stream = stream_zeros && p.tap_wei.empty();
+      const int i = static_cast<int>((pos - pp.pos_begin[q]) / p.nj), j = static_cast<int>((pos - pp.pos_begin[q]) % p.nj);
+      a.npix = std::min(per, sh.N - n0);
+      int32_t tile_bound = 0;  // over the tile's images
+      for (int n = n0; n < n0 + a.npix; ++n) tile_bound = std::max(tile_bound, bound(p, n, i, i + 1));
+      use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), tile_bound);
+      a.nob = std::min(2, pp.out_blocks - 2 * g);
+      a.wei = wei + g * wei_group;
+      a.src = src + n0 * pp.src_img + i * pp.src_row + j * pp.src_col;
+      a.dst = dst + n0 * pp.dst_img + 2 * g * pp.dst_ob + p.dst_off + i * pp.dst_row + j * pp.dst_col;
+      fn(a);
+    });
+    return base.chain;
+  }
+  // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls.
+  run_calls(pp.row_begin.back(), base, [&](simd::PixelKernelArgs& a, int64_t r) {
+    size_t q = 0;  // the phase of item r
+    while (r >= pp.row_begin[q + 1]) ++q;
+    const Phase& p = pp.phases[q];
+    a.stream = stream_zeros && p.tap_wei.empty();
+    const int64_t local = r - pp.row_begin[q], per_image = p.ni + p.edges.calls();
+    const int n = static_cast<int>(local / per_image);
+    const int16_t* src_n = src + n * pp.src_img;
+    float* dst_n = dst + n * pp.dst_img + p.dst_off;
+    if (local % per_image >= p.ni) {  // an edge column's call: pixels down its rows
+      int i0;
+      const EdgeColumns::Column& col = p.edges.use(a, local % per_image - p.ni, i0);
+      a.chain = col.chain.for_bound(bound(p, n, i0, i0 + a.npix));
+      a.src_pix = pp.src_row;
+      a.dst_pix = pp.dst_row;
+      a.src = src_n + i0 * pp.src_row + col.col * pp.src_col;
+      for (int g = 0; g < ngroups; ++g) {
+        a.nob = std::min(2, pp.out_blocks - 2 * g);
+        a.wei = wei + g * wei_group;
+        a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
+        fn(a);
+      }
+      return;
+    }
+    const int i = static_cast<int>(local % per_image);
+    a.src_pix = pp.src_col;
+    a.dst_pix = pp.dst_col;
+    use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), bound(p, n, i, i + 1));
+    const int16_t* src_row = src_n + i * pp.src_row;
+    float* dst_row = dst_n + i * pp.dst_row;
+    for (int g = 0; g < ngroups; ++g) {
+      a.nob = std::min(2, pp.out_blocks - 2 * g);
+      const RowBlocks& rb = pp.blocks[q];
+      const auto& bs = a.nob == 2 ? rb.start2 : rb.start1;
+      const auto& bl = a.nob == 2 ? rb.len2 : rb.len1;
+      a.wei = wei + g * wei_group;
+      for (size_t b = 0; b < bs.size(); ++b) {
+        a.npix = bl[b];
+        a.src = src_row + bs[b] * pp.src_col;
+        a.dst = dst_row + 2 * g * pp.dst_ob + bs[b] * pp.dst_col;
+        fn(a);
+      }
+    }
+  });
+  return base.chain;
+}
+
+void ConvInt16::Impl::forward(float* y) {
+  require(have_w, "forward", "set_weights()");
+  require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
+  stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, x_row_max.data(), wf.data(), y, false, "forward");
+}
+
+void ConvInt16::Impl::backward_data(float* dx_out, bool accumulate) {
+  DFP_CHECK(opt.input_gradient, Status::invalid_argument,
+            "convolution '" + name + "': backward_data() called on an operator built with input_gradient = false");
+  require(have_w, "backward_data", "set_weights()");
+  require(have_dy, "backward_data", "quantize_grad_output()");
+  // Unfolded: dx' is scratch, folded into dx_out below.
+  stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, dy_row_max.data(), wb.data(),
+                                   unfold ? dx_unfolded.data() : dx_out, accumulate && !unfold, "backward_data");
+  if (unfold) fold_dx(dx_out, accumulate);
+}
+
+// dx[n][c][h][w] = sum over (ow, s) with ow * stride_w + s - pad_w = w of dx'[n][s * C + c][h][ow],
+// added in (ow, s) order: the inverse of the unfolding's gather (to what dx holds with accumulate).
+void ConvInt16::Impl::fold_dx(float* dx, bool accumulate) const {
+  const float* du = dx_unfolded.data();
+  ctx.parallel_for(int64_t(user.N) * user.H, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / user.H, y = r % user.H;
+      float* d = dx + size_t(r) * user.W * 16;  // C < 16: one block
+      if (!accumulate) std::fill(d, d + size_t(user.W) * 16, 0.f);
+      for (int ow = 0; ow < sh.W; ++ow)
+        for (int s = 0; s < user.S; ++s) {
+          const int w = ow * user.stride_w + s - user.pad_w;
+          if (w < 0 || w >= user.W) continue;
+          for (int c = 0; c < user.C; ++c) {
+            const int cu = s * user.C + c;
+            d[size_t(w) * 16 + c] += du[((size_t(n) * CB + cu / 16) * sh.H + y) * sh.W * 16 + size_t(ow) * 16 + cu % 16];
+          }
+        }
+    }
+  });
+}
+
+}  // namespace dfp

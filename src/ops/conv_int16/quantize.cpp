@@ -1,0 +1,253 @@
+// The INT16 convolution's activations and gradients: x and dy quantized to DFP16 into the kernels'
+// layouts (x's padded copy xq and batch-pair copy xp, dy's padded copy dyq and batch-pair copy dyp),
+// with each row's largest |q| for the chain bounds; x from the caller's tensor, its column
+// unfolding, or a producer's spans.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "src/atomic_max.hpp"
+#include "src/dfp16_internal.hpp"
+#include "src/ops/conv_int16/conv_int16_impl.hpp"
+
+namespace dfp {
+
+// Quantizes a blocked FP32 tensor [N][B][h][w][16] into the interior of a padded int16 tensor
+// [N][B][hb][wb][16] at border (top, left), then builds the batch-pair copy [NP][B][h2][w2][16][2]
+// (with its own border) from it. known_max: max|src| measured by the tensor's producer (negative
+// or non-finite: measured here). The rows come from src, from src's column unfolding
+// (unfolded_src) or from a producer (spans).
+QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb,
+                                             int top, int left, int16_t* pair, int h2, int w2, int top2, int left2,
+                                             const QuantOptions& qo, float known_max, int16_t* row_max,
+                                             bool unfolded_src, const SpanSource* spans, int pair_step) {
+  // pair_step > 1: the batch-pair copy takes every pair_step-th row and pixel (from row and
+  // pixel 0) of the plane copy dst; h2, w2 are then its subsampled sizes.
+  // src is the tensor as the caller holds it: with unfolded_src, the caller's x, whose x' rows
+  // are gathered as they are quantized.
+  const size_t n = unfolded_src ? blocked_size(user.N, user.C, user.H, user.W) : size_t(sh.N) * B * h * w * 16;
+  // Spans come from a producer that measured the maximum itself (quantize_input_spans checks it).
+  const float m = detail::exponent_max_abs(ctx, src, n, known_max, qo.nonfinite, detail::TensorName{qo.name, name});
+  const int e = dfp16_exponent(m, qo.headroom);
+  const auto quant = ctx.kernels().quantize.fn;
+  const auto inter = ctx.kernels().interleave.fn;
+  std::atomic<uint64_t> saturated{0}, nonfinite{0};
+  std::atomic<int32_t> max_q{0};
+  const size_t row_len = size_t(w) * 16;
+  // Plane (image n, block b) of src into dst, row by row, with its zero border (dst is workspace
+  // that other operators wrote in between); each row is then handed to after_row(y). Planes are
+  // the parallel unit: per-row work with a 64-bit division or two per row cost as much as
+  // quantizing a 32-pixel row.
+  // Runs quantize() on one row's elements (or a piece of them) and returns their largest |q|,
+  // which cnt's running maximum also takes.
+  auto largest_q = [](simd::QuantCounters& cnt, auto&& quantize) {
+    const int32_t before = cnt.max_abs_q;
+    cnt.max_abs_q = 0;
+    quantize();
+    const int32_t q = cnt.max_abs_q;
+    cnt.max_abs_q = std::max(before, q);
+    return q;
+  };
+  auto quant_plane = [&](int n, int b, simd::QuantCounters& cnt, auto&& after_row) {
+    const size_t img_blk = size_t(n) * B + b;
+    int16_t* plane = dst + img_blk * hb * wb * 16;
+    std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
+    for (int y = 0; y < h; ++y) {
+      const size_t r = img_blk * h + y;  // the row's index in src
+      int16_t* d = plane + ((size_t(y) + top) * wb + left) * 16;
+      const int32_t q = largest_q(cnt, [&] {
+        if (spans)
+          quant_span_row(*spans, n, b, y, w, d, e, qo, r * row_len, cnt);
+        else if (unfolded_src)
+          quant_unfolded_row(src, n, b, y, d, e, qo, r * row_len, cnt);
+        else
+          quant(src + r * row_len, d, row_len, e, qo.rounding, qo.seed, r * row_len, &cnt);
+      });
+      if (row_max) row_max[r] = static_cast<int16_t>(q);
+      zero_pixels(d - size_t(left) * 16, left);
+      zero_pixels(d + row_len, wb - left - w);
+      after_row(y);
+    }
+    std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
+  };
+  auto count = [&](const simd::QuantCounters& cnt) {
+    saturated.fetch_add(cnt.saturated);
+    nonfinite.fetch_add(cnt.nonfinite);
+    atomic_max(max_q, cnt.max_abs_q);
+  };
+  if (!dst) {
+    // The batch-pair layout alone (dy without a backward-data pass): row y of plane b of images
+    // 2p and 2p+1 is quantized a piece at a time into an L1 tile per image and interleaved from
+    // there. The elements, their stochastic indices and the row maxima are the plane path's.
+    DFP_CHECK(pair && !spans && !unfolded_src, Status::internal,
+              "convolution '" + name + "': pair-only quantization of a plain tensor expected");
+    constexpr size_t kPiece = 2048;  // int16 per image and piece: 128 pixels
+    ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
+      simd::QuantCounters cnt;
+      alignas(64) int16_t tile[2][kPiece];
+      for (int64_t t = t0; t < t1; ++t) {
+        const int p = static_cast<int>(t / B), b = static_cast<int>(t % B);
+        const int images = 2 * p + 1 < sh.N ? 2 : 1;
+        for (int y = 0; y < h; ++y) {
+          int32_t row_q[2] = {0, 0};
+          int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
+          for (size_t o = 0; o < row_len; o += kPiece) {
+            const size_t len = std::min(kPiece, row_len - o);
+            for (int i = 0; i < images; ++i) {
+              const size_t r = (size_t(2 * p + i) * B + b) * h + y;  // the row's index in src
+              row_q[i] = std::max(row_q[i], largest_q(cnt, [&] {
+                quant(src + r * row_len + o, tile[i], len, e, qo.rounding, qo.seed, r * row_len + o, &cnt);
+              }));
+            }
+            inter(tile[0], images == 2 ? tile[1] : nullptr, d + o * 2, len);
+          }
+          if (row_max)
+            for (int i = 0; i < images; ++i) row_max[(size_t(2 * p + i) * B + b) * h + y] = static_cast<int16_t>(row_q[i]);
+        }
+      }
+      count(cnt);
+    });
+  } else if (pair) {
+    // With the batch-pair copy: plane b of images 2p and 2p+1 (absent for odd N: zeros), each
+    // row interleaved once both images have it, while it is still in L1.
+    ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
+      simd::QuantCounters cnt;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int p = static_cast<int>(t / B), b = static_cast<int>(t % B);
+        const bool second = 2 * p + 1 < sh.N;
+        auto interleave_row = [&](int y) {
+          if (y % pair_step) return;
+          const int16_t* a = dst + (((size_t(2 * p) * B + b) * hb + y + top) * wb + left) * 16;
+          const int16_t* a2 = second ? a + size_t(B) * hb * wb * 16 : nullptr;
+          int16_t* d = pair + (((size_t(p) * B + b) * h2 + y / pair_step + top2) * w2 + left2) * 32;
+          if (pair_step == 1) {
+            inter(a, a2, d, row_len);
+            return;
+          }
+          // Every pair_step-th pixel of both rows, gathered a piece at a time, then interleaved.
+          constexpr int kPiecePixels = 64;
+          alignas(64) int16_t g[2][kPiecePixels * 16];
+          for (int x0 = 0; x0 < w2; x0 += kPiecePixels) {
+            const int np = std::min(kPiecePixels, w2 - x0);
+            for (int i = 0; i < np; ++i) {
+              const size_t from = size_t(x0 + i) * pair_step * 16;
+              std::memcpy(g[0] + i * 16, a + from, 32);
+              if (a2) std::memcpy(g[1] + i * 16, a2 + from, 32);
+            }
+            inter(g[0], a2 ? g[1] : nullptr, d + size_t(x0) * 32, size_t(np) * 16);
+          }
+        };
+        if (second) {
+          quant_plane(2 * p, b, cnt, [](int) {});
+          quant_plane(2 * p + 1, b, cnt, interleave_row);
+        } else {
+          quant_plane(2 * p, b, cnt, interleave_row);
+        }
+      }
+      count(cnt);
+    });
+  } else {
+    ctx.parallel_for(int64_t(sh.N) * B, [&](int64_t t0, int64_t t1) {
+      simd::QuantCounters cnt;
+      for (int64_t t = t0; t < t1; ++t) quant_plane(static_cast<int>(t / B), static_cast<int>(t % B), cnt, [](int) {});
+      count(cnt);
+    });
+  }
+  QuantStats st;
+  st.exponent = e;
+  st.max_abs = m;
+  st.saturated = saturated.load();
+  st.nonfinite = nonfinite.load();
+  st.max_abs_int = max_q.load();
+  if (st.nonfinite && qo.nonfinite == NonFinitePolicy::error)
+    detail::fail_nonfinite(src, n, st.nonfinite, detail::TensorName{qo.name, name});
+  return st;
+}
+
+// Quantizes block b of row y of image n of x (w pixels) into d, asking the producer for it a span
+// at a time into an L1 tile. index_base: the row's first element, for the stochastic stream.
+// Out of line: the per-row loop of the plain path stays small enough to inline.
+__attribute__((noinline)) void ConvInt16::Impl::quant_span_row(const SpanSource& spans, int n, int b, int y, int w,
+                                                               int16_t* d, int e, const QuantOptions& qo,
+                                                               size_t index_base, simd::QuantCounters& cnt) const {
+  constexpr int kSpan = ConvInt16::kInputSpanPixels;
+  alignas(64) float tile[kSpan * 16];
+  const auto quant = ctx.kernels().quantize.fn;
+  for (int w0 = 0; w0 < w; w0 += kSpan) {
+    const int np = std::min(kSpan, w - w0);
+    spans.fn(spans.producer, n, b, y, w0, np, tile);
+    quant(tile, d + size_t(w0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, index_base + size_t(w0) * 16, &cnt);
+  }
+}
+
+// Quantizes block b of row y of image n of x' (see unfold) into d, gathering it from the
+// caller's x (one block: C < 16) a tile of pixels at a time. index_base: the row's first element
+// in x', for the stochastic stream.
+void ConvInt16::Impl::quant_unfolded_row(const float* x, int n, int b, int y, int16_t* d, int e,
+                                         const QuantOptions& qo, size_t index_base,
+                                         simd::QuantCounters& cnt) const {
+  static constexpr float kZeros[16] = {};
+  const int C = user.C, S = user.S, WD = CB * 16;  // WD: x' pixel width
+  // Pixel-major x' (16 lanes of slack: the last copy runs past its pixel), and block b of it.
+  alignas(64) float wide[kUnfoldPixels * kUnfoldBlocks * 16 + 16];
+  alignas(64) float block[kUnfoldPixels * 16];
+  const float* xrow = x + (size_t(n) * user.H + y) * user.W * 16;
+  const auto quant = ctx.kernels().quantize.fn;
+  for (int ow0 = 0; ow0 < sh.W; ow0 += kUnfoldPixels) {
+    const int np = std::min(kUnfoldPixels, sh.W - ow0);
+    for (int i = 0; i < np; ++i) {
+      float* px = wide + size_t(i) * WD;
+      const int w0 = (ow0 + i) * user.stride_w - user.pad_w;
+      // 16 lanes from lane s * C: those past C (x's zero padding) are overwritten by the next
+      // column's copy, and past S * C cleared below.
+      for (int s = 0; s < S; ++s) {
+        const int w = w0 + s;
+        std::memcpy(px + s * C, w >= 0 && w < user.W ? xrow + size_t(w) * 16 : kZeros, 16 * sizeof(float));
+      }
+      std::fill(px + S * C, px + WD, 0.f);
+    }
+    const float* src = wide;
+    if (WD > 16) {
+      for (int i = 0; i < np; ++i) std::memcpy(block + i * 16, wide + size_t(i) * WD + b * 16, 16 * sizeof(float));
+      src = block;
+    }
+    quant(src, d + size_t(ow0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, index_base + size_t(ow0) * 16, &cnt);
+  }
+}
+
+// x -> its padded forward copy xq and batch-pair copy xp: from the caller's tensor (gathered
+// into its column unfolding where the layer unfolds), or from a producer's spans.
+void ConvInt16::Impl::quantize_x(const float* x, float known_max, const SpanSource* spans) {
+  ensure_workspace();
+  stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0,
+                             step_x, known_max, x_row_max.data(), unfold && !spans, spans, xp_step);
+  have_x = have_x_fwd = true;
+  if (shared_workspace) have_dy = false;  // the workspace now holds x
+}
+
+void ConvInt16::Impl::quantize_input(const float* x, float known_max) { quantize_x(x, known_max, nullptr); }
+
+void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs) {
+  DFP_CHECK(!unfold, Status::invalid_argument,
+            "convolution '" + name + "': quantize_input_spans() on a layer with unfolded columns (C = " +
+                std::to_string(user.C) + " < 16); use quantize_input()");
+  DFP_CHECK(max_abs >= 0.f && std::isfinite(max_abs), Status::invalid_argument,
+            "convolution '" + name + "': quantize_input_spans() needs a finite max_abs >= 0, got " +
+                std::to_string(max_abs));
+  const SpanSource spans{fn, producer};
+  quantize_x(nullptr, max_abs, &spans);
+}
+
+void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max) {
+  ensure_workspace();
+  stats.dy = quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
+                              dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data());
+  have_dy = true;
+  if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
+}
+
+}  // namespace dfp

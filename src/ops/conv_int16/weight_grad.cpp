@@ -1,0 +1,324 @@
+// The INT16 convolution's weight gradient: the pair kernel reduces x and dy batch pairs over output
+// positions, in tiles with dy interleaved (or read in place) and fetched ahead, into FP32 partials
+// per output block or per fixed slice of the batch, summed in a fixed order into dW.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <xmmintrin.h>  // _mm_prefetch (baseline SSE)
+
+#include "src/ops/conv_int16/conv_int16_impl.hpp"
+
+namespace dfp {
+
+namespace {
+
+int pair_chain(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return kMaxChain;
+  return static_cast<int>(std::min<int64_t>(kInt32Max / (2 * a * b), kMaxChain));
+}
+
+// Cache lines to fetch into L2 ahead of use, a few at a time: up to kRuns contiguous byte runs
+// (images x blocks x rows). Narrow layers have more rows per tile than fit; their later rows
+// are not fetched ahead, and those layers' dy is small enough to sit in cache anyway.
+class DyPrefetch {
+ public:
+  static constexpr int kRuns = 64;
+  void reset() { n_ = run_ = 0; off_ = 0; total_ = 0; }
+  void add(const void* p, size_t bytes) {
+    if (n_ == kRuns) return;
+    // From the line holding the first byte to the line holding the last one.
+    const char* first = static_cast<const char*>(p);
+    const size_t skew = reinterpret_cast<uintptr_t>(first) % 64;
+    runs_[n_++] = {first - skew, bytes + skew};
+    total_ += (bytes + skew + 63) / 64;
+  }
+  size_t lines() const { return total_; }
+  void issue(size_t count) {
+    for (; count > 0 && run_ < n_; --count) {
+      _mm_prefetch(runs_[run_].p + off_, _MM_HINT_T1);
+      if ((off_ += 64) >= runs_[run_].bytes) { ++run_; off_ = 0; }
+    }
+  }
+
+ private:
+  struct Run { const char* p; size_t bytes; };
+  Run runs_[kRuns];
+  int n_ = 0, run_ = 0;
+  size_t off_ = 0, total_ = 0;
+};
+
+}  // namespace
+
+void ConvInt16::Impl::backward_weights(float* dw) {
+  require(have_x, "backward_weights", "quantize_input()");
+  require(have_dy, "backward_weights", "quantize_grad_output()");
+  const int chain = opt.chain_override ? opt.chain_override : pair_chain(stats.x.max_abs_int, stats.dy.max_abs_int);
+  stats.chain_wgrad = chain;
+  const float scale = pow2(stats.x.exponent + stats.dy.exponent, name, "backward_weights");
+  const auto fn = pair_fn();
+  const int ns = wgrad_partials();
+  const int64_t dw_k = dw_row();
+  const bool lanes_k = wgrad_lanes_k();
+  const size_t part = size_t(dw_rows()) * dw_k;  // [K16][T][C16] (lanes_k: [C16][T][K16]), rows padded
+  // Tiles of positions per call: enough to amortise the flush; their dy pairs fit a stack tile.
+  const int chunk_cols = std::min(OW, kPairTile);
+  const int chunk_rows = std::max(1, std::min(OH, kPairTile / chunk_cols));
+  const auto inter = ctx.kernels().interleave.fn;
+  // A fully connected layer with whole channel blocks whose tasks own whole dW rows writes dW
+  // [K][C] in place: no partials to zero, and none to copy (for a large layer those are most of
+  // the pass; docs/design/kernels.md).
+  const bool direct = gemm && by_output_block() && sh.C % 16 == 0;
+  simd::PairKernelArgs base{};
+  base.dw_k = direct ? sh.C : dw_k;
+  base.nk = 16;
+  base.x_row = int64_t(x_row_step) * xp_w * 32;
+  base.x_col = int64_t(x_col_step) * 32;
+  base.dy_col = 32;
+  base.chain = chain;
+  // Partials are sums in units of the scale, which sum_into_dw applies: a flush into them is
+  // then an add (scale 1), which leaves VPDPWSSD's pipes free, where an FMA would take them. The
+  // same bits: every partial is an integer, and scaling by a power of two commutes with
+  // rounding in the normal range (multiples of scale >= 2^-126). The direct (in-place) calls
+  // scale themselves.
+  base.scale = direct ? scale : 1.f;
+  // All reduction work for image pairs [p0, p1) and output blocks [kb0, kb1), into acc.
+  auto reduce = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
+    if (gemm) {  // fully connected: positions are the image pairs, one call per dW block
+      simd::PairKernelArgs g = a;
+      g.rows = p1 - p0;
+      g.cols = 1;
+      g.x_row = int64_t(CB) * 32;
+      g.dy_row = int64_t(KB) * 32;
+      g.x_col = g.dy_col = 0;
+      g.accumulate = false;  // the block's only call: acc is not zeroed
+      for (int kb = kb0; kb < kb1; ++kb)
+        for (int cb = 0; cb < CB; ++cb) {
+          g.nk = std::min(16, sh.K - kb * 16);
+          g.x = xp.data() + (size_t(p0) * CB + cb) * 32;
+          g.dy = dyp_at(p0, kb, 0, 0);
+          g.dw = acc + size_t(kb) * 16 * g.dw_k + size_t(cb) * 16;
+          fn(g);
+        }
+      return;
+    }
+    // dy pairs of one tile of positions for up to kWgradKbGroup output blocks. The output blocks
+    // are the innermost loop, so each x tile (one cb and tap, in L1) serves all of them: with kb
+    // outermost, 1x1 layers with many channels re-streamed x from memory once per kb.
+    alignas(64) int16_t tile[kWgradKbGroup][kPairTile * 32 + 32];
+    // Row oh, columns from ow0, of output block kb of image n in dyq.
+    auto dy_row = [&](int n, int kb, int oh, int ow0) {
+      return dyq + (((size_t(n) * KB + kb) * OHb + oh + pt) * OWb + ow0 + pl) * 16;
+    };
+    // The work runs in steps: image pair p, the tile of output positions at (oh0, ow0), and the
+    // group of output blocks from kg, kg fastest. next() advances a step and says whether one
+    // follows, so the prefetch below targets exactly the step that runs next.
+    struct Step {
+      int p, oh0, ow0, kg;
+    };
+    auto next = [&](Step& st) {
+      if ((st.kg += kWgradKbGroup) < kb1) return true;
+      st.kg = kb0;
+      if ((st.ow0 += chunk_cols) < OW) return true;
+      st.ow0 = 0;
+      if ((st.oh0 += chunk_rows) < OH) return true;
+      st.oh0 = 0;
+      return ++st.p < p1;
+    };
+    // Where dy is larger than kDyPrefetchMinBytes, the dy rows of the next step are fetched into
+    // L2 while this one computes, a share before each kernel call: interleaving them straight
+    // from memory stalls on the whole tile (docs/design/kernels.md). Otherwise `ahead` stays
+    // empty.
+    DyPrefetch ahead;
+    const bool prefetch_dy = (dy_whole_pairs ? dyp_bytes : dyq_bytes) > kDyPrefetchMinBytes;
+    auto plan_ahead = [&](Step st) {
+      ahead.reset();
+      if (!prefetch_dy || !next(st)) return;
+      const int oh1 = std::min(OH, st.oh0 + chunk_rows), ow1 = std::min(OW, st.ow0 + chunk_cols);
+      for (int kb = st.kg; kb < std::min(kb1, st.kg + kWgradKbGroup); ++kb)
+        for (int oh = st.oh0; oh < oh1; ++oh) {
+          if (dy_whole_pairs) {  // the kernel reads dyp's rows in place: fetch those
+            ahead.add(dyp_at(st.p, kb, oh, st.ow0), size_t(ow1 - st.ow0) * 64);
+            continue;
+          }
+          for (int n = 2 * st.p; n < std::min(sh.N, 2 * st.p + 2); ++n)
+            ahead.add(dy_row(n, kb, oh, st.ow0), size_t(ow1 - st.ow0) * 32);
+        }
+    };
+    if (p0 >= p1) return;  // an empty slice (fewer image pairs than slices)
+    Step step{p0, 0, 0, kb0};
+    do {
+      const int p = step.p, oh0 = step.oh0, ow0 = step.ow0, kg = step.kg;
+      const int oh1 = std::min(OH, oh0 + chunk_rows), ow1 = std::min(OW, ow0 + chunk_cols);
+      const int cols = ow1 - ow0;
+      const int kg1 = std::min(kb1, kg + kWgradKbGroup);
+      a.dy_row = int64_t(dy_whole_pairs ? OW : cols) * 32;
+      // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps
+      // (unless quantization wrote them so, whole, into dyp).
+      if (!dy_whole_pairs)
+        for (int kb = kg; kb < kg1; ++kb)
+          for (int oh = oh0; oh < oh1; ++oh) {
+            const int16_t* i0 = dy_row(2 * p, kb, oh, ow0);
+            const int16_t* i1 = 2 * p + 1 < sh.N ? dy_row(2 * p + 1, kb, oh, ow0) : nullptr;
+            inter(i0, i1, tile[kb - kg] + size_t(oh - oh0) * cols * 32, size_t(cols) * 16);
+          }
+      plan_ahead(step);
+      const size_t share = ahead.lines() / (size_t(CB) * T * (kg1 - kg)) + 1;
+      // Chains for this step's sources: the largest |q| of the rows it reads, per block, over
+      // both images (pair_chain's bound holds for any bounds on |x| and |dy|).
+      const int n1 = std::min(sh.N, 2 * p + 2);
+      int32_t dy_bound[kWgradKbGroup];
+      for (int kb = kg; kb < kg1; ++kb) {
+        dy_bound[kb - kg] = 0;
+        for (int n = 2 * p; n < n1; ++n)
+          dy_bound[kb - kg] = std::max(dy_bound[kb - kg],
+                                       span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, oh0, oh1, OH));
+      }
+      // x_row_max counts x's own rows even where xp keeps every xp_step-th one (strided 1x1): the
+      // bound over all rows the window spans is conservative and leaves the chains, so the bits,
+      // as they were; the gradient loop below indexes xp's rows (x_row_step, xp_h) instead.
+      const int ih0 = oh0 * sh.stride_h - sh.pad_h, ih1 = (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R;
+      int chains[kWgradKbGroup];
+      for (int cb = 0; cb < CB; ++cb) {
+        int32_t x_bound = 0;
+        for (int n = 2 * p; n < n1; ++n)
+          x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
+        for (int kb = kg; kb < kg1; ++kb)
+          chains[kb - kg] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[kb - kg]));
+        // The next input block's rows of this tile are a plane away: a new stream that the
+        // hardware prefetcher finds only after a few misses, from L3 or memory where the layer
+        // has many channels or large planes. The kernel calls of this block fetch it while they
+        // compute, a share each, a line per position: a burst before the block's calls would
+        // stall on the full miss queue, and the rest would miss. Stride-1 3x3 layers, which
+        // reuse x across taps, neither gain nor lose (figures: docs/design/kernels.md).
+        // The range is the next block's whole rows (xp_w wide) whatever the column tile, so a
+        // layer wider than kPairTile (VGG's 224) fetches those rows once per column tile: a hint
+        // repeated, not a wrong result.
+        const char *next_x = nullptr, *x_end = nullptr;
+        size_t x_share = 0;  // bytes per call
+        if (cb + 1 < CB) {
+          const int r0 = std::max(0, oh0 * x_row_step - sh.pad_h);
+          const int r1 = std::min(xp_h, (oh1 - 1) * x_row_step - sh.pad_h + sh.R);
+          next_x = reinterpret_cast<const char*>(xp.data() + ((size_t(p) * CB + cb + 1) * xp_h + r0) * xp_w * 32);
+          const size_t lines = size_t(std::max(0, r1 - r0)) * xp_w;  // 64 bytes per position
+          const size_t calls = size_t(T) * (kg1 - kg);
+          x_share = (lines + calls - 1) / calls * 64;
+          x_end = next_x + lines * 64;
+        }
+        for (int t = 0; t < T; ++t) {
+          const int r = t / sh.S, s2 = t % sh.S;
+          // This tap's positions inside the image (the rest read padding: zero products).
+          const int lo_r = std::max(oh0, tap_rows[r].first), hi_r = std::min(oh1, tap_rows[r].second);
+          const int lo_c = std::max(ow0, tap_cols[s2].first), hi_c = std::min(ow1, tap_cols[s2].second);
+          if (lo_r >= hi_r || lo_c >= hi_c) continue;
+          a.rows = hi_r - lo_r;
+          a.cols = hi_c - lo_c;
+          a.x = xp.data() + (((size_t(p) * CB + cb) * xp_h + size_t(lo_r) * x_row_step + r - sh.pad_h) * xp_w +
+                             size_t(lo_c) * x_col_step + s2 - sh.pad_w) * 32;
+          for (int kb = kg; kb < kg1; ++kb) {
+            const int16_t* g = dy_whole_pairs ? dyp_at(p, kb, lo_r, lo_c)
+                                              : tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+            a.prefetch = next_x ? next_x + (size_t(t) * (kg1 - kg) + kb - kg) * x_share : nullptr;
+            a.prefetch_end = next_x ? std::min(x_end, a.prefetch + x_share) : nullptr;
+            if (lanes_k) {  // lanes over k from the dy tile, x's channel pairs broadcast
+              simd::PairKernelArgs b = a;
+              b.x = g;
+              b.x_row = a.dy_row;
+              b.x_col = 32;
+              b.dy = a.x;
+              b.dy_row = a.x_row;
+              b.dy_col = a.x_col;
+              b.nk = std::min(16, sh.C - cb * 16);
+              b.chain = chains[kb - kg];
+              b.dw = acc + size_t(cb) * 16 * dw_k + size_t(t) * KB * 16 + size_t(kb) * 16;
+              ahead.issue(share);
+              fn(b);
+              continue;
+            }
+            a.dy = g;
+            a.chain = chains[kb - kg];
+            a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
+            ahead.issue(share);
+            fn(a);
+          }
+        }
+      }
+    } while (next(step));
+  };
+  if (by_output_block()) {
+    // Enough output blocks to share out: each task owns 16 rows of dW over all positions, so
+    // there are no partial sums to store or add (large layers would make them memory-bound).
+    // Tasks are groups of output blocks that share x tiles (at most kWgradKbGroup, and small
+    // enough that every thread gets one). Each kb sees the same calls in the same order however
+    // the blocks are grouped, so the result does not depend on the thread count.
+    const int group = std::max(1, std::min(kWgradKbGroup, (KB + ctx.threads() - 1) / ctx.threads()));
+    run_calls((KB + group - 1) / group, base, [&](simd::PairKernelArgs& a, int64_t g) {
+      const int kb0 = int(g) * group, kb1 = std::min(KB, kb0 + group);
+      float* acc = direct ? dw : dw_part;
+      if (gemm) {
+        // Nothing to zero: every dW block has one call, which stores.
+      } else if (lanes_k) {  // this group's lane blocks of every row and tap
+        for (int64_t row = 0; row < dw_rows(); ++row)
+          for (int t = 0; t < T; ++t)
+            std::memset(acc + row * dw_k + size_t(t) * KB * 16 + size_t(kb0) * 16, 0,
+                        size_t(kb1 - kb0) * 16 * sizeof(float));
+      } else {
+        std::memset(acc + size_t(kb0) * 16 * dw_k, 0, size_t(kb1 - kb0) * 16 * dw_k * sizeof(float));
+      }
+      reduce(a, acc, 0, NP, kb0, kb1);
+    });
+  } else {
+    run_calls(ns, base, [&](simd::PairKernelArgs& a, int64_t sl) {
+      float* acc = dw_part + size_t(sl) * part;
+      if (!gemm) std::memset(acc, 0, part * sizeof(float));
+      reduce(a, acc, int(sl * NP / ns), int((sl + 1) * NP / ns), 0, KB);
+    });
+  }
+  if (direct) return;
+  // Sum the slices in a fixed order into dW [K][C][R][S], 16 channels at a time: each tap's
+  // partials of a channel block are read in order (with taps innermost, a 512-channel 3x3
+  // layer would read them 2 KiB apart) and the block's 16 * T results written in order, in L1.
+  // partial(k, c, t) is a partial's offset and out(k, c, t) its place in dW; the common layout
+  // spells both out, so its loop has no per-element branches or index map (through
+  // weight_index(), large layers spend much of their weight gradient here;
+  // docs/design/kernels.md).
+  auto sum_into_dw = [&](auto partial, auto out) {
+    ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k)
+        for (int c0 = 0; c0 < sh.C; c0 += 16)
+          for (int t = 0; t < T; ++t)
+            for (int c = c0; c < std::min(sh.C, c0 + 16); ++c) {
+              const size_t off = partial(k, c, t);
+              float v = dw_part[off];
+              for (int sl = 1; sl < ns; ++sl) v += dw_part[size_t(sl) * part + off];
+              dw[out(k, c, t)] = v * scale;
+            }
+    });
+  };
+  const auto rows_k = [&](int64_t k, int c, int t) { return size_t(k) * dw_k + size_t(t) * CB * 16 + c; };  // [K16][T][C16]
+  const auto mapped = [&](int64_t k, int c, int t) { return weight_index(int(k), c, t); };
+  if (T == 1 && !lanes_k && !unfold) {
+    // 1x1: a partial's row k is dW's row k (and padding), so whole rows go at a time, slice by
+    // slice: the same additions in the same order as v above, in vector form (element by element
+    // through the general loop costs large layers a visible share; docs/design/kernels.md).
+    ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        float* out = dw + size_t(k) * sh.C;
+        const float* in = dw_part + size_t(k) * dw_k;
+        std::memcpy(out, in, size_t(sh.C) * sizeof(float));
+        for (int sl = 1; sl < ns; ++sl)
+          for (int c = 0; c < sh.C; ++c) out[c] += in[size_t(sl) * part + c];
+        for (int c = 0; c < sh.C; ++c) out[c] *= scale;
+      }
+    });
+  } else if (lanes_k) {  // [C16][T][K16]
+    sum_into_dw([&](int64_t k, int c, int t) { return size_t(c) * dw_k + size_t(t) * KB * 16 + size_t(k); }, mapped);
+  } else if (unfold) {
+    sum_into_dw(rows_k, mapped);
+  } else {
+    sum_into_dw(rows_k, [&](int64_t k, int c, int t) { return (size_t(k) * sh.C + c) * T + t; });
+  }
+}
+
+}  // namespace dfp
