@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "bench/train_case.hpp"
-#include "src/openmp_env.hpp"
+#include "src/core/openmp_env.hpp"
 
 extern char** environ;
 

@@ -5,7 +5,7 @@
 
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
-#include "src/jpeg.hpp"
+#include "src/data/jpeg.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static dfp::jpeg::Decoder decoder;

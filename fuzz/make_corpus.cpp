@@ -15,7 +15,7 @@
 
 #include "dfp/model.hpp"
 #include "dfp/trainer.hpp"
-#include "src/checkpoint.hpp"
+#include "src/train/checkpoint.hpp"
 
 namespace fs = std::filesystem;
 using Bytes = std::string;

@@ -13,7 +13,7 @@
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/aligned_buffer.hpp"
+#include "src/core/aligned_buffer.hpp"
 #include "tests/common/reference.hpp"
 #include "tests/common/tolerance.hpp"
 #include "tests/common/expect_error.hpp"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "src/checkpoint.hpp"
+#include "src/train/checkpoint.hpp"
 #include "src/report/json.hpp"
 #include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"

@@ -25,10 +25,10 @@
 
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
-#include "src/checkpoint.hpp"
+#include "src/train/checkpoint.hpp"
 #include "src/report/json.hpp"
 #include "src/report/report.hpp"
-#include "src/run_lock.hpp"
+#include "src/train/run_lock.hpp"
 #include "tests/common/expect_error.hpp"
 #include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"

@@ -30,8 +30,8 @@
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
 #include "tests/common/temp_dir.hpp"
-#include "src/counter_rng.hpp"
-#include "src/jpeg.hpp"
+#include "src/numerics/counter_rng.hpp"
+#include "src/data/jpeg.hpp"
 #include "tests/common/data_fixtures.hpp"
 #include "tests/common/expect_error.hpp"
 

@@ -1,5 +1,5 @@
 // The precision policy's one home (include/dfp/precision.hpp): resolution per layer, its text
-// fields, and the weighted-layer operation each precision chooses (src/model/weighted_ops.hpp),
+// fields, and the weighted-layer operation each precision chooses (src/layers/weighted_ops.hpp),
 // including the kernel table's BF16-operand convolution.
 #include <gtest/gtest.h>
 

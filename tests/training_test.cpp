@@ -25,7 +25,7 @@
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/model/layer.hpp"
+#include "src/layers/layer.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/common/tolerance.hpp"
 #include "tests/common/expect_error.hpp"

@@ -29,8 +29,8 @@
 #include "dfp/models.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
-#include "src/openmp_env.hpp"
-#include "src/run_lock.hpp"
+#include "src/core/openmp_env.hpp"
+#include "src/train/run_lock.hpp"
 #include "src/report/report.hpp"
 #include "simd/kernel_table.hpp"
 

@@ -93,7 +93,7 @@ DFP_HD inline uint32_t stochastic_key(uint64_t seed) {
 DFP_HD inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) {
   return mix32(mix32((uint32_t)index ^ key) + key) >> 8;
 }
-// The key of a dropout layer with seed `seed` at training step `step` (step_key in layers.cpp).
+// The key of a dropout layer with seed `seed` at training step `step` (step_key in src/layers/layer_helpers.hpp).
 inline uint32_t dropout_key(uint64_t seed, uint64_t step) {
   return stochastic_key(seed ^ (step * 0x9e3779b97f4a7c15ULL));
 }
@@ -227,7 +227,7 @@ template <class T> struct CopyFn {
   }
 };
 
-// Max / average pooling (Pool in layers.cpp): windows k x k, stride s, padding p; positions outside
+// Max / average pooling (Pool in src/layers/relu_pool_routing.cpp): windows k x k, stride s, padding p; positions outside
 // the input are skipped; the average divides by k*k (count_include_pad); max records the first
 // maximum in window order (row-major) for backward, as the CPU's backward selects it.
 struct PoolArgs {
@@ -418,7 +418,7 @@ template <class T> struct DropoutBwdFn {
   }
 };
 
-// Local response normalisation across channels, torch.nn.LocalResponseNorm (Lrn in layers.cpp):
+// Local response normalisation across channels, torch.nn.LocalResponseNorm (Lrn in src/layers/relu_pool_routing.cpp):
 // window [c - size/2, c + (size-1)/2] clipped to [0, C); scale = k + alpha/size * sum x^2;
 // y = x * scale^-beta. scale is kept (FP32) for backward.
 struct LrnArgs {
@@ -529,7 +529,7 @@ DFP_HD inline void reduce_term(const ReduceArgs& a, size_t r, int c, float& u, f
   }
 }
 
-// ---- BatchNorm (BatchNorm in layers.cpp: eps 1e-5, momentum 0.1, two-pass variance, running
+// ---- BatchNorm (BatchNorm in src/layers/batchnorm.cpp: eps 1e-5, momentum 0.1, two-pass variance, running
 // variance unbiased) ---------------------------------------------------------------------------
 constexpr double kBnEps = 1e-5, kBnMomentum = 0.1;
 

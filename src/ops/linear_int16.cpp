@@ -6,7 +6,7 @@
 
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
-#include "src/aligned_buffer.hpp"
+#include "src/core/aligned_buffer.hpp"
 
 namespace dfp {
 

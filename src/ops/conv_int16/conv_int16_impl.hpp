@@ -53,7 +53,7 @@
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/aligned_buffer.hpp"
+#include "src/core/aligned_buffer.hpp"
 
 namespace dfp {
 

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <string>
 
-#include "src/atomic_max.hpp"
-#include "src/dfp16_internal.hpp"
+#include "src/core/atomic_max.hpp"
+#include "src/numerics/dfp16_internal.hpp"
 #include "src/ops/conv_int16/conv_int16_impl.hpp"
 
 namespace dfp {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "src/atomic_max.hpp"
+#include "src/core/atomic_max.hpp"
 #include "src/ops/conv_int16/conv_int16_impl.hpp"
 
 namespace dfp {

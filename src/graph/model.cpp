@@ -17,9 +17,9 @@
 #include "dfp/model.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/aligned_buffer.hpp"
-#include "src/model/layer.hpp"
-#include "src/named_enum.hpp"
+#include "src/core/aligned_buffer.hpp"
+#include "src/layers/layer.hpp"
+#include "src/core/named_enum.hpp"
 
 namespace dfp {
 

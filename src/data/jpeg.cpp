@@ -1,5 +1,5 @@
 // JPEG decoding with DCT scaling, and the RandomResizedCrop / Resize + CenterCrop geometry.
-#include "src/jpeg.hpp"
+#include "src/data/jpeg.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
-#include "src/counter_rng.hpp"
+#include "src/numerics/counter_rng.hpp"
 
 namespace dfp::jpeg {
 

@@ -11,9 +11,9 @@
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/atomic_max.hpp"
-#include "src/dfp16_internal.hpp"
-#include "src/named_enum.hpp"
+#include "src/core/atomic_max.hpp"
+#include "src/numerics/dfp16_internal.hpp"
+#include "src/core/named_enum.hpp"
 
 namespace dfp {
 

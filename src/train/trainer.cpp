@@ -24,8 +24,8 @@
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
-#include "src/checkpoint.hpp"
-#include "src/run_lock.hpp"
+#include "src/train/checkpoint.hpp"
+#include "src/train/run_lock.hpp"
 #include "src/report/json.hpp"
 
 namespace dfp {

@@ -38,9 +38,9 @@
 #include "dfp/conv.hpp"
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
-#include "src/aligned_buffer.hpp"
-#include "src/counter_rng.hpp"
-#include "src/jpeg.hpp"
+#include "src/core/aligned_buffer.hpp"
+#include "src/numerics/counter_rng.hpp"
+#include "src/data/jpeg.hpp"
 
 namespace dfp {
 

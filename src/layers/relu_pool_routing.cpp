@@ -14,10 +14,10 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "simd/onednn/conv_onednn.hpp"
-#include "src/aligned_buffer.hpp"
-#include "src/model/layer.hpp"
-#include "src/model/layer_helpers.hpp"
-#include "src/model/layer_helpers.hpp"
+#include "src/core/aligned_buffer.hpp"
+#include "src/layers/layer.hpp"
+#include "src/layers/layer_helpers.hpp"
+#include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
 namespace {

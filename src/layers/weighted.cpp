@@ -17,10 +17,10 @@
 #include "dfp/loss_scale.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/aligned_buffer.hpp"
-#include "src/model/layer.hpp"
-#include "src/model/layer_helpers.hpp"
-#include "src/model/weighted_ops.hpp"
+#include "src/core/aligned_buffer.hpp"
+#include "src/layers/layer.hpp"
+#include "src/layers/layer_helpers.hpp"
+#include "src/layers/weighted_ops.hpp"
 
 namespace dfp::model {
 namespace {

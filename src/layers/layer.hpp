@@ -14,7 +14,7 @@
 #include "dfp/context.hpp"
 #include "dfp/float16.hpp"
 #include "dfp/model.hpp"
-#include "src/atomic_max.hpp"
+#include "src/core/atomic_max.hpp"
 
 namespace dfp::model {
 

@@ -22,7 +22,7 @@
 #include "dfp/conv.hpp"
 #include "dfp/loss_scale.hpp"
 #include "dfp/precision.hpp"
-#include "src/model/layer.hpp"
+#include "src/layers/layer.hpp"
 
 namespace dfp::model {
 

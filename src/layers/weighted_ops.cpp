@@ -1,14 +1,14 @@
 // The four operations of a weighted layer (weighted_ops.hpp): int16, native bf16, rounded float,
 // fp32.
-#include "src/model/weighted_ops.hpp"
+#include "src/layers/weighted_ops.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/aligned_buffer.hpp"
-#include "src/model/layer_helpers.hpp"
+#include "src/core/aligned_buffer.hpp"
+#include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
 

@@ -1,4 +1,4 @@
-// Blocked-layout helpers the layer files share (src/model/layers.cpp, batchnorm.cpp,
+// Blocked-layout helpers the layer files share (src/layers/weighted.cpp, batchnorm.cpp,
 // relu_pool_routing.cpp).
 #pragma once
 
@@ -8,7 +8,7 @@
 
 #include "dfp/context.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/model/layer.hpp"
+#include "src/layers/layer.hpp"
 
 namespace dfp::model {
 
