@@ -5,7 +5,7 @@
 // (gpu_backend.cu) launches one thread per index (grid-stride loop) with T = __half (fp16 mode)
 // or float (fp32 mode); the host back end (host_backend.cpp) calls the same operator() in a loop
 // with T = float. So the indexing and arithmetic that run on the GPU are the ones the GPU-less
-// test suite checks against the CPU layers (tests/cuda_plan_test.cpp).
+// test suite checks against the CPU layers (tests/cuda/cuda_plan_test.cpp).
 //
 // Layouts on the device: activations and their gradients are NHWC, dense ([N][H][W][C], element
 // (n, h, w, c) at ((n*H + h)*W + w)*C + c), stored as T; a flat (N, F, 1, 1) node is a [N][F]
