@@ -52,24 +52,29 @@ int decimals(double v) {
   return dot == std::string::npos ? 0 : int(text.size() - dot - 1);
 }
 
-double or_not_logged(const std::optional<double>& v) { return v.value_or(kNotLogged); }
-double or_not_logged(const std::optional<int64_t>& v) { return v ? double(*v) : kNotLogged; }
+// Copies each of a record's optional fields to the point's field it maps to: its value, or NaN
+// when the file does not log it.
+template <class Record, class Point, class T, size_t N>
+void copy_logged(const Record& r, Point& p, const std::pair<std::optional<T> Record::*, double Point::*> (&fields)[N]) {
+  for (const auto& [from, to] : fields) p.*to = (r.*from) ? double(*(r.*from)) : kNotLogged;
+}
 
 EpochPoint epoch_point(const run_files::EpochRecord& r) {
+  using R = run_files::EpochRecord;
+  using P = EpochPoint;
+  static constexpr std::pair<std::optional<double> R::*, double P::*> reals[] = {
+      {&R::lr, &P::lr}, {&R::train_top1, &P::train_top1}, {&R::test_loss, &P::test_loss},
+      {&R::test_top5, &P::test_top5}, {&R::images_per_second, &P::images_per_second},
+      {&R::data_wait_seconds, &P::data_wait_seconds}, {&R::loss_scale, &P::loss_scale}};
+  static constexpr std::pair<std::optional<int64_t> R::*, double P::*> counts[] = {
+      {&R::peak_rss_kib, &P::peak_rss_kib}, {&R::skipped_steps, &P::skipped_steps}};
   EpochPoint e;
   e.epoch = r.epoch;
   e.train_loss = r.train_loss;
   e.test_top1 = r.test_top1;
   e.epoch_seconds = r.epoch_seconds;
-  e.lr = or_not_logged(r.lr);
-  e.train_top1 = or_not_logged(r.train_top1);
-  e.test_loss = or_not_logged(r.test_loss);
-  e.test_top5 = or_not_logged(r.test_top5);
-  e.images_per_second = or_not_logged(r.images_per_second);
-  e.data_wait_seconds = or_not_logged(r.data_wait_seconds);
-  e.peak_rss_kib = or_not_logged(r.peak_rss_kib);
-  e.loss_scale = or_not_logged(r.loss_scale);
-  e.skipped_steps = or_not_logged(r.skipped_steps);
+  copy_logged(r, e, reals);
+  copy_logged(r, e, counts);
   return e;
 }
 
@@ -80,21 +85,18 @@ struct RawLayer {
 };
 
 LayerPoint layer_point(const run_files::LayerRecord& r) {
+  using R = run_files::LayerRecord;
+  using P = LayerPoint;
+  static constexpr std::pair<std::optional<int64_t> R::*, double P::*> counts[] = {
+      {&R::exp_x, &P::exp_x}, {&R::exp_w, &P::exp_w}, {&R::exp_dy, &P::exp_dy},
+      {&R::chain_fwd, &P::chain_fwd}, {&R::chain_bwd, &P::chain_bwd}, {&R::chain_wgrad, &P::chain_wgrad},
+      {&R::saturated, &P::saturated}, {&R::overflow_events, &P::overflow_events}, {&R::overflow, &P::overflow},
+      {&R::underflow, &P::underflow}, {&R::nonzero, &P::nonzero}};
+  static constexpr std::pair<std::optional<double> R::*, double P::*> reals[] = {
+      {&R::sqnr_x_db, &P::sqnr_x_db}, {&R::sqnr_w_db, &P::sqnr_w_db}, {&R::sqnr_dy_db, &P::sqnr_dy_db}};
   LayerPoint p;
-  p.exp_x = or_not_logged(r.exp_x);
-  p.exp_w = or_not_logged(r.exp_w);
-  p.exp_dy = or_not_logged(r.exp_dy);
-  p.chain_fwd = or_not_logged(r.chain_fwd);
-  p.chain_bwd = or_not_logged(r.chain_bwd);
-  p.chain_wgrad = or_not_logged(r.chain_wgrad);
-  p.saturated = or_not_logged(r.saturated);
-  p.overflow_events = or_not_logged(r.overflow_events);
-  p.overflow = or_not_logged(r.overflow);
-  p.underflow = or_not_logged(r.underflow);
-  p.nonzero = or_not_logged(r.nonzero);
-  p.sqnr_x_db = or_not_logged(r.sqnr_x_db);
-  p.sqnr_w_db = or_not_logged(r.sqnr_w_db);
-  p.sqnr_dy_db = or_not_logged(r.sqnr_dy_db);
+  copy_logged(r, p, counts);
+  copy_logged(r, p, reals);
   return p;
 }
 
