@@ -15,6 +15,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dfp/status.hpp"
@@ -195,14 +196,10 @@ constexpr const char* kPreviousMetricsLine =
 
 TEST(RunFiles, ReadsAndWritesThePreviousMetricsLineUnchanged) {
   const rf::EpochRecord r = rf::parse_epoch_line(kPreviousMetricsLine, "m.jsonl", 4);
-  EXPECT_EQ(r.epoch, 2);
-  EXPECT_EQ(r.lr, 0.05);
-  EXPECT_EQ(r.train_loss, 0.41);
-  EXPECT_EQ(r.test_top1, 86.25);
-  EXPECT_EQ(r.epoch_seconds, 64.25);
-  EXPECT_EQ(r.peak_rss_kib, 813000);
-  EXPECT_EQ(r.loss_scale, 1.0);
-  EXPECT_EQ(r.skipped_steps, 0);
+  // The figures as written: epoch, lr, train_loss, test_top1, epoch_seconds; then the counts.
+  EXPECT_EQ(std::make_tuple(r.epoch, *r.lr, r.train_loss, r.test_top1, r.epoch_seconds),
+            std::make_tuple(2, 0.05, 0.41, 86.25, 64.25));
+  EXPECT_EQ(std::make_tuple(*r.peak_rss_kib, *r.loss_scale, *r.skipped_steps), std::make_tuple(int64_t(813000), 1.0, int64_t(0)));
   EXPECT_EQ(r.precision_policy, "precision=int16 \"q\"");
   ASSERT_EQ(r.layers.size(), 2u);
   const rf::LayerRecord& c = r.layers[0];
@@ -368,6 +365,9 @@ TEST(RunFiles, ConfigKeepsItsMembersInOrderAndNamesTheLineOfABadOne) {
   expect_error([&] { bad.integer_or("epochs", 0); }, Status::corrupt_data, {"run/config.json:4:", "'epochs'", "2.5"});
   EXPECT_EQ(bad.string_or("label", "d"), "d");  // null: as absent
   EXPECT_EQ(bad.integer_or("seed", 5), 5);
+  rf::ConfigRecord unwritable;
+  unwritable.add_literal("lr", "0.1f");  // not JSON: a bug of the writer, refused
+  expect_error([&] { rf::to_text(unwritable); }, Status::internal, {"'lr'", "not JSON text"});
   expect_error([] { rf::parse_config("[]", "c.json"); }, Status::corrupt_data, {"c.json:1:", "expected a JSON object"});
   expect_error([] { rf::parse_config("{\n\"a\": 01}", "c.json"); }, Status::corrupt_data, {"c.json:2:7:", "malformed JSON"});
 }

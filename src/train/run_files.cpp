@@ -342,6 +342,14 @@ const ConfigRecord::Member* ConfigRecord::find(std::string_view key) const {
 }
 
 namespace {
+// A literal member's value. Its text is JSON (parse_config writes it, add_literal's caller
+// promises it); text that is not is a bug of the writer.
+Json literal(const ConfigRecord::Member& m) {
+  Json v = Json::parse(m.text, nullptr, false);
+  DFP_CHECK(!v.is_discarded(), Status::internal, "config.json: the value of '" + m.key + "' is not JSON text: '" + m.text + "'");
+  return v;
+}
+
 // "<source>:<line>: field '<key>' is <type> (<value>); expected <expected>".
 [[noreturn]] void config_field_error(const ConfigRecord& c, const ConfigRecord::Member& m, const std::string& shown_value,
                                      const char* type, const std::string& expected) {
@@ -355,14 +363,14 @@ std::string ConfigRecord::string_or(std::string_view key, const std::string& dfl
   if (!m) return dflt;
   if (m->is_string) return m->text;
   if (m->text == "null") return dflt;
-  config_field_error(*this, *m, m->text, type_of(Json::parse(m->text)), "a string");
+  config_field_error(*this, *m, m->text, type_of(literal(*m)), "a string");
 }
 
 int ConfigRecord::integer_or(std::string_view key, int dflt) const {
   const Member* m = find(key);
   if (!m) return dflt;
   if (m->is_string) config_field_error(*this, *m, dump(Json(m->text)), "a string", "an integer");
-  const Json v = Json::parse(m->text);
+  const Json v = literal(*m);
   if (v.is_null()) return dflt;
   const double x = v.is_number() ? v.get<double>() : kNaN;
   if (!(x == std::floor(x) && std::fabs(x) < 2e9)) config_field_error(*this, *m, m->text, type_of(v), "an integer");
@@ -376,10 +384,7 @@ void to_json(Json& j, const ConfigRecord& r) {
       j[m.key] = m.text;
       continue;
     }
-    const Json v = Json::parse(m.text, nullptr, false);
-    DFP_CHECK(!v.is_discarded(), Status::internal,
-              "config.json: the value of '" + m.key + "' is not JSON text: '" + m.text + "'");
-    j[m.key] = v;
+    j[m.key] = literal(m);
   }
 }
 
