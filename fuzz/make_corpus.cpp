@@ -16,6 +16,7 @@
 #include "dfp/model.hpp"
 #include "dfp/trainer.hpp"
 #include "src/train/checkpoint.hpp"
+#include "src/train/run_files.hpp"
 
 namespace fs = std::filesystem;
 using Bytes = std::string;
@@ -132,5 +133,16 @@ int main(int argc, char** argv) {
   n.sampled = true;
   put(root / "fuzz_json", "metrics-line", dfp::metrics_line(em, "precision=int16 \"q\"\t\\", {n}));
   put(root / "fuzz_json", "values", "[true,false,null,-0.5e-3,\"\\u00e9\\ud83d\\ude00\",{\"a\":[]}]");
+  dfp::run_files::ConfigRecord config;
+  config.add_string("model", "lenet");
+  config.add_literal("batch_size", "64");
+  config.add_literal("lr", "0.05");
+  config.add_literal("nesterov", "false");
+  put(root / "fuzz_json", "config", dfp::run_files::to_text(config));
+  dfp::run_files::ProfileRecord profile;
+  profile.steps = 10;
+  profile.step_seconds = 0.0673291;
+  profile.layers = {{"conv1", "conv", "int16", "conv_s16 | a | b", 0.0115143, 0.00820382, 10}};
+  put(root / "fuzz_json", "profile", dfp::run_files::to_text(profile));
   return 0;
 }

@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "dfp/status.hpp"
-#include "src/report/json.hpp"
 #include "src/report/plots.hpp"
+#include "src/train/run_files.hpp"
 
 namespace fs = std::filesystem;
 
@@ -41,77 +41,63 @@ void write_text(const std::string& path, const std::string& text) {
   DFP_CHECK(!out.fail(), Status::io_error, "error writing '" + path + "'");
 }
 
-// ---- fields of a parsed object -------------------------------------------------------------------
+// ---- records read ------------------------------------------------------------------------------
 
-std::string where(const std::string& file, const json::Value& v) { return file + ":" + std::to_string(v.line); }
-
-// A number member: absent or null -> NaN; an absent required member is an error. null is how dfp
-// writes a number that is not finite (a diverged run's loss), so a required member may be null.
-// `what` prefixes the field's name in messages (e.g. "layer 'conv1': ").
-double number(const json::Value& obj, const char* key, const std::string& file, bool required,
-              std::string* text = nullptr, const std::string& what = "") {
-  const json::Value* v = obj.find(key);
-  if (!v || v->is_null()) {
-    DFP_CHECK(!required || v, Status::corrupt_data,
-              where(file, obj) + ": " + what + "required field '" + key + "' is missing; expected a number");
-    return kNotLogged;
-  }
-  DFP_CHECK(v->is_number(), Status::corrupt_data,
-            where(file, *v) + ": " + what + "field '" + key + "' is " + json::type_name(v->type) + " (" + v->to_string() +
-                "); expected a number");
-  if (text) *text = v->text;
-  return v->number;
-}
-
-std::string string_field(const json::Value& obj, const char* key, const std::string& file, const std::string& dflt) {
-  const json::Value* v = obj.find(key);
-  if (!v || v->is_null()) return dflt;
-  DFP_CHECK(v->is_string(), Status::corrupt_data,
-            where(file, *v) + ": field '" + key + "' is " + json::type_name(v->type) + "; expected a string");
-  return v->text;
-}
-
-int int_field(const json::Value& obj, const char* key, const std::string& file) {
-  const double x = number(obj, key, file, false);
-  if (std::isnan(x)) return 0;
-  DFP_CHECK(x == std::floor(x) && std::fabs(x) < 2e9, Status::corrupt_data,
-            where(file, obj) + ": field '" + key + "' is " + exact(x) + "; expected an integer");
-  return int(x);
-}
-
-// Digits after the decimal point of a number as written ("65.71" -> 2); -1 for exponent notation.
-int decimals(const std::string& text) {
+// Digits after the decimal point of a number as the files write it ("65.71" -> 2); -1 for
+// exponent notation.
+int decimals(double v) {
+  const std::string text = run_files::number_text(v);
   if (text.find_first_of("eEnNiI") != std::string::npos) return -1;
   const size_t dot = text.find('.');
   return dot == std::string::npos ? 0 : int(text.size() - dot - 1);
 }
 
+// Copies each of a record's optional fields to the point's field it maps to: its value, or NaN
+// when the file does not log it.
+template <class Record, class Point, class T, size_t N>
+void copy_logged(const Record& r, Point& p, const std::pair<std::optional<T> Record::*, double Point::*> (&fields)[N]) {
+  for (const auto& [from, to] : fields) p.*to = (r.*from) ? double(*(r.*from)) : kNotLogged;
+}
+
+EpochPoint epoch_point(const run_files::EpochRecord& r) {
+  using R = run_files::EpochRecord;
+  using P = EpochPoint;
+  static constexpr std::pair<std::optional<double> R::*, double P::*> reals[] = {
+      {&R::lr, &P::lr}, {&R::train_top1, &P::train_top1}, {&R::test_loss, &P::test_loss},
+      {&R::test_top5, &P::test_top5}, {&R::images_per_second, &P::images_per_second},
+      {&R::data_wait_seconds, &P::data_wait_seconds}, {&R::loss_scale, &P::loss_scale}};
+  static constexpr std::pair<std::optional<int64_t> R::*, double P::*> counts[] = {
+      {&R::peak_rss_kib, &P::peak_rss_kib}, {&R::skipped_steps, &P::skipped_steps}};
+  EpochPoint e;
+  e.epoch = r.epoch;
+  e.train_loss = r.train_loss;
+  e.test_top1 = r.test_top1;
+  e.epoch_seconds = r.epoch_seconds;
+  copy_logged(r, e, reals);
+  copy_logged(r, e, counts);
+  return e;
+}
+
+// One layer's entry in one metrics line.
 struct RawLayer {
   std::string name, format;
   LayerPoint p;
 };
 
-RawLayer read_layer(const json::Value& v, const std::string& file, size_t i) {
-  DFP_CHECK(v.is_object(), Status::corrupt_data,
-            where(file, v) + ": element " + std::to_string(i) + " of 'layers' is " + json::type_name(v.type) +
-                "; expected an object");
-  RawLayer l;
-  const json::Value* name = v.find("layer");
-  DFP_CHECK(name && name->is_string() && !name->text.empty(), Status::corrupt_data,
-            where(file, v) + ": element " + std::to_string(i) + " of 'layers' has no \"layer\" name; expected a string");
-  l.name = name->text;
-  l.format = string_field(v, "format", file, "");
-  const std::pair<const char*, double LayerPoint::*> fields[] = {
-      {"exp_x", &LayerPoint::exp_x},           {"exp_w", &LayerPoint::exp_w},
-      {"exp_dy", &LayerPoint::exp_dy},         {"chain_fwd", &LayerPoint::chain_fwd},
-      {"chain_bwd", &LayerPoint::chain_bwd},   {"chain_wgrad", &LayerPoint::chain_wgrad},
-      {"saturated", &LayerPoint::saturated},   {"overflow_events", &LayerPoint::overflow_events},
-      {"overflow", &LayerPoint::overflow},     {"underflow", &LayerPoint::underflow},
-      {"nonzero", &LayerPoint::nonzero},       {"sqnr_x_db", &LayerPoint::sqnr_x_db},
-      {"sqnr_w_db", &LayerPoint::sqnr_w_db},   {"sqnr_dy_db", &LayerPoint::sqnr_dy_db},
-  };
-  for (const auto& [key, field] : fields) l.p.*field = number(v, key, file, false, nullptr, "layer '" + l.name + "': ");
-  return l;
+LayerPoint layer_point(const run_files::LayerRecord& r) {
+  using R = run_files::LayerRecord;
+  using P = LayerPoint;
+  static constexpr std::pair<std::optional<int64_t> R::*, double P::*> counts[] = {
+      {&R::exp_x, &P::exp_x}, {&R::exp_w, &P::exp_w}, {&R::exp_dy, &P::exp_dy},
+      {&R::chain_fwd, &P::chain_fwd}, {&R::chain_bwd, &P::chain_bwd}, {&R::chain_wgrad, &P::chain_wgrad},
+      {&R::saturated, &P::saturated}, {&R::overflow_events, &P::overflow_events}, {&R::overflow, &P::overflow},
+      {&R::underflow, &P::underflow}, {&R::nonzero, &P::nonzero}};
+  static constexpr std::pair<std::optional<double> R::*, double P::*> reals[] = {
+      {&R::sqnr_x_db, &P::sqnr_x_db}, {&R::sqnr_w_db, &P::sqnr_w_db}, {&R::sqnr_dy_db, &P::sqnr_dy_db}};
+  LayerPoint p;
+  copy_logged(r, p, counts);
+  copy_logged(r, p, reals);
+  return p;
 }
 
 // ---- table cells ---------------------------------------------------------------------------------
@@ -235,18 +221,16 @@ RunSummary read_run(const std::string& dir) {
 
   // config.json
   const std::string cfg_path = (p / "config.json").string();
-  const json::Value cfg = json::parse(read_text(cfg_path), cfg_path);
-  DFP_CHECK(cfg.is_object(), Status::corrupt_data,
-            cfg_path + ":" + std::to_string(cfg.line) + ": expected a JSON object, found " + json::type_name(cfg.type));
-  run.label = string_field(cfg, "label", cfg_path, base);
-  run.device = string_field(cfg, "device", cfg_path, "cpu");
-  run.model = string_field(cfg, "model", cfg_path, "");
-  run.dataset = string_field(cfg, "dataset", cfg_path, "");
-  run.precision_policy = string_field(cfg, "precision_policy", cfg_path, "");
-  run.loss_scaling = string_field(cfg, "loss_scaling", cfg_path, "");
-  run.batch_size = int_field(cfg, "batch_size", cfg_path);
-  run.epochs_planned = int_field(cfg, "epochs", cfg_path);
-  for (const auto& [k, v] : cfg.members) run.config.emplace_back(k, v.to_string());
+  const run_files::ConfigRecord cfg = run_files::parse_config(read_text(cfg_path), cfg_path);
+  run.label = cfg.string_or("label", base);
+  run.device = cfg.string_or("device", "cpu");
+  run.model = cfg.string_or("model", "");
+  run.dataset = cfg.string_or("dataset", "");
+  run.precision_policy = cfg.string_or("precision_policy", "");
+  run.loss_scaling = cfg.string_or("loss_scaling", "");
+  run.batch_size = cfg.integer_or("batch_size", 0);
+  run.epochs_planned = cfg.integer_or("epochs", 0);
+  for (const auto& m : cfg.members) run.config.emplace_back(m.key, m.text);
 
   // metrics.jsonl
   const std::string m_path = (p / "metrics.jsonl").string();
@@ -264,35 +248,10 @@ RunSummary read_run(const std::string& dir) {
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-    const json::Value v = json::parse(line, m_path, line_no);
-    DFP_CHECK(v.is_object(), Status::corrupt_data,
-              m_path + ":" + std::to_string(line_no) + ": expected one JSON object per line, found " +
-                  json::type_name(v.type));
-    EpochPoint e;
-    const double ep = number(v, "epoch", m_path, true);
-    DFP_CHECK(ep >= 1 && ep == std::floor(ep) && ep < 1e9, Status::corrupt_data,
-              m_path + ":" + std::to_string(line_no) + ": field 'epoch' is " + exact(ep) + "; expected an integer >= 1");
-    e.epoch = int(ep);
-    std::string seconds_text;
-    e.train_loss = number(v, "train_loss", m_path, true);
-    e.test_top1 = number(v, "test_top1", m_path, true);
-    e.epoch_seconds = number(v, "epoch_seconds", m_path, true, &seconds_text);
-    e.lr = number(v, "lr", m_path, false);
-    e.train_top1 = number(v, "train_top1", m_path, false);
-    e.test_loss = number(v, "test_loss", m_path, false);
-    e.test_top5 = number(v, "test_top5", m_path, false);
-    e.images_per_second = number(v, "images_per_second", m_path, false);
-    e.data_wait_seconds = number(v, "data_wait_seconds", m_path, false);
-    e.peak_rss_kib = number(v, "peak_rss_kib", m_path, false);
-    e.loss_scale = number(v, "loss_scale", m_path, false);
-    e.skipped_steps = number(v, "skipped_steps", m_path, false);
+    const run_files::EpochRecord r = run_files::parse_epoch_line(line, m_path, line_no);
+    const EpochPoint e = epoch_point(r);
     std::vector<RawLayer> ls;
-    if (const json::Value* lv = v.find("layers"); lv && !lv->is_null()) {
-      DFP_CHECK(lv->is_array(), Status::corrupt_data,
-                m_path + ":" + std::to_string(line_no) + ": field 'layers' is " + json::type_name(lv->type) +
-                    "; expected an array");
-      for (size_t i = 0; i < lv->items.size(); ++i) ls.push_back(read_layer(lv->items[i], m_path, i));
-    }
+    for (const run_files::LayerRecord& l : r.layers) ls.push_back({l.layer, l.format, layer_point(l)});
     // A resumed run may repeat epochs: the later lines replace them.
     while (!epochs.empty() && epochs.back().epoch >= e.epoch) {
       epochs.pop_back();
@@ -301,7 +260,7 @@ RunSummary read_run(const std::string& dir) {
     }
     epochs.push_back(e);
     layers.push_back(std::move(ls));
-    seconds_decimals.push_back(decimals(seconds_text));
+    seconds_decimals.push_back(decimals(e.epoch_seconds));
   }
   DFP_CHECK(!epochs.empty(), Status::corrupt_data, m_path + ": no epochs (expected one JSON object per line)");
 

@@ -26,7 +26,7 @@
 #include "dfp/status.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/run_lock.hpp"
-#include "src/report/json.hpp"
+#include "src/train/run_files.hpp"
 
 namespace dfp {
 namespace {
@@ -51,11 +51,10 @@ std::string fmt_exact(double v) {
   std::snprintf(b, sizeof b, "%.17g", v);
   return b;
 }
-// JSON has no inf/NaN: a non-finite value (an unmeasurable SQNR: no noise, or no signal) is null.
-std::string json_number(double v) { return std::isfinite(v) ? fmt_exact(v) : "null"; }
-// A metric as JSON: finite values as a stream writes them (6 significant digits), NaN and
-// infinities (a diverged loss) as null.
-std::string json_metric(double v) { return std::isfinite(v) ? fmt_g(v) : "null"; }
+// A measured figure as the run files hold it: rounded to the 6 significant digits a stream writes
+// (the files do not claim more precision than a timing or a mean over a test set has). Non-finite
+// values stay as they are (the files write them as null, see run_files.hpp).
+double six_digits(double v) { return std::isfinite(v) ? std::strtod(fmt_g(v).c_str(), nullptr) : v; }
 
 // A float as the shortest text that reads back as the same float ("0.1", not 0.1f's 17 digits).
 std::string fmt_float(float v) {
@@ -80,9 +79,10 @@ struct Setting {
   bool matches(const std::string& stored) const {
     return kind == real ? std::strtof(stored.c_str(), nullptr) == std::strtof(value.c_str(), nullptr) : stored == value;
   }
-  // "key":value, as config.json lists it.
-  std::string json_field() const {
-    return json::quote(json_key ? json_key : key) + ":" + (kind == text ? json::quote(value) : value);
+  // Adds the setting to config.json's members: a string, or its text as a JSON literal.
+  void add_to(run_files::ConfigRecord& config) const {
+    if (kind == text) config.add_string(json_key ? json_key : key, value);
+    else config.add_literal(json_key ? json_key : key, value);
   }
 };
 // The settings that decide a run's result. --resume refuses a checkpoint written with other
@@ -227,18 +227,17 @@ std::vector<std::string> profile_table(const std::vector<LayerTime>& times, cons
 }
 
 void write_profile_json(const std::string& path, const std::vector<LayerTime>& times, const StepProfile& p) {
+  run_files::ProfileRecord r;
+  r.steps = p.steps;
+  r.step_seconds = six_digits(p.step_seconds);
+  r.optimizer_seconds = six_digits(p.optimizer_seconds);
+  r.data_wait_seconds = six_digits(p.data_wait_seconds);
+  for (const LayerTime& t : times)
+    r.layers.push_back({t.layer, t.kind, t.precision, t.implementation, six_digits(t.forward_seconds),
+                        six_digits(t.backward_seconds), t.steps});
   std::ofstream f(path, std::ios::trunc);
   DFP_CHECK(f.good(), Status::io_error, "cannot write '" + path + "'");
-  f << "{\"steps\":" << p.steps << ",\"step_seconds\":" << p.step_seconds << ",\"optimizer_seconds\":"
-    << p.optimizer_seconds << ",\"data_wait_seconds\":" << p.data_wait_seconds << ",\"layers\":[";
-  for (size_t i = 0; i < times.size(); ++i) {
-    const LayerTime& t = times[i];
-    f << (i ? "," : "") << "{\"layer\":" << json::quote(t.layer) << ",\"kind\":\"" << t.kind
-      << "\",\"precision\":\"" << t.precision << "\",\"implementation\":" << json::quote(t.implementation)
-      << ",\"forward_seconds\":" << t.forward_seconds
-      << ",\"backward_seconds\":" << t.backward_seconds << ",\"steps\":" << t.steps << "}";
-  }
-  f << "]}\n";
+  f << run_files::to_text(r);
   DFP_CHECK(f.good(), Status::io_error, "write to '" + path + "' failed (disk full?)");
 }
 
@@ -423,7 +422,7 @@ namespace {
 constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "checkpoint.dfp"};
 
 // Those of kRunFiles present in dir, as "'a', 'b'".
-std::string run_files(const std::string& dir) {
+std::string run_files_in(const std::string& dir) {
   std::string found;
   for (const char* f : kRunFiles) {
     std::error_code ec;
@@ -434,8 +433,8 @@ std::string run_files(const std::string& dir) {
 }
 
 // Rewrites metrics.jsonl (when present) to its lines of epochs 1..epochs, in order, each once:
-// reading stops at the first line that is not a whole JSON object with an "epoch" (a line cut
-// by a kill) or whose epoch is not the next one. Written to a temporary file and renamed.
+// reading stops at the first line that is not a whole metrics record (a line cut by a kill) or
+// whose epoch is not the next one. Written to a temporary file and renamed.
 void keep_metrics_through(const std::string& path, int epochs) {
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) return;
@@ -444,9 +443,7 @@ void keep_metrics_through(const std::string& path, int epochs) {
   for (int line_no = 1; next <= epochs && std::getline(in, line); ++line_no) {
     if (in.eof()) break;  // no newline: the write of this line was cut
     try {
-      const json::Value v = json::parse(line, path, line_no);
-      const json::Value* e = v.find("epoch");
-      if (!e || !e->is_number() || e->number != next) break;
+      if (run_files::parse_epoch_line(line, path, line_no).epoch != next) break;
     } catch (const Error&) {
       break;
     }
@@ -470,34 +467,49 @@ void keep_metrics_through(const std::string& path, int epochs) {
 
 }  // namespace
 
-bool holds_run(const std::string& dir) { return !run_files(dir).empty(); }
+bool holds_run(const std::string& dir) { return !run_files_in(dir).empty(); }
 
 std::string metrics_line(const EpochMetrics& em, const std::string& policy_text, const std::vector<LayerNumerics>& layers) {
-  std::ostringstream o;
-  o << "{\"epoch\":" << em.epoch << ",\"lr\":" << json_metric(em.lr) << ",\"train_loss\":" << json_metric(em.train_loss)
-    << ",\"train_top1\":" << json_metric(em.train_top1) << ",\"test_loss\":" << json_metric(em.test_loss)
-    << ",\"test_top1\":" << json_metric(em.test_top1) << ",\"test_top5\":" << json_metric(em.test_top5)
-    << ",\"images_per_second\":" << json_metric(em.images_per_second) << ",\"epoch_seconds\":"
-    << json_metric(em.epoch_seconds) << ",\"data_wait_seconds\":" << json_metric(em.data_wait_seconds)
-    << ",\"peak_rss_kib\":" << em.peak_rss_kib << ",\"loss_scale\":" << json_metric(em.loss_scale)
-    << ",\"skipped_steps\":" << em.skipped_steps << ",\"precision_policy\":" << json::quote(policy_text)
-    << ",\"layers\":[";
-  bool first = true;
+  run_files::EpochRecord r;
+  r.epoch = em.epoch;
+  r.lr = six_digits(em.lr);
+  r.train_loss = six_digits(em.train_loss);
+  r.train_top1 = six_digits(em.train_top1);
+  r.test_loss = six_digits(em.test_loss);
+  r.test_top1 = six_digits(em.test_top1);
+  r.test_top5 = six_digits(em.test_top5);
+  r.images_per_second = six_digits(em.images_per_second);
+  r.epoch_seconds = six_digits(em.epoch_seconds);
+  r.data_wait_seconds = six_digits(em.data_wait_seconds);
+  r.peak_rss_kib = em.peak_rss_kib;
+  r.loss_scale = six_digits(em.loss_scale);
+  r.skipped_steps = int64_t(em.skipped_steps);
+  r.precision_policy = policy_text;
   for (const LayerNumerics& n : layers) {
-    o << (first ? "" : ",") << "{\"layer\":" << json::quote(n.layer) << ",\"format\":" << json::quote(n.format);
-    if (n.format == "int16")
-      o << ",\"exp_x\":" << n.exp_x << ",\"exp_w\":" << n.exp_w << ",\"exp_dy\":" << n.exp_dy
-        << ",\"chain_fwd\":" << n.chain_fwd << ",\"chain_bwd\":" << n.chain_bwd << ",\"chain_wgrad\":" << n.chain_wgrad
-        << ",\"saturated\":" << n.saturated << ",\"overflow_events\":" << n.overflow_events;
-    if (n.sampled)
-      o << ",\"sqnr_x_db\":" << json_number(n.sqnr_x_db) << ",\"sqnr_w_db\":" << json_number(n.sqnr_w_db)
-        << ",\"sqnr_dy_db\":" << json_number(n.sqnr_dy_db) << ",\"overflow\":" << n.overflow
-        << ",\"underflow\":" << n.underflow << ",\"nonzero\":" << n.nonzero;
-    o << "}";
-    first = false;
+    run_files::LayerRecord l;
+    l.layer = n.layer;
+    l.format = n.format;
+    if (n.format == "int16") {
+      l.exp_x = n.exp_x;
+      l.exp_w = n.exp_w;
+      l.exp_dy = n.exp_dy;
+      l.chain_fwd = n.chain_fwd;
+      l.chain_bwd = n.chain_bwd;
+      l.chain_wgrad = n.chain_wgrad;
+      l.saturated = int64_t(n.saturated);
+      l.overflow_events = n.overflow_events;
+    }
+    if (n.sampled) {  // SQNR exactly: an unmeasurable one (no noise, or no signal) is not finite
+      l.sqnr_x_db = n.sqnr_x_db;
+      l.sqnr_w_db = n.sqnr_w_db;
+      l.sqnr_dy_db = n.sqnr_dy_db;
+      l.overflow = int64_t(n.overflow);
+      l.underflow = int64_t(n.underflow);
+      l.nonzero = int64_t(n.nonzero);
+    }
+    r.layers.push_back(std::move(l));
   }
-  o << "]}";
-  return o.str();
+  return run_files::to_line(r);
 }
 
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log) {
@@ -623,20 +635,25 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     std::error_code ec;
     const bool resumes_here = !cfg.resume.empty() && std::filesystem::equivalent(cfg.resume, cfg.out + "/checkpoint.dfp", ec);
     DFP_CHECK(cfg.overwrite || resumes_here || !holds_run(cfg.out), Status::invalid_argument,
-              "flag --out: directory '" + cfg.out + "' holds an earlier run (" + run_files(cfg.out) +
+              "flag --out: directory '" + cfg.out + "' holds an earlier run (" + run_files_in(cfg.out) +
                   "); expected an empty or new directory, --resume " + cfg.out + "/checkpoint.dfp to continue it, "
                   "or --overwrite to replace it");
     // The directory is this run's now: what killed writers left behind goes.
     remove_checkpoint_temporaries(cfg.out + "/checkpoint.dfp");
-    std::ofstream c(cfg.out + "/config.json");
-    c << "{";
+    run_files::ConfigRecord config;
     for (const std::vector<Setting>* list : {&settings, &machine})
-      for (const Setting& st : *list) c << st.json_field() << ",";
-    c << "\"data\":" << json::quote(cfg.data) << ",\"limit_test\":" << cfg.limit_test
-      << ",\"label\":" << json::quote(cfg.label.empty() ? precision_label(cfg) : cfg.label)
-      << ",\"device\":\"" << cfg.device << "\",\"loss_scaling\":\"" << loss_scale_mode_name(cfg.loss_scale.mode)
-      << "\",\"numerics_every\":" << cfg.numerics_interval << ",\"train_images\":" << train_set.count
-      << ",\"test_images\":" << test_set.count << ",\"parameters\":" << m.parameter_count() << "}\n";
+      for (const Setting& st : *list) st.add_to(config);
+    config.add_string("data", cfg.data);
+    config.add_literal("limit_test", std::to_string(cfg.limit_test));
+    config.add_string("label", cfg.label.empty() ? precision_label(cfg) : cfg.label);
+    config.add_string("device", cfg.device);
+    config.add_string("loss_scaling", loss_scale_mode_name(cfg.loss_scale.mode));
+    config.add_literal("numerics_every", std::to_string(cfg.numerics_interval));
+    config.add_literal("train_images", std::to_string(train_set.count));
+    config.add_literal("test_images", std::to_string(test_set.count));
+    config.add_literal("parameters", std::to_string(m.parameter_count()));
+    std::ofstream c(cfg.out + "/config.json");
+    c << run_files::to_text(config);
     c.flush();
     DFP_CHECK(c.good(), Status::io_error, "cannot write '" + cfg.out + "/config.json' (disk full?)");
     // A resumed run continues metrics.jsonl from the checkpoint's epoch: lines of later epochs

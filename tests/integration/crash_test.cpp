@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "src/train/checkpoint.hpp"
-#include "src/report/json.hpp"
+#include "src/train/run_files.hpp"
 #include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"
 
@@ -201,11 +201,14 @@ TEST(CrashSafety, KilledRunsResumeToTheUninterruptedResult) {
     const std::vector<std::string> metrics = lines_of(out + "/metrics.jsonl");
     ASSERT_EQ(metrics.size(), size_t(kEpochs)) << slurp(out + "/metrics.jsonl");
     for (int e = 0; e < kEpochs; ++e) {
-      const dfp::json::Value got = dfp::json::parse(metrics[size_t(e)], out + "/metrics.jsonl", e + 1);
-      const dfp::json::Value want = dfp::json::parse(ref_metrics[size_t(e)], ref + "/metrics.jsonl", e + 1);
-      EXPECT_EQ(got.find("epoch")->number, e + 1);
-      for (const char* key : {"train_loss", "test_loss", "test_top1", "lr"})
-        EXPECT_EQ(got.find(key)->text, want.find(key)->text) << key << " of epoch " << e + 1;
+      namespace rf = dfp::run_files;
+      const rf::EpochRecord got = rf::parse_epoch_line(metrics[size_t(e)], out + "/metrics.jsonl", e + 1);
+      const rf::EpochRecord want = rf::parse_epoch_line(ref_metrics[size_t(e)], ref + "/metrics.jsonl", e + 1);
+      EXPECT_EQ(got.epoch, e + 1);
+      EXPECT_EQ(got.train_loss, want.train_loss) << "train_loss of epoch " << e + 1;
+      EXPECT_EQ(got.test_top1, want.test_top1) << "test_top1 of epoch " << e + 1;
+      EXPECT_EQ(got.test_loss, want.test_loss) << "test_loss of epoch " << e + 1;
+      EXPECT_EQ(got.lr, want.lr) << "lr of epoch " << e + 1;
     }
   }
   std::printf("%zu kills: %d left a checkpoint temporary file, %d a metrics line ahead of the checkpoint\n",

@@ -1,7 +1,8 @@
-// The report behind `dfp compare`: the JSON reader (escapes, numbers, errors that name file, line
-// and column), read_run on synthetic run directories (fp32; int16 with per-layer exponents and
-// SQNR; fp16 with skipped steps and a dynamic loss scale), the summary figures equal to the
-// metrics files' numbers exactly, every artifact written (plots when gnuplot is installed, a
+// The report behind `dfp compare`: the run files' records (the previous version's lines read and
+// written unchanged, null for non-finite numbers, errors that name file, line and field),
+// read_run on synthetic run directories (fp32; int16 with per-layer exponents and SQNR; fp16
+// with skipped steps and a dynamic loss scale), the summary figures equal to the metrics files'
+// numbers exactly, every artifact written (plots when gnuplot is installed, a
 // "skipped" note when it is not), and malformed metrics rejected with the file and line named.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,13 +15,16 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dfp/status.hpp"
 #include "tests/common/scoped_env.hpp"
 #include "tests/common/temp_dir.hpp"
-#include "src/report/json.hpp"
+#include "dfp/model.hpp"
+#include "dfp/trainer.hpp"
 #include "src/report/report.hpp"
+#include "src/train/run_files.hpp"
 #include "tests/common/expect_error.hpp"
 
 using namespace dfp;
@@ -176,50 +180,227 @@ bool non_empty(const std::string& path) {
 
 }  // namespace
 
-// ---- JSON reader -----------------------------------------------------------------------------
+// ---- run files (src/train/run_files.hpp) ------------------------------------------------------
 
-TEST(Json, ReadsEveryKindOfValue) {
-  const json::Value v = json::parse(
-      " {\"a\": [1, -0.5e3, 2E+2, 0, -0], \"s\": \"q\\\"b\\\\s\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\", \"t\": true,"
-      " \"f\": false, \"n\": null, \"o\": {\"x\": {}}, \"e\": [], \"nan\": nan, \"ninf\": -inf, \"a\": 7}\n",
-      "x.json");
-  ASSERT_TRUE(v.is_object());
-  ASSERT_EQ(v.members.size(), 10u);
-  const json::Value* a = &v.members[0].second;
-  ASSERT_TRUE(a->is_array());
-  ASSERT_EQ(a->items.size(), 5u);
-  EXPECT_EQ(a->items[0].number, 1);
-  EXPECT_EQ(a->items[1].number, -500);
-  EXPECT_EQ(a->items[1].text, "-0.5e3");
-  EXPECT_EQ(a->items[2].number, 200);
-  EXPECT_EQ(v.find("a")->number, 7);  // the last of a repeated key
-  EXPECT_EQ(v.find("s")->text, "q\"b\\s/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80");
-  EXPECT_TRUE(v.find("t")->boolean);
-  EXPECT_EQ(v.find("f")->type, json::Type::boolean);
-  EXPECT_FALSE(v.find("f")->boolean);
-  EXPECT_TRUE(v.find("n")->is_null());
-  EXPECT_TRUE(v.find("o")->find("x")->is_object());
-  EXPECT_TRUE(v.find("e")->items.empty());
-  EXPECT_TRUE(std::isnan(v.find("nan")->number));
-  EXPECT_EQ(v.find("ninf")->number, -INFINITY);
-  EXPECT_EQ(v.find("missing"), nullptr);
-  EXPECT_EQ(json::parse("[1,{\"k\":\"v\"},null]", "y").to_string(), "[1,{\"k\":\"v\"},null]");
+namespace rf = run_files;
+
+// A metrics line of the previous version's writer (hand-written JSON), byte for byte: its
+// numbers as "%g" wrote them, a null SQNR, an INT16 layer and an FP32 layer without samples.
+constexpr const char* kPreviousMetricsLine =
+    "{\"epoch\":2,\"lr\":0.05,\"train_loss\":0.41,\"train_top1\":85.2,\"test_loss\":0.38,\"test_top1\":86.25,"
+    "\"test_top5\":99.5,\"images_per_second\":930.1,\"epoch_seconds\":64.25,\"data_wait_seconds\":0.02,"
+    "\"peak_rss_kib\":813000,\"loss_scale\":1,\"skipped_steps\":0,\"precision_policy\":\"precision=int16 \\\"q\\\"\","
+    "\"layers\":[{\"layer\":\"conv1\",\"format\":\"int16\",\"exp_x\":-11,\"exp_w\":-14,\"exp_dy\":-25,\"chain_fwd\":9,"
+    "\"chain_bwd\":0,\"chain_wgrad\":38,\"saturated\":3,\"overflow_events\":0,\"sqnr_x_db\":77.5,\"sqnr_w_db\":null,"
+    "\"sqnr_dy_db\":71.25,\"overflow\":0,\"underflow\":21,\"nonzero\":97365},{\"layer\":\"fc\",\"format\":\"fp32\"}]}";
+
+TEST(RunFiles, ReadsAndWritesThePreviousMetricsLineUnchanged) {
+  const rf::EpochRecord r = rf::parse_epoch_line(kPreviousMetricsLine, "m.jsonl", 4);
+  // The figures as written: epoch, lr, train_loss, test_top1, epoch_seconds; then the counts.
+  EXPECT_EQ(std::make_tuple(r.epoch, *r.lr, r.train_loss, r.test_top1, r.epoch_seconds),
+            std::make_tuple(2, 0.05, 0.41, 86.25, 64.25));
+  EXPECT_EQ(std::make_tuple(*r.peak_rss_kib, *r.loss_scale, *r.skipped_steps), std::make_tuple(int64_t(813000), 1.0, int64_t(0)));
+  EXPECT_EQ(r.precision_policy, "precision=int16 \"q\"");
+  ASSERT_EQ(r.layers.size(), 2u);
+  const rf::LayerRecord& c = r.layers[0];
+  EXPECT_EQ(c.layer, "conv1");
+  EXPECT_EQ(c.format, "int16");
+  EXPECT_EQ(c.exp_dy, -25);
+  EXPECT_EQ(c.saturated, 3);
+  EXPECT_EQ(c.sqnr_x_db, 77.5);
+  ASSERT_TRUE(c.sqnr_w_db.has_value());  // null: present, not finite
+  EXPECT_TRUE(std::isnan(*c.sqnr_w_db));
+  EXPECT_EQ(c.nonzero, 97365);
+  const rf::LayerRecord& fc = r.layers[1];
+  EXPECT_FALSE(fc.exp_x || fc.sqnr_x_db || fc.overflow);  // absent: not logged
+  // The same record writes the same line: same keys, same order, same numbers.
+  EXPECT_EQ(rf::to_line(r), kPreviousMetricsLine);
 }
 
-TEST(Json, ErrorsNameSourceLineColumnAndExpectation) {
-  expect_error([] { json::parse("{\"a\":1,\"b\":", "m.jsonl", 7); }, Status::corrupt_data,
-               {"m.jsonl:7:12:", "expected a JSON value", "end of the line"});
-  expect_error([] { json::parse("{\"a\":1 \"b\":2}", "m.jsonl", 3); }, Status::corrupt_data,
-               {"m.jsonl:3:8:", "expected ',' or '}'", "\"a\""});
-  expect_error([] { json::parse("{\n \"a\": 01}", "c.json"); }, Status::corrupt_data, {"c.json:2:", "leading zero"});
-  expect_error([] { json::parse("[1] x", "c.json"); }, Status::corrupt_data, {"c.json:1:5:", "end of the JSON value"});
-  expect_error([] { json::parse("\"abc", "c.json"); }, Status::corrupt_data, {"c.json:1:1:", "closing '\"'"});
-  expect_error([] { json::parse("\"\\x\"", "c.json"); }, Status::corrupt_data, {"escape", "after '\\'"});
-  expect_error([] { json::parse("\"\\ud800\"", "c.json"); }, Status::corrupt_data, {"low surrogate"});
-  expect_error([] { json::parse("{1:2}", "c.json"); }, Status::corrupt_data, {"member name"});
-  expect_error([] { json::parse("tru", "c.json"); }, Status::corrupt_data, {"expected"});
-  expect_error([] { json::parse("1.", "c.json"); }, Status::corrupt_data, {"after the decimal point"});
-  expect_error([] { json::parse(std::string(1000, '['), "c.json"); }, Status::corrupt_data, {"nesting deeper"});
+TEST(RunFiles, TheTrainersMetricsLineIsTheRecordsLine) {
+  EpochMetrics em;
+  em.epoch = 2;
+  em.lr = 0.05;
+  em.train_loss = 0.41;
+  em.train_top1 = 85.2;
+  em.test_loss = 0.38;
+  em.test_top1 = 86.25;
+  em.test_top5 = 99.5;
+  em.images_per_second = 930.1;
+  em.epoch_seconds = 64.25;
+  em.data_wait_seconds = 0.02;
+  em.peak_rss_kib = 813000;
+  em.loss_scale = 1;
+  em.skipped_steps = 0;
+  LayerNumerics conv;
+  conv.layer = "conv1";
+  conv.format = "int16";
+  conv.exp_x = -11, conv.exp_w = -14, conv.exp_dy = -25;
+  conv.chain_fwd = 9, conv.chain_bwd = 0, conv.chain_wgrad = 38;
+  conv.saturated = 3;
+  conv.sampled = true;
+  conv.sqnr_x_db = 77.5, conv.sqnr_w_db = INFINITY, conv.sqnr_dy_db = 71.25;
+  conv.underflow = 21, conv.nonzero = 97365;
+  LayerNumerics fc;
+  fc.layer = "fc";
+  fc.format = "fp32";
+  EXPECT_EQ(metrics_line(em, "precision=int16 \"q\"", {conv, fc}), kPreviousMetricsLine);
+}
+
+TEST(RunFiles, NonFiniteNumbersAreWrittenAsNullAndReadAsNaN) {
+  rf::EpochRecord r;
+  r.epoch = 1;
+  r.train_loss = std::nan("");
+  r.test_top1 = 10;
+  r.epoch_seconds = 1.5;
+  r.test_loss = INFINITY;
+  r.loss_scale = -INFINITY;
+  rf::LayerRecord l;
+  l.layer = "conv1";
+  l.sqnr_x_db = std::nan("");
+  l.sqnr_w_db = 12.125;
+  r.layers = {l};
+  const std::string line = rf::to_line(r);
+  for (const char* bad : {"nan", "inf"}) EXPECT_EQ(line.find(bad), std::string::npos) << line;
+  for (const char* want : {"\"train_loss\":null", "\"test_loss\":null", "\"loss_scale\":null", "\"sqnr_x_db\":null"})
+    EXPECT_NE(line.find(want), std::string::npos) << want << " in " << line;
+  EXPECT_EQ(line.find("train_top1"), std::string::npos) << line;  // nullopt: left out
+  const rf::EpochRecord back = rf::parse_epoch_line(line, "m.jsonl", 1);
+  EXPECT_TRUE(std::isnan(back.train_loss));
+  EXPECT_TRUE(back.test_loss && std::isnan(*back.test_loss));
+  EXPECT_TRUE(back.loss_scale && std::isnan(*back.loss_scale));
+  EXPECT_FALSE(back.train_top1);
+  EXPECT_EQ(back.test_top1, 10);
+  EXPECT_EQ(back.epoch_seconds, 1.5);
+  ASSERT_EQ(back.layers.size(), 1u);
+  EXPECT_TRUE(back.layers[0].sqnr_x_db && std::isnan(*back.layers[0].sqnr_x_db));
+  EXPECT_EQ(back.layers[0].sqnr_w_db, 12.125);
+  EXPECT_EQ(rf::to_line(back), line);
+}
+
+TEST(RunFiles, BareNonFiniteTokensOfOtherWritersReadAsNaN) {
+  // C++ streams and Python's json module write these; inside strings they stay text.
+  const rf::EpochRecord r = rf::parse_epoch_line(
+      "{\"epoch\":1,\"train_loss\":nan,\"test_top1\":-nan,\"epoch_seconds\":Infinity,\"test_loss\":-inf,"
+      "\"lr\":NaN,\"loss_scale\":inf,\"test_top5\":-Infinity,\"precision_policy\":\"nan inf \\\" -inf\","
+      "\"layers\":[{\"layer\":\"inf\",\"sqnr_x_db\":nan}]}",
+      "old.jsonl", 9);
+  EXPECT_TRUE(std::isnan(r.train_loss));
+  EXPECT_TRUE(std::isnan(r.test_top1));
+  EXPECT_TRUE(std::isnan(r.epoch_seconds));
+  for (const auto& v : {r.test_loss, r.lr, r.loss_scale, r.test_top5}) EXPECT_TRUE(v && std::isnan(*v));
+  EXPECT_EQ(r.precision_policy, "nan inf \" -inf");
+  ASSERT_EQ(r.layers.size(), 1u);
+  EXPECT_EQ(r.layers[0].layer, "inf");
+  EXPECT_TRUE(std::isnan(*r.layers[0].sqnr_x_db));
+  // A word that only starts like one is not a number.
+  expect_error([] { rf::parse_epoch_line("{\"epoch\":1,\"train_loss\":nanx}", "m.jsonl", 2); }, Status::corrupt_data,
+               {"m.jsonl:2:", "malformed JSON"});
+}
+
+TEST(RunFiles, MalformedLinesNameFileLineAndField) {
+  auto line_error = [](const std::string& line, std::initializer_list<std::string> parts) {
+    expect_error([&] { rf::parse_epoch_line(line, "m.jsonl", 7); }, Status::corrupt_data, parts);
+  };
+  const std::string head = "{\"epoch\":1,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1";
+  line_error("{\"a\":1,\"b\":", {"m.jsonl:7:12:", "malformed JSON", "unexpected end of input"});
+  line_error("{\"a\":1 \"b\":2}", {"m.jsonl:7:10:", "malformed JSON", "expected '}'"});
+  line_error("{\"epoch\": 01}", {"m.jsonl:7:", "malformed JSON"});
+  line_error("{\"epoch\":1} x", {"m.jsonl:7:", "malformed JSON"});
+  line_error("\"abc", {"m.jsonl:7:", "malformed JSON"});
+  line_error("\"\\x\"", {"m.jsonl:7:", "malformed JSON"});
+  line_error("\"\xff\"", {"m.jsonl:7:", "UTF-8"});
+  line_error(std::string(1000, '['), {"m.jsonl:7:", "nest deeper than"});
+  line_error(head + ",\"lr\":1e999}", {"m.jsonl:7:", "number overflow"});
+  line_error("[1,2]", {"m.jsonl:7:", "expected one JSON object per line", "an array"});
+  line_error("{\"epoch\":1,\"train_loss\":1,\"epoch_seconds\":1}", {"m.jsonl:7:", "required field 'test_top1' is missing"});
+  line_error("{\"epoch\":\"one\",\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1}",
+             {"m.jsonl:7:", "field 'epoch' is a string (\"one\")", "expected a number"});
+  line_error("{\"epoch\":0,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1}", {"m.jsonl:7:", "integer >= 1"});
+  line_error("{\"epoch\":null,\"train_loss\":1,\"test_top1\":50,\"epoch_seconds\":1}", {"m.jsonl:7:", "'epoch' is null"});
+  line_error(head + ",\"lr\":true}", {"m.jsonl:7:", "field 'lr' is a boolean (true); expected a number"});
+  line_error(head + ",\"peak_rss_kib\":1.5}", {"m.jsonl:7:", "'peak_rss_kib'", "expected an integer"});
+  line_error(head + ",\"skipped_steps\":18446744073709551615}", {"m.jsonl:7:", "'skipped_steps'", "expected an integer"});
+  line_error(head + ",\"precision_policy\":3}", {"m.jsonl:7:", "'precision_policy' is a number", "expected a string"});
+  line_error(head + ",\"layers\":{}}", {"m.jsonl:7:", "'layers' is an object", "expected an array"});
+  line_error(head + ",\"layers\":[{\"layer\":\"a\"},7]}", {"m.jsonl:7:", "element 1 of 'layers'", "expected a JSON object"});
+  line_error(head + ",\"layers\":[{\"format\":\"int16\"}]}", {"m.jsonl:7:", "element 0 of 'layers'", "\"layer\" name"});
+  line_error(head + ",\"layers\":[{\"layer\":\"c\",\"exp_x\":\"-3\"}]}",
+             {"m.jsonl:7:", "layer 'c': field 'exp_x' is a string (\"-3\"); expected an integer"});
+  line_error(head + ",\"layers\":[{\"layer\":\"c\",\"sqnr_w_db\":[1]}]}", {"layer 'c'", "'sqnr_w_db' is an array"});
+  // Absent optional fields and null layers are fine; an integral float counts as an integer.
+  const rf::EpochRecord r = rf::parse_epoch_line(head + ",\"layers\":null,\"peak_rss_kib\":2.0,\"extra\":{}}", "m.jsonl", 1);
+  EXPECT_TRUE(r.layers.empty());
+  EXPECT_EQ(r.peak_rss_kib, 2);
+}
+
+TEST(RunFiles, ConfigKeepsItsMembersInOrderAndNamesTheLineOfABadOne) {
+  rf::ConfigRecord c;
+  c.add_string("model", "lenet");
+  c.add_literal("lr", "0.05");
+  c.add_literal("weight_decay", "1e-04");
+  c.add_literal("label_smoothing", "0");
+  c.add_literal("nesterov", "false");
+  c.add_string("data", "/d\xff");  // not UTF-8: written as U+FFFD
+  const std::string text = rf::to_text(c);
+  EXPECT_EQ(text,
+            "{\"model\":\"lenet\",\"lr\":0.05,\"weight_decay\":0.0001,\"label_smoothing\":0,\"nesterov\":false,"
+            "\"data\":\"/d\xef\xbf\xbd\"}\n");
+  const rf::ConfigRecord back = rf::parse_config(text, "c.json");
+  ASSERT_EQ(back.members.size(), 6u);
+  EXPECT_EQ(back.members[1].key, "lr");
+  EXPECT_EQ(back.members[1].text, "0.05");
+  EXPECT_FALSE(back.members[1].is_string);
+  EXPECT_EQ(back.string_or("model", "?"), "lenet");
+  EXPECT_EQ(back.string_or("label", "dflt"), "dflt");
+  EXPECT_EQ(back.integer_or("label_smoothing", 9), 0);
+  EXPECT_EQ(back.integer_or("epochs", 9), 9);
+
+  const rf::ConfigRecord bad = rf::parse_config("{\n  \"model\": 3,\n  \"batch_size\": \"big\",\n  \"epochs\": 2.5,\n"
+                                                "  \"label\": null, \"seed\": nan}", "run/config.json");
+  expect_error([&] { bad.string_or("model", ""); }, Status::corrupt_data,
+               {"run/config.json:2: field 'model' is a number (3); expected a string"});
+  expect_error([&] { bad.integer_or("batch_size", 0); }, Status::corrupt_data,
+               {"run/config.json:3: field 'batch_size' is a string (\"big\"); expected an integer"});
+  expect_error([&] { bad.integer_or("epochs", 0); }, Status::corrupt_data, {"run/config.json:4:", "'epochs'", "2.5"});
+  EXPECT_EQ(bad.string_or("label", "d"), "d");  // null: as absent
+  EXPECT_EQ(bad.integer_or("seed", 5), 5);
+  rf::ConfigRecord unwritable;
+  unwritable.add_literal("lr", "0.1f");  // not JSON: a bug of the writer, refused
+  expect_error([&] { rf::to_text(unwritable); }, Status::internal, {"'lr'", "not JSON text"});
+  expect_error([] { rf::parse_config("[]", "c.json"); }, Status::corrupt_data, {"c.json:1:", "expected a JSON object"});
+  expect_error([] { rf::parse_config("{\n\"a\": 01}", "c.json"); }, Status::corrupt_data, {"c.json:2:7:", "malformed JSON"});
+}
+
+TEST(RunFiles, ProfileRoundTripsAndNamesItsFields) {
+  rf::ProfileRecord p;
+  p.steps = 10;
+  p.step_seconds = 0.0673291;
+  p.optimizer_seconds = 0.0038957;
+  p.data_wait_seconds = 0;
+  p.layers = {{"conv1", "conv", "int16", "conv_s16 | a | b", 0.0115143, 0.00820382, 10}, {"loss", "loss", "fp32", "", 1e-05, 2, 10}};
+  const std::string text = rf::to_text(p);
+  EXPECT_EQ(text.rfind("{\"steps\":10,\"step_seconds\":0.0673291,", 0), 0u) << text;
+  EXPECT_NE(text.find("{\"layer\":\"conv1\",\"kind\":\"conv\",\"precision\":\"int16\",\"implementation\":\"conv_s16 | a | b\","
+                      "\"forward_seconds\":0.0115143,\"backward_seconds\":0.00820382,\"steps\":10}"),
+            std::string::npos)
+      << text;
+  const rf::ProfileRecord back = rf::parse_profile(text, "profile.json");
+  EXPECT_EQ(back.steps, 10u);
+  EXPECT_EQ(back.step_seconds, 0.0673291);
+  ASSERT_EQ(back.layers.size(), 2u);
+  EXPECT_EQ(back.layers[1].forward_seconds, 1e-05);
+  EXPECT_EQ(back.layers[1].implementation, "");
+  EXPECT_EQ(rf::to_text(back), text);
+  expect_error([] { rf::parse_profile("{\"steps\":1,\n\"step_seconds\":1,\"optimizer_seconds\":1,\"data_wait_seconds\":1}", "p.json"); },
+               Status::corrupt_data, {"p.json:1:", "required field 'layers' is missing"});
+  expect_error([] { rf::parse_profile("{\"steps\":-1}", "p.json"); }, Status::corrupt_data, {"p.json:1:", "'steps'", ">= 0"});
+  expect_error([] { rf::parse_profile("{\"steps\":1,\"step_seconds\":1,\"optimizer_seconds\":1,\n\"data_wait_seconds\":\"x\"}",
+                                      "p.json"); },
+               Status::corrupt_data, {"p.json:2: field 'data_wait_seconds' is a string"});
+  expect_error([] { rf::parse_profile("{\"steps\":1,\"step_seconds\":1,\"optimizer_seconds\":1,\"data_wait_seconds\":1,\n"
+                                      "\"layers\":[{\"layer\":\"a\"}]}", "p.json"); },
+               Status::corrupt_data, {"p.json:2: element 0 of 'layers': required field 'kind' is missing"});
 }
 
 // ---- read_run --------------------------------------------------------------------------------
@@ -299,7 +480,7 @@ TEST(Report, MalformedRunsNameTheFileAndLine) {
 
   // A truncated line (a run killed while writing).
   write(metrics, good + "{\"epoch\":2,\"train_loss\":0.9,\"test_top1\":5");
-  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":2:", "expected ',' or '}'"});
+  expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":2:", "malformed JSON", "unexpected end of input"});
   // A missing required field.
   write(metrics, good + good + "{\"epoch\":3,\"train_loss\":0.9,\"epoch_seconds\":1}\n");
   expect_error([&] { read_run(dir); }, Status::corrupt_data, {metrics + ":3:", "required field 'test_top1' is missing"});

@@ -23,11 +23,13 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
-#include "src/train/checkpoint.hpp"
-#include "src/report/json.hpp"
 #include "src/report/report.hpp"
+#include "src/train/checkpoint.hpp"
+#include "src/train/run_files.hpp"
 #include "src/train/run_lock.hpp"
 #include "tests/common/expect_error.hpp"
 #include "tests/common/files.hpp"
@@ -286,18 +288,20 @@ TEST(Hostile, MetricsHoldEachEpochOnceAfterAnInterruptedCommit) {
   const std::vector<std::string> whole = lines_of(dir.file("whole") + "/metrics.jsonl"), got = lines_of(metrics);
   ASSERT_EQ(got.size(), 3u) << slurp(metrics);
   for (size_t i = 0; i < got.size(); ++i) {
-    const json::Value g = json::parse(got[i], metrics), w = json::parse(whole[i], "whole");
-    EXPECT_EQ(g.find("epoch")->number, double(i + 1));
-    EXPECT_EQ(g.find("train_loss")->number, w.find("train_loss")->number) << "epoch " << i + 1;
+    const run_files::EpochRecord g = run_files::parse_epoch_line(got[i], metrics, int(i + 1));
+    const run_files::EpochRecord w = run_files::parse_epoch_line(whole[i], "whole", int(i + 1));
+    EXPECT_EQ(g.epoch, int(i + 1));
+    EXPECT_EQ(g.train_loss, w.train_loss) << "epoch " << i + 1;
     // The same fields, per layer too.
-    auto keys = [](const json::Value& v) {
+    auto keys = [](const std::string& line) {
       std::string k;
-      for (const auto& [name, m] : v.members) k += name + ",";
-      for (const json::Value& l : v.find("layers")->items)
-        for (const auto& [name, m] : l.members) k += name + ",";
+      const nlohmann::ordered_json v = nlohmann::ordered_json::parse(line);
+      for (const auto& [name, m] : v.items()) k += name + ",";
+      for (const auto& l : v.at("layers"))
+        for (const auto& [name, m] : l.items()) k += name + ",";
       return k;
     };
-    EXPECT_EQ(keys(g), keys(w)) << "epoch " << i + 1;
+    EXPECT_EQ(keys(got[i]), keys(whole[i])) << "epoch " << i + 1;
   }
   EXPECT_EQ(slurp(ck), slurp(dir.file("whole") + "/checkpoint.dfp"));
 }

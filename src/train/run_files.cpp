@@ -1,0 +1,487 @@
+// The run directory's JSON records (see run_files.hpp): conversions to and from nlohmann-json and
+// the parse functions that turn the library's errors into messages naming file, line and field.
+#include "src/train/run_files.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "dfp/status.hpp"
+
+namespace dfp::run_files {
+namespace {
+
+// Objects and arrays nest at most this deep in any file: the records nest 3 deep, and a bound
+// keeps hostile input from building deep trees.
+constexpr int kMaxDepth = 32;
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// ---- reading helpers -------------------------------------------------------------------------
+
+const char* type_of(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::object: return "an object";
+    default: return "a number";
+  }
+}
+
+// A value for a message: its JSON text, cut to 40 bytes.
+std::string shown(const Json& v) {
+  std::string s = dump(v);
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+// The members of one object, read with messages that start with `what` (e.g. "layer 'conv1': ").
+class Fields {
+ public:
+  Fields(const Json& j, std::string what) : j_(j), what_(std::move(what)) {
+    DFP_CHECK(j.is_object(), Status::corrupt_data, what_ + "expected a JSON object, found " + type_of(j));
+  }
+
+  // A number: nullopt when absent, NaN when null (a non-finite number).
+  std::optional<double> number(const char* key) const {
+    const auto it = j_.find(key);
+    if (it == j_.end()) return std::nullopt;
+    if (it->is_null()) return kNaN;
+    if (!it->is_number()) wrong(key, *it, "a number");
+    return it->get<double>();
+  }
+  double required_number(const char* key) const {
+    DFP_CHECK(j_.contains(key), Status::corrupt_data,
+              what_ + "required field '" + key + "' is missing; expected a number");
+    return *number(key);
+  }
+  // An integral number (a count, an exponent): nullopt when absent or null.
+  std::optional<int64_t> integer(const char* key) const {
+    const auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return std::nullopt;
+    if (it->is_number_unsigned()) {
+      if (it->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) wrong(key, *it, "an integer");
+      return int64_t(it->get<uint64_t>());
+    }
+    if (it->is_number_integer()) return it->get<int64_t>();
+    if (it->is_number_float()) {
+      const double x = it->get<double>();
+      if (x == std::floor(x) && std::fabs(x) < 0x1p53) return int64_t(x);
+    }
+    wrong(key, *it, "an integer");
+  }
+  int64_t required_integer(const char* key) const {
+    DFP_CHECK(j_.contains(key) && !j_.at(key).is_null(), Status::corrupt_data,
+              what_ + "required field '" + key + "' is missing; expected an integer");
+    return *integer(key);
+  }
+  std::optional<std::string> string(const char* key) const {
+    const auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return std::nullopt;
+    if (!it->is_string()) wrong(key, *it, "a string");
+    return it->get<std::string>();
+  }
+  std::string required_string(const char* key) const {
+    std::optional<std::string> s = string(key);
+    DFP_CHECK(s, Status::corrupt_data, what_ + "required field '" + key + "' is missing; expected a string");
+    return *s;
+  }
+  // An array: nullptr when absent or null.
+  const Json* array(const char* key) const {
+    const auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return nullptr;
+    if (!it->is_array()) wrong(key, *it, "an array");
+    return &*it;
+  }
+
+ private:
+  [[noreturn]] void wrong(const char* key, const Json& v, const char* expected) const {
+    fail(Status::corrupt_data,
+         what_ + "field '" + key + "' is " + type_of(v) + " (" + shown(v) + "); expected " + expected);
+  }
+  const Json& j_;
+  std::string what_;
+};
+
+// Each element of the array `items` (named `key` in messages) read by `read`, whose errors get
+// the element's index in front.
+template <class T, class Read>
+std::vector<T> elements(const Json* items, const char* key, Read read) {
+  std::vector<T> out;
+  if (!items) return out;
+  for (size_t i = 0; i < items->size(); ++i) {
+    try {
+      out.push_back(read((*items)[i]));
+    } catch (const Error& e) {
+      fail(e.status(), "element " + std::to_string(i) + " of '" + key + "': " + e.what());
+    }
+  }
+  return out;
+}
+
+// ---- writing helpers -------------------------------------------------------------------------
+
+// A double as the files hold it: null when not finite, an integer when integral.
+Json number_json(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  if (v == std::trunc(v) && std::fabs(v) < 0x1p53) return int64_t(v);
+  return v;
+}
+void put(Json& j, const char* key, const std::optional<double>& v) {
+  if (v) j[key] = number_json(*v);
+}
+void put(Json& j, const char* key, const std::optional<int64_t>& v) {
+  if (v) j[key] = *v;
+}
+
+// ---- parsing ---------------------------------------------------------------------------------
+
+// The text with every bare non-finite token outside strings (nan, -nan, inf, -inf, NaN, -NaN,
+// Infinity, -Infinity: what C++ streams and Python's json module write) replaced by null, which
+// the JSON parser reads and the records take as NaN.
+std::string nulls_for_bare_non_finite(std::string_view text) {
+  static constexpr std::string_view kTokens[] = {"-Infinity", "Infinity", "-nan", "-NaN", "-inf", "nan", "NaN", "inf"};
+  auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; };
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < text.size()) out += text[++i];
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if ((c == '-' || c == 'n' || c == 'N' || c == 'i' || c == 'I') && (i == 0 || !word_char(text[i - 1]))) {
+      bool replaced = false;
+      for (std::string_view t : kTokens) {
+        if (text.substr(i, t.size()) != t || (i + t.size() < text.size() && word_char(text[i + t.size()]))) continue;
+        out += "null";
+        i += t.size() - 1;
+        replaced = true;
+        break;
+      }
+      if (replaced) continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+// An input iterator over the text that counts the newlines it passes, so that the parser's
+// callback knows the line of each member's key.
+struct LineCountingIterator {
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+  const char* p = nullptr;
+  int* line = nullptr;
+  reference operator*() const { return *p; }
+  LineCountingIterator& operator++() {
+    if (*p == '\n') ++*line;
+    ++p;
+    return *this;
+  }
+  LineCountingIterator operator++(int) {
+    LineCountingIterator old = *this;
+    ++*this;
+    return old;
+  }
+  bool operator==(const LineCountingIterator& o) const { return p == o.p; }
+  bool operator!=(const LineCountingIterator& o) const { return p != o.p; }
+};
+
+// Parses `text` (which starts on line `first_line` of `source`) as one JSON value. `key_lines`,
+// when given, receives the line of each member key of the top-level object.
+Json parse_json(std::string_view raw, const std::string& source, int first_line,
+                std::map<std::string, int>* key_lines = nullptr) {
+  const std::string text = nulls_for_bare_non_finite(raw);
+  int line = first_line;
+  const Json::parser_callback_t on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) && depth >= kMaxDepth)
+      fail(Status::corrupt_data, source + ":" + std::to_string(line) + ": objects and arrays nest deeper than " +
+                                     std::to_string(kMaxDepth) + " levels; expected a dfp run file");
+    if (event == Json::parse_event_t::key && depth == 1 && key_lines) (*key_lines)[parsed.get<std::string>()] = line;
+    return true;
+  };
+  try {
+    return Json::parse(LineCountingIterator{text.data(), &line}, LineCountingIterator{text.data() + text.size(), &line},
+                       on_event);
+  } catch (const Json::parse_error& e) {
+    // e.byte: 1-based index of the last character read. Line and column from it, in `text`.
+    const size_t at = std::min<size_t>(e.byte ? e.byte - 1 : 0, text.size());
+    const size_t line_start = text.rfind('\n', at ? at - 1 : 0);
+    const int err_line = first_line + int(std::count(text.begin(), text.begin() + long(at), '\n'));
+    const size_t column = line_start == std::string::npos || at == 0 ? at + 1 : at - line_start;
+    // The library's message past its own "parse error at line L, column C: ".
+    std::string what = e.what();
+    const size_t col = what.find("column ");
+    const size_t colon = col == std::string::npos ? std::string::npos : what.find(": ", col);
+    if (colon != std::string::npos) what = what.substr(colon + 2);
+    fail(Status::corrupt_data, source + ":" + std::to_string(err_line) + ":" + std::to_string(column) +
+                                   ": malformed JSON: " + what);
+  } catch (const Json::exception& e) {  // e.g. a number too large for a double
+    std::string what = e.what();
+    const size_t close = what.find("] ");
+    if (close != std::string::npos) what = what.substr(close + 2);
+    fail(Status::corrupt_data, source + ":" + std::to_string(line) + ": malformed JSON: " + what);
+  }
+}
+
+}  // namespace
+
+// ---- records ---------------------------------------------------------------------------------
+
+void to_json(Json& j, const LayerRecord& r) {
+  j = Json::object();
+  j["layer"] = r.layer;
+  j["format"] = r.format;
+  put(j, "exp_x", r.exp_x);
+  put(j, "exp_w", r.exp_w);
+  put(j, "exp_dy", r.exp_dy);
+  put(j, "chain_fwd", r.chain_fwd);
+  put(j, "chain_bwd", r.chain_bwd);
+  put(j, "chain_wgrad", r.chain_wgrad);
+  put(j, "saturated", r.saturated);
+  put(j, "overflow_events", r.overflow_events);
+  put(j, "sqnr_x_db", r.sqnr_x_db);
+  put(j, "sqnr_w_db", r.sqnr_w_db);
+  put(j, "sqnr_dy_db", r.sqnr_dy_db);
+  put(j, "overflow", r.overflow);
+  put(j, "underflow", r.underflow);
+  put(j, "nonzero", r.nonzero);
+}
+
+void from_json(const Json& j, LayerRecord& r) {
+  const Fields named(j, "");
+  const std::optional<std::string> name = named.string("layer");
+  DFP_CHECK(name && !name->empty(), Status::corrupt_data, "no \"layer\" name; expected a string");
+  const Fields f(j, "layer '" + *name + "': ");
+  r.layer = *name;
+  r.format = f.string("format").value_or("");
+  r.exp_x = f.integer("exp_x");
+  r.exp_w = f.integer("exp_w");
+  r.exp_dy = f.integer("exp_dy");
+  r.chain_fwd = f.integer("chain_fwd");
+  r.chain_bwd = f.integer("chain_bwd");
+  r.chain_wgrad = f.integer("chain_wgrad");
+  r.saturated = f.integer("saturated");
+  r.overflow_events = f.integer("overflow_events");
+  r.sqnr_x_db = f.number("sqnr_x_db");
+  r.sqnr_w_db = f.number("sqnr_w_db");
+  r.sqnr_dy_db = f.number("sqnr_dy_db");
+  r.overflow = f.integer("overflow");
+  r.underflow = f.integer("underflow");
+  r.nonzero = f.integer("nonzero");
+}
+
+void to_json(Json& j, const EpochRecord& r) {
+  j = Json::object();
+  j["epoch"] = r.epoch;
+  put(j, "lr", r.lr);
+  j["train_loss"] = number_json(r.train_loss);
+  put(j, "train_top1", r.train_top1);
+  put(j, "test_loss", r.test_loss);
+  j["test_top1"] = number_json(r.test_top1);
+  put(j, "test_top5", r.test_top5);
+  put(j, "images_per_second", r.images_per_second);
+  j["epoch_seconds"] = number_json(r.epoch_seconds);
+  put(j, "data_wait_seconds", r.data_wait_seconds);
+  put(j, "peak_rss_kib", r.peak_rss_kib);
+  put(j, "loss_scale", r.loss_scale);
+  put(j, "skipped_steps", r.skipped_steps);
+  if (r.precision_policy) j["precision_policy"] = *r.precision_policy;
+  j["layers"] = r.layers;
+}
+
+void from_json(const Json& j, EpochRecord& r) {
+  const Fields f(j, "");
+  const double epoch = f.required_number("epoch");
+  DFP_CHECK(epoch >= 1 && epoch == std::floor(epoch) && epoch < 1e9, Status::corrupt_data,
+            "field 'epoch' is " + number_text(epoch) + "; expected an integer >= 1");
+  r.epoch = int(epoch);
+  r.train_loss = f.required_number("train_loss");
+  r.test_top1 = f.required_number("test_top1");
+  r.epoch_seconds = f.required_number("epoch_seconds");
+  r.lr = f.number("lr");
+  r.train_top1 = f.number("train_top1");
+  r.test_loss = f.number("test_loss");
+  r.test_top5 = f.number("test_top5");
+  r.images_per_second = f.number("images_per_second");
+  r.data_wait_seconds = f.number("data_wait_seconds");
+  r.peak_rss_kib = f.integer("peak_rss_kib");
+  r.loss_scale = f.number("loss_scale");
+  r.skipped_steps = f.integer("skipped_steps");
+  r.precision_policy = f.string("precision_policy");
+  r.layers = elements<LayerRecord>(f.array("layers"), "layers", [](const Json& e) { return e.get<LayerRecord>(); });
+}
+
+void ConfigRecord::add_string(std::string key, std::string value) {
+  members.push_back({std::move(key), std::move(value), true, 0});
+}
+
+void ConfigRecord::add_literal(std::string key, std::string json_text) {
+  members.push_back({std::move(key), std::move(json_text), false, 0});
+}
+
+const ConfigRecord::Member* ConfigRecord::find(std::string_view key) const {
+  for (size_t i = members.size(); i-- > 0;)
+    if (members[i].key == key) return &members[i];
+  return nullptr;
+}
+
+namespace {
+// A literal member's value. Its text is JSON (parse_config writes it, add_literal's caller
+// promises it); text that is not is a bug of the writer.
+Json literal(const ConfigRecord::Member& m) {
+  Json v = Json::parse(m.text, nullptr, false);
+  DFP_CHECK(!v.is_discarded(), Status::internal, "config.json: the value of '" + m.key + "' is not JSON text: '" + m.text + "'");
+  return v;
+}
+
+// "<source>:<line>: field '<key>' is <type> (<value>); expected <expected>".
+[[noreturn]] void config_field_error(const ConfigRecord& c, const ConfigRecord::Member& m, const std::string& shown_value,
+                                     const char* type, const std::string& expected) {
+  fail(Status::corrupt_data, c.source + ":" + std::to_string(m.line) + ": field '" + m.key + "' is " + type + " (" +
+                                 shown_value + "); expected " + expected);
+}
+}  // namespace
+
+std::string ConfigRecord::string_or(std::string_view key, const std::string& dflt) const {
+  const Member* m = find(key);
+  if (!m) return dflt;
+  if (m->is_string) return m->text;
+  if (m->text == "null") return dflt;
+  config_field_error(*this, *m, m->text, type_of(literal(*m)), "a string");
+}
+
+int ConfigRecord::integer_or(std::string_view key, int dflt) const {
+  const Member* m = find(key);
+  if (!m) return dflt;
+  if (m->is_string) config_field_error(*this, *m, dump(Json(m->text)), "a string", "an integer");
+  const Json v = literal(*m);
+  if (v.is_null()) return dflt;
+  const double x = v.is_number() ? v.get<double>() : kNaN;
+  if (!(x == std::floor(x) && std::fabs(x) < 2e9)) config_field_error(*this, *m, m->text, type_of(v), "an integer");
+  return int(x);
+}
+
+void to_json(Json& j, const ConfigRecord& r) {
+  j = Json::object();
+  for (const ConfigRecord::Member& m : r.members) {
+    if (m.is_string) {
+      j[m.key] = m.text;
+      continue;
+    }
+    j[m.key] = literal(m);
+  }
+}
+
+void to_json(Json& j, const ProfileLayerRecord& r) {
+  j = Json{{"layer", r.layer},
+           {"kind", r.kind},
+           {"precision", r.precision},
+           {"implementation", r.implementation},
+           {"forward_seconds", number_json(r.forward_seconds)},
+           {"backward_seconds", number_json(r.backward_seconds)},
+           {"steps", r.steps}};
+}
+
+void from_json(const Json& j, ProfileLayerRecord& r) {
+  const Fields f(j, "");
+  r.layer = f.required_string("layer");
+  r.kind = f.required_string("kind");
+  r.precision = f.required_string("precision");
+  r.implementation = f.required_string("implementation");
+  r.forward_seconds = f.required_number("forward_seconds");
+  r.backward_seconds = f.required_number("backward_seconds");
+  const int64_t steps = f.required_integer("steps");
+  DFP_CHECK(steps >= 0, Status::corrupt_data, "field 'steps' is " + std::to_string(steps) + "; expected a count >= 0");
+  r.steps = uint64_t(steps);
+}
+
+void to_json(Json& j, const ProfileRecord& r) {
+  j = Json::object();
+  j["steps"] = r.steps;
+  j["step_seconds"] = number_json(r.step_seconds);
+  j["optimizer_seconds"] = number_json(r.optimizer_seconds);
+  j["data_wait_seconds"] = number_json(r.data_wait_seconds);
+  j["layers"] = r.layers;
+}
+
+void from_json(const Json& j, ProfileRecord& r) {
+  const Fields f(j, "");
+  const int64_t steps = f.required_integer("steps");
+  DFP_CHECK(steps >= 0, Status::corrupt_data, "field 'steps' is " + std::to_string(steps) + "; expected a count >= 0");
+  r.steps = uint64_t(steps);
+  r.step_seconds = f.required_number("step_seconds");
+  r.optimizer_seconds = f.required_number("optimizer_seconds");
+  r.data_wait_seconds = f.required_number("data_wait_seconds");
+  const Json* layers = f.array("layers");
+  DFP_CHECK(layers, Status::corrupt_data, "required field 'layers' is missing; expected an array");
+  r.layers = elements<ProfileLayerRecord>(layers, "layers", [](const Json& e) { return e.get<ProfileLayerRecord>(); });
+}
+
+// ---- texts -----------------------------------------------------------------------------------
+
+std::string to_line(const EpochRecord& r) { return dump(Json(r)); }
+std::string to_text(const ConfigRecord& r) { return dump(Json(r)) + "\n"; }
+std::string to_text(const ProfileRecord& r) { return dump(Json(r)) + "\n"; }
+
+std::string number_text(double v) { return dump(number_json(v)); }
+
+EpochRecord parse_epoch_line(std::string_view line, const std::string& source, int line_no) {
+  const Json j = parse_json(line, source, line_no);
+  const std::string where = source + ":" + std::to_string(line_no) + ": ";
+  DFP_CHECK(j.is_object(), Status::corrupt_data,
+            where + "expected one JSON object per line, found " + type_of(j));
+  try {
+    return j.get<EpochRecord>();
+  } catch (const Error& e) {
+    fail(e.status(), where + e.what());
+  }
+}
+
+ConfigRecord parse_config(std::string_view text, const std::string& source) {
+  std::map<std::string, int> key_lines;
+  const Json j = parse_json(text, source, 1, &key_lines);
+  DFP_CHECK(j.is_object(), Status::corrupt_data, source + ":1: expected a JSON object, found " + type_of(j));
+  ConfigRecord c;
+  c.source = source;
+  for (const auto& [key, value] : j.items())
+    c.members.push_back({key, value.is_string() ? value.get<std::string>() : dump(value), value.is_string(),
+                         key_lines.count(key) ? key_lines[key] : 1});
+  return c;
+}
+
+ProfileRecord parse_profile(std::string_view text, const std::string& source) {
+  std::map<std::string, int> key_lines;
+  const Json j = parse_json(text, source, 1, &key_lines);
+  try {
+    return j.get<ProfileRecord>();
+  } catch (const Error& e) {
+    // The line of the top-level member the message is about: "layers" for an element's field,
+    // else the field it names.
+    const std::string what = e.what();
+    std::string key = "layers";
+    if (what.rfind("element ", 0) != 0) {
+      const size_t open = what.find("field '");
+      if (open != std::string::npos) key = what.substr(open + 7, what.find('\'', open + 7) - open - 7);
+    }
+    const auto at = key_lines.find(key);
+    fail(e.status(), source + ":" + std::to_string(at == key_lines.end() ? 1 : at->second) + ": " + what);
+  }
+}
+
+}  // namespace dfp::run_files
