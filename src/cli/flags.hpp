@@ -89,9 +89,10 @@ std::string model_alias_help();
 
 // The run's resolved settings as `dfp train --config` reads them: every flag that decides or
 // describes the run, with its value after all flags were applied (--keep-fp32 folded into
-// --override, --rounding into the per-class flags). --resume and --overwrite are left out.
+// --override, --rounding into the per-class flags). --resume and --overwrite are left out. A
+// value it cannot quote (a path with both quote characters) is an error naming the flag.
 std::string run_toml(const TrainConfig& c);
-// Writes run_toml(c) to DIR/run.toml (through a temporary file and a rename).
-void write_run_toml(const TrainConfig& c);
+// Writes `text` to DIR/run.toml through a temporary file and a rename (nothing when DIR is "").
+void write_run_toml(const std::string& dir, const std::string& text);
 
 }  // namespace dfp::cli

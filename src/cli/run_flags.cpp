@@ -168,10 +168,13 @@ Flag out_flag(std::string& out, const std::string& help) {
 
 std::string run_toml(const TrainConfig& c) {
   std::ostringstream o;
-  auto str = [&o](const char* key, const std::string& v) {
-    DFP_CHECK(v.find_first_of("'\n") == std::string::npos, Status::invalid_argument,
-              std::string("run.toml: the value of ") + key + " ('" + v + "') has a quote or a line break");
-    o << key << " = '" << v << "'\n";
+  auto str = [&o](const char* key, const std::string& v) {  // a TOML string in ' or " quotes, no escapes
+    const bool single = v.find('\'') == std::string::npos;
+    DFP_CHECK(v.find('\n') == std::string::npos && (single || v.find('"') == std::string::npos),
+              Status::invalid_argument,
+              std::string("run.toml: the value of --") + key + " ('" + v + "') has both quote characters or a line break");
+    const char q = single ? '\'' : '"';
+    o << key << " = " << q << v << q << "\n";
   };
   auto num = [&o](const char* key, const std::string& v) { o << key << " = " << v << "\n"; };
   auto flag = [&o](const char* key, bool v) { if (v) o << key << " = true\n"; };
@@ -229,12 +232,12 @@ std::string run_toml(const TrainConfig& c) {
   return o.str();
 }
 
-void write_run_toml(const TrainConfig& c) {
-  if (c.out.empty()) return;
-  const std::string path = c.out + "/run.toml", tmp = path + ".tmp";
+void write_run_toml(const std::string& dir, const std::string& text) {
+  if (dir.empty()) return;
+  const std::string path = dir + "/run.toml", tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
-    f << run_toml(c);
+    f << text;
     DFP_CHECK(f.good(), Status::io_error, "cannot write '" + tmp + "'");
   }
   std::error_code ec;

@@ -37,8 +37,9 @@ int train(TrainState& s) {
     print_eval(dfp::evaluate_checkpoint(c.resume, c.data, c.threads, print_line));
     return 0;
   }
+  const std::string toml = run_toml(c);  // before training: a value it cannot write is refused first
   dfp::train(c, print_line);
-  write_run_toml(c);
+  write_run_toml(c.out, toml);
   return 0;
 }
 
