@@ -148,13 +148,14 @@ struct Batch {
 // Prefetching batch loader.
 //
 // A background producer thread decodes and augments the batches ahead of the consumer, using
-// ctx.threads() threads (a oneTBB arena of its own, so that it never queues work inside the
-// training step's parallel loops), into a ring of preallocated buffers. Everything is allocated
-// in the constructor; producing a batch of an in-memory dataset allocates nothing (a
-// file-backed one reads and decodes each JPEG into per-thread buffers that are reused; a file
-// that cannot be read or decoded, libjpeg warnings included (a truncated file is never padded
-// with grey), is Error(io_error or corrupt_data) naming the dataset, the sample index, its
-// class, the file and what was expected, rethrown by next()).
+// ctx.threads() threads, or `threads` when > 0 (a oneTBB arena of its own, so that it never
+// queues work inside the training step's parallel loops), into a ring of preallocated buffers.
+// The thread count changes no batch. Everything is allocated in the constructor; producing a
+// batch of an in-memory dataset allocates nothing (a file-backed one reads and decodes each JPEG
+// into per-thread buffers that are reused; a file that cannot be read or decoded, libjpeg
+// warnings included (a truncated file is never padded with grey), is Error(io_error or
+// corrupt_data) naming the dataset, the sample index, its class, the file and what was expected,
+// rethrown by next()).
 //
 // Usage:  for (int e = 0; e < epochs; ++e) { loader.start_epoch(e); Batch b;
 //                                            while (loader.next(b)) train_step(b); }
@@ -164,10 +165,10 @@ struct Batch {
 class Loader {
  public:
   Loader(const Context& ctx, const Dataset& d, int batch, bool shuffle, bool drop_last,
-         AugmentOptions aug, uint64_t seed);
+         AugmentOptions aug, uint64_t seed, int threads = 0);
   // A temporary Dataset would dangle: keep the Dataset in a variable that outlives the Loader.
   Loader(const Context& ctx, Dataset&& d, int batch, bool shuffle, bool drop_last, AugmentOptions aug,
-         uint64_t seed) = delete;
+         uint64_t seed, int threads = 0) = delete;
   ~Loader();  // stops the producer, also in the middle of an epoch
   Loader(Loader&&) noexcept;
   Loader& operator=(Loader&&) noexcept;

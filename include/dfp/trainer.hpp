@@ -44,6 +44,7 @@ struct TrainConfig {
   bool augment = true;              // pad+crop and flip for CIFAR, RandomResizedCrop and flip for
                                     // imagenet-folder; normalisation always
   int threads = 0;
+  int workers = 0;                  // loader threads decoding and augmenting batches (0 = threads)
   std::string isa;
   uint64_t seed = 1;
   std::string out;                  // "" = no files

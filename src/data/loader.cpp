@@ -2,8 +2,9 @@
 //
 // Threading. One producer std::thread fills a ring of kRing preallocated batch buffers ahead of
 // the consumer; inside a batch the samples are spread over a oneTBB arena of ctx.threads()
-// threads. The arena is the loader's own: work queued in the context's arena could be picked up
-// by a training step's worker waiting inside its own parallel loop and delay that step.
+// threads (or the constructor's `threads`). The arena is the loader's own: work queued in the
+// context's arena could be picked up by a training step's worker waiting inside its own parallel
+// loop and delay that step.
 //
 // Determinism. Every sample is written by exactly one task from inputs that depend only on
 // (seed, epoch, the sample's dataset index): the shuffle order is a Fisher-Yates permutation
@@ -241,7 +242,7 @@ struct Loader::Impl {
 };
 
 Loader::Loader(const Context& ctx, const Dataset& d, int batch, bool shuffle, bool drop_last,
-               AugmentOptions aug, uint64_t seed)
+               AugmentOptions aug, uint64_t seed, int threads)
     : impl_(std::make_unique<Impl>()) {
   const std::string what = "Loader(dataset '" + d.name + "')";
   auto need = [&](bool ok, const std::string& msg) { DFP_CHECK(ok, Status::invalid_argument, what + ": " + msg); };
@@ -287,6 +288,7 @@ Loader::Loader(const Context& ctx, const Dataset& d, int batch, bool shuffle, bo
                         ", expected < classes = " + std::to_string(d.classes));
     need(!aug.random_resized_crop, "AugmentOptions.random_resized_crop needs a file-backed dataset (an image folder)");
   }
+  need(threads >= 0, "threads is " + std::to_string(threads) + ", expected >= 0 (0 = the context's)");
   need(batch >= 1, "batch is " + std::to_string(batch) + ", expected >= 1");
   need(!drop_last || batch <= d.count, "batch " + std::to_string(batch) + " with drop_last leaves no batch of the " +
                                            std::to_string(d.count) + " samples; expected batch <= count");
@@ -312,7 +314,7 @@ Loader::Loader(const Context& ctx, const Dataset& d, int batch, bool shuffle, bo
   s.batches = drop_last ? d.count / batch : (d.count + batch - 1) / batch;
   s.shuffle = shuffle;
   s.seed = seed;
-  s.threads = std::max(1, ctx.threads());
+  s.threads = std::max(1, threads > 0 ? threads : ctx.threads());
   s.C = d.channels;
   s.H = d.height;
   s.W = d.width;

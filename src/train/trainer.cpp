@@ -146,6 +146,9 @@ void validate_train_config(const TrainConfig& c) {
   check(c.print_every >= 1, "--print-every", ">= 1", std::to_string(c.print_every));
   check(c.numerics_interval >= 0, "--numerics-every", ">= 0 (0 = never)", std::to_string(c.numerics_interval));
   ContextOptions::validate_threads(c.threads, "flag --threads");
+  check(c.workers >= 0 && c.workers <= ContextOptions::kMaxThreads, "--workers",
+        "loader threads in [0, " + std::to_string(ContextOptions::kMaxThreads) + "] (0 = --threads)",
+        std::to_string(c.workers));
   check(c.image_size >= 0 && c.image_size <= 8192, "--image-size", "a side in [0, 8192] (0 = 224)",
         std::to_string(c.image_size));
   check(c.warmup_epochs >= 0 && c.warmup_epochs <= c.epochs, "--warmup-epochs",
@@ -553,8 +556,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   m.set_profiling(cfg.profile);
   Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
   LossScaler scaler(cfg.loss_scale);
-  Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed);
-  Loader test_loader(ctx, test_set, cfg.batch_size, false, false, augment_for(test_set, false, false), cfg.seed);
+  Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed,
+                      cfg.workers);
+  Loader test_loader(ctx, test_set, cfg.batch_size, false, false, augment_for(test_set, false, false), cfg.seed,
+                     cfg.workers);
 
   LrSchedule sched;
   sched.kind = parse_schedule(cfg.schedule, "flag --schedule");

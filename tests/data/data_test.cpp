@@ -566,13 +566,18 @@ TEST(Loader, ShuffleOrderDependsOnSeedAndEpochOnly) {
 TEST(Loader, IdenticalBatchesForOneAndTwoThreads) {
   const Dataset d = toy_dataset(203, 3, 8, 8);
   AugmentOptions aug{.pad = 2, .hflip = true, .mean = {0.5f, 0.4f, 0.3f}, .stddev = {0.2f, 0.25f, 0.3f}};
-  Loader one(ctx1(), d, 16, true, false, aug, 99), two(ctx2(), d, 16, true, false, aug, 99);
+  // `three`: a thread count of the loader's own (dfp train -j 3) on a one-thread context.
+  Loader one(ctx1(), d, 16, true, false, aug, 99), two(ctx2(), d, 16, true, false, aug, 99),
+      three(ctx1(), d, 16, true, false, aug, 99, 3);
   for (int epoch = 0; epoch < 2; ++epoch) {
-    const Epoch e1 = run_epoch(one, d, epoch), e2 = run_epoch(two, d, epoch);
-    ASSERT_EQ(e1.raw.size(), e2.raw.size());
-    for (size_t b = 0; b < e1.raw.size(); ++b) {
-      ASSERT_EQ(std::memcmp(e1.raw[b].data(), e2.raw[b].data(), e1.raw[b].size() * sizeof(float)), 0) << b;
-      ASSERT_EQ(e1.labels[b], e2.labels[b]);
+    const Epoch e1 = run_epoch(one, d, epoch);
+    for (Loader* other : {&two, &three}) {
+      const Epoch e2 = run_epoch(*other, d, epoch);
+      ASSERT_EQ(e1.raw.size(), e2.raw.size());
+      for (size_t b = 0; b < e1.raw.size(); ++b) {
+        ASSERT_EQ(std::memcmp(e1.raw[b].data(), e2.raw[b].data(), e1.raw[b].size() * sizeof(float)), 0) << b;
+        ASSERT_EQ(e1.labels[b], e2.labels[b]);
+      }
     }
   }
 }

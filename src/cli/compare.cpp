@@ -1,0 +1,192 @@
+// dfp compare: trains one run per precision spec, each in its own process (so that peak memory,
+// oneDNN's caches and the thread pools are those of that run alone), with identical flags, seed
+// and data order, into OUT/<spec>/, then writes the comparison report from the runs' metrics files.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dfp/loss_scale.hpp"
+#include "dfp/status.hpp"
+#include "dfp/trainer.hpp"
+#include "src/cli/commands.hpp"
+#include "src/cli/flags.hpp"
+#include "src/report/report.hpp"
+#include "src/train/run_lock.hpp"
+
+namespace dfp::cli {
+
+namespace {
+
+struct RunSpec {
+  std::string label;      // as given: fp32, bf16, fp16, fp16-static, int16, cuda-fp16, ...
+  std::string device = "cpu";
+  std::string precision;  // fp32 | int16 | bf16 | fp16
+  std::string scaling;    // none | static | dynamic | adaptive
+};
+
+// "<precision>[-<scaling>]"; fp16 alone means dynamic scaling (what torch.amp users run).
+RunSpec parse_spec(const std::string& spec) {
+  RunSpec r;
+  r.label = spec;
+  std::string rest = spec;
+  if (rest.rfind("cuda-", 0) == 0) {  // cuda-fp16, cuda-fp32: the GPU device
+    r.device = "cuda";
+    rest = rest.substr(5);
+  }
+  const size_t dash = rest.find('-');
+  r.precision = rest.substr(0, dash);
+  dfp::parse_precision(r.precision, "flag --precisions item '" + spec + "'");
+  r.scaling = dash == std::string::npos ? (r.precision == "fp16" ? "dynamic" : "none") : rest.substr(dash + 1);
+  dfp::parse_loss_scale_mode(r.scaling, "flag --precisions item '" + spec + "'");
+  return r;
+}
+
+// Runs argv (argv[0] = program path) with stdout+stderr into `log_path`, echoing each line to our
+// stdout prefixed with "[label] ". Returns the exit status (128+signal when killed).
+int run_logged(const std::vector<std::string>& argv, const std::string& log_path, const std::string& label) {
+  int fds[2];
+  DFP_CHECK(pipe(fds) == 0, dfp::Status::io_error, std::string("dfp compare: pipe failed: ") + std::strerror(errno));
+  const pid_t pid = fork();
+  DFP_CHECK(pid >= 0, dfp::Status::io_error, std::string("dfp compare: fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> a;
+    for (const std::string& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execv(a[0], a.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", a[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::ofstream log(log_path);
+  DFP_CHECK(log.good(), dfp::Status::io_error, "dfp compare: cannot write '" + log_path + "'");
+  std::string line;
+  char buf[4096];
+  ssize_t got;
+  while ((got = read(fds[0], buf, sizeof buf)) > 0 || (got < 0 && errno == EINTR)) {
+    for (ssize_t i = 0; i < got; ++i) {
+      if (buf[i] != '\n') { line += buf[i]; continue; }
+      log << line << '\n';
+      std::printf("[%s] %s\n", label.c_str(), line.c_str());
+      std::fflush(stdout);
+      line.clear();
+    }
+  }
+  if (!line.empty()) { log << line << '\n'; std::printf("[%s] %s\n", label.c_str(), line.c_str()); }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+struct CompareState {
+  RunFlags probe;  // validates the shared flags here, before hours of training
+  std::string out = "runs/compare", specs_text = "fp32,bf16,fp16,int16";
+  FlagSet flags;
+  explicit CompareState(CLI::App& app) : flags(app) {}
+};
+
+int compare(CompareState& s) {
+  std::vector<std::string> pass;  // flags handed to every `dfp train` unchanged
+  for (const auto& [flag, value] : s.flags.given()) {
+    const std::string a = FlagSet::canonical(*flag);
+    DFP_CHECK(a != "--precision" && a != "--loss-scaling" && a != "--label" && a != "--resume" && a != "--device",
+              dfp::Status::invalid_argument,
+              "dfp compare: flag " + a + " is set per run by --precisions (e.g. --precisions fp32,fp16-static,int16)");
+    if (a == "--out" || a == "--precisions") continue;
+    pass.push_back(a);
+    if (!flag->value.empty()) pass.push_back(value);
+  }
+  s.flags.apply();
+  s.probe.finish();
+  const dfp::TrainConfig& probe = s.probe.config;
+  const std::string& out = s.out;
+  const std::string& specs_text = s.specs_text;
+  dfp::validate_train_config(probe);  // the shared settings, before any run starts
+  std::vector<RunSpec> specs;
+  std::stringstream ss(specs_text);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) {
+      specs.push_back(parse_spec(item));
+      for (size_t i = 0; i + 1 < specs.size(); ++i)
+        DFP_CHECK(specs[i].label != item, dfp::Status::invalid_argument, "flag --precisions: '" + item + "' given twice");
+    }
+  DFP_CHECK(!specs.empty(), dfp::Status::invalid_argument, "flag --precisions: expected a list like fp32,bf16,fp16,int16");
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + out + "': " + ec.message());
+  // The comparison owns OUT (each run locks its own OUT/<spec>); runs of an earlier comparison
+  // there are replaced only with --overwrite, before any training starts.
+  const dfp::RunLock lock(out, "flag --out");
+  for (const RunSpec& r : specs)
+    DFP_CHECK(probe.overwrite || !dfp::holds_run(out + "/" + r.label), dfp::Status::invalid_argument,
+              "flag --out: '" + out + "/" + r.label + "' holds an earlier run; expected a new directory, or --overwrite "
+              "to replace the runs of '" + out + "'");
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  DFP_CHECK(!ec, dfp::Status::io_error, "dfp compare: cannot find this program (/proc/self/exe): " + ec.message());
+  std::vector<std::string> done, failed;
+  for (const RunSpec& r : specs) {
+    const std::string dir = out + "/" + r.label;
+    std::filesystem::create_directories(dir, ec);
+    DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + dir + "': " + ec.message());
+    std::vector<std::string> argv = {self, "train"};
+    argv.insert(argv.end(), pass.begin(), pass.end());
+    argv.insert(argv.end(), {"--device", r.device, "--precision", r.precision, "--loss-scaling", r.scaling, "--label", r.label,
+                             "--out", dir});
+    std::printf("== %s: dfp train ... --precision %s --loss-scaling %s --out %s\n", r.label.c_str(), r.precision.c_str(),
+                r.scaling.c_str(), dir.c_str());
+    std::fflush(stdout);
+    const int rc = run_logged(argv, dir + "/train.log", r.label);
+    if (rc == 0) done.push_back(dir);
+    else {
+      failed.push_back(r.label);
+      std::printf("== %s failed (exit %d); see %s/train.log; continuing with the other precisions\n", r.label.c_str(), rc,
+                  dir.c_str());
+    }
+  }
+  std::vector<dfp::RunSummary> runs;
+  for (const std::string& d : done) runs.push_back(dfp::read_run(d));
+  if (!runs.empty()) {
+    std::printf("\n%s", dfp::format_table(runs).c_str());
+    dfp::write_report(out, runs, print_line);
+  }
+  if (!failed.empty()) {
+    std::string f;
+    for (const auto& x : failed) f += (f.empty() ? "" : ", ") + x;
+    std::fprintf(stderr, "dfp compare: %zu run(s) failed: %s\n", failed.size(), f.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Run add_compare(CLI::App& root) {
+  CLI::App* app = root.add_subcommand("compare", "train one run per precision, same flags and seed; tabulate and plot");
+  app->footer("Each run is a dfp train process with the flags given here, into OUT/<item>/.");
+  auto s = std::make_shared<CompareState>(*app);
+  CompareState* p = s.get();
+  p->flags.add({{"--precisions", "LIST",
+                 "runs, e.g. fp32,bf16,fp16,int16: items PRECISION[-none|-static|-dynamic|-adaptive] (fp16 alone = "
+                 "fp16-dynamic; cuda-fp16, cuda-fp32 on the GPU)",
+                 [p](const std::string&, const std::string& v) { p->specs_text = v; }, "Run"},
+                out_flag(p->out, "directory of the comparison: OUT/<item>/ per run, the report and plots")});
+  p->flags.add(run_flags(p->probe));
+  p->flags.add(policy_flags(p->probe));
+  return [s] { return compare(*s); };
+}
+
+}  // namespace dfp::cli

@@ -1,0 +1,248 @@
+// The flags of a training run (dfp train, dfp compare) and of its numerics policy (also dfp
+// info), the torchvision model names, and run.toml: a run's resolved flags, which
+// `dfp train --config DIR/run.toml` reads back to repeat the run.
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dfp/status.hpp"
+#include "src/cli/flags.hpp"
+
+namespace dfp::cli {
+
+namespace {
+// torchvision's name -> dfp's, for the networks dfp has under another name. The other
+// torchvision names dfp has (resnet18/34/50, vgg11 ... vgg19, alexnet, googlenet) are dfp's own.
+const std::pair<const char*, const char*> kTorchvisionAliases[] = {
+    {"vgg11_bn", "vgg11bn"}, {"vgg13_bn", "vgg13bn"}, {"vgg16_bn", "vgg16bn"},
+    {"vgg19_bn", "vgg19bn"}, {"resnext50_32x4d", "resnext50"},
+};
+
+std::string fmt_float(float v) {  // the shortest text that reads back as the same float
+  char b[32];
+  return {b, std::to_chars(b, b + sizeof b, v).ptr};
+}
+}  // namespace
+
+std::string model_alias(const std::string& name) {
+  for (const auto& [torch, ours] : kTorchvisionAliases)
+    if (name == torch) return ours;
+  return name;
+}
+
+std::string model_alias_help() {
+  std::string s;
+  for (const auto& [torch, ours] : kTorchvisionAliases) s.append(s.empty() ? "" : ", ").append(torch).append("=").append(ours);
+  return s;
+}
+
+std::vector<Flag> policy_flags(RunFlags& s) {
+  TrainConfig& c = s.config;
+  PrecisionPolicy& p = c.policy;
+  auto all_classes = [&p](auto set) {
+    for (QuantOptions* q : {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients}) set(*q);
+  };
+  auto rounding = [](QuantOptions& q) {
+    return [&q](const std::string& f, const std::string& v) { q.rounding = parse_rounding(v, f); };
+  };
+  auto format = [](std::optional<FloatFormat>& o) {
+    return [&o](const std::string& f, const std::string& v) { o = parse_float_format(v, f); };
+  };
+  const std::string g = "Numerics";
+  return {
+      {"--precision", "P", "fp32|int16|bf16|fp16",
+       [&p](const std::string& f, const std::string& v) { p.precision = parse_precision(v, "flag " + f); }, g},
+      {"--keep-fp32", "LAYERS", "layers kept in FP32, e.g. conv1,fc (repeatable)",
+       [&s](const std::string&, const std::string& v) { s.keep_fp32 += (s.keep_fp32.empty() ? "" : ",") + v; }, g},
+      {"--override", "RULES", "per-layer precision, e.g. 'layer*=bf16,fc=fp32' (repeatable; first match wins)",
+       [&p](const std::string& f, const std::string& v) {
+         const auto more = PrecisionPolicy::parse_overrides(v, "flag " + f);
+         p.overrides.insert(p.overrides.end(), more.begin(), more.end());
+       }, g},
+      {"--headroom", "N", "DFP16 exponent headroom of every tensor class",
+       [&, all_classes](const std::string& f, const std::string& v) {
+         const int h = to_int(f, v);
+         all_classes([h](QuantOptions& q) { q.headroom = h; });
+       }, g},
+      {"--rounding", "R", "nearest|stochastic|biased for every tensor class (before the per-class flags)",
+       [all_classes](const std::string& f, const std::string& v) {
+         const Rounding r = parse_rounding(v, f);
+         all_classes([r](QuantOptions& q) { q.rounding = r; });
+       }, g},
+      {"--weights-rounding,--round-weights", "R", "rounding of the weights", rounding(p.dfp.weights), g},
+      {"--activations-rounding,--round-activations", "R", "rounding of the activations", rounding(p.dfp.activations), g},
+      {"--gradients-rounding,--round-gradients", "R", "rounding of the gradients", rounding(p.dfp.gradients), g},
+      {"--weights-format", "FMT", "fp32|bf16|fp16 storage of the weights (float precisions)", format(p.weights_format), g},
+      {"--activations-format", "FMT", "fp32|bf16|fp16 storage of the activations", format(p.activations_format), g},
+      {"--gradients-format", "FMT", "fp32|bf16|fp16 storage of the gradients", format(p.gradients_format), g},
+      {"--int16-chain", "bound|N", "INT16 accumulation chain: from the bound, or N steps (tests)",
+       [&p](const std::string& f, const std::string& v) {
+         p.dfp.chain_override = v == "bound" ? 0 : to_int(f, v);
+         DFP_CHECK(p.dfp.chain_override >= 0, Status::invalid_argument, "flag " + f + ": expected 'bound' or N >= 1");
+       }, g},
+      {"--verify-overflow", "", "recompute with INT64 shadow accumulators and count INT32 overflows (slow)",
+       [&p](const std::string&, const std::string&) { p.dfp.verify = true; }, g},
+      {"--loss-scaling", "MODE", "none|static|dynamic|adaptive",
+       [&s](const std::string& f, const std::string& v) {
+         s.config.loss_scale.mode = parse_loss_scale_mode(v, f);
+         s.scale_mode_set = true;
+       }, g},
+      {"--loss-scale", "S", "the (first) loss scale; alone it means static scaling",
+       [&s](const std::string& f, const std::string& v) {
+         s.config.loss_scale.init_scale = to_float(f, v);
+         if (!s.scale_mode_set) s.config.loss_scale.mode = LossScaleMode::fixed;  // apex: a number means static
+       }, g},
+      {"--scale-growth-interval", "N", "steps between loss-scale growths (dynamic)",
+       [&c](const std::string& f, const std::string& v) { c.loss_scale.growth_interval = to_int(f, v); }, g},
+  };
+}
+
+std::vector<Flag> run_flags(RunFlags& s) {
+  TrainConfig& c = s.config;
+  auto integer = [](int& field) { return [&field](const std::string& f, const std::string& v) { field = to_int(f, v); }; };
+  auto real = [](float& field) { return [&field](const std::string& f, const std::string& v) { field = to_float(f, v); }; };
+  auto text = [](std::string& field) { return [&field](const std::string&, const std::string& v) { field = v; }; };
+  auto on = [](bool& field, bool value) { return [&field, value](const std::string&, const std::string&) { field = value; }; };
+  const std::string m = "Model and data", o = "Optimizer", r = "Run";
+  return {
+      {"-a,--model,--arch", "NAME",
+       "lenet, resnet20/32/44/56/110, resnet18/34/50[c], resnext50[c], vgg11..19[bn], alexnet, googlenet; "
+       "torchvision names too: " + model_alias_help(),
+       [&c](const std::string&, const std::string& v) { c.model = model_alias(v); }, m},
+      {"--dataset", "NAME", "fashion-mnist|mnist|cifar10|cifar100|imagenet-folder", text(c.dataset), m},
+      {"--data", "DIR", "dataset directory (imagenet-folder: DIR/train/<class>/*.jpg, DIR/val/...)", text(c.data), m},
+      {"--image-size", "N", "imagenet-folder: side of the input (0 = 224)", integer(c.image_size), m},
+      {"--limit-train", "N", "use only the first N training images (0 = all)", integer(c.limit_train), m},
+      {"--limit-test", "N", "use only the first N test images (0 = all)", integer(c.limit_test), m},
+      {"--no-augment", "", "no crop/flip augmentation (normalisation stays)", on(c.augment, false), m},
+      {"-j,--workers", "N", "loader threads decoding and augmenting batches (0 = --threads)", integer(c.workers), m},
+      {"--epochs", "N", "epochs to train", integer(c.epochs), o},
+      {"-b,--batch-size", "N", "images per step", integer(c.batch_size), o},
+      {"--lr,--learning-rate", "F", "base learning rate", real(c.lr), o},
+      {"--momentum", "F", "SGD momentum", real(c.momentum), o},
+      {"--wd,--weight-decay", "F", "weight decay", real(c.weight_decay), o},
+      {"--nesterov", "", "Nesterov momentum", on(c.nesterov, true), o},
+      {"--schedule", "S", "cosine|step|multistep|constant", text(c.schedule), o},
+      {"--warmup-epochs", "N", "linear warm-up epochs", integer(c.warmup_epochs), o},
+      {"--milestones", "E1,E2", "multistep: epochs where the rate is multiplied by --gamma",
+       [&c](const std::string& f, const std::string& v) {
+         std::stringstream ss(v);
+         std::string item;
+         while (std::getline(ss, item, ',')) c.milestones.push_back(to_int(f, item));
+       }, o},
+      {"--gamma", "F", "step and multistep factor", real(c.gamma), o},
+      {"--step-epochs", "N", "step: epochs between rate steps", integer(c.step_epochs), o},
+      {"--label-smoothing", "F", "label smoothing in [0, 1)", real(c.label_smoothing), o},
+      {"--threads", "N", "compute threads (0 = all cores)", integer(c.threads), r},  // range: validate_train_config
+      {"--isa", "LEVEL", "ref|avx2|avx512bw|avx512vnni kernels", [&c](const std::string& f, const std::string& v) {
+         c.isa = isa_flag(f, v);
+       }, r},
+      {"--seed", "N", "seed of initialisation, data order and augmentation",
+       [&c](const std::string& f, const std::string& v) {
+         const int seed = to_int(f, v);
+         DFP_CHECK(seed >= 0, Status::invalid_argument, "flag " + f + ": expected >= 0, got " + std::to_string(seed));
+         c.seed = static_cast<uint64_t>(seed);
+       }, r},
+      {"--overwrite", "", "replace the run --out holds (without it, or --resume, such a directory is refused)",
+       on(c.overwrite, true), r},
+      {"--resume", "FILE", "continue from this checkpoint (bit-identical to an uninterrupted run)", text(c.resume), r},
+      {"--label", "NAME", "name of the run in comparisons (default: the precision)", text(c.label), r},
+      {"-p,--print-every,--print-freq", "N", "steps between progress lines", integer(c.print_every), r},
+      {"--numerics-every", "N", "sample per-layer rounding statistics every N steps (0 = never)",
+       integer(c.numerics_interval), r},
+      {"--profile", "", "time each layer and the optimizer; a table at the end and DIR/profile.json", on(c.profile, true), r},
+      {"--device", "cpu|cuda", "cuda: --precision fp16 (FP32 master weights) or fp32", text(c.device), r},
+  };
+}
+
+Flag out_flag(std::string& out, const std::string& help) {
+  return {"--out", "DIR", help,
+          [&out](const std::string& f, const std::string& v) {
+            DFP_CHECK(!v.empty(), Status::invalid_argument, "flag " + f + ": expected a directory, got an empty path");
+            out = v;
+          },
+          "Run"};
+}
+
+std::string run_toml(const TrainConfig& c) {
+  std::ostringstream o;
+  auto str = [&o](const char* key, const std::string& v) {  // a TOML string in ' or " quotes, no escapes
+    const bool single = v.find('\'') == std::string::npos;
+    DFP_CHECK(v.find('\n') == std::string::npos && (single || v.find('"') == std::string::npos),
+              Status::invalid_argument,
+              std::string("run.toml: the value of --") + key + " ('" + v + "') has both quote characters or a line break");
+    const char q = single ? '\'' : '"';
+    o << key << " = " << q << v << q << "\n";
+  };
+  auto num = [&o](const char* key, const std::string& v) { o << key << " = " << v << "\n"; };
+  auto flag = [&o](const char* key, bool v) { if (v) o << key << " = true\n"; };
+  const PrecisionPolicy& p = c.policy;
+  o << "# dfp train --config FILE repeats this run (flags on the command line override these).\n";
+  str("model", c.model);
+  str("dataset", c.dataset);
+  if (!c.data.empty()) str("data", c.data);
+  num("image-size", std::to_string(c.image_size));
+  num("limit-train", std::to_string(c.limit_train));
+  num("limit-test", std::to_string(c.limit_test));
+  flag("no-augment", !c.augment);
+  num("workers", std::to_string(c.workers));
+  num("epochs", std::to_string(c.epochs));
+  num("batch-size", std::to_string(c.batch_size));
+  num("lr", fmt_float(c.lr));
+  num("momentum", fmt_float(c.momentum));
+  num("wd", fmt_float(c.weight_decay));
+  flag("nesterov", c.nesterov);
+  str("schedule", c.schedule);
+  num("warmup-epochs", std::to_string(c.warmup_epochs));
+  std::string milestones;
+  for (int e : c.milestones) milestones.append(milestones.empty() ? "" : ",").append(std::to_string(e));
+  if (!milestones.empty()) str("milestones", milestones);
+  num("gamma", fmt_float(c.gamma));
+  num("step-epochs", std::to_string(c.step_epochs));
+  num("label-smoothing", fmt_float(c.label_smoothing));
+  num("threads", std::to_string(c.threads));
+  if (!c.isa.empty()) str("isa", c.isa);
+  num("seed", std::to_string(c.seed));
+  str("out", c.out);
+  if (!c.label.empty()) str("label", c.label);
+  num("print-every", std::to_string(c.print_every));
+  num("numerics-every", std::to_string(c.numerics_interval));
+  flag("profile", c.profile);
+  str("device", c.device);
+  str("precision", precision_name(p.precision));
+  std::string overrides;
+  for (const auto& [pattern, precision] : p.overrides)
+    overrides.append(overrides.empty() ? "" : ",").append(pattern).append("=").append(precision_name(precision));
+  if (!overrides.empty()) str("override", overrides);
+  if (p.dfp.weights.headroom == p.dfp.activations.headroom && p.dfp.weights.headroom == p.dfp.gradients.headroom)
+    num("headroom", std::to_string(p.dfp.weights.headroom));
+  str("weights-rounding", rounding_name(p.dfp.weights.rounding));
+  str("activations-rounding", rounding_name(p.dfp.activations.rounding));
+  str("gradients-rounding", rounding_name(p.dfp.gradients.rounding));
+  if (p.weights_format) str("weights-format", float_format_name(*p.weights_format));
+  if (p.activations_format) str("activations-format", float_format_name(*p.activations_format));
+  if (p.gradients_format) str("gradients-format", float_format_name(*p.gradients_format));
+  str("int16-chain", p.dfp.chain_override == 0 ? "bound" : std::to_string(p.dfp.chain_override));
+  flag("verify-overflow", p.dfp.verify);
+  str("loss-scaling", loss_scale_mode_name(c.loss_scale.mode));
+  if (c.loss_scale.init_scale) num("loss-scale", fmt_float(float(*c.loss_scale.init_scale)));
+  num("scale-growth-interval", std::to_string(c.loss_scale.growth_interval));
+  return o.str();
+}
+
+void write_run_toml(const std::string& dir, const std::string& text) {
+  if (dir.empty()) return;
+  const std::string path = dir + "/run.toml", tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    DFP_CHECK(f.good(), Status::io_error, "cannot write '" + tmp + "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  DFP_CHECK(!ec, Status::io_error, "cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+}
+
+}  // namespace dfp::cli

@@ -1,0 +1,245 @@
+// The dfp program's command line: the flag definitions on their own (how values parse, combine
+// and are written to run.toml), and the program end to end (--help, --version, errors, and a run
+// repeated from its run.toml).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dfp/models.hpp"
+#include "src/cli/flags.hpp"
+#include "tests/common/expect_error.hpp"
+#include "tests/common/files.hpp"
+#include "tests/common/temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using dfp::test::slurp;
+
+namespace {
+
+// The resolved TrainConfig of `dfp train ARGS` (without the training).
+dfp::TrainConfig parse_train(std::vector<std::string> args, const std::string& config_file = "") {
+  CLI::App app("", "train");
+  dfp::cli::RunFlags run;
+  dfp::cli::FlagSet flags(app);
+  flags.add(dfp::cli::run_flags(run));
+  flags.add(dfp::cli::policy_flags(run));
+  flags.add({dfp::cli::out_flag(run.config.out, "out")});
+  flags.add_config_flag();
+  if (!config_file.empty()) args.insert(args.begin(), {"--config", config_file});
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  app.parse(args);
+  flags.apply();
+  run.finish();
+  return run.config;
+}
+
+struct Result {
+  int status;
+  std::string output;  // stdout and stderr
+};
+Result dfp_cli(const std::string& args, const dfp::test::TempDir& dir) {
+  const std::string log = dir.file("cli.log");
+  const int rc = std::system((std::string("'") + DFP_CLI + "' " + args + " > '" + log + "' 2>&1").c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(log)};
+}
+
+bool have_fashion_mnist() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
+
+// The metrics.jsonl lines without the fields that measure time or memory.
+std::vector<std::string> results_of(const std::string& metrics) {
+  std::vector<std::string> out;
+  for (std::string l : dfp::test::lines_of(metrics)) {
+    for (const char* key : {"\"images_per_second\":", "\"data_wait_seconds\":", "\"epoch_seconds\":", "\"peak_rss_kib\":"}) {
+      const size_t b = l.find(key);
+      if (b == std::string::npos) continue;
+      l.erase(b, l.find_first_of(",}", b) - b);
+    }
+    out.push_back(l);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(CliFlags, PyTorchNamesEqualsSignsAndShortFlags) {
+  const dfp::TrainConfig c = parse_train({"-a", "vgg16_bn", "-b", "64", "-j", "3", "--wd=0.001", "-p", "7", "--lr=0.1",
+                                          "--momentum=0.8", "--learning-rate", "0.2", "--weight-decay", "0.002"});
+  EXPECT_EQ(c.model, "vgg16bn");
+  EXPECT_EQ(c.batch_size, 64);
+  EXPECT_EQ(c.workers, 3);
+  EXPECT_EQ(c.print_every, 7);
+  EXPECT_EQ(c.lr, 0.2f);  // the last value wins
+  EXPECT_EQ(c.momentum, 0.8f);
+  EXPECT_EQ(c.weight_decay, 0.002f);
+  EXPECT_EQ(parse_train({"--arch=resnext50_32x4d", "--print-freq=3"}).model, "resnext50");
+  EXPECT_EQ(parse_train({"--model", "resnet20"}).model, "resnet20");
+}
+
+// Every torchvision alias names a model of the zoo; torchvision names dfp shares need none.
+TEST(CliFlags, TorchvisionAliasesNameZooModels) {
+  const std::vector<std::string> zoo = dfp::model_names();
+  for (const char* torch : {"vgg11_bn", "vgg13_bn", "vgg16_bn", "vgg19_bn", "resnext50_32x4d", "resnet18", "resnet34",
+                            "resnet50", "vgg11", "vgg16", "alexnet", "googlenet"}) {
+    const std::string ours = dfp::cli::model_alias(torch);
+    EXPECT_NE(std::find(zoo.begin(), zoo.end(), ours), zoo.end()) << torch << " -> " << ours;
+  }
+  EXPECT_EQ(dfp::cli::model_alias("resnet101"), "resnet101");  // no such dfp model: refused by the zoo
+}
+
+// Values take effect in the order typed: a later flag overrides an earlier one, list flags add up,
+// and --keep-fp32 comes after the --override rules whatever the order.
+TEST(CliFlags, ValuesTakeEffectInOrder) {
+  using dfp::Rounding;
+  dfp::TrainConfig c = parse_train({"--rounding", "stochastic", "--weights-rounding", "nearest"});
+  EXPECT_EQ(c.policy.dfp.weights.rounding, Rounding::nearest_even);
+  EXPECT_EQ(c.policy.dfp.gradients.rounding, Rounding::stochastic);
+  c = parse_train({"--weights-rounding", "nearest", "--rounding", "stochastic"});
+  EXPECT_EQ(c.policy.dfp.weights.rounding, Rounding::stochastic);
+  c = parse_train({"--keep-fp32", "fc", "--precision", "int16", "--override", "conv*=bf16", "--keep-fp32", "conv1",
+                   "--milestones", "3,5"});
+  ASSERT_EQ(c.policy.overrides.size(), 3u);
+  EXPECT_EQ(c.policy.overrides[0].first, "conv*");
+  EXPECT_EQ(c.policy.overrides[1].first, "fc");
+  EXPECT_EQ(c.policy.overrides[2].first, "conv1");
+  EXPECT_EQ(c.milestones, (std::vector<int>{3, 5}));
+  c = parse_train({"--loss-scale", "8", "--nesterov", "--no-augment"});
+  EXPECT_EQ(c.loss_scale.mode, dfp::LossScaleMode::fixed);
+  EXPECT_TRUE(c.nesterov);
+  EXPECT_FALSE(c.augment);
+}
+
+// run.toml read back gives the same settings; the command line overrides the file.
+TEST(CliFlags, RunTomlReadsBackToTheSameSettings) {
+  const dfp::test::TempDir dir("dfp_cli_toml_");
+  const dfp::TrainConfig a =
+      parse_train({"-a", "vgg11_bn", "--precision", "bf16", "--keep-fp32", "fc", "--rounding", "stochastic",
+                   "--weights-rounding", "nearest", "--activations-format", "fp16", "--loss-scale", "1024",
+                   "--milestones", "2,4", "--schedule", "multistep", "--nesterov", "--no-augment", "--lr", "0.03",
+                   "--seed", "9", "--label", "it's", "--data", dir.str(), "--out", dir.file("run")});
+  fs::create_directories(dir.file("run"));
+  dfp::cli::write_run_toml(a.out, dfp::cli::run_toml(a));
+  const std::string toml = slurp(dir.file("run/run.toml"));
+  const dfp::TrainConfig b = parse_train({}, dir.file("run/run.toml"));
+  EXPECT_EQ(dfp::cli::run_toml(b), toml);
+  EXPECT_EQ(b.policy.describe(), a.policy.describe());
+  EXPECT_EQ(b.loss_scale.describe(), a.loss_scale.describe());
+  EXPECT_EQ(b.model, "vgg11bn");
+  EXPECT_EQ(b.milestones, a.milestones);
+  EXPECT_TRUE(b.nesterov);
+  EXPECT_FALSE(b.augment);
+  const dfp::TrainConfig c = parse_train({"--seed", "4", "--lr=0.5"}, dir.file("run/run.toml"));
+  EXPECT_EQ(c.seed, 4u);
+  EXPECT_EQ(c.lr, 0.5f);
+  EXPECT_EQ(c.label, "it's");
+
+  std::ofstream(dir.file("bad.toml")) << "lr = 0.1\nlearning_rat = 0.2\n";
+  dfp::test::expect_error([&] { parse_train({}, dir.file("bad.toml")); }, dfp::Status::invalid_argument,
+                          {"flag --config", "bad.toml", "'learning_rat'", "not a flag of dfp train"});
+  dfp::test::expect_error([&] { parse_train({}, dir.file("missing.toml")); }, dfp::Status::invalid_argument,
+                          {"flag --config", "missing.toml", "not a readable file"});
+  std::ofstream(dir.file("value.toml")) << "batch-size = 'many'\n";
+  dfp::test::expect_error([&] { parse_train({}, dir.file("value.toml")); }, dfp::Status::invalid_argument,
+                          {"flag --batch-size: expected an integer, got 'many'"});
+}
+
+TEST(Cli, HelpListsCommandsAndFlags) {
+  const dfp::test::TempDir dir("dfp_cli_help_");
+  for (const char* args : {"--help", "help", "-h"}) {
+    const Result r = dfp_cli(args, dir);
+    EXPECT_EQ(r.status, 0) << args;
+    for (const char* cmd : {"info", "bench", "train", "eval", "compare"}) EXPECT_NE(r.output.find(cmd), std::string::npos) << cmd;
+  }
+  const Result train = dfp_cli("train --help", dir);
+  EXPECT_EQ(train.status, 0) << train.output;
+  for (const char* flag : {"--lr", "-b,--batch-size", "-j,--workers", "--wd,--weight-decay", "-p,--print-every",
+                           "-e,--evaluate", "-a,--model,--arch", "--config FILE", "--precision", "--keep-fp32",
+                           "--loss-scaling", "--resume", "--out DIR", "vgg16_bn=vgg16bn"})
+    EXPECT_NE(train.output.find(flag), std::string::npos) << flag << " in\n" << train.output;
+  for (const char* cmd : {"info", "bench", "eval", "compare"}) {
+    const Result r = dfp_cli(std::string(cmd) + " --help", dir);
+    EXPECT_EQ(r.status, 0) << cmd;
+    EXPECT_NE(r.output.find("--threads"), std::string::npos) << cmd << ":\n" << r.output;
+  }
+  EXPECT_NE(dfp_cli("compare --help", dir).output.find("--precisions"), std::string::npos);
+}
+
+TEST(Cli, VersionPrintsTheProjectVersion) {
+  const dfp::test::TempDir dir("dfp_cli_version_");
+  const Result r = dfp_cli("--version", dir);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.output.rfind(std::string("dfp ") + DFP_VERSION + "\n", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("oneDNN"), std::string::npos) << r.output;
+}
+
+// Unknown flags, commands and bad values: exit 1 (2 for a command) and a message naming them.
+TEST(Cli, UnknownFlagsAndBadValuesAreNamed) {
+  const dfp::test::TempDir dir("dfp_cli_errors_");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --bogus 3", "dfp train: invalid argument: dfp train: unknown flag '--bogus' (see dfp train --help)"},
+      {"eval --lr 1", "unknown flag '--lr'"},
+      {"train --lr=abc", "flag --lr: expected a number, got 'abc'"},
+      {"train -b x", "flag --batch-size: expected an integer, got 'x'"},
+      {"train --lr", "--lr"},
+      {"train -j -1", "flag --workers: expected loader threads in [0, 1024] (0 = --threads), got -1"},
+      {"train --config '" + dir.file("none.toml") + "'", "flag --config"},
+      {"train -e", "flag --evaluate: expected --resume FILE"},
+      {"compare --precision int16", "flag --precision is set per run by --precisions"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = dfp_cli(args, dir);
+    EXPECT_EQ(r.status, 1) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
+  const Result r = dfp_cli("trian --lr 0.1", dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("unknown command 'trian'"), std::string::npos) << r.output;
+  EXPECT_EQ(dfp_cli("", dir).status, 2);
+}
+
+// A run repeated from DIR/run.toml into another directory gives the same checkpoint bytes and
+// metrics; -e --resume evaluates a checkpoint as dfp eval does.
+TEST(Cli, RunTomlRepeatsTheRun) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const dfp::test::TempDir dir("dfp_cli_repeat_");
+  const Result a = dfp_cli("train --arch=lenet --epochs=1 -b 32 --limit-train 128 --limit-test 64 --threads 2 -j 1 "
+                           "--lr=0.05 --wd 1e-4 -p 2 --precision int16 --rounding stochastic --keep-fp32 fc --out '" +
+                               dir.file("a") + "'",
+                           dir);
+  ASSERT_EQ(a.status, 0) << a.output;
+  ASSERT_TRUE(fs::exists(dir.file("a/run.toml")));
+  const Result b = dfp_cli("train --config '" + dir.file("a/run.toml") + "' --out '" + dir.file("b") + "'", dir);
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_EQ(slurp(dir.file("b/checkpoint.dfp")), slurp(dir.file("a/checkpoint.dfp")));
+  EXPECT_EQ(slurp(dir.file("b/config.json")), slurp(dir.file("a/config.json")));
+  EXPECT_EQ(results_of(dir.file("b/metrics.jsonl")), results_of(dir.file("a/metrics.jsonl")));
+  // Into its own directory, the run is refused: it holds a run.
+  const Result again = dfp_cli("train --config '" + dir.file("a/run.toml") + "'", dir);
+  EXPECT_EQ(again.status, 1);
+  EXPECT_NE(again.output.find("holds an earlier run"), std::string::npos) << again.output;
+
+  const Result eval = dfp_cli("eval --threads 2 --checkpoint '" + dir.file("a/checkpoint.dfp") + "'", dir);
+  const Result e = dfp_cli("train -e --threads 2 --resume '" + dir.file("a/checkpoint.dfp") + "'", dir);
+  ASSERT_EQ(eval.status, 0) << eval.output;
+  ASSERT_EQ(e.status, 0) << e.output;
+  const size_t at = eval.output.find("test loss");
+  ASSERT_NE(at, std::string::npos) << eval.output;
+  EXPECT_NE(e.output.find(eval.output.substr(at)), std::string::npos) << e.output;
+}
+
+// A torchvision name trains the dfp model it names.
+TEST(Cli, TorchvisionNameTrainsItsModel) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const dfp::test::TempDir dir("dfp_cli_alias_");
+  const Result r = dfp_cli("train -a vgg11_bn --epochs 1 -b 8 --limit-train 8 --limit-test 8 --threads 2 --out '" +
+                               dir.file("v") + "'",
+                           dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(slurp(dir.file("v/config.json")).find("\"model\":\"vgg11bn\""), std::string::npos)
+      << slurp(dir.file("v/config.json"));
+  EXPECT_NE(slurp(dir.file("v/run.toml")).find("model = 'vgg11bn'"), std::string::npos);
+}
