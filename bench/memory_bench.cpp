@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "bench/train_case.hpp"
-#include "src/core/openmp_env.hpp"
+#include "dfp/context.hpp"
 
 extern char** environ;
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "bench/train_case.hpp"
-#include "src/core/openmp_env.hpp"
+#include "dfp/context.hpp"
 
 namespace {
 
@@ -69,7 +69,7 @@ void train_ratio(benchmark::State& state, Config cfg, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dfp::reexec_with_passive_openmp(argv);  // as the dfp program does (src/core/openmp_env.hpp)
+  dfp::reexec_with_passive_openmp(argv);  // as the dfp program does (include/dfp/context.hpp)
   const std::vector<Config> configs = {
       {"resnet20", 128, 3, 32, 32, 10},
       {"resnet20", 128, 1, 28, 28, 10},

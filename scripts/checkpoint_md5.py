@@ -3,7 +3,7 @@
 record's name bytes, then its floats' bytes (the digest the project has tracked since session 16).
 
 The training-bits check: a refactor must leave this digest unchanged for a fixed command, e.g.
-  build/src/dfp train --model resnet20 --dataset fashion-mnist --precision int16 --epochs 1 \
+  build/dfp train --model resnet20 --dataset fashion-mnist --precision int16 --epochs 1 \
     --batch-size 64 --threads 2 --seed 3 --limit-train 1280 --limit-test 500 --out DIR
   scripts/checkpoint_md5.py DIR/checkpoint.dfp
 Layout (src/train/trainer.cpp): "DFPCKPT1", records [u32 name length][name][u64 float count][floats],

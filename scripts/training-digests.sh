@@ -6,7 +6,7 @@
 # Usage: scripts/training-digests.sh [path/to/dfp] [precisions...]
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
-dfp="${1:-$here/build/src/dfp}"
+dfp="${1:-$here/build/dfp}"
 shift || true
 precisions=("$@")
 [ ${#precisions[@]} -gt 0 ] || precisions=(int16 fp32 bf16 fp16)

@@ -84,4 +84,14 @@ class Context {
   std::unique_ptr<Impl> impl_;
 };
 
+// For programs, not libraries: oneDNN's OpenMP threads and dfp's oneTBB threads take turns on the
+// same cores every layer. With libgomp's default wait policy, OpenMP workers spin for a while
+// after each primitive, stealing the cores from the TBB loops that run next
+// (docs/design/threads.md), so dfp's programs run with OMP_WAIT_POLICY=PASSIVE. libgomp reads the
+// policy once, when it is loaded, so a program sets it before it starts: this re-executes the
+// program (argv as main received it) with the variable set, unless the user set it already (their
+// choice wins). It returns when nothing needs doing, or when the re-execution fails (the program
+// then runs on with the default policy).
+void reexec_with_passive_openmp(char** argv);
+
 }  // namespace dfp

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -117,5 +118,11 @@ void Context::parallel_for_ref(int64_t n, RangeRef body) const {
 }
 
 void Context::bind_openmp() const { omp_set_num_threads(impl_->threads); }
+
+void reexec_with_passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  execv("/proc/self/exe", argv);  // returns only on failure
+}
 
 }  // namespace dfp

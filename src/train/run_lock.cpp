@@ -1,5 +1,5 @@
-// The output directory's lock (see run_lock.hpp).
-#include "src/train/run_lock.hpp"
+// The output directory's lock (include/dfp/run_lock.hpp).
+#include "dfp/run_lock.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -25,7 +25,7 @@
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
 #include "src/train/checkpoint.hpp"
-#include "src/train/run_lock.hpp"
+#include "dfp/run_lock.hpp"
 #include "src/train/run_files.hpp"
 
 namespace dfp {

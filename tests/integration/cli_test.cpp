@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dfp/models.hpp"
-#include "src/cli/flags.hpp"
+#include "apps/dfp/flags.hpp"
 #include "tests/common/expect_error.hpp"
 #include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dfp/isa.hpp"
-#include "src/report/report.hpp"
+#include "apps/dfp/report/report.hpp"
 #include "tests/common/temp_dir.hpp"
 
 namespace fs = std::filesystem;

@@ -23,7 +23,7 @@
 #include "tests/common/temp_dir.hpp"
 #include "dfp/model.hpp"
 #include "dfp/trainer.hpp"
-#include "src/report/report.hpp"
+#include "apps/dfp/report/report.hpp"
 #include "src/train/run_files.hpp"
 #include "tests/common/expect_error.hpp"
 

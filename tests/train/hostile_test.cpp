@@ -27,10 +27,10 @@
 
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
-#include "src/report/report.hpp"
+#include "apps/dfp/report/report.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/run_files.hpp"
-#include "src/train/run_lock.hpp"
+#include "dfp/run_lock.hpp"
 #include "tests/common/expect_error.hpp"
 #include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"

@@ -17,10 +17,10 @@
 #include "dfp/loss_scale.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
-#include "src/cli/commands.hpp"
-#include "src/cli/flags.hpp"
-#include "src/report/report.hpp"
-#include "src/train/run_lock.hpp"
+#include "apps/dfp/commands.hpp"
+#include "apps/dfp/flags.hpp"
+#include "apps/dfp/report/report.hpp"
+#include "dfp/run_lock.hpp"
 
 namespace dfp::cli {
 

@@ -1,6 +1,6 @@
 // The report behind `dfp compare`: reading run directories, the summary table, report.html and
 // report.md (see report.hpp; the plots are in plots.cpp).
-#include "src/report/report.hpp"
+#include "apps/dfp/report/report.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "dfp/status.hpp"
-#include "src/report/plots.hpp"
+#include "apps/dfp/report/plots.hpp"
 #include "src/train/run_files.hpp"
 
 namespace fs = std::filesystem;

@@ -7,9 +7,9 @@
 #include <map>
 #include <string>
 
+#include "dfp/context.hpp"
 #include "dfp/status.hpp"
-#include "src/cli/commands.hpp"
-#include "src/core/openmp_env.hpp"
+#include "apps/dfp/commands.hpp"
 
 namespace {
 

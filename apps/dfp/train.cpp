@@ -5,8 +5,8 @@
 
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
-#include "src/cli/commands.hpp"
-#include "src/cli/flags.hpp"
+#include "apps/dfp/commands.hpp"
+#include "apps/dfp/flags.hpp"
 
 namespace dfp::cli {
 

@@ -1,5 +1,5 @@
 // FlagSet: Flag definitions on CLI11, the order values take effect in, and config files.
-#include "src/cli/flags.hpp"
+#include "apps/dfp/flags.hpp"
 
 #include <filesystem>
 #include <map>

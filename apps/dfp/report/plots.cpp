@@ -1,6 +1,6 @@
 // The report's plots: data files and gnuplot scripts under <out>/plots, drawn by gnuplot when it
 // is installed (see plots.hpp and report.hpp).
-#include "src/report/plots.hpp"
+#include "apps/dfp/report/plots.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

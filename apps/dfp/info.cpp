@@ -17,8 +17,8 @@
 #include "dfp/cuda.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/cli/commands.hpp"
-#include "src/cli/flags.hpp"
+#include "apps/dfp/commands.hpp"
+#include "apps/dfp/flags.hpp"
 
 namespace dfp::cli {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "src/report/report.hpp"
+#include "apps/dfp/report/report.hpp"
 
 namespace dfp::report_detail {
 

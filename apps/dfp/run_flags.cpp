@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "dfp/status.hpp"
-#include "src/cli/flags.hpp"
+#include "apps/dfp/flags.hpp"
 
 namespace dfp::cli {
 
