@@ -166,22 +166,20 @@ std::optional<FloatFormat> parse_format(const std::optional<std::string>& s, con
   return s ? std::optional<FloatFormat>(parse_float_format(*s, std::string("PrecisionPolicy.") + field)) : std::nullopt;
 }
 
-py::dict epoch_dict(const EpochMetrics& e) {
+// A record as a dict, its fields named as in C++ (and in the run files).
+py::dict record(std::initializer_list<std::pair<const char*, py::object>> fields) {
   py::dict d;
-  d["epoch"] = e.epoch;
-  d["train_loss"] = e.train_loss;
-  d["train_top1"] = e.train_top1;
-  d["test_loss"] = e.test_loss;
-  d["test_top1"] = e.test_top1;
-  d["test_top5"] = e.test_top5;
-  d["images_per_second"] = e.images_per_second;
-  d["data_wait_seconds"] = e.data_wait_seconds;
-  d["epoch_seconds"] = e.epoch_seconds;
-  d["lr"] = e.lr;
-  d["peak_rss_kib"] = e.peak_rss_kib;
-  d["loss_scale"] = e.loss_scale;
-  d["skipped_steps"] = e.skipped_steps;
+  for (const auto& [name, value] : fields) d[name] = value;
   return d;
+}
+
+py::dict epoch_dict(const EpochMetrics& e) {
+  return record({{"epoch", py::int_(e.epoch)}, {"train_loss", py::float_(e.train_loss)}, {"train_top1", py::float_(e.train_top1)},
+                 {"test_loss", py::float_(e.test_loss)}, {"test_top1", py::float_(e.test_top1)},
+                 {"test_top5", py::float_(e.test_top5)}, {"images_per_second", py::float_(e.images_per_second)},
+                 {"data_wait_seconds", py::float_(e.data_wait_seconds)}, {"epoch_seconds", py::float_(e.epoch_seconds)},
+                 {"lr", py::float_(e.lr)}, {"peak_rss_kib", py::int_(e.peak_rss_kib)}, {"loss_scale", py::float_(e.loss_scale)},
+                 {"skipped_steps", py::int_(e.skipped_steps)}});
 }
 
 // A text callback for the C++ side that takes the GIL to call `fn` (None: no callback). The
@@ -416,20 +414,12 @@ PYBIND11_MODULE(_dfp, mod) {
       .def("set_numerics_interval", &Model::set_numerics_interval, py::arg("interval"))
       .def("numerics", [](const Model& m) {
         py::list out;
-        for (const LayerNumerics& n : m.numerics()) {
-          py::dict d;
-          d["layer"] = n.layer;
-          d["format"] = n.format;
-          d["exp_x"] = n.exp_x;
-          d["exp_w"] = n.exp_w;
-          d["exp_dy"] = n.exp_dy;
-          d["saturated"] = n.saturated;
-          d["sampled"] = n.sampled;
-          d["sqnr_x_db"] = n.sqnr_x_db;
-          d["sqnr_w_db"] = n.sqnr_w_db;
-          d["sqnr_dy_db"] = n.sqnr_dy_db;
-          out.append(d);
-        }
+        for (const LayerNumerics& n : m.numerics())
+          out.append(record({{"layer", py::str(n.layer)}, {"format", py::str(n.format)}, {"exp_x", py::int_(n.exp_x)},
+                             {"exp_w", py::int_(n.exp_w)}, {"exp_dy", py::int_(n.exp_dy)},
+                             {"saturated", py::int_(n.saturated)}, {"sampled", py::bool_(n.sampled)},
+                             {"sqnr_x_db", py::float_(n.sqnr_x_db)}, {"sqnr_w_db", py::float_(n.sqnr_w_db)},
+                             {"sqnr_dy_db", py::float_(n.sqnr_dy_db)}}));
         return out;
       }, "Per-layer numerics of the reduced-precision layers, as dicts.")
       .def("summary", &Model::summary)
@@ -526,11 +516,7 @@ PYBIND11_MODULE(_dfp, mod) {
       py::gil_scoped_release unlocked;
       r = evaluate_checkpoint(checkpoint, data, threads, log_fn);
     }
-    py::dict d;
-    d["loss"] = r.loss;
-    d["top1"] = r.top1;
-    d["top5"] = r.top5;
-    d["images"] = r.images;
-    return d;
+    return record({{"loss", py::float_(r.loss)}, {"top1", py::float_(r.top1)}, {"top5", py::float_(r.top5)},
+                   {"images", py::int_(r.images)}});
   }, py::arg("checkpoint"), py::arg("data"), py::arg("threads"), py::arg("log"));
 }
