@@ -101,7 +101,11 @@ def test_a_view_keeps_the_model_alive(ctx):
     np.testing.assert_array_equal(view, expected)
     view += 1.0
     grad[:] = 0.0
-    assert view.base is not None
+    model = view.base  # the view's base is the model itself, still usable
+    assert isinstance(model, dfp.Model) and model.name == "small"
+    model.weights_updated()
+    x, y = random_batch(4, 3, 8, 8, 5)
+    assert np.isfinite(model.forward(x, y, train=False).loss)
 
 
 def test_a_model_keeps_its_context_alive():
