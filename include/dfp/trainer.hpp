@@ -95,9 +95,13 @@ bool holds_run(const std::string& dir);
 std::string metrics_line(const EpochMetrics& metrics, const std::string& policy_text,
                          const std::vector<LayerNumerics>& layers);
 
+// Receives each epoch's metrics once the epoch is done (its metrics line and checkpoint written).
+using EpochCallback = std::function<void(const EpochMetrics&)>;
+
 // Trains as configured; returns the metrics of every epoch run. `log` receives progress text
-// (nullptr: silent).
-std::vector<EpochMetrics> train(const TrainConfig& config, const std::function<void(const std::string&)>& log);
+// (nullptr: silent); `on_epoch`, when set, each epoch's metrics as they come.
+std::vector<EpochMetrics> train(const TrainConfig& config, const std::function<void(const std::string&)>& log,
+                                const EpochCallback& on_epoch = {});
 
 struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;

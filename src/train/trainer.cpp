@@ -515,7 +515,8 @@ std::string metrics_line(const EpochMetrics& em, const std::string& policy_text,
   return run_files::to_line(r);
 }
 
-std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log) {
+std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log,
+                                const EpochCallback& on_epoch) {
   auto say = [&](const std::string& s) { if (log) log(s); };
   validate_train_config(cfg);
   // --device cuda: the same model, data and loop on the GPU (CudaModel); the host model keeps
@@ -772,6 +773,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       save_model(m, &sgd, ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
     }
+    if (on_epoch) on_epoch(em);
     if (cfg.stop_after > 0 && epoch + 1 >= cfg.stop_after) break;
   }
   if (cfg.profile && prof.steps > 0) {

@@ -1,0 +1,111 @@
+"""dfp: train CNNs on CPUs with INT16 dynamic fixed point (DFP16).
+
+The compiled extension ``dfp._dfp`` binds dfp's C++ API; this module re-exports it and adds the
+NumPy-facing helpers (quantize, dequantize), a default context, and the training entry points
+(train, evaluate) with their metrics as dataclasses. See docs/python.md.
+"""
+from dataclasses import dataclass
+
+import numpy as _np
+
+from . import _dfp
+from ._dfp import (
+    DEFAULT_HEADROOM,
+    MAX_HEADROOM,
+    Context,
+    Error,
+    InvalidArgumentError,
+    LossScaleOptions,
+    Model,
+    Parameter,
+    PrecisionPolicy,
+    Sgd,
+    StepResult,
+    TrainConfig,
+    exponent_for,
+)
+from . import models
+
+__all__ = [
+    "Context", "Error", "InvalidArgumentError", "LossScaleOptions", "Model", "Parameter",
+    "PrecisionPolicy", "Sgd", "StepResult", "TrainConfig", "EpochMetrics", "EvalResult",
+    "DEFAULT_HEADROOM", "MAX_HEADROOM", "default_context", "quantize", "dequantize",
+    "exponent_for", "train", "evaluate", "models",
+]
+
+_default_context = None
+
+
+def default_context():
+    """The context that quantize() and dequantize() use when given none: every core, the best
+    kernel level (or DFP_ISA's), seed 1. Made on first use."""
+    global _default_context
+    if _default_context is None:
+        _default_context = Context()
+    return _default_context
+
+
+def quantize(array, exponent=None, rounding="nearest", headroom=DEFAULT_HEADROOM, seed=0, ctx=None):
+    """Quantizes `array` (converted to float32) to DFP16: returns (int16 array of the same
+    shape, shared exponent), so that array ~= q * 2**exponent.
+
+    exponent: None measures it from max|array| (floor(log2(max|x|)) - 14 + headroom); an int
+    uses that one. rounding: 'nearest' (half to even), 'stochastic' (seeded by `seed`, element n's
+    random number depends only on seed and n) or 'biased'. Values saturate to +-32767; NaN or Inf
+    raises dfp.Error (status 'numerical_error'). Same bits as dfp's C++ kernels at every level."""
+    return _dfp._quantize(ctx or default_context(), _np.asarray(array), exponent, rounding, headroom, seed)
+
+
+def dequantize(q, exponent, ctx=None):
+    """float32 array q * 2**exponent of an int16 array q."""
+    return _dfp._dequantize(ctx or default_context(), _np.asarray(q), exponent)
+
+
+@dataclass(frozen=True)
+class EpochMetrics:
+    """One epoch of dfp.train, as the C++ EpochMetrics (and a line of metrics.jsonl) has it."""
+
+    epoch: int
+    train_loss: float
+    train_top1: float
+    test_loss: float
+    test_top1: float
+    test_top5: float
+    images_per_second: float
+    data_wait_seconds: float
+    epoch_seconds: float
+    lr: float
+    peak_rss_kib: int
+    loss_scale: float
+    skipped_steps: int
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """A checkpoint evaluated on its dataset's test split (dfp.evaluate)."""
+
+    loss: float
+    top1: float
+    top5: float
+    images: int
+
+
+def train(config=None, callback=None, log=None, **kwargs):
+    """Trains as `dfp train` does and returns the list of EpochMetrics.
+
+    config: a TrainConfig, or None to make one from the keyword arguments (its field names, and
+    the policy's: precision=, overrides=, headroom=, ...). The C++ validator checks it first
+    (dfp.InvalidArgumentError names the flag). callback(EpochMetrics) is called after each epoch,
+    log(str) with each progress line. Runs with the GIL released; callbacks take it."""
+    if config is None:
+        config = TrainConfig(**kwargs)
+    elif kwargs:
+        raise TypeError("dfp.train: pass either a TrainConfig or keyword arguments, not both")
+    on_epoch = None if callback is None else (lambda d: callback(EpochMetrics(**d)))
+    return [EpochMetrics(**d) for d in _dfp._train(config, on_epoch, log)]
+
+
+def evaluate(checkpoint, data="", threads=0, log=None):
+    """Evaluates a checkpoint written by train() on its dataset's test split (data: the dataset
+    directory, "" = the one the run used). Returns an EvalResult."""
+    return EvalResult(**_dfp._evaluate(checkpoint, data, threads, log))

@@ -1,0 +1,522 @@
+// dfp._dfp: the Python binding of dfp's public API (pybind11). The pure-Python package
+// python/dfp/__init__.py re-exports it and adds the defaults, dataclasses and helpers.
+//
+// Lifetimes: a Model keeps its Context alive, an Sgd its Context and Model (py::keep_alive), and
+// a parameter's NumPy view keeps its Model alive (the view's base object), so that no C++
+// reference outlives what it refers to, whatever order Python drops its names in.
+// Threads: the GIL is released around every call that computes (quantization, forward,
+// backward, the optimizer step, training, evaluation) and taken again in Python callbacks.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/conv.hpp"
+#include "dfp/dfp16.hpp"
+#include "dfp/model.hpp"
+#include "dfp/models.hpp"
+#include "dfp/optim.hpp"
+#include "dfp/precision.hpp"
+#include "dfp/status.hpp"
+#include "dfp/trainer.hpp"
+
+namespace py = pybind11;
+using namespace dfp;
+
+namespace {
+
+// dfp.Error (a RuntimeError) and dfp.InvalidArgumentError (also a ValueError), made at import and
+// kept for the interpreter's life.
+PyObject* g_error = nullptr;
+PyObject* g_invalid_argument = nullptr;
+
+// A status as its C++ enumerator's name, the form Python code compares against.
+const char* status_id(Status s) noexcept {
+  switch (s) {
+    case Status::invalid_argument: return "invalid_argument";
+    case Status::io_error: return "io_error";
+    case Status::corrupt_data: return "corrupt_data";
+    case Status::unsupported: return "unsupported";
+    case Status::numerical_error: return "numerical_error";
+    case Status::internal: return "internal";
+  }
+  return "internal";
+}
+
+void translate_error(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const Error& e) {
+    PyObject* cls = e.status() == Status::invalid_argument ? g_invalid_argument : g_error;
+    py::object exc = py::reinterpret_borrow<py::object>(cls)(e.what());
+    exc.attr("status") = status_id(e.status());
+    PyErr_SetObject(cls, exc.ptr());
+  }
+}
+
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using Int16Array = py::array_t<int16_t, py::array::c_style>;
+using LabelArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
+
+py::tuple quantize(const Context& ctx, const FloatArray& x, const py::object& exponent, const std::string& rounding,
+                   int headroom, uint64_t seed) {
+  QuantOptions o;
+  o.headroom = headroom;
+  o.rounding = parse_rounding(rounding, "dfp.quantize(rounding=...)");
+  o.seed = seed;
+  o.name = "array";
+  o.validate("dfp.quantize");
+  const bool measure = exponent.is_none();
+  const int e = measure ? 0 : exponent.cast<int>();
+  Int16Array q(shape_of(x));
+  const float* src = x.data();
+  int16_t* dst = q.mutable_data();
+  const size_t n = size_t(x.size());
+  QuantStats s;
+  {
+    py::gil_scoped_release unlocked;
+    s = measure ? quantize_dfp16(ctx, src, dst, n, o) : quantize_dfp16_with_exponent(ctx, src, dst, n, e, o);
+  }
+  return py::make_tuple(q, s.exponent);
+}
+
+py::array_t<float> dequantize(const Context& ctx, const Int16Array& q, int exponent) {
+  py::array_t<float> x(shape_of(q));
+  const int16_t* src = q.data();
+  float* dst = x.mutable_data();
+  const size_t n = size_t(q.size());
+  {
+    py::gil_scoped_release unlocked;
+    dequantize_dfp16(ctx, src, exponent, dst, n);
+  }
+  return x;
+}
+
+// Sets the attributes named by `kwargs` on `target` (a bound object), refusing unknown names with
+// the names accepted: the one place keyword construction of the configuration classes happens.
+void set_attributes(py::handle target, const py::kwargs& kwargs, const char* what) {
+  for (auto item : kwargs) {
+    const std::string key = py::str(item.first);
+    if (!py::hasattr(target, key.c_str()) || key.rfind('_', 0) == 0)
+      throw py::type_error(std::string(what) + ": unknown keyword argument '" + key + "'");
+    target.attr(key.c_str()) = item.second;
+  }
+}
+
+// The policy's keyword form: its attributes, and `headroom` / `rounding` for all three classes.
+void apply_policy_kwargs(PrecisionPolicy& p, const py::kwargs& kwargs) {
+  py::kwargs rest;
+  for (auto item : kwargs) {
+    const std::string key = py::str(item.first);
+    if (key == "headroom") {
+      const int h = item.second.cast<int>();
+      p.dfp.weights.headroom = p.dfp.activations.headroom = p.dfp.gradients.headroom = h;
+    } else if (key == "rounding") {
+      const Rounding r = parse_rounding(item.second.cast<std::string>(), "PrecisionPolicy(rounding=...)");
+      p.dfp.weights.rounding = p.dfp.activations.rounding = p.dfp.gradients.rounding = r;
+    } else {
+      rest[item.first] = item.second;
+    }
+  }
+  set_attributes(py::cast(&p, py::return_value_policy::reference), rest, "dfp.PrecisionPolicy");
+  p.validate("dfp.PrecisionPolicy");
+}
+
+bool is_policy_key(const std::string& key) {
+  static const char* const keys[] = {"precision", "overrides", "headroom", "rounding",
+                                     "weights_format", "activations_format", "gradients_format",
+                                     "weights_headroom", "activations_headroom", "gradients_headroom",
+                                     "weights_rounding", "activations_rounding", "gradients_rounding"};
+  for (const char* k : keys)
+    if (key == k) return true;
+  return false;
+}
+
+PrecisionPolicy policy_from(const py::object& policy, const py::kwargs& kwargs) {
+  PrecisionPolicy p;
+  if (py::isinstance<py::str>(policy)) p.precision = parse_precision(policy.cast<std::string>(), "Model.build(policy=...)");
+  else if (!policy.is_none()) p = policy.cast<PrecisionPolicy>();
+  apply_policy_kwargs(p, kwargs);
+  return p;
+}
+
+std::vector<std::pair<std::string, Precision>> overrides_from(const py::object& v) {
+  if (py::isinstance<py::str>(v)) return PrecisionPolicy::parse_overrides(v.cast<std::string>(), "PrecisionPolicy.overrides");
+  std::vector<std::pair<std::string, Precision>> out;
+  const py::object items = py::isinstance<py::dict>(v) ? v.attr("items")() : v;
+  for (py::handle pair : items) {
+    auto t = pair.cast<std::pair<std::string, std::string>>();
+    out.emplace_back(t.first, parse_precision(t.second, "PrecisionPolicy.overrides['" + t.first + "']"));
+  }
+  return out;
+}
+
+std::optional<std::string> format_name(const std::optional<FloatFormat>& f) {
+  return f ? std::optional<std::string>(float_format_name(*f)) : std::nullopt;
+}
+std::optional<FloatFormat> parse_format(const std::optional<std::string>& s, const char* field) {
+  return s ? std::optional<FloatFormat>(parse_float_format(*s, std::string("PrecisionPolicy.") + field)) : std::nullopt;
+}
+
+// A record as a dict, its fields named as in C++ (and in the run files).
+py::dict record(std::initializer_list<std::pair<const char*, py::object>> fields) {
+  py::dict d;
+  for (const auto& [name, value] : fields) d[name] = value;
+  return d;
+}
+
+py::dict epoch_dict(const EpochMetrics& e) {
+  return record({{"epoch", py::int_(e.epoch)}, {"train_loss", py::float_(e.train_loss)}, {"train_top1", py::float_(e.train_top1)},
+                 {"test_loss", py::float_(e.test_loss)}, {"test_top1", py::float_(e.test_top1)},
+                 {"test_top5", py::float_(e.test_top5)}, {"images_per_second", py::float_(e.images_per_second)},
+                 {"data_wait_seconds", py::float_(e.data_wait_seconds)}, {"epoch_seconds", py::float_(e.epoch_seconds)},
+                 {"lr", py::float_(e.lr)}, {"peak_rss_kib", py::int_(e.peak_rss_kib)}, {"loss_scale", py::float_(e.loss_scale)},
+                 {"skipped_steps", py::int_(e.skipped_steps)}});
+}
+
+// A text callback for the C++ side that takes the GIL to call `fn` (None: no callback). The
+// handle is borrowed: the caller's frame holds the object for the whole call.
+std::function<void(const std::string&)> text_callback(py::handle fn) {
+  if (fn.is_none()) return {};
+  return [fn](const std::string& s) {
+    py::gil_scoped_acquire locked;
+    fn(s);
+  };
+}
+
+// A parameter as NumPy views of its value and gradient: no copy, the model as the views' base.
+struct ParameterView {
+  std::string name;
+  py::array value, grad;
+  bool decay = true;
+};
+
+py::list parameter_views(const py::object& self) {
+  Model& m = self.cast<Model&>();
+  DFP_CHECK(m.built(), Status::invalid_argument, "Model.parameters(): the model '" + m.name() + "' is not built yet (call build())");
+  py::list out;
+  for (const Parameter& p : m.parameters()) {
+    const std::vector<py::ssize_t> shape{py::ssize_t(p.size)};
+    out.append(ParameterView{p.name, py::array_t<float>(shape, {py::ssize_t(sizeof(float))}, p.value, self),
+                             py::array_t<float>(shape, {py::ssize_t(sizeof(float))}, p.grad, self), p.decay});
+  }
+  return out;
+}
+
+StepResult forward(Model& m, const FloatArray& images, const LabelArray& labels, bool train) {
+  DFP_CHECK(m.built(), Status::invalid_argument, "Model.forward: the model '" + m.name() + "' is not built yet (call build())");
+  const TensorShape in = m.shape(0);
+  DFP_CHECK(images.ndim() == 4 && images.shape(1) == in.c && images.shape(2) == in.h && images.shape(3) == in.w,
+            Status::invalid_argument,
+            "Model.forward: images: expected an array of shape (count, " + std::to_string(in.c) + ", " +
+                std::to_string(in.h) + ", " + std::to_string(in.w) + ") (NCHW), got " + std::string(py::str(images.attr("shape"))));
+  const int count = int(images.shape(0));
+  DFP_CHECK(labels.ndim() == 1 && labels.shape(0) == count, Status::invalid_argument,
+            "Model.forward: labels: expected " + std::to_string(count) + " labels (one per image), got shape " +
+                std::string(py::str(labels.attr("shape"))));
+  const float* x = images.data();
+  const int32_t* y = labels.data();
+  py::gil_scoped_release unlocked;
+  std::vector<float> blocked(blocked_size(count, in.c, in.h, in.w));
+  to_blocked(x, blocked.data(), count, in.c, in.h, in.w);
+  return m.forward(blocked.data(), y, count, train);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_dfp, mod) {
+  mod.doc() = "dfp: INT16 dynamic fixed point CNN training on CPUs (the compiled part of the dfp package)";
+
+  g_error = PyErr_NewException("dfp.Error", PyExc_RuntimeError, nullptr);
+  py::tuple bases = py::make_tuple(py::handle(g_error), py::handle(PyExc_ValueError));
+  g_invalid_argument = PyErr_NewException("dfp.InvalidArgumentError", bases.ptr(), nullptr);
+  mod.attr("Error") = py::handle(g_error);
+  mod.attr("InvalidArgumentError") = py::handle(g_invalid_argument);
+  py::register_exception_translator(translate_error);
+
+  mod.attr("DEFAULT_HEADROOM") = kDfpDefaultHeadroom;
+  mod.attr("MAX_HEADROOM") = kDfpMaxHeadroom;
+
+  py::class_<Context>(mod, "Context", "Worker threads, kernel level and base seed; every computation takes one.")
+      .def(py::init([](int threads, const std::string& isa, uint64_t seed) {
+             ContextOptions o;
+             o.threads = threads;
+             o.isa = isa;
+             o.seed = seed;
+             return std::make_unique<Context>(o);
+           }),
+           py::arg("threads") = 0, py::arg("isa") = "", py::arg("seed") = 1)
+      .def_property_readonly("threads", &Context::threads)
+      .def_property_readonly("isa", [](const Context& c) { return std::string(isa_name(c.isa())); })
+      .def_property_readonly("seed", &Context::seed)
+      .def("__repr__", [](const Context& c) {
+        return "dfp.Context(threads=" + std::to_string(c.threads()) + ", isa='" + isa_name(c.isa()) +
+               "', seed=" + std::to_string(c.seed()) + ")";
+      });
+
+  mod.def("_quantize", &quantize, py::arg("ctx"), py::arg("array"), py::arg("exponent"), py::arg("rounding"),
+          py::arg("headroom"), py::arg("seed"));
+  mod.def("_dequantize", &dequantize, py::arg("ctx"), py::arg("q"), py::arg("exponent"));
+  mod.def("exponent_for", &dfp16_exponent, py::arg("max_abs"), py::arg("headroom") = kDfpDefaultHeadroom,
+          "The shared DFP16 exponent of a tensor whose largest magnitude is max_abs.");
+
+  py::class_<PrecisionPolicy>(mod, "PrecisionPolicy",
+                              "Which precision each Conv2d/Linear runs in, the 16-bit float formats and the DFP16 numerics.")
+      .def(py::init([](const py::kwargs& kwargs) {
+        PrecisionPolicy p;
+        apply_policy_kwargs(p, kwargs);
+        return p;
+      }))
+      .def_property(
+          "precision", [](const PrecisionPolicy& p) { return std::string(precision_name(p.precision)); },
+          [](PrecisionPolicy& p, const std::string& s) { p.precision = parse_precision(s, "PrecisionPolicy.precision"); })
+      .def_property(
+          "overrides",
+          [](const PrecisionPolicy& p) {
+            py::list out;
+            for (const auto& [pattern, prec] : p.overrides) out.append(py::make_tuple(pattern, precision_name(prec)));
+            return out;
+          },
+          [](PrecisionPolicy& p, const py::object& v) { p.overrides = overrides_from(v); })
+#define DFP_FORMAT_PROPERTY(field)                                                                   \
+  .def_property(                                                                                     \
+      #field, [](const PrecisionPolicy& p) { return format_name(p.field); },                         \
+      [](PrecisionPolicy& p, const std::optional<std::string>& s) { p.field = parse_format(s, #field); })
+      DFP_FORMAT_PROPERTY(weights_format) DFP_FORMAT_PROPERTY(activations_format) DFP_FORMAT_PROPERTY(gradients_format)
+#undef DFP_FORMAT_PROPERTY
+#define DFP_CLASS_PROPERTIES(cls)                                                                     \
+  .def_property(                                                                                      \
+      #cls "_headroom", [](const PrecisionPolicy& p) { return p.dfp.cls.headroom; },                  \
+      [](PrecisionPolicy& p, int h) { p.dfp.cls.headroom = h; })                                      \
+      .def_property(                                                                                  \
+          #cls "_rounding", [](const PrecisionPolicy& p) { return std::string(rounding_name(p.dfp.cls.rounding)); }, \
+          [](PrecisionPolicy& p, const std::string& s) {                                              \
+            p.dfp.cls.rounding = parse_rounding(s, "PrecisionPolicy." #cls "_rounding");              \
+          })
+      DFP_CLASS_PROPERTIES(weights) DFP_CLASS_PROPERTIES(activations) DFP_CLASS_PROPERTIES(gradients)
+#undef DFP_CLASS_PROPERTIES
+      .def("validate", [](const PrecisionPolicy& p) { p.validate("dfp.PrecisionPolicy"); })
+      .def("describe", &PrecisionPolicy::describe)
+      .def("resolve", [](const PrecisionPolicy& p, const std::string& layer) { return std::string(precision_name(p.resolve(layer))); },
+           py::arg("layer_name"), "The precision the layer named layer_name runs in.")
+      .def("__repr__", [](const PrecisionPolicy& p) { return "dfp.PrecisionPolicy(" + p.describe() + ")"; });
+
+  py::class_<LossScaleOptions>(mod, "LossScaleOptions", "Loss scaling: mode none, static, dynamic or adaptive.")
+      .def(py::init([](const py::kwargs& kwargs) {
+        LossScaleOptions o;
+        set_attributes(py::cast(&o, py::return_value_policy::reference), kwargs, "dfp.LossScaleOptions");
+        return o;
+      }))
+      .def_property(
+          "mode", [](const LossScaleOptions& o) { return std::string(loss_scale_mode_name(o.mode)); },
+          [](LossScaleOptions& o, const std::string& s) { o.mode = parse_loss_scale_mode(s, "LossScaleOptions.mode"); })
+      .def_readwrite("init_scale", &LossScaleOptions::init_scale)
+      .def_readwrite("growth_factor", &LossScaleOptions::growth_factor)
+      .def_readwrite("backoff_factor", &LossScaleOptions::backoff_factor)
+      .def_readwrite("growth_interval", &LossScaleOptions::growth_interval)
+      .def_readwrite("adaptive_max_factor", &LossScaleOptions::adaptive_max_factor)
+      .def_readwrite("adaptive_max_scale", &LossScaleOptions::adaptive_max_scale)
+      .def("validate", [](const LossScaleOptions& o) { o.validate("dfp.LossScaleOptions"); })
+      .def("__repr__", [](const LossScaleOptions& o) { return "dfp.LossScaleOptions(" + o.describe() + ")"; });
+
+  py::class_<StepResult>(mod, "StepResult", "One forward pass: mean loss, top-1 and top-5 hits, images.")
+      .def_readonly("loss", &StepResult::loss)
+      .def_readonly("correct1", &StepResult::correct1)
+      .def_readonly("correct5", &StepResult::correct5)
+      .def_readonly("count", &StepResult::count)
+      .def("__repr__", [](const StepResult& r) {
+        return "dfp.StepResult(loss=" + std::string(py::str(py::float_(r.loss))) + ", correct1=" + std::to_string(r.correct1) +
+               ", correct5=" + std::to_string(r.correct5) + ", count=" + std::to_string(r.count) + ")";
+      });
+
+  py::class_<ParameterView>(mod, "Parameter",
+                            "A trainable tensor: NumPy views (no copy) of its FP32 values and gradient, which keep the model alive.")
+      .def_readonly("name", &ParameterView::name)
+      .def_readonly("value", &ParameterView::value)
+      .def_readonly("grad", &ParameterView::grad)
+      .def_readonly("decay", &ParameterView::decay)
+      .def("__repr__", [](const ParameterView& p) {
+        return "dfp.Parameter('" + p.name + "', size=" + std::to_string(p.value.size()) + ")";
+      });
+
+  py::class_<Model>(mod, "Model", "A graph of layers, built layer by layer or from the zoo, then build() once.")
+      .def(py::init([](const Context& ctx, const std::string& name) { return std::make_unique<Model>(ctx, name); }),
+           py::arg("ctx"), py::arg("name") = "model", py::keep_alive<1, 2>())
+      .def_static(
+          "from_zoo",
+          [](const std::string& name, int channels, int height, int width, int classes, const Context& ctx) {
+            auto m = std::make_unique<Model>(ctx, name);
+            build_model(*m, name, channels, height, width, classes);
+            return m;
+          },
+          py::arg("name"), py::arg("channels"), py::arg("height"), py::arg("width"), py::arg("classes"), py::arg("ctx"),
+          py::keep_alive<0, 6>(), "The zoo's architecture `name` (dfp.models.names()) with its input and loss.")
+      .def("input", &Model::input, py::arg("channels"), py::arg("height"), py::arg("width"))
+      .def("conv", &Model::conv, py::arg("x"), py::arg("out_channels"), py::arg("kernel"), py::arg("stride") = 1,
+           py::arg("pad") = 0, py::arg("bias") = false, py::arg("name") = "", py::arg("groups") = 1)
+      .def("batchnorm", &Model::batchnorm, py::arg("x"), py::arg("name") = "")
+      .def("relu", &Model::relu, py::arg("x"), py::arg("name") = "")
+      .def("maxpool", &Model::maxpool, py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
+           py::arg("ceil_mode") = false, py::arg("name") = "")
+      .def("avgpool", &Model::avgpool, py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
+           py::arg("name") = "")
+      .def("global_avgpool", &Model::global_avgpool, py::arg("x"), py::arg("name") = "")
+      .def("flatten", &Model::flatten, py::arg("x"), py::arg("name") = "")
+      .def("linear", &Model::linear, py::arg("x"), py::arg("out_features"), py::arg("bias") = true, py::arg("name") = "")
+      .def("add", &Model::add, py::arg("a"), py::arg("b"), py::arg("name") = "")
+      .def("concat", &Model::concat, py::arg("xs"), py::arg("name") = "")
+      .def("dropout", &Model::dropout, py::arg("x"), py::arg("p"), py::arg("name") = "")
+      .def("lrn", &Model::lrn, py::arg("x"), py::arg("size"), py::arg("alpha"), py::arg("beta"), py::arg("k"),
+           py::arg("name") = "")
+      .def("shortcut_pad", &Model::shortcut_pad, py::arg("x"), py::arg("out_channels"), py::arg("stride"),
+           py::arg("name") = "")
+      .def("softmax_cross_entropy", &Model::softmax_cross_entropy, py::arg("x"), py::arg("label_smoothing") = 0.f)
+      .def_property("label_smoothing", &Model::label_smoothing, &Model::set_label_smoothing)
+      .def("shape", [](const Model& m, int node) {
+        const TensorShape s = m.shape(node);
+        return py::make_tuple(s.n, s.c, s.h, s.w);
+      }, py::arg("node"), "(n, c, h, w) of a node's output; n is the batch once built, else 0.")
+      .def_property_readonly("name", &Model::name)
+      .def(
+          "build",
+          [](Model& m, int batch, const py::object& policy, const py::kwargs& kwargs) {
+            const PrecisionPolicy p = policy_from(policy, kwargs);
+            py::gil_scoped_release unlocked;
+            m.build(batch, p);
+          },
+          py::arg("batch"), py::arg("policy") = py::none(),
+          "Plans every buffer for batches of up to `batch` images. policy: a PrecisionPolicy, a precision name, or "
+          "None; keyword arguments (precision=, overrides=, headroom=, rounding=, *_format=, ...) set policy fields.")
+      .def_property_readonly("built", &Model::built)
+      .def_property_readonly("batch", &Model::batch)
+      .def("forward", &forward, py::arg("images"), py::arg("labels"), py::arg("train") = true,
+           "One forward pass and the loss: images float32 (count, C, H, W) NCHW, labels int (count,).")
+      .def("backward", [](Model& m) {
+        py::gil_scoped_release unlocked;
+        return m.backward();
+      }, "Gradients of the last training forward into every parameter's grad; False when one is not finite.")
+      .def("weights_updated", [](Model& m) {
+        py::gil_scoped_release unlocked;
+        m.weights_updated();
+      }, "Re-quantizes and re-packs the weights after their values were changed (through the NumPy views).")
+      .def("parameters", &parameter_views, "The trainable tensors as dfp.Parameter (NumPy views, no copies).")
+      .def_property_readonly("parameter_count", &Model::parameter_count)
+      .def_property("step", &Model::step, &Model::set_step)
+      .def("set_fusion", &Model::set_fusion, py::arg("on"))
+      .def("set_numerics_interval", &Model::set_numerics_interval, py::arg("interval"))
+      .def("numerics", [](const Model& m) {
+        py::list out;
+        for (const LayerNumerics& n : m.numerics())
+          out.append(record({{"layer", py::str(n.layer)}, {"format", py::str(n.format)}, {"exp_x", py::int_(n.exp_x)},
+                             {"exp_w", py::int_(n.exp_w)}, {"exp_dy", py::int_(n.exp_dy)},
+                             {"saturated", py::int_(n.saturated)}, {"sampled", py::bool_(n.sampled)},
+                             {"sqnr_x_db", py::float_(n.sqnr_x_db)}, {"sqnr_w_db", py::float_(n.sqnr_w_db)},
+                             {"sqnr_dy_db", py::float_(n.sqnr_dy_db)}}));
+        return out;
+      }, "Per-layer numerics of the reduced-precision layers, as dicts.")
+      .def("summary", &Model::summary)
+      .def("__repr__", [](const Model& m) { return "dfp.Model('" + m.name() + "')"; });
+
+  py::class_<Sgd>(mod, "Sgd", "torch.optim.SGD on the model's FP32 master weights.")
+      .def(py::init([](const Context& ctx, Model& model, float momentum, float weight_decay, bool nesterov) {
+             return std::make_unique<Sgd>(ctx, model, SgdOptions{momentum, weight_decay, nesterov});
+           }),
+           py::arg("ctx"), py::arg("model"), py::arg("momentum") = 0.9f, py::arg("weight_decay") = 5e-4f,
+           py::arg("nesterov") = false, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+      .def("step", [](Sgd& s, float lr) {
+        py::gil_scoped_release unlocked;
+        s.step(lr);
+      }, py::arg("lr"), "Updates every parameter, then re-quantizes and re-packs the weights.");
+
+  mod.def("model_names", &model_names);
+
+  py::class_<TrainConfig>(mod, "TrainConfig", "The configuration of dfp.train, as `dfp train`'s flags set it.")
+      .def(py::init([](const py::kwargs& kwargs) {
+        TrainConfig c;
+        py::kwargs own, policy;
+        for (auto item : kwargs) (is_policy_key(py::str(item.first)) ? policy : own)[item.first] = item.second;
+        set_attributes(py::cast(&c, py::return_value_policy::reference), own, "dfp.TrainConfig");
+        apply_policy_kwargs(c.policy, policy);
+        return c;
+      }), "Keyword arguments set fields; policy fields (precision=, overrides=, headroom=, ...) set config.policy.")
+      .def_readwrite("model", &TrainConfig::model)
+      .def_readwrite("dataset", &TrainConfig::dataset)
+      .def_readwrite("data", &TrainConfig::data)
+      .def_readwrite("image_size", &TrainConfig::image_size)
+      .def_readwrite("policy", &TrainConfig::policy)
+      .def_readwrite("loss_scale", &TrainConfig::loss_scale)
+      .def_readwrite("numerics_interval", &TrainConfig::numerics_interval)
+      .def_readwrite("label", &TrainConfig::label)
+      .def_readwrite("epochs", &TrainConfig::epochs)
+      .def_readwrite("batch_size", &TrainConfig::batch_size)
+      .def_readwrite("lr", &TrainConfig::lr)
+      .def_readwrite("momentum", &TrainConfig::momentum)
+      .def_readwrite("weight_decay", &TrainConfig::weight_decay)
+      .def_readwrite("nesterov", &TrainConfig::nesterov)
+      .def_readwrite("schedule", &TrainConfig::schedule)
+      .def_readwrite("warmup_epochs", &TrainConfig::warmup_epochs)
+      .def_readwrite("milestones", &TrainConfig::milestones)
+      .def_readwrite("step_epochs", &TrainConfig::step_epochs)
+      .def_readwrite("gamma", &TrainConfig::gamma)
+      .def_readwrite("label_smoothing", &TrainConfig::label_smoothing)
+      .def_readwrite("augment", &TrainConfig::augment)
+      .def_readwrite("threads", &TrainConfig::threads)
+      .def_readwrite("workers", &TrainConfig::workers)
+      .def_readwrite("isa", &TrainConfig::isa)
+      .def_readwrite("seed", &TrainConfig::seed)
+      .def_readwrite("out", &TrainConfig::out)
+      .def_readwrite("overwrite", &TrainConfig::overwrite)
+      .def_readwrite("resume", &TrainConfig::resume)
+      .def_readwrite("limit_train", &TrainConfig::limit_train)
+      .def_readwrite("limit_test", &TrainConfig::limit_test)
+      .def_readwrite("print_every", &TrainConfig::print_every)
+      .def_readwrite("stop_after", &TrainConfig::stop_after)
+      .def_readwrite("profile", &TrainConfig::profile)
+      .def_readwrite("device", &TrainConfig::device)
+      .def("validate", [](const TrainConfig& c) { validate_train_config(c); },
+           "Checks every setting as `dfp train` does; raises dfp.InvalidArgumentError naming the flag.")
+      .def("__repr__", [](const TrainConfig& c) {
+        return "dfp.TrainConfig(model='" + c.model + "', dataset='" + c.dataset + "', epochs=" + std::to_string(c.epochs) +
+               ", batch_size=" + std::to_string(c.batch_size) + ", policy=" + c.policy.describe() + ")";
+      });
+
+  mod.def("_train", [](const TrainConfig& config, const py::object& on_epoch, const py::object& log) {
+    const TrainConfig c = config;  // a copy: Python may not change it while the GIL is released
+    std::function<void(const EpochMetrics&)> epoch_fn;
+    if (!on_epoch.is_none()) {
+      py::handle fn = on_epoch;
+      epoch_fn = [fn](const EpochMetrics& e) {
+        py::gil_scoped_acquire locked;
+        fn(epoch_dict(e));
+      };
+    }
+    const auto log_fn = text_callback(log);
+    std::vector<EpochMetrics> all;
+    {
+      py::gil_scoped_release unlocked;
+      all = train(c, log_fn, epoch_fn);
+    }
+    py::list out;
+    for (const EpochMetrics& e : all) out.append(epoch_dict(e));
+    return out;
+  }, py::arg("config"), py::arg("on_epoch"), py::arg("log"));
+
+  mod.def("_evaluate", [](const std::string& checkpoint, const std::string& data, int threads, const py::object& log) {
+    const auto log_fn = text_callback(log);
+    EvalResult r;
+    {
+      py::gil_scoped_release unlocked;
+      r = evaluate_checkpoint(checkpoint, data, threads, log_fn);
+    }
+    return record({{"loss", py::float_(r.loss)}, {"top1", py::float_(r.top1)}, {"top5", py::float_(r.top5)},
+                   {"images", py::int_(r.images)}});
+  }, py::arg("checkpoint"), py::arg("data"), py::arg("threads"), py::arg("log"));
+}
