@@ -12,10 +12,11 @@ namespace {
 
 using Node = Model::Node;
 
+// Conv2d, BatchNorm named `bn` ("<name>.bn" if empty), and a ReLU.
 Node conv_bn_relu(Model& m, Node x, int k, int r, int s, int p, const std::string& name, bool relu = true,
-                  int groups = 1) {
+                  int groups = 1, const std::string& bn = "") {
   x = m.conv(x, k, r, s, p, false, name, groups);
-  x = m.batchnorm(x, name + ".bn");
+  x = m.batchnorm(x, bn.empty() ? name + ".bn" : bn);
   return relu ? m.relu(x, name + ".relu") : x;
 }
 
@@ -55,7 +56,8 @@ void resnet_cifar(Model& m, int depth, int c, int h, int w, int classes) {
 
 // torchvision ResNet-18/34 (basic) and ResNet-50 (bottleneck, stride on the 3x3: "v1.5"); with
 // groups > 1, torchvision's ResNeXt-50 (Xie et al. 2017): the bottleneck's 3x3 conv is grouped and
-// its width is planes * width_per_group / 64 * groups (32x4d: twice ResNet-50's).
+// its width is planes * width_per_group / 64 * groups (32x4d: twice ResNet-50's). Parameters and
+// buffers have torchvision's names: conv1, bn1, layerS.B.convI / .bnI, layerS.B.downsample.0 / .1, fc.
 void resnet_imagenet(Model& m, int depth, bool cifar_stem, int c, int h, int w, int classes, int groups = 1,
                      int width_per_group = 64) {
   const bool bottleneck = depth >= 50;
@@ -63,9 +65,9 @@ void resnet_imagenet(Model& m, int depth, bool cifar_stem, int c, int h, int w, 
   const int expansion = bottleneck ? 4 : 1;
   Node x = m.input(c, h, w);
   if (cifar_stem) {
-    x = conv_bn_relu(m, x, 64, 3, 1, 1, "conv1");
+    x = conv_bn_relu(m, x, 64, 3, 1, 1, "conv1", true, 1, "bn1");
   } else {
-    x = conv_bn_relu(m, x, 64, 7, 2, 3, "conv1");
+    x = conv_bn_relu(m, x, 64, 7, 2, 3, "conv1", true, 1, "bn1");
     x = m.maxpool(x, 3, 2, 1, false, "maxpool");
   }
   int in_c = 64;
@@ -77,16 +79,17 @@ void resnet_imagenet(Model& m, int depth, bool cifar_stem, int c, int h, int w, 
       Node y;
       if (bottleneck) {
         const int width = planes * width_per_group / 64 * groups;
-        y = conv_bn_relu(m, x, width, 1, 1, 0, p + ".conv1");
-        y = conv_bn_relu(m, y, width, 3, stride, 1, p + ".conv2", true, groups);
-        y = conv_bn_relu(m, y, planes * 4, 1, 1, 0, p + ".conv3", false);
+        y = conv_bn_relu(m, x, width, 1, 1, 0, p + ".conv1", true, 1, p + ".bn1");
+        y = conv_bn_relu(m, y, width, 3, stride, 1, p + ".conv2", true, groups, p + ".bn2");
+        y = conv_bn_relu(m, y, planes * 4, 1, 1, 0, p + ".conv3", false, 1, p + ".bn3");
       } else {
-        y = conv_bn_relu(m, x, planes, 3, stride, 1, p + ".conv1");
-        y = conv_bn_relu(m, y, planes, 3, 1, 1, p + ".conv2", false);
+        y = conv_bn_relu(m, x, planes, 3, stride, 1, p + ".conv1", true, 1, p + ".bn1");
+        y = conv_bn_relu(m, y, planes, 3, 1, 1, p + ".conv2", false, 1, p + ".bn2");
       }
       Node sc = x;
       if (stride != 1 || in_c != planes * expansion)
-        sc = conv_bn_relu(m, x, planes * expansion, 1, stride, 0, p + ".downsample", false);
+        sc = conv_bn_relu(m, x, planes * expansion, 1, stride, 0, p + ".downsample.0", false, 1,
+                          p + ".downsample.1");
       x = m.relu(m.add(y, sc, p + ".add"), p + ".relu");
       in_c = planes * expansion;
     }

@@ -114,6 +114,22 @@ struct StepResult {
   int count = 0;
 };
 
+// A named tensor of the model's state, viewed in place (zero-copy): a parameter (FP32 master
+// values, with its gradient) or a buffer (BatchNorm running statistics). Names and layouts are
+// PyTorch's: "<layer>.weight" / "<layer>.bias" / "<layer>.running_mean" / "<layer>.running_var";
+// a Conv2d weight is [out][in / groups][kernel][kernel], a Linear weight [out][in] (inputs in the
+// (c, h, w) order of flatten()), biases and BatchNorm tensors [channels]; row-major, contiguous.
+// The pointers stay valid for the model's lifetime. Values written through `data` reach the
+// computation after Model::weights_updated().
+struct TensorView {
+  std::string name;
+  std::vector<int> shape;
+  float* data = nullptr;
+  size_t size = 0;           // product of shape
+  bool trainable = false;    // a parameter; false: a buffer
+  float* grad = nullptr;     // a parameter's gradient (after backward), else null
+};
+
 // What Model::build planned for activations and gradients (parameters, optimizer state and the
 // layers' own saved copies -- DFP16 activations, ReLU bit masks, pooling indices -- come on top).
 struct MemoryPlan {
@@ -165,6 +181,8 @@ class Model {
   void build(int batch, const PrecisionPolicy& policy);
   bool built() const noexcept;
   int batch() const noexcept;
+  // The precision policy build() resolved (the default policy before build()).
+  const PrecisionPolicy& policy() const noexcept;
 
   // One forward pass on `count` <= batch images (blocked layout, shape of input()) with integer
   // labels. In training mode BatchNorm uses batch statistics (and updates its running ones)
@@ -172,8 +190,40 @@ class Model {
   StepResult forward(const float* images, const int32_t* labels, int count, bool train);
   // Gradients of the last training forward into every Parameter::grad, unscaled (see
   // set_loss_scale). Returns false when any parameter gradient is not finite (the optimizer step
-  // must then be skipped; with loss scaling this is the overflow signal).
+  // must then be skipped; with loss scaling this is the overflow signal). Needs the labelled
+  // forward() above (its built-in softmax cross-entropy).
   bool backward();
+
+  // ---- inference and training from outside (any loss) ----
+  // Classes: the logits' count per image (the channels of the node the loss reads).
+  int classes() const;
+  // One forward pass on `count` images (1..batch(); blocked layout as forward(), see
+  // dfp::to_blocked in conv.hpp for plain NCHW) without labels, writing the logits to `out` as
+  // plain row-major FP32 [count][classes()]. Any precision; nothing allocated. With train false
+  // this is inference: BatchNorm uses its running statistics, dropout is off, and each image's
+  // logits depend on that image alone in FP32/BF16/FP16 (the planned batch is run with the
+  // missing images as zeros); in INT16 a tensor's DFP16 exponent is shared by the batch, so the
+  // same image's logits may differ by the rounding of another exponent. With train true it is a
+  // training forward (count must be batch(), BatchNorm uses and updates batch statistics) to be
+  // followed by backward(logits_grad).
+  void logits(const float* images, int count, bool train, float* out);
+  // logits(images, count, false, out).
+  void predict(const float* images, int count, float* out);
+  // Backward from a caller's loss: `logits_grad` is d(loss)/d(logits) as plain row-major FP32
+  // [batch()][classes()] (a mean over the batch included, as the caller's loss defines it). After
+  // a training forward, labelled (forward) or not (logits). Fills every Parameter::grad as
+  // backward() does (the loss scale of set_loss_scale multiplies the given gradient first and is
+  // divided out of the parameter gradients) and returns the same finiteness flag. Supplying the
+  // built-in loss's gradient, float((p - target) / batch) with p the softmax in float, gives
+  // backward()'s bits. Nothing allocated.
+  bool backward(const float* logits_grad);
+  // Before build(): also compute the gradient with respect to the input images (off by default:
+  // the first layers then skip their input-gradient pass).
+  void set_input_grad(bool on);
+  // After a backward pass with set_input_grad(true): d(loss)/d(images) of the last training
+  // batch, unscaled, as plain NCHW FP32 [batch()][C][H][W] (C, H, W of input()). Throws if the
+  // model was built without set_input_grad(true) or no backward ran since the last forward.
+  void input_grad(float* out) const;
   // Loss scaling: the loss gradient is multiplied by `scale` (the LossScaler's, set every step)
   // before the backward pass, and every parameter gradient divided by the scale its layer saw.
   void set_loss_scale(double scale);
@@ -221,6 +271,14 @@ class Model {
 
   std::vector<Parameter>& parameters();
   size_t parameter_count() const;  // trainable scalars
+  // Every parameter (in parameters() order) and then every buffer (in buffers() order) as a
+  // zero-copy view with its PyTorch name and shape (see TensorView); after build(). After writing
+  // values through the views, call weights_updated() (the re-quantization of INT16 weights and
+  // the re-packing of the others happen there, not on the next forward). Buffers need no call.
+  std::vector<TensorView> state();
+  // (Both build the list with its names: take the views once, not in a training loop.)
+  // The view named `name`; throws Error(invalid_argument) naming it if the model has none.
+  TensorView tensor(const std::string& name);
   // Non-trainable state that checkpoints must keep (BatchNorm running statistics).
   std::vector<std::pair<std::string, std::vector<float>*>> buffers();
   std::vector<LayerNumerics> numerics() const;

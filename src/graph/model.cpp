@@ -63,6 +63,7 @@ struct Model::Impl {
   float label_smoothing = 0.f;
   bool built = false;
   int batch = 0;
+  PrecisionPolicy policy;  // as build() got it
   std::vector<Parameter> params;
   std::vector<int32_t> labels;
   AlignedBuffer<float> probs;  // softmax of the logits, [batch][classes]
@@ -80,6 +81,9 @@ struct Model::Impl {
   bool poison = false;
   bool fusion = true;
   bool have_training_forward = false;    // what backward() needs was saved by a training forward
+  bool have_labels = false;              // ... by a labelled one (the built-in loss can backpropagate)
+  bool input_grad = false;               // set_input_grad: the input node's gradient is planned and computed
+  bool have_input_grad = false;          // the last backward computed it, and no forward ran since
 
   bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
 
@@ -141,6 +145,7 @@ struct Model::Impl {
                     "' matches no layer; layer names are " + names + (names.size() >= 240 ? ", ..." : ""));
     }
     batch = b;
+    this->policy = policy;
     size_t max_inputs = 1;
     for (const NodeInfo& n : nodes) max_inputs = std::max(max_inputs, n.inputs.size());
     xs.reserve(max_inputs);
@@ -161,7 +166,7 @@ struct Model::Impl {
       n.elements = n.shape.blocked_elements();
       if (n.layer) {
         n.layer->needs_input_grad.clear();
-        for (int j : n.inputs) n.layer->needs_input_grad.push_back(j != 0);
+        for (int j : n.inputs) n.layer->needs_input_grad.push_back(j != 0 || input_grad);
         n.layer->build(ctx, in_shapes(n), n.shape, policy.for_layer(n.layer->name), rng);
         n.param_begin = params.size();
         n.layer->parameters(params);
@@ -283,12 +288,14 @@ struct Model::Impl {
       act_of[i] = int(lt.size());
       lt.push_back({bytes_of(n.elements), i, end, &n.act});
       naive += bytes_of(n.elements);
-      if (i == 0) continue;
+      if (i == 0 && !input_grad) continue;
       std::vector<int> cons;
       for (auto [j, k] : readers[i]) cons.push_back(j);
       std::sort(cons.rbegin(), cons.rend());  // backward order: the last consumer runs first
       if (!cons.empty()) last_consumer[i] = cons[0];
       if (cons.empty() && i != loss_node) continue;  // nothing ever writes its gradient
+      // The input's gradient (set_input_grad) lives to the end of the step (its "backward" at 2N),
+      // so it still holds the values when the caller reads it after backward().
       const int first_write = i == loss_node ? N : 2 * N - cons[0];
       grad_of[i] = int(lt.size());
       lt.push_back({bytes_of(n.elements), first_write, 2 * N - i, &n.grad});
@@ -415,7 +422,8 @@ struct Model::Impl {
                                                : std::span<const float>());
   }
 
-  StepResult forward(const float* images, const int32_t* lab, int count, bool train) {
+  // The layers' forward pass on `count` images; the loss node's act then holds the logits.
+  void run_layers(const float* images, int count, bool train) {
     DFP_CHECK(built, Status::invalid_argument, "model '" + name + "': forward() before build()");
     DFP_CHECK(count >= 1 && count <= batch, Status::invalid_argument,
               "model '" + name + "': batch of " + std::to_string(count) + " images, planned for 1.." + std::to_string(batch));
@@ -423,6 +431,7 @@ struct Model::Impl {
               "model '" + name + "': training batches must be full (" + std::to_string(batch) +
                   " images; BatchNorm statistics would include padding), got " + std::to_string(count));
     have_training_forward = false;
+    have_input_grad = false;
     const TensorShape& is = nodes[0].shape;
     const size_t per_image = is.blocked_elements() / size_t(batch);
     const size_t given = per_image * count;  // the rest of the planned batch: zeros
@@ -450,6 +459,14 @@ struct Model::Impl {
         ++n.fwd_steps;
       }
     }
+    last_count = count;
+    have_training_forward = train;
+    have_labels = false;
+  }
+
+  StepResult forward(const float* images, const int32_t* lab, int count, bool train) {
+    run_layers(images, count, train);
+    const bool timed = profiling && train;
     const auto loss_t0 = timed ? ProfileClock::now() : ProfileClock::time_point{};
     // Softmax cross-entropy in double, per image.
     const TensorShape& ls = nodes[loss_node].shape;
@@ -486,9 +503,15 @@ struct Model::Impl {
     }
     r.loss = loss / count;
     if (timed) loss_fwd_seconds += seconds_between(loss_t0, ProfileClock::now());
-    last_count = count;
-    have_training_forward = train;
+    have_labels = train;
     return r;
+  }
+
+  // The logits of the last forward pass as plain [count][classes].
+  void copy_logits(float* out) const {
+    const int K = nodes[loss_node].shape.c, KP = channel_blocks(K) * 16;
+    for (int n = 0; n < last_count; ++n)
+      std::memcpy(out + size_t(n) * K, nodes[loss_node].act + size_t(n) * KP, size_t(K) * sizeof(float));
   }
 
   // Parallel y = y * a + x * b over n floats (b == 0: x unused). With a = b = 1, the usual sum of
@@ -524,20 +547,29 @@ struct Model::Impl {
     return finite;
   }
 
-  bool backward() {
+  // logits_grad: the caller's d(loss)/d(logits), [batch][classes]; null: the built-in loss's.
+  bool backward(const float* logits_grad) {
     DFP_CHECK(built && have_training_forward && last_count == batch, Status::invalid_argument,
               "model '" + name + "': backward() needs a training forward() first (and no other forward in between)");
-    have_training_forward = false;  // planned memory reused: one backward per training forward
+    DFP_CHECK(logits_grad || have_labels, Status::invalid_argument,
+              "model '" + name + "': backward() without a logits gradient needs a labelled training forward(); after "
+              "logits(), pass the gradient of the loss with respect to the logits");
+    have_training_forward = have_labels = false;  // planned memory reused: one backward per training forward
     for (NodeInfo& n : nodes) n.grad_written = false;
     const auto loss_t0 = profiling ? ProfileClock::now() : ProfileClock::time_point{};
-    // d(scale * mean loss)/d(logits) = scale * (p - target) / batch
+    // Built-in: d(scale * mean loss)/d(logits) = scale * (p - target) / batch; else scale * the caller's.
     NodeInfo& ln = nodes[loss_node];
     const int K = ln.shape.c, KP = channel_blocks(K) * 16;
     std::memset(ln.grad, 0, ln.elements * sizeof(float));
     for (int n = 0; n < batch; ++n)
       for (int k = 0; k < K; ++k) {
-        const double target = (k == labels[n] ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
-        ln.grad[size_t(n) * KP + k] = static_cast<float>(loss_scale * (probs[size_t(n) * K + k] - target) / batch);
+        const size_t nk = size_t(n) * K + k;
+        if (logits_grad) {
+          ln.grad[size_t(n) * KP + k] = static_cast<float>(loss_scale * logits_grad[nk]);
+        } else {
+          const double target = (k == labels[n] ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
+          ln.grad[size_t(n) * KP + k] = static_cast<float>(loss_scale * (probs[nk] - target) / batch);
+        }
       }
     ln.grad_written = true;
     ln.grad_max = -1.f;
@@ -572,7 +604,7 @@ struct Model::Impl {
         xs.push_back(n.layer->backward_reads_input(k) ? in.act : nullptr);
         // A second slot of the same node in this layer (add(x, x)) is a second part too.
         const bool again = std::find(n.inputs.begin(), n.inputs.begin() + k, n.inputs[k]) != n.inputs.begin() + k;
-        if (n.inputs[k] == 0) {
+        if (n.inputs[k] == 0 && !input_grad) {
           dxs.push_back(nullptr);  // no gradient for the data
         } else if (in.grad_written && in.grad_scale == n.grad_scale && adds_own_part(n, k)) {
           // Second consumer at the same scale: the layer adds its part to the gradient itself.
@@ -592,7 +624,7 @@ struct Model::Impl {
       finite &= unscale_params(n);
       for (size_t k = 0; k < n.inputs.size(); ++k) {
         const int j = n.inputs[k];
-        if (j == 0) continue;
+        if (j == 0 && !input_grad) continue;
         NodeInfo& in = nodes[j];
         // The max a layer measured holds for its input's gradient only if no other consumer adds to it.
         in.grad_max = !in.grad_written && fusion && n.inputs.size() == 1 ? n.layer->input_grad_max_abs() : -1.f;
@@ -614,6 +646,7 @@ struct Model::Impl {
       if (profiling) n.bwd_seconds += seconds_between(t0, ProfileClock::now());
     }
     ++step;
+    have_input_grad = input_grad && nodes[0].grad_written;
     return finite;
   }
 };
@@ -697,10 +730,42 @@ const std::string& Model::name() const noexcept { return impl_->name; }
 void Model::build(int batch, const PrecisionPolicy& p) { impl_->build(batch, p); }
 bool Model::built() const noexcept { return impl_->built; }
 int Model::batch() const noexcept { return impl_->batch; }
+const PrecisionPolicy& Model::policy() const noexcept { return impl_->policy; }
 StepResult Model::forward(const float* x, const int32_t* y, int count, bool train) {
   return impl_->forward(x, y, count, train);
 }
-bool Model::backward() { return impl_->backward(); }
+bool Model::backward() { return impl_->backward(nullptr); }
+
+int Model::classes() const {
+  DFP_CHECK(impl_->loss_node >= 0, Status::invalid_argument,
+            "model '" + impl_->name + "': classes() before softmax_cross_entropy() named the logits");
+  return impl_->nodes[impl_->loss_node].shape.c;
+}
+void Model::logits(const float* images, int count, bool train, float* out) {
+  impl_->run_layers(images, count, train);
+  impl_->copy_logits(out);
+}
+void Model::predict(const float* images, int count, float* out) { logits(images, count, false, out); }
+bool Model::backward(const float* logits_grad) {
+  DFP_CHECK(logits_grad, Status::invalid_argument, "model '" + impl_->name + "': backward(logits_grad): null gradient");
+  return impl_->backward(logits_grad);
+}
+void Model::set_input_grad(bool on) {
+  DFP_CHECK(!impl_->built, Status::invalid_argument, "model '" + impl_->name + "': set_input_grad() after build()");
+  impl_->input_grad = on;
+}
+void Model::input_grad(float* out) const {
+  const Impl& m = *impl_;
+  DFP_CHECK(m.input_grad, Status::invalid_argument,
+            "model '" + m.name + "': input_grad() needs set_input_grad(true) before build()");
+  DFP_CHECK(m.have_input_grad, Status::invalid_argument,
+            "model '" + m.name + "': input_grad() needs a backward pass first (and no forward since)");
+  const TensorShape& s = m.nodes[0].shape;
+  from_blocked(m.nodes[0].grad, out, s.n, s.c, s.h, s.w);
+  const double scale = m.nodes[0].grad_scale;  // the loss scale the gradient carries
+  if (scale != 1)
+    for (size_t i = 0, e = size_t(s.n) * s.c * s.h * s.w; i < e; ++i) out[i] = static_cast<float>(out[i] / scale);
+}
 void Model::set_loss_scale(double scale) {
   DFP_CHECK(std::isfinite(scale) && scale > 0, Status::invalid_argument,
             "model '" + impl_->name + "': loss scale expected positive and finite, got " + std::to_string(scale));
@@ -713,7 +778,7 @@ void Model::set_loss_scaling(const LossScaleOptions& o) {
     // allocates, as build() does, and leaves nothing of a pending forward to backpropagate.
     impl_->adaptive = adaptive;
     impl_->plan_memory();
-    impl_->have_training_forward = false;
+    impl_->have_training_forward = impl_->have_labels = impl_->have_input_grad = false;
   }
   impl_->adaptive = adaptive;
   impl_->adaptive_opts.max_factor = o.adaptive_max_factor;
@@ -752,6 +817,41 @@ std::vector<std::pair<std::string, std::vector<float>*>> Model::buffers() {
   for (auto& n : impl_->nodes)
     if (n.layer) n.layer->buffers(out);
   return out;
+}
+
+std::vector<TensorView> Model::state() {
+  DFP_CHECK(impl_->built, Status::invalid_argument, "model '" + impl_->name + "': state() before build()");
+  std::vector<TensorView> out;
+  for (const auto& n : impl_->nodes)
+    for (size_t p = n.param_begin; p < n.param_end; ++p) {
+      const Parameter& q = impl_->params[p];
+      TensorView v{q.name, {int(q.size)}, q.value, q.size, true, q.grad};
+      // PyTorch's shapes: the values are laid out so already (see TensorView).
+      const bool weight = q.name.size() > 7 && q.name.compare(q.name.size() - 7, 7, ".weight") == 0;
+      const TensorShape in = n.inputs.empty() ? TensorShape{} : impl_->nodes[n.inputs[0]].shape;
+      std::vector<int> shape = v.shape;
+      if (weight && n.spec.kind == "conv")
+        shape = {n.spec.out_channels, in.c / std::max(1, n.spec.groups), n.spec.kernel, n.spec.kernel};
+      else if (weight && n.spec.kind == "fc")
+        shape = {n.spec.out_channels, in.c * in.h * in.w};
+      size_t elements = 1;
+      for (int d : shape) elements *= size_t(d);
+      if (elements == q.size) v.shape = std::move(shape);
+      out.push_back(std::move(v));
+    }
+  for (auto& [name, b] : buffers()) out.push_back({name, {int(b->size())}, b->data(), b->size(), false, nullptr});
+  return out;
+}
+
+TensorView Model::tensor(const std::string& name) {
+  std::vector<TensorView> all = state();
+  for (TensorView& v : all)
+    if (v.name == name) return std::move(v);
+  std::string names;
+  for (const TensorView& v : all)
+    if (names.size() < 240) names.append(names.empty() ? "" : ", ").append(v.name);
+  fail(Status::invalid_argument, "model '" + impl_->name + "': no tensor named '" + name + "'; tensors are " + names +
+                                     (names.size() >= 240 ? ", ..." : ""));
 }
 
 std::vector<LayerNumerics> Model::numerics() const {

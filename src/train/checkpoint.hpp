@@ -1,4 +1,5 @@
-// dfp: the checkpoint file, internal to the trainer (and read by the tests and fuzz targets).
+// dfp: the checkpoint file's container, under the trainer's checkpoints and the public
+// save_state/load_state (state.hpp); the format and its versions: docs/design/checkpoint-format.md.
 //
 // Layout: "DFPCKPT1", then records [u32 name length][name][u64 float count][floats] (host byte
 // order), the first record being "meta" (its floats encode the meta text's bytes one per float:

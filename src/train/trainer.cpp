@@ -26,6 +26,7 @@
 #include "dfp/status.hpp"
 #include "src/train/checkpoint.hpp"
 #include "dfp/run_lock.hpp"
+#include "src/train/state.hpp"
 #include "src/train/run_files.hpp"
 
 namespace dfp {
@@ -244,40 +245,29 @@ void write_profile_json(const std::string& path, const std::vector<LayerTime>& t
   DFP_CHECK(f.good(), Status::io_error, "write to '" + path + "' failed (disk full?)");
 }
 
-// Model state <-> checkpoint tensors, with every mismatch named.
-void save_model(Model& m, Sgd* sgd, Checkpoint& ck) {
+// Model state (src/train/state.hpp) and the optimizer's momentum <-> checkpoint tensors, with every
+// mismatch named.
+void save_model(Model& m, const PrecisionPolicy& policy, Sgd* sgd, Checkpoint& ck) {
+  put_state(ck, m, policy);
   auto& ps = m.parameters();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    ck.tensors[ps[i].name] = std::vector<float>(ps[i].value, ps[i].value + ps[i].size);
-    if (sgd) ck.tensors[ps[i].name + "@momentum"] = sgd->momentum_buffers()[i];
-  }
-  for (auto& [name, v] : m.buffers()) ck.tensors[name] = *v;
+  for (size_t i = 0; sgd && i < ps.size(); ++i) ck.tensors[ps[i].name + "@momentum"] = sgd->momentum_buffers()[i];
 }
 
 void load_model(Model& m, Sgd* sgd, const Checkpoint& ck, const std::string& path) {
-  auto take = [&](const std::string& name, size_t size) -> const std::vector<float>& {
+  get_state(m, ck, path);
+  auto& ps = m.parameters();
+  for (size_t i = 0; sgd && i < ps.size(); ++i) {
+    const std::string name = ps[i].name + "@momentum";
     auto it = ck.tensors.find(name);
     DFP_CHECK(it != ck.tensors.end(), Status::corrupt_data,
               "checkpoint '" + path + "': tensor '" + name + "' missing (checkpoint of another model?)");
-    DFP_CHECK(it->second.size() == size, Status::corrupt_data,
+    DFP_CHECK(it->second.size() == ps[i].size, Status::corrupt_data,
               "checkpoint '" + path + "': tensor '" + name + "' has " + std::to_string(it->second.size()) +
-                  " values, the model expects " + std::to_string(size));
-    return it->second;
-  };
-  auto& ps = m.parameters();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const auto& v = take(ps[i].name, ps[i].size);
-    std::memcpy(ps[i].value, v.data(), v.size() * sizeof(float));
-    if (sgd) sgd->momentum_buffers()[i] = take(ps[i].name + "@momentum", ps[i].size);
+                  " values, the model expects " + std::to_string(ps[i].size));
+    sgd->momentum_buffers()[i] = it->second;
   }
-  for (auto& [name, v] : m.buffers()) *v = take(name, v->size());
-  m.weights_updated();
 }
 
-// The precision policy as checkpoint meta fields, and back (dfp eval rebuilds the same policy).
-void put_policy(Checkpoint& ck, const PrecisionPolicy& p) {
-  for (auto& [key, value] : p.fields()) ck.meta[key] = value;
-}
 PrecisionPolicy get_policy(const Checkpoint& ck, const std::string& path) {
   return PrecisionPolicy::from_fields(ck.meta, "checkpoint '" + path + "'");
 }
@@ -769,8 +759,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       put_shape(ck, train_set);
       for (const std::vector<Setting>* list : {&settings, &machine})
         for (const Setting& st : *list) ck.meta[st.key] = st.value;
-      put_policy(ck, cfg.policy);
-      save_model(m, &sgd, ck);
+      save_model(m, cfg.policy, &sgd, ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
     }
     if (on_epoch) on_epoch(em);

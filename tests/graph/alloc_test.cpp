@@ -85,6 +85,30 @@ int posix_memalign(void** p, size_t a, size_t n) {
 
 using namespace dfp;
 
+namespace {
+// Runs `f` three times to warm up (first use: oneDNN's kernels, thread pools), then three times
+// counting: the counts are then in `own` and `foreign`.
+template <class F>
+void count_three(F&& f) {
+  for (int i = 0; i < 3; ++i) f();
+  own = foreign = 0;
+  counting = true;
+  for (int i = 0; i < 3; ++i) f();
+  counting = false;
+}
+
+// N(0, 1) images of 3 x 16 x 16 in the blocked layout, real channels only: padding lanes stay zero.
+std::vector<float> random_images(int n, uint32_t seed) {
+  std::vector<float> x(blocked_size(n, 3, 16, 16));
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < 3; ++c)
+      for (int k = 0; k < 256; ++k) x[(size_t(i) * 256 + k) * 16 + c] = nd(g);
+  return x;
+}
+}  // namespace
+
 TEST(Allocation, TrainingStepsAllocateNothing) {
   Context ctx(ContextOptions{.threads = 2});
   find_foreign_code();
@@ -110,23 +134,13 @@ TEST(Allocation, TrainingStepsAllocateNothing) {
       m.set_profiling(p == Precision::int16 || p == Precision::bf16);
       m.set_numerics_interval(p == Precision::int16 || p == Precision::bf16 ? 1 : 0);
       Sgd sgd(ctx, m, {0.9f, 5e-4f, true});
-      std::vector<float> x(blocked_size(8, 3, 16, 16));
-      std::mt19937 g(1);
-      std::normal_distribution<float> nd(0.f, 1.f);
-      for (int n = 0; n < 8; ++n)  // real channels only: padding lanes stay zero
-        for (int c = 0; c < 3; ++c)
-          for (int i = 0; i < 256; ++i) x[(size_t(n) * 256 + i) * 16 + c] = nd(g);
+      const std::vector<float> x = random_images(8, 1);
       const std::vector<int32_t> y = {0, 1, 2, 3, 4, 5, 6, 7};
-      auto step = [&] {
+      count_three([&] {
         m.forward(x.data(), y.data(), 8, true);
         m.backward();
         sgd.step(0.01f);
-      };
-      for (int i = 0; i < 3; ++i) step();  // first use: oneDNN's kernels, thread pools
-      own = foreign = 0;
-      counting = true;
-      for (int i = 0; i < 3; ++i) step();
-      counting = false;
+      });
       EXPECT_EQ(own.load(), 0) << precision_name(p) << ": allocations by dfp in 3 training steps";
       if (p == Precision::int16) {
         EXPECT_EQ(foreign.load(), 0) << "int16 calls no oneDNN primitive";
@@ -163,5 +177,35 @@ TEST(Allocation, FirstInt16StepsAllocateNothing) {
     }
     counting = false;
     EXPECT_EQ(own.load(), 0) << model << ": allocations by dfp in the first 2 int16 training steps";
+  }
+}
+
+// The API for other programs allocates nothing once built either: inference on a full and a
+// partial batch, a training forward without labels, backward from the caller's gradient, the
+// input gradient, and the parameter writes picked up by weights_updated().
+TEST(Allocation, ApiCallsAllocateNothing) {
+  Context ctx(ContextOptions{.threads = 2});
+  find_foreign_code();
+  for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
+    Model m(ctx, "r");
+    build_model(m, "resnet20", 3, 16, 16, 10);
+    m.set_input_grad(true);
+    PrecisionPolicy pol;
+    pol.precision = p;
+    m.build(8, pol);
+    const std::vector<float> x = random_images(8, 3);
+    std::vector<float> z(8 * 10), dz(8 * 10), dx(8 * 3 * 16 * 16);
+    const Parameter& fc = m.parameters().back();
+    count_three([&] {
+      m.logits(x.data(), 8, true, z.data());
+      for (size_t i = 0; i < z.size(); ++i) dz[i] = (z[i] - (int(i % 10) == int(i / 10) ? 1.f : 0.f)) / 40.f;
+      m.backward(dz.data());
+      m.input_grad(dx.data());
+      fc.value[0] += 1e-3f;
+      m.weights_updated();
+      m.predict(x.data(), 8, z.data());
+      m.predict(x.data(), 3, z.data());
+    });
+    EXPECT_EQ(own.load(), 0) << precision_name(p) << ": allocations by dfp in 3 rounds of API calls";
   }
 }

@@ -1,4 +1,4 @@
-// dfp: the gnuplot side of the report writer (internal to src/report).
+// dfp: the gnuplot side of the report writer (internal to apps/dfp/report).
 #pragma once
 
 #include <functional>
