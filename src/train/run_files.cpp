@@ -378,14 +378,12 @@ int ConfigRecord::integer_or(std::string_view key, int dflt) const {
 }
 
 void to_json(Json& j, const ConfigRecord& r) {
-  j = Json::object();
-  for (const ConfigRecord::Member& m : r.members) {
-    if (m.is_string) {
-      j[m.key] = m.text;
-      continue;
-    }
-    j[m.key] = literal(m);
-  }
+  // Built aside and moved in at the end: literal() throws on a member that is not JSON text, and
+  // a Json under construction (Json(record) calls this) is never destroyed, so what it held
+  // would leak.
+  Json out = Json::object();
+  for (const ConfigRecord::Member& m : r.members) out[m.key] = m.is_string ? Json(m.text) : literal(m);
+  j = std::move(out);
 }
 
 void to_json(Json& j, const ProfileLayerRecord& r) {
