@@ -4,6 +4,7 @@ The compiled extension ``dfp._dfp`` binds dfp's C++ API; this module re-exports 
 NumPy-facing helpers (quantize, dequantize), a default context, and the training entry points
 (train, evaluate) with their metrics as dataclasses. See docs/python.md.
 """
+import os as _os
 from dataclasses import dataclass
 
 import numpy as _np
@@ -19,8 +20,10 @@ from ._dfp import (
     Model,
     Parameter,
     PrecisionPolicy,
+    STATE_VERSION,
     Sgd,
     StepResult,
+    Tensor,
     TrainConfig,
     exponent_for,
 )
@@ -28,9 +31,9 @@ from . import models
 
 __all__ = [
     "Context", "Error", "InvalidArgumentError", "LossScaleOptions", "Model", "Parameter",
-    "PrecisionPolicy", "Sgd", "StepResult", "TrainConfig", "EpochMetrics", "EvalResult",
-    "DEFAULT_HEADROOM", "MAX_HEADROOM", "default_context", "quantize", "dequantize",
-    "exponent_for", "train", "evaluate", "models",
+    "PrecisionPolicy", "Sgd", "StepResult", "Tensor", "TrainConfig", "EpochMetrics", "EvalResult",
+    "DEFAULT_HEADROOM", "MAX_HEADROOM", "STATE_VERSION", "default_context", "quantize", "dequantize",
+    "exponent_for", "save_state", "load_state", "read_state_policy", "train", "evaluate", "models",
 ]
 
 _default_context = None
@@ -59,6 +62,26 @@ def quantize(array, exponent=None, rounding="nearest", headroom=DEFAULT_HEADROOM
 def dequantize(q, exponent, ctx=None):
     """float32 array q * 2**exponent of an int16 array q."""
     return _dfp._dequantize(ctx or default_context(), _np.asarray(q), exponent)
+
+
+def save_state(model, path):
+    """Writes the built model's tensors (parameters and buffers, with their shapes) and its
+    precision policy to `path` (str or os.PathLike) in dfp's checkpoint format, state version
+    STATE_VERSION, atomically. dfp.Error (status 'io_error') names the file."""
+    _dfp._save_state(model, _os.fspath(path))
+
+
+def load_state(model, path):
+    """Reads a state file (or a checkpoint of dfp.train) into the built model: every tensor of
+    model.state() must be there with the model's shape; the weights are then re-quantized. The
+    model keeps its precision (build it with read_state_policy(path) for the file's). dfp.Error
+    names the file and the field or tensor ('io_error', 'corrupt_data')."""
+    _dfp._load_state(model, _os.fspath(path))
+
+
+def read_state_policy(path):
+    """The PrecisionPolicy recorded in a state file (errors as load_state's)."""
+    return _dfp._read_state_policy(_os.fspath(path))
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,16 @@
 // python/dfp/__init__.py re-exports it and adds the defaults, dataclasses and helpers.
 //
 // Lifetimes: a Model keeps its Context alive, an Sgd its Context and Model (py::keep_alive), and
-// a parameter's NumPy view keeps its Model alive (the view's base object), so that no C++
-// reference outlives what it refers to, whatever order Python drops its names in.
-// Threads: the GIL is released around every call that computes (quantization, forward,
-// backward, the optimizer step, training, evaluation) and taken again in Python callbacks.
+// a NumPy view of a parameter or state tensor keeps its Model alive (the view's base object), so
+// that no C++ reference outlives what it refers to, whatever order Python drops its names in.
+// Threads: the GIL is released around every call that computes (quantization, forward, logits,
+// backward, the optimizer step, state files, training, evaluation) and taken again in Python
+// callbacks.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -23,6 +25,7 @@
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 #include "dfp/precision.hpp"
+#include "dfp/state.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
 
@@ -192,6 +195,23 @@ std::function<void(const std::string&)> text_callback(py::handle fn) {
   };
 }
 
+// A NumPy view of the floats at `data` in the given shape (row-major): no copy, with `owner` (the
+// model) as its base, so that the view keeps the model alive.
+py::array_t<float> view_of(const py::object& owner, float* data, const std::vector<py::ssize_t>& shape) {
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t stride = sizeof(float);
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return py::array_t<float>(shape, strides, data, owner);
+}
+
+void check_built(const Model& m, const char* what) {
+  DFP_CHECK(m.built(), Status::invalid_argument,
+            std::string(what) + ": the model '" + m.name() + "' is not built yet (call build())");
+}
+
 // A parameter as NumPy views of its value and gradient: no copy, the model as the views' base.
 struct ParameterView {
   std::string name;
@@ -201,33 +221,144 @@ struct ParameterView {
 
 py::list parameter_views(const py::object& self) {
   Model& m = self.cast<Model&>();
-  DFP_CHECK(m.built(), Status::invalid_argument, "Model.parameters(): the model '" + m.name() + "' is not built yet (call build())");
+  check_built(m, "Model.parameters()");
   py::list out;
   for (const Parameter& p : m.parameters()) {
     const std::vector<py::ssize_t> shape{py::ssize_t(p.size)};
-    out.append(ParameterView{p.name, py::array_t<float>(shape, {py::ssize_t(sizeof(float))}, p.value, self),
-                             py::array_t<float>(shape, {py::ssize_t(sizeof(float))}, p.grad, self), p.decay});
+    out.append(ParameterView{p.name, view_of(self, p.value, shape), view_of(self, p.grad, shape), p.decay});
   }
   return out;
 }
 
-StepResult forward(Model& m, const FloatArray& images, const LabelArray& labels, bool train) {
-  DFP_CHECK(m.built(), Status::invalid_argument, "Model.forward: the model '" + m.name() + "' is not built yet (call build())");
+// A named tensor of the model's state (dfp::TensorView) as NumPy views in its PyTorch shape: the
+// values, and a parameter's gradient (None for a buffer).
+struct StateTensor {
+  std::string name;
+  py::array value;
+  py::object grad;
+  bool trainable = false;
+};
+
+std::vector<py::ssize_t> shape_of(const TensorView& v) { return {v.shape.begin(), v.shape.end()}; }
+
+StateTensor state_tensor(const py::object& self, const TensorView& v) {
+  const auto shape = shape_of(v);
+  return {v.name, view_of(self, v.data, shape), v.grad ? py::object(view_of(self, v.grad, shape)) : py::none(), v.trainable};
+}
+
+std::string shape_text(const std::vector<py::ssize_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+// Copies the arrays of `tensors` (name -> array-like) into the model's state by name, every shape
+// checked before anything is written, then re-quantizes the weights. strict: the names must be
+// exactly the model's (as torch's load_state_dict(strict=True)).
+void load_state_dict(Model& m, const py::dict& tensors, bool strict) {
+  check_built(m, "Model.load_state_dict");
+  const std::vector<TensorView> state = m.state();
+  std::vector<std::pair<const TensorView*, FloatArray>> copies;
+  std::string missing;
+  for (const TensorView& v : state) {
+    const py::str key(v.name);
+    if (!tensors.contains(key)) {
+      missing.append(missing.empty() ? "" : ", ").append(v.name);
+      continue;
+    }
+    FloatArray a = FloatArray::ensure(tensors[key]);
+    DFP_CHECK(a, Status::invalid_argument, "Model.load_state_dict: '" + v.name + "': not convertible to a float32 array");
+    const std::vector<py::ssize_t> want = shape_of(v), got = shape_of(a);
+    DFP_CHECK(got == want, Status::invalid_argument,
+              "Model.load_state_dict: '" + v.name + "': shape " + shape_text(got) + " in the dict, " + shape_text(want) +
+                  " in the model '" + m.name() + "'");
+    copies.emplace_back(&v, std::move(a));
+  }
+  if (strict) {
+    DFP_CHECK(missing.empty(), Status::invalid_argument,
+              "Model.load_state_dict: the dict lacks the model's tensors " + missing + " (strict=False loads the others)");
+    std::string unexpected;
+    for (auto item : tensors) {
+      const std::string key = py::str(item.first);
+      if (std::none_of(state.begin(), state.end(), [&](const TensorView& v) { return v.name == key; }))
+        unexpected.append(unexpected.empty() ? "" : ", ").append(key);
+    }
+    DFP_CHECK(unexpected.empty(), Status::invalid_argument,
+              "Model.load_state_dict: the model '" + m.name() + "' has no tensors named " + unexpected +
+                  " (strict=False ignores them)");
+  }
+  py::gil_scoped_release unlocked;
+  for (const auto& [v, a] : copies) std::memcpy(v->data, a.data(), v->size * sizeof(float));
+  m.weights_updated();
+}
+
+// Checks that `images` is an NCHW batch for the model's input and returns its count.
+int image_count(const Model& m, const FloatArray& images, const char* what) {
+  check_built(m, what);
   const TensorShape in = m.shape(0);
   DFP_CHECK(images.ndim() == 4 && images.shape(1) == in.c && images.shape(2) == in.h && images.shape(3) == in.w,
             Status::invalid_argument,
-            "Model.forward: images: expected an array of shape (count, " + std::to_string(in.c) + ", " +
+            std::string(what) + ": images: expected an array of shape (count, " + std::to_string(in.c) + ", " +
                 std::to_string(in.h) + ", " + std::to_string(in.w) + ") (NCHW), got " + std::string(py::str(images.attr("shape"))));
-  const int count = int(images.shape(0));
+  return int(images.shape(0));
+}
+
+// The NCHW images in dfp's blocked layout (to run without the GIL).
+std::vector<float> blocked_images(const Model& m, const float* nchw, int count) {
+  const TensorShape in = m.shape(0);
+  std::vector<float> blocked(blocked_size(count, in.c, in.h, in.w));
+  to_blocked(nchw, blocked.data(), count, in.c, in.h, in.w);
+  return blocked;
+}
+
+StepResult forward(Model& m, const FloatArray& images, const LabelArray& labels, bool train) {
+  const int count = image_count(m, images, "Model.forward");
   DFP_CHECK(labels.ndim() == 1 && labels.shape(0) == count, Status::invalid_argument,
             "Model.forward: labels: expected " + std::to_string(count) + " labels (one per image), got shape " +
                 std::string(py::str(labels.attr("shape"))));
   const float* x = images.data();
   const int32_t* y = labels.data();
   py::gil_scoped_release unlocked;
-  std::vector<float> blocked(blocked_size(count, in.c, in.h, in.w));
-  to_blocked(x, blocked.data(), count, in.c, in.h, in.w);
-  return m.forward(blocked.data(), y, count, train);
+  return m.forward(blocked_images(m, x, count).data(), y, count, train);
+}
+
+py::array_t<float> logits(Model& m, const FloatArray& images, bool train, const char* what) {
+  const int count = image_count(m, images, what);
+  py::array_t<float> out({py::ssize_t(count), py::ssize_t(m.classes())});
+  const float* x = images.data();
+  float* z = out.mutable_data();
+  {
+    py::gil_scoped_release unlocked;
+    m.logits(blocked_images(m, x, count).data(), count, train, z);
+  }
+  return out;
+}
+
+bool backward(Model& m, const py::object& logits_grad) {
+  if (logits_grad.is_none()) {
+    py::gil_scoped_release unlocked;
+    return m.backward();
+  }
+  check_built(m, "Model.backward");
+  const FloatArray g = FloatArray::ensure(logits_grad);
+  DFP_CHECK(g, Status::invalid_argument, "Model.backward: logits_grad: not convertible to a float32 array");
+  const std::vector<py::ssize_t> want{m.batch(), m.classes()};
+  DFP_CHECK(shape_of(g) == want, Status::invalid_argument,
+            "Model.backward: logits_grad: expected shape " + shape_text(want) + " (batch, classes), got " +
+                shape_text(shape_of(g)));
+  const float* d = g.data();
+  py::gil_scoped_release unlocked;
+  return m.backward(d);
+}
+
+py::array_t<float> input_grad(const Model& m) {
+  check_built(m, "Model.input_grad");
+  const TensorShape in = m.shape(0);
+  py::array_t<float> out({py::ssize_t(m.batch()), py::ssize_t(in.c), py::ssize_t(in.h), py::ssize_t(in.w)});
+  float* g = out.mutable_data();
+  py::gil_scoped_release unlocked;
+  m.input_grad(g);
+  return out;
 }
 
 }  // namespace
@@ -347,6 +478,19 @@ PYBIND11_MODULE(_dfp, mod) {
         return "dfp.Parameter('" + p.name + "', size=" + std::to_string(p.value.size()) + ")";
       });
 
+  py::class_<StateTensor>(mod, "Tensor",
+                          "A named tensor of the model's state: NumPy views (no copy) of its values and, for a "
+                          "parameter, its gradient, in PyTorch's shape; they keep the model alive.")
+      .def_readonly("name", &StateTensor::name)
+      .def_readonly("value", &StateTensor::value)
+      .def_readonly("grad", &StateTensor::grad)
+      .def_readonly("trainable", &StateTensor::trainable)
+      .def_property_readonly("shape", [](const StateTensor& t) { return t.value.attr("shape"); })
+      .def("__repr__", [](const StateTensor& t) {
+        return "dfp.Tensor('" + t.name + "', shape=" + shape_text(shape_of(t.value)) +
+               (t.trainable ? ", trainable)" : ", buffer)");
+      });
+
   py::class_<Model>(mod, "Model", "A graph of layers, built layer by layer or from the zoo, then build() once.")
       .def(py::init([](const Context& ctx, const std::string& name) { return std::make_unique<Model>(ctx, name); }),
            py::arg("ctx"), py::arg("name") = "model", py::keep_alive<1, 2>())
@@ -387,27 +531,76 @@ PYBIND11_MODULE(_dfp, mod) {
       .def_property_readonly("name", &Model::name)
       .def(
           "build",
-          [](Model& m, int batch, const py::object& policy, const py::kwargs& kwargs) {
+          [](Model& m, int batch, const py::object& policy, bool input_grad, const py::kwargs& kwargs) {
             const PrecisionPolicy p = policy_from(policy, kwargs);
+            if (input_grad) m.set_input_grad(true);
             py::gil_scoped_release unlocked;
             m.build(batch, p);
           },
-          py::arg("batch"), py::arg("policy") = py::none(),
+          py::arg("batch"), py::arg("policy") = py::none(), py::kw_only(), py::arg("input_grad") = false,
           "Plans every buffer for batches of up to `batch` images. policy: a PrecisionPolicy, a precision name, or "
-          "None; keyword arguments (precision=, overrides=, headroom=, rounding=, *_format=, ...) set policy fields.")
+          "None; keyword arguments (precision=, overrides=, headroom=, rounding=, *_format=, ...) set policy fields. "
+          "input_grad=True: as set_input_grad(True).")
       .def_property_readonly("built", &Model::built)
       .def_property_readonly("batch", &Model::batch)
       .def("forward", &forward, py::arg("images"), py::arg("labels"), py::arg("train") = true,
            "One forward pass and the loss: images float32 (count, C, H, W) NCHW, labels int (count,).")
-      .def("backward", [](Model& m) {
-        py::gil_scoped_release unlocked;
-        return m.backward();
-      }, "Gradients of the last training forward into every parameter's grad; False when one is not finite.")
+      .def_property_readonly("classes", &Model::classes, "The logits' count per image.")
+      .def_property_readonly("policy", [](const Model& m) { return m.policy(); },
+                             "The precision policy build() resolved (a copy).")
+      .def(
+          "logits", [](Model& m, const FloatArray& images, bool train) { return logits(m, images, train, "Model.logits"); },
+          py::arg("images"), py::arg("train") = false,
+          "Logits of images float32 (count, C, H, W) NCHW, count 1..batch, as a float32 (count, classes) array. "
+          "train=True: a training forward (count = batch) for backward(logits_grad).")
+      .def(
+          "predict", [](Model& m, const FloatArray& images) { return logits(m, images, false, "Model.predict"); },
+          py::arg("images"), "logits(images, train=False): inference, BatchNorm on its running statistics.")
+      .def("backward", &backward, py::arg("logits_grad") = py::none(),
+           "Gradients of the last training forward into every parameter's grad; False when one is not finite. "
+           "logits_grad: d(loss)/d(logits) float32 (batch, classes) for a caller's loss; None: the built-in "
+           "softmax cross-entropy of the labelled forward().")
+      .def("set_input_grad", &Model::set_input_grad, py::arg("on"),
+           "Before build(): also compute the gradient with respect to the input images (input_grad()).")
+      .def("input_grad", &input_grad,
+           "d(loss)/d(images) of the last training batch as float32 (batch, C, H, W) NCHW (a copy); needs "
+           "set_input_grad(True) before build() and a backward since the last forward.")
       .def("weights_updated", [](Model& m) {
         py::gil_scoped_release unlocked;
         m.weights_updated();
       }, "Re-quantizes and re-packs the weights after their values were changed (through the NumPy views).")
       .def("parameters", &parameter_views, "The trainable tensors as dfp.Parameter (NumPy views, no copies).")
+      .def(
+          "state",
+          [](const py::object& self) {
+            Model& m = self.cast<Model&>();
+            check_built(m, "Model.state()");
+            py::dict out;
+            for (const TensorView& v : m.state()) out[py::str(v.name)] = state_tensor(self, v);
+            return out;
+          },
+          "name -> dfp.Tensor for every parameter, then every buffer (NumPy views in PyTorch's shapes, no copies).")
+      .def(
+          "state_dict",
+          [](const py::object& self) {
+            Model& m = self.cast<Model&>();
+            check_built(m, "Model.state_dict()");
+            py::dict out;
+            for (const TensorView& v : m.state()) out[py::str(v.name)] = view_of(self, v.data, shape_of(v));
+            return out;
+          },
+          "name -> float32 NumPy view (PyTorch's names and shapes; views, not copies: .copy() for a snapshot).")
+      .def(
+          "tensor",
+          [](const py::object& self, const std::string& name) {
+            Model& m = self.cast<Model&>();
+            check_built(m, "Model.tensor");
+            return state_tensor(self, m.tensor(name));
+          },
+          py::arg("name"), "The dfp.Tensor named `name` (views, no copies).")
+      .def("load_state_dict", &load_state_dict, py::arg("state_dict"), py::arg("strict") = true,
+           "Copies the arrays of a name -> array dict into the model's tensors (shapes checked first), then "
+           "weights_updated(). strict: the names must be exactly the model's.")
       .def_property_readonly("parameter_count", &Model::parameter_count)
       .def_property("step", &Model::step, &Model::set_step)
       .def("set_fusion", &Model::set_fusion, py::arg("on"))
@@ -424,6 +617,20 @@ PYBIND11_MODULE(_dfp, mod) {
       }, "Per-layer numerics of the reduced-precision layers, as dicts.")
       .def("summary", &Model::summary)
       .def("__repr__", [](const Model& m) { return "dfp.Model('" + m.name() + "')"; });
+
+  mod.attr("STATE_VERSION") = kStateVersion;
+  mod.def("_save_state", [](Model& m, const std::string& path) {
+    py::gil_scoped_release unlocked;
+    save_state(m, path);
+  }, py::arg("model"), py::arg("path"));
+  mod.def("_load_state", [](Model& m, const std::string& path) {
+    py::gil_scoped_release unlocked;
+    load_state(m, path);
+  }, py::arg("model"), py::arg("path"));
+  mod.def("_read_state_policy", [](const std::string& path) {
+    py::gil_scoped_release unlocked;
+    return read_state_policy(path);
+  }, py::arg("path"));
 
   py::class_<Sgd>(mod, "Sgd", "torch.optim.SGD on the model's FP32 master weights.")
       .def(py::init([](const Context& ctx, Model& model, float momentum, float weight_decay, bool nesterov) {
