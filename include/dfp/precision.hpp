@@ -97,8 +97,10 @@ struct PrecisionPolicy {
   static std::vector<std::pair<std::string, Precision>> parse_overrides(const std::string& text,
                                                                          const std::string& origin);
   // The policy as named text fields (a checkpoint's meta: precision, overrides, formats,
-  // headroom, rounding), and back. from_fields throws corrupt_data naming `origin` + the field;
-  // "precision" is required, the others default to the policy's defaults.
+  // headroom, rounding), and back. from_fields throws naming `origin` and the field:
+  // corrupt_data for a missing or malformed field, invalid_argument for an unknown name (of a
+  // precision, format or rounding); "precision" is required, the others default to the
+  // policy's defaults.
   std::map<std::string, std::string> fields() const;
   static PrecisionPolicy from_fields(const std::map<std::string, std::string>& fields, const std::string& origin);
 };
