@@ -40,6 +40,10 @@ FloatFormat operand_format(Precision p) noexcept;
 // The storage format of each tensor class of a layer.
 struct ClassFormats {
   FloatFormat weights = FloatFormat::fp32, activations = FloatFormat::fp32, gradients = FloatFormat::fp32;
+  // Every class in format f.
+  bool all(FloatFormat f) const noexcept { return weights == f && activations == f && gradients == f; }
+  // "weights/activations/gradients", e.g. "fp16/bf16/bf16".
+  std::string names() const;
 };
 
 // A policy resolved for one layer (PrecisionPolicy::for_layer): everything a Conv2d, Linear or
@@ -58,8 +62,7 @@ struct LayerPrecision {
   bool is_float() const noexcept { return operand_format(precision) != FloatFormat::fp32; }
   // BF16 in all three classes: the form BF16-operand kernels (the table's conv_bf16) run.
   bool all_bf16() const noexcept {
-    return is_float() && formats.weights == FloatFormat::bf16 && formats.activations == FloatFormat::bf16 &&
-           formats.gradients == FloatFormat::bf16;
+    return is_float() && formats.all(FloatFormat::bf16);
   }
 };
 

@@ -156,10 +156,8 @@ class FloatOp : public WeightedOp {
   }
   bool numerics(const std::string& layer, LayerNumerics& n) const override {
     n.layer = layer;
-    n.format = fmt_.weights == fmt_.activations && fmt_.weights == fmt_.gradients
-                   ? std::string(float_format_name(fmt_.weights))
-                   : std::string(float_format_name(fmt_.weights)) + "/" + float_format_name(fmt_.activations) + "/" +
-                         float_format_name(fmt_.gradients);
+    // One name when the classes agree, else "weights/activations/gradients".
+    n.format = fmt_.all(fmt_.weights) ? std::string(float_format_name(fmt_.weights)) : fmt_.names();
     report_sample(sample_, n);
     return true;
   }

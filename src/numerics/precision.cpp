@@ -96,6 +96,11 @@ DfpConvOptions LayerPrecision::options_for(const std::string& layer) const {
   return o;
 }
 
+std::string ClassFormats::names() const {
+  return std::string(float_format_name(weights)) + "/" + float_format_name(activations) + "/" +
+         float_format_name(gradients);
+}
+
 ClassFormats PrecisionPolicy::class_formats(Precision p) const {
   const FloatFormat own = operand_format(p);
   return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own)};
@@ -165,11 +170,9 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
                       ctx.kernels().conv_s16_pixel.name + ", " + ctx.kernels().conv_s16_pair.name);
         break;
       case Precision::bf16: {
-        const auto f = policy.class_formats(p);
-        const bool all_bf16 = f.weights == FloatFormat::bf16 && f.activations == FloatFormat::bf16 &&
-                              f.gradients == FloatFormat::bf16;
-        std::string line = "bf16: formats w/x/dy " + std::string(float_format_name(f.weights)) + "/" +
-                           float_format_name(f.activations) + "/" + float_format_name(f.gradients) + "; ";
+        const ClassFormats f = policy.class_formats(p);
+        const bool all_bf16 = f.all(FloatFormat::bf16);
+        std::string line = "bf16: formats w/x/dy " + f.names() + "; ";
         if (!jit)
           line += "EMULATED: operands rounded to BF16, products accumulated in FP32 by the scalar reference (slow)";
         else if (!all_bf16)
@@ -185,10 +188,8 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
         break;
       }
       case Precision::fp16: {
-        const auto f = policy.class_formats(p);
-        out.push_back("fp16: formats w/x/dy " + std::string(float_format_name(f.weights)) + "/" +
-                      float_format_name(f.activations) + "/" + float_format_name(f.gradients) +
-                      "; EMULATED: " + (cpu.avx512fp16 ? "" : "this CPU has no FP16 arithmetic; ") +
+        const ClassFormats f = policy.class_formats(p);
+        out.push_back("fp16: formats w/x/dy " + f.names() + "; EMULATED: " + (cpu.avx512fp16 ? "" : "this CPU has no FP16 arithmetic; ") +
                       "operands rounded to IEEE half (" + ctx.kernels().round_fp16.name +
                       "), exact products accumulated in FP32 as on tensor cores" +
                       (f.gradients == FloatFormat::fp16 ? "; weight gradients stored as FP16" : ""));
