@@ -35,11 +35,14 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.conv_f32 = {&ref::make_conv_f32, "conv_f32__ref"};
   t.linear_f32 = {&ref::make_linear_f32, "inner_product_f32__ref"};
   t.conv_bf16 = {&ref::make_conv_bf16, "conv_bf16__none_rounded_operands_on_conv_f32"};
-  if (isa == Isa::avx2) {
-    // oneDNN runs its own AVX2 JIT here (it picks from the CPU, or ONEDNN_MAX_CPU_ISA).
+  if (isa >= Isa::avx2) {
+    // From avx2 up, oneDNN's primitives: oneDNN picks its own JIT level from the CPU (or
+    // ONEDNN_MAX_CPU_ISA), and its primitives report which (kernel_name()).
     t.conv_f32 = {&onednn::make_conv_f32, "conv_f32__onednn"};
     t.linear_f32 = {&onednn::make_linear_f32, "inner_product_f32__onednn"};
     t.conv_bf16 = {&onednn::make_conv_bf16, "conv_bf16bf16f32__onednn"};
+  }
+  if (isa == Isa::avx2) {
     t.max_abs = {&avx2::max_abs, "max_abs_f32__avx2"};
     t.dfp16_stats = {&avx2::dfp16_stats, "dfp16_stats_f32__avx2"};
     // The stochastic stream needs AES rounds: a CPU without AES-NI keeps the reference.
@@ -74,10 +77,6 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
     }
   }
   if (isa >= Isa::avx512bw) {
-    // oneDNN picks its own JIT level from the CPU (its primitives report which: kernel_name()).
-    t.conv_f32 = {&onednn::make_conv_f32, "conv_f32__onednn"};
-    t.linear_f32 = {&onednn::make_linear_f32, "inner_product_f32__onednn"};
-    t.conv_bf16 = {&onednn::make_conv_bf16, "conv_bf16bf16f32__onednn"};
     t.max_abs = {&avx512::max_abs, "max_abs_f32__avx512"};
     t.dfp16_stats = {&avx512::dfp16_stats, "dfp16_stats_f32__avx512"};
     // The stochastic stream needs AES rounds: VAES where present, else AES-NI; a CPU with
