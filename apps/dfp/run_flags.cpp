@@ -111,9 +111,9 @@ std::vector<Flag> run_flags(RunFlags& s) {
        "lenet, resnet20/32/44/56/110, resnet18/34/50[c], resnext50[c], vgg11..19[bn], alexnet, googlenet; "
        "torchvision names too: " + model_alias_help(),
        [&c](const std::string&, const std::string& v) { c.model = model_alias(v); }, m},
-      {"--dataset", "NAME", "fashion-mnist|mnist|cifar10|cifar100|imagenet-folder", text(c.dataset), m},
-      {"--data", "DIR", "dataset directory (imagenet-folder: DIR/train/<class>/*.jpg, DIR/val/...)", text(c.data), m},
-      {"--image-size", "N", "imagenet-folder: side of the input (0 = 224)", integer(c.image_size), m},
+      {"--dataset", "NAME", "fashion-mnist|mnist|cifar10|cifar100|imagenet-folder|synthetic", text(c.dataset), m},
+      {"--data", "DIR", "dataset directory (imagenet-folder: DIR/train/<class>/*.jpg, DIR/val/...; synthetic: classes=K,train=N,test=M)", text(c.data), m},
+      {"--image-size", "N", "imagenet-folder, synthetic: side of the input (0 = 224, synthetic 32)", integer(c.image_size), m},
       {"--limit-train", "N", "use only the first N training images (0 = all)", integer(c.limit_train), m},
       {"--limit-test", "N", "use only the first N test images (0 = all)", integer(c.limit_test), m},
       {"--no-augment", "", "no crop/flip augmentation (normalisation stays)", on(c.augment, false), m},

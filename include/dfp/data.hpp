@@ -86,10 +86,19 @@ Dataset load_cifar100(const std::string& dir, bool train);
 // differing train/val classes is Error(io_error) naming the folder.
 Dataset load_image_folder(const std::string& dir, bool train, int image_size = 224);
 
+// Random images for measuring speed without data on disk, like torchvision's FakeData and the
+// PyTorch ImageNet example's --dummy: 3 x image_size x image_size uniform random bytes with
+// uniform random labels, the same for every run and machine (train and test splits differ).
+struct SyntheticSpec {
+  int classes = 10, train = 1024, test = 256;
+};
+Dataset make_synthetic(const SyntheticSpec& spec, bool train, int image_size);
+
 // By name: "fashion-mnist" (path "" = /usr/share/datasets/fashion-mnist, the Debian package),
 // "mnist", "cifar10", "cifar100", "imagenet-folder" (also "imagenet" or "folder":
-// load_image_folder). image_size: the folder dataset's output size (0 = 224); any other
-// dataset has a fixed size and requires 0. An unknown name is Error(invalid_argument) listing
+// load_image_folder), "synthetic" (make_synthetic; path "" or "classes=K,train=N,test=M", any
+// subset, K <= 256). image_size: the folder dataset's output size (0 = 224), the synthetic
+// images' side (0 = 32); any other dataset has a fixed size and requires 0. An unknown name is Error(invalid_argument) listing
 // the known names; a missing directory or file is Error(io_error) naming what was looked for.
 Dataset load_dataset(const std::string& name, const std::string& path, bool train, int image_size = 0);
 

@@ -701,15 +701,86 @@ Dataset load_cifar100(const std::string& dir, bool train) {
   return read_cifar({path}, CifarFormat{"CIFAR-100", 2, 20, 100}, "cifar100");
 }
 
+namespace {
+
+// "classes=K,train=N,test=M" (any subset, any order) over the defaults.
+SyntheticSpec parse_synthetic_spec(const std::string& spec) {
+  SyntheticSpec s;
+  const std::string where = "dataset 'synthetic': --data " + in_quotes(spec);
+  size_t at = 0;
+  while (at < spec.size()) {
+    size_t end = spec.find(',', at);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(at, end - at);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    int* field = key == "classes" ? &s.classes : key == "train" ? &s.train : key == "test" ? &s.test : nullptr;
+    DFP_CHECK(field && eq != std::string::npos, Status::invalid_argument,
+              where + ": item " + in_quotes(item) + " is not classes=K, train=N or test=M");
+    const std::string value = item.substr(eq + 1);
+    const bool digits = !value.empty() && value.size() <= 9 &&
+                        std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
+    DFP_CHECK(digits, Status::invalid_argument, where + ": " + key + " " + in_quotes(value) + " is not a whole number");
+    *field = std::stoi(value);
+    at = end + 1;
+  }
+  // In-memory labels are bytes.
+  DFP_CHECK(s.classes >= 1 && s.classes <= 256, Status::invalid_argument,
+            where + ": classes " + std::to_string(s.classes) + " outside [1, 256]");
+  DFP_CHECK(s.train >= 1 && s.test >= 1, Status::invalid_argument,
+            where + ": expected train and test counts of at least 1, got train=" + std::to_string(s.train) +
+                " test=" + std::to_string(s.test));
+  return s;
+}
+
+}  // namespace
+
+Dataset make_synthetic(const SyntheticSpec& spec, bool train, int image_size) {
+  DFP_CHECK(image_size >= 1 && image_size <= 8192, Status::invalid_argument,
+            "dataset 'synthetic': image size " + std::to_string(image_size) + " outside [1, 8192]");
+  const int count = train ? spec.train : spec.test;
+  const size_t image = size_t(3) * image_size * image_size;
+  DFP_CHECK(size_t(count) <= (size_t(1) << 34) / image, Status::invalid_argument,
+            "dataset 'synthetic': " + std::to_string(count) + " images of " + std::to_string(image) +
+                " bytes exceed 16 GiB; expected fewer images (--data train=N,test=M)");
+  Dataset d;
+  d.name = "synthetic";
+  d.source = "synthetic " + std::string(train ? "train" : "test") + " split";
+  d.count = count;
+  d.channels = 3;
+  d.height = d.width = image_size;
+  d.classes = spec.classes;
+  d.pixels.resize(image * size_t(count));
+  // splitmix64 over (split, index): the same images for every run, thread count and machine.
+  uint64_t state = train ? 0x5EED0001u : 0x5EED0002u;
+  auto next = [&state] {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  for (size_t i = 0; i < d.pixels.size(); i += 8) {
+    const uint64_t r = next();
+    for (size_t b = 0; b < 8 && i + b < d.pixels.size(); ++b) d.pixels[i + b] = uint8_t(r >> (8 * b));
+  }
+  d.labels.resize(size_t(count));
+  for (uint8_t& l : d.labels) l = uint8_t(next() % uint64_t(spec.classes));
+  return d;
+}
+
 Dataset load_dataset(const std::string& name, const std::string& path, bool train, int image_size) {
-  static const char* const kKnown = "fashion-mnist, mnist, cifar10, cifar100, imagenet-folder (or imagenet, folder)";
+  static const char* const kKnown =
+      "fashion-mnist, mnist, cifar10, cifar100, imagenet-folder (or imagenet, folder), synthetic";
   const bool folder = name == "imagenet-folder" || name == "imagenet" || name == "folder";
-  const bool known = folder || name == "fashion-mnist" || name == "mnist" || name == "cifar10" || name == "cifar100";
+  const bool synthetic = name == "synthetic";
+  const bool known =
+      folder || synthetic || name == "fashion-mnist" || name == "mnist" || name == "cifar10" || name == "cifar100";
   DFP_CHECK(known, Status::invalid_argument,
             "dataset " + in_quotes(name) + " is unknown; expected one of: " + kKnown);
+  if (synthetic) return make_synthetic(parse_synthetic_spec(path), train, image_size == 0 ? 32 : image_size);
   DFP_CHECK(folder || image_size == 0, Status::invalid_argument,
             "dataset " + in_quotes(name) + ": image size " + std::to_string(image_size) +
-                " requested, but its images have a fixed size; expected 0 (image sizes apply to imagenet-folder)");
+                " requested, but its images have a fixed size; expected 0 (image sizes apply to imagenet-folder and synthetic)");
   if (folder) {
     DFP_CHECK(!path.empty(), Status::invalid_argument,
               "dataset " + in_quotes(name) + ": expected the path of its directory (with train/ and val/), got an empty path");

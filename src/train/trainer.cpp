@@ -354,6 +354,7 @@ void check_shape(const DataShape& s, const Dataset& d, const std::string& split,
 AugmentOptions augment_for(const Dataset& d, bool train, bool augment) {
   if (d.file_backed()) return image_folder_augment(train && augment);  // ImageNet recipe
   AugmentOptions a;
+  if (d.name == "synthetic") return a;  // noise: nothing to normalise or augment
   if (d.channels == 3) {  // per-channel statistics of the CIFAR-10 / CIFAR-100 training sets
     const bool c100 = d.name == "cifar100";
     a.mean = c100 ? std::vector<float>{0.5071f, 0.4865f, 0.4409f} : std::vector<float>{0.4914f, 0.4822f, 0.4465f};

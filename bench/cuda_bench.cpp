@@ -1,0 +1,146 @@
+// cuda_bench: steady-state training throughput of the CUDA device (dfp::CudaModel) per model,
+// batch and precision, the GPU counterpart of train_bench and of bench/torch_cuda_bench.py.
+//
+// Each case builds the zoo model on the host, moves it to the GPU, runs --warmup steps, then times
+// --steps steps one by one on a host clock (every train_step ends by reading the step's loss back,
+// so the GPU is idle between steps: the figure includes the per-step launch and copy-back
+// latency, and the staging copy of the batch from pinned host memory). Loss scaling as
+// `dfp train` runs it: dynamic from 2^16 for fp16, none for fp32.
+//
+//   cuda_bench [--cases resnet20:128:32,resnet50:32:224] [--precisions fp16,fp32]
+//              [--warmup 10] [--steps 50] [--csv FILE]
+// A case is MODEL:BATCH:SIDE (3 x SIDE x SIDE inputs, 10 classes). Prints one line per case and,
+// with --csv, writes model,batch,side,precision,median_ms,mean_ms,images_per_second,final_loss.
+// Without a usable GPU it prints the reason and exits 0 having measured nothing.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bench/train_case.hpp"
+#include "dfp/context.hpp"
+#include "dfp/cuda.hpp"
+#include "dfp/loss_scale.hpp"
+#include "dfp/models.hpp"
+#include "dfp/status.hpp"
+
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t end = std::min(s.find(sep, at), s.size());
+    if (end > at) out.push_back(s.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+int to_int(const std::string& s, const char* what) {
+  char* end = nullptr;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end || v < 1 || v > 1 << 20) {
+    std::fprintf(stderr, "cuda_bench: %s '%s' is not a whole number in [1, 1048576]\n", what, s.c_str());
+    std::exit(2);
+  }
+  return int(v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string cases = "resnet20:128:32,resnet50:32:224", precisions = "fp16,fp32", csv;
+  int warmup = 10, steps = 50;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "cuda_bench: flag %s expects a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--cases") cases = v;
+    else if (a == "--precisions") precisions = v;
+    else if (a == "--warmup") warmup = to_int(v, "--warmup");
+    else if (a == "--steps") steps = to_int(v, "--steps");
+    else if (a == "--csv") csv = v;
+    else {
+      std::fprintf(stderr, "cuda_bench: unknown flag %s (expected --cases, --precisions, --warmup, --steps, --csv)\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  std::string why;
+  if (!dfp::cuda_available(&why)) {
+    std::printf("cuda_bench: nothing measured: %s\n", why.c_str());
+    return 0;
+  }
+  FILE* out = nullptr;
+  if (!csv.empty()) {
+    out = std::fopen(csv.c_str(), "w");
+    if (!out) {
+      std::fprintf(stderr, "cuda_bench: cannot write --csv '%s'\n", csv.c_str());
+      return 2;
+    }
+    std::fprintf(out, "model,batch,side,precision,median_ms,mean_ms,images_per_second,final_loss\n");
+  }
+  try {
+    const dfp::Context ctx(dfp::ContextOptions{.threads = 2});
+    bool described = false;
+    for (const std::string& c : split(cases, ',')) {
+      const std::vector<std::string> f = split(c, ':');
+      if (f.size() != 3) {
+        std::fprintf(stderr, "cuda_bench: case '%s' is not MODEL:BATCH:SIDE\n", c.c_str());
+        return 2;
+      }
+      const int batch = to_int(f[1], "batch"), side = to_int(f[2], "side");
+      const dfp::bench::TrainCase tc{f[0].c_str(), batch, 3, side, side, 10};
+      const dfp::bench::TrainBatch data(tc);
+      for (const std::string& p : split(precisions, ',')) {
+        const dfp::Precision prec = p == "fp16" ? dfp::Precision::fp16 : dfp::Precision::fp32;
+        if (p != "fp16" && p != "fp32") {
+          std::fprintf(stderr, "cuda_bench: precision '%s': expected fp16 or fp32\n", p.c_str());
+          return 2;
+        }
+        dfp::Model host(ctx, tc.model);
+        dfp::build_model(host, tc.model, tc.c, tc.h, tc.w, tc.classes);
+        host.build(batch, dfp::PrecisionPolicy{});
+        dfp::CudaModel gpu(ctx, host, prec, dfp::SgdOptions{0.9f, 5e-4f, false});
+        if (!described) {
+          std::printf("device: %s\n", gpu.describe().c_str());
+          described = true;
+        }
+        dfp::LossScaleOptions lso;
+        lso.mode = prec == dfp::Precision::fp16 ? dfp::LossScaleMode::dynamic : dfp::LossScaleMode::none;
+        dfp::LossScaler scaler(lso);
+        for (int s = 0; s < warmup; ++s) gpu.train_step(data.x.data(), data.y.data(), batch, 0.01f, scaler);
+        std::vector<double> ms;
+        double loss = 0;
+        for (int s = 0; s < steps; ++s) {
+          const auto t0 = std::chrono::steady_clock::now();
+          loss = gpu.train_step(data.x.data(), data.y.data(), batch, 0.01f, scaler).loss;
+          ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        double mean = 0;
+        for (double v : ms) mean += v / ms.size();
+        std::sort(ms.begin(), ms.end());
+        const double median = ms[ms.size() / 2];
+        std::printf("%-10s b%-4d %4dx%-4d %-5s median %8.3f ms  mean %8.3f ms  %9.1f img/s  loss %.4f  skipped %llu\n",
+                    tc.model, batch, side, side, p.c_str(), median, mean, batch * 1000.0 / median, loss,
+                    static_cast<unsigned long long>(scaler.skipped_steps()));
+        if (out)
+          std::fprintf(out, "%s,%d,%d,%s,%.4f,%.4f,%.2f,%.6f\n", tc.model, batch, side, p.c_str(), median, mean,
+                       batch * 1000.0 / median, loss);
+        std::fflush(stdout);
+      }
+    }
+  } catch (const dfp::Error& e) {
+    std::fprintf(stderr, "cuda_bench: %s\n", e.what());
+    if (out) std::fclose(out);
+    return 1;
+  }
+  if (out) std::fclose(out);
+  return 0;
+}
