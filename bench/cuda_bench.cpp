@@ -8,15 +8,17 @@
 // `dfp train` runs it: dynamic from 2^16 for fp16, none for fp32.
 //
 //   cuda_bench [--cases resnet20:128:32,resnet50:32:224] [--precisions fp16,fp32]
-//              [--warmup 10] [--steps 50] [--csv FILE]
+//              [--algos heuristic,benchmark] [--warmup 10] [--steps 50] [--csv FILE]
+// --algos: how cuDNN's convolution algorithms are chosen (dfp::CudaOptions::cudnn_benchmark).
 // A case is MODEL:BATCH:SIDE (3 x SIDE x SIDE inputs, 10 classes). Prints one line per case and,
-// with --csv, writes model,batch,side,precision,median_ms,mean_ms,images_per_second,final_loss.
+// with --csv, writes model,batch,side,precision,algos,median_ms,mean_ms,images_per_second,final_loss.
 // Without a usable GPU it prints the reason and exits 0 having measured nothing.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/train_case.hpp"
@@ -52,7 +54,7 @@ int to_int(const std::string& s, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string cases = "resnet20:128:32,resnet50:32:224", precisions = "fp16,fp32", csv;
+  std::string cases = "resnet20:128:32,resnet50:32:224", precisions = "fp16,fp32", algos = "heuristic,benchmark", csv;
   int warmup = 10, steps = 50;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -63,11 +65,13 @@ int main(int argc, char** argv) {
     const std::string v = argv[++i];
     if (a == "--cases") cases = v;
     else if (a == "--precisions") precisions = v;
+    else if (a == "--algos") algos = v;
     else if (a == "--warmup") warmup = to_int(v, "--warmup");
     else if (a == "--steps") steps = to_int(v, "--steps");
     else if (a == "--csv") csv = v;
     else {
-      std::fprintf(stderr, "cuda_bench: unknown flag %s (expected --cases, --precisions, --warmup, --steps, --csv)\n",
+      std::fprintf(stderr,
+                   "cuda_bench: unknown flag %s (expected --cases, --precisions, --algos, --warmup, --steps, --csv)\n",
                    a.c_str());
       return 2;
     }
@@ -84,7 +88,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cuda_bench: cannot write --csv '%s'\n", csv.c_str());
       return 2;
     }
-    std::fprintf(out, "model,batch,side,precision,median_ms,mean_ms,images_per_second,final_loss\n");
+    std::fprintf(out, "model,batch,side,precision,algos,median_ms,mean_ms,images_per_second,final_loss\n");
   }
   try {
     const dfp::Context ctx(dfp::ContextOptions{.threads = 2});
@@ -98,7 +102,14 @@ int main(int argc, char** argv) {
       const int batch = to_int(f[1], "batch"), side = to_int(f[2], "side");
       const dfp::bench::TrainCase tc{f[0].c_str(), batch, 3, side, side, 10};
       const dfp::bench::TrainBatch data(tc);
-      for (const std::string& p : split(precisions, ',')) {
+      std::vector<std::pair<std::string, std::string>> runs;  // (precision, algos)
+      for (const std::string& p : split(precisions, ','))
+        for (const std::string& algo : split(algos, ',')) runs.emplace_back(p, algo);
+      for (const auto& [p, algo] : runs) {
+        if (algo != "heuristic" && algo != "benchmark") {
+          std::fprintf(stderr, "cuda_bench: --algos '%s': expected heuristic or benchmark\n", algo.c_str());
+          return 2;
+        }
         const dfp::Precision prec = p == "fp16" ? dfp::Precision::fp16 : dfp::Precision::fp32;
         if (p != "fp16" && p != "fp32") {
           std::fprintf(stderr, "cuda_bench: precision '%s': expected fp16 or fp32\n", p.c_str());
@@ -107,7 +118,8 @@ int main(int argc, char** argv) {
         dfp::Model host(ctx, tc.model);
         dfp::build_model(host, tc.model, tc.c, tc.h, tc.w, tc.classes);
         host.build(batch, dfp::PrecisionPolicy{});
-        dfp::CudaModel gpu(ctx, host, prec, dfp::SgdOptions{0.9f, 5e-4f, false});
+        dfp::CudaModel gpu(ctx, host, prec, dfp::SgdOptions{0.9f, 5e-4f, false}, nullptr,
+                           dfp::CudaOptions{algo == "benchmark"});
         if (!described) {
           std::printf("device: %s\n", gpu.describe().c_str());
           described = true;
@@ -127,11 +139,11 @@ int main(int argc, char** argv) {
         for (double v : ms) mean += v / ms.size();
         std::sort(ms.begin(), ms.end());
         const double median = ms[ms.size() / 2];
-        std::printf("%-10s b%-4d %4dx%-4d %-5s median %8.3f ms  mean %8.3f ms  %9.1f img/s  loss %.4f  skipped %llu\n",
-                    tc.model, batch, side, side, p.c_str(), median, mean, batch * 1000.0 / median, loss,
+        std::printf("%-10s b%-4d %4dx%-4d %-5s %-9s median %8.3f ms  mean %8.3f ms  %9.1f img/s  loss %.4f  skipped %llu\n",
+                    tc.model, batch, side, side, p.c_str(), algo.c_str(), median, mean, batch * 1000.0 / median, loss,
                     static_cast<unsigned long long>(scaler.skipped_steps()));
         if (out)
-          std::fprintf(out, "%s,%d,%d,%s,%.4f,%.4f,%.2f,%.6f\n", tc.model, batch, side, p.c_str(), median, mean,
+          std::fprintf(out, "%s,%d,%d,%s,%s,%.4f,%.4f,%.2f,%.6f\n", tc.model, batch, side, p.c_str(), algo.c_str(), median, mean,
                        batch * 1000.0 / median, loss);
         std::fflush(stdout);
       }

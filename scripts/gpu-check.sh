@@ -55,15 +55,16 @@ echo "== dfp train --device cuda"
 runs=$root/runs
 mkdir -p "$runs"
 train() {  # name model side batch precision data
-  timeout 150 $run "$root/bin/dfp" train --device cuda --model "$2" --dataset synthetic --image-size "$3" \
-    --batch-size "$4" --precision "$5" --data "$6" --epochs 2 --threads "$(nproc)" --seed 1 --out "$runs/$1" 2>&1 |
+  timeout 150 $run "$root/bin/dfp" train --device cuda --lr 0.02 --model $2 --dataset synthetic --image-size "$3" \
+    --batch-size "$4" --precision $5 --data "$6" --epochs 2 --threads "$(nproc)" --seed 1 --out "$runs/$1" 2>&1 |
     grep -E 'device|epoch [0-9]+/[0-9]+ done|error|unsupported|invalid|internal'
 }
-train resnet20-fp16 resnet20 32 128 fp16 classes=10,train=25600,test=2560
+train resnet20-fp16 resnet20 32 128 "fp16 --loss-scaling dynamic" classes=10,train=25600,test=2560
 train resnet20-fp32 resnet20 32 128 fp32 classes=10,train=25600,test=2560
-train resnet50-fp16 resnet50 224 32 fp16 classes=10,train=3200,test=640
+train resnet50-fp16 resnet50 224 32 "fp16 --loss-scaling dynamic" classes=10,train=3200,test=640
 train resnet50-fp32 resnet50 224 32 fp32 classes=10,train=3200,test=640
-tar -C "$runs" -czf "$out/runs.tar.gz" . 2>/dev/null
+train resnet50-fp16-bench "resnet50 --cudnn-benchmark" 224 32 "fp16 --loss-scaling dynamic" classes=10,train=3200,test=640
+tar -C "$runs" -czf "$out/runs.tar.gz" --exclude=checkpoint.dfp . 2>/dev/null
 
 echo "== steady-state throughput, same card, one after the other"
 steps=50; [ "$quick" = quick ] && steps=20
@@ -75,7 +76,7 @@ PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_cuda_bench.py --cases resnet2
 echo "== throughput.csv"
 {
   echo "framework,mode,model,batch,side,median_ms,images_per_second"
-  [ -f "$out/cuda_bench.csv" ] && tail -n +2 "$out/cuda_bench.csv" | awk -F, '{print "dfp,cuda-"$4","$1","$2","$3","$5","$7}'
+  [ -f "$out/cuda_bench.csv" ] && tail -n +2 "$out/cuda_bench.csv" | awk -F, '{print "dfp,cuda-"$4"-"$5","$1","$2","$3","$6","$8}'
   [ -f "$out/torch_cuda_bench.csv" ] && tail -n +2 "$out/torch_cuda_bench.csv" | awk -F, '{print "pytorch,"$4","$1","$2","$3","$5","$7}'
 } > "$out/throughput.csv"
-column -s, -t "$out/throughput.csv"
+sed 's/,/\t/g' "$out/throughput.csv"

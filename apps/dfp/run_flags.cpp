@@ -154,6 +154,8 @@ std::vector<Flag> run_flags(RunFlags& s) {
        integer(c.numerics_interval), r},
       {"--profile", "", "time each layer and the optimizer; a table at the end and DIR/profile.json", on(c.profile, true), r},
       {"--device", "cpu|cuda", "cuda: --precision fp16 (FP32 master weights) or fp32", text(c.device), r},
+      {"--cudnn-benchmark", "", "cuda: time cuDNN's convolution algorithms at start-up and take the fastest",
+       on(c.cudnn_benchmark, true), r},
   };
 }
 

@@ -32,6 +32,14 @@ class Executor;  // src/cuda/executor.hpp
 // reason in *why (built without CUDA, no device, driver too old, GPU architecture not compiled).
 bool cuda_available(std::string* why = nullptr);
 
+struct CudaOptions {
+  // Each convolution pass takes the fastest algorithm cuDNN measures on this GPU when the model
+  // is planned (as PyTorch's torch.backends.cudnn.benchmark); the choice, and so the rounding,
+  // can differ between runs. Off: the first algorithm cuDNN's heuristics rank, the same in every
+  // run on one GPU and library version.
+  bool cudnn_benchmark = false;
+};
+
 class CudaModel {
  public:
   // host: a built Model (its batch size is the device's). Copies the graph, the parameters, the
@@ -40,7 +48,7 @@ class CudaModel {
   // in Model::parameters() order (null: zeros), e.g. from a resumed checkpoint. Allocates every
   // device buffer now; steps allocate nothing.
   CudaModel(const Context& ctx, Model& host, Precision precision, const SgdOptions& sgd,
-            const std::vector<std::vector<float>>* momentum = nullptr);
+            const std::vector<std::vector<float>>* momentum = nullptr, const CudaOptions& options = {});
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;

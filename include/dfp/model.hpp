@@ -175,6 +175,8 @@ class Model {
 
   TensorShape shape(Node n) const;
   const std::string& name() const noexcept;
+  // The context the model runs on (threads, kernels, logger).
+  const Context& context() const noexcept;
 
   // Plans all buffers and operators for batches of up to `batch` images; initialises parameters
   // from the context's seed. Call once, after the graph is complete.

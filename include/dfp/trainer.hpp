@@ -63,6 +63,8 @@ struct TrainConfig {
   // in policy.precision, fp16 (FP16 tensors, FP32 master weights, loss scaling) or fp32 (the GPU
   // baseline, TF32 off); the rest of the policy describes the FP32 host copy used for checkpoints.
   std::string device = "cpu";
+  // cuda only: CudaOptions::cudnn_benchmark (measure cuDNN's algorithms at start-up).
+  bool cudnn_benchmark = false;
 };
 
 // The command-line flags that make up TrainConfig::policy, as errors about the policy name them.

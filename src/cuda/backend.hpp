@@ -41,8 +41,9 @@ class Backend {
 
   // ---- planning (may allocate) ----
   virtual void* alloc(size_t bytes) = 0;  // zero-filled; lives as long as the back end
-  // Pinned host staging and device buffers for batches of `image_bytes` (blocked FP32) and
-  // `label_bytes`, double-buffered so that the copy of one batch overlaps the previous step.
+  // Pinned host staging and device buffers for batches of `image_bytes` (NHWC FP32, the model's
+  // own channels: no blocked-layout padding crosses the bus) and `label_bytes`, double-buffered
+  // so that the copy of one batch overlaps the previous step.
   virtual void reserve_staging(size_t image_bytes, size_t label_bytes) = 0;
   // Returns an id for conv_*; chooses the algorithms of all three passes.
   virtual int conv_plan(const ConvDims& d) = 0;
@@ -52,9 +53,16 @@ class Backend {
   // ---- transfers ----
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // waits until done
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // waits for queued work
-  // Queues the copy of one batch (the first `image_bytes` of the reserved image size; the rest is
-  // zeroed) and its labels; work queued afterwards sees them.
-  virtual Staged stage(const float* images, size_t image_bytes, const int32_t* labels, size_t label_bytes) = 0;
+  // The host side of the next staging slot, once the copy that last read it is done: the caller
+  // writes the batch there (images in the layout of reserve_staging), then calls commit().
+  struct HostSlot {
+    float* images;
+    int32_t* labels;
+  };
+  virtual HostSlot staging_slot() = 0;
+  // Queues the copy of the slot's first `image_bytes` (the rest of the device buffer is zeroed)
+  // and `label_bytes`; work queued afterwards sees them.
+  virtual Staged commit(size_t image_bytes, size_t label_bytes) = 0;
   // Waits for all queued work, then copies `bytes` (small: the step's statistics) to the host.
   virtual void read_back(void* host, const void* dev, size_t bytes) = 0;
 
@@ -77,8 +85,11 @@ class Backend {
 std::unique_ptr<Backend> make_host_backend();
 
 // The GPU (defined only in builds with CUDA). fp16: FP16 tensors on tensor cores with FP32
-// accumulation; otherwise FP32 tensors with TF32 disabled.
-std::unique_ptr<Backend> make_gpu_backend(bool fp16);
+// accumulation; otherwise FP32 tensors with TF32 disabled. benchmark: each convolution pass takes
+// the fastest algorithm cuDNN measures on this GPU at planning time (cudnnFind*, as PyTorch's
+// cudnn.benchmark; the choice, and so the rounding, can differ between runs); otherwise the first
+// that cuDNN's heuristics rank (the same every run on one GPU and library version).
+std::unique_ptr<Backend> make_gpu_backend(bool fp16, bool benchmark);
 // Whether a usable GPU is present; the reason in *why when not.
 bool gpu_available(std::string* why);
 

@@ -27,7 +27,7 @@ struct GpuModule {
   void* handle = nullptr;
   std::string error;
   bool (*available)(std::string*) = nullptr;
-  cuda::Backend* (*make)(bool) = nullptr;
+  cuda::Backend* (*make)(bool, bool) = nullptr;
 };
 
 GpuModule load_gpu_module() {
@@ -56,7 +56,7 @@ GpuModule load_gpu_module() {
     return m;
   }
   m.available = reinterpret_cast<bool (*)(std::string*)>(dlsym(m.handle, "dfp_cuda_gpu_available"));
-  m.make = reinterpret_cast<cuda::Backend* (*)(bool)>(dlsym(m.handle, "dfp_cuda_make_backend"));
+  m.make = reinterpret_cast<cuda::Backend* (*)(bool, bool)>(dlsym(m.handle, "dfp_cuda_make_gpu_backend"));
   if (!m.available || !m.make) m.error = "libdfp_cuda_gpu.so lacks its entry points (a module of another dfp build?)";
   return m;
 }
@@ -83,20 +83,23 @@ struct CudaModel::Impl {
 };
 
 CudaModel::CudaModel(const Context&, Model& host, Precision precision, const SgdOptions& sgd,
-                     const std::vector<std::vector<float>>* momentum) {
+                     const std::vector<std::vector<float>>* momentum, const CudaOptions& options) {
   DFP_CHECK(precision == Precision::fp16 || precision == Precision::fp32, Status::invalid_argument,
             std::string("CUDA device: precision ") + precision_name(precision) + " is not available; expected fp16 or fp32");
 #if DFP_HAVE_CUDA
   std::string why;
   DFP_CHECK(cuda_available(&why), Status::unsupported, "CUDA device: " + why);
   const GpuModule m = load_gpu_module();
-  impl_.reset(new Impl{precision, cuda::Executor(std::unique_ptr<cuda::Backend>(m.make(precision == Precision::fp16)),
-                                                 host, sgd, momentum)});
+  impl_.reset(new Impl{precision,
+                       cuda::Executor(std::unique_ptr<cuda::Backend>(m.make(precision == Precision::fp16,
+                                                                            options.cudnn_benchmark)),
+                                      host, sgd, momentum)});
 #else
   (void)host;
   (void)precision;
   (void)sgd;
   (void)momentum;
+  (void)options;
   fail(Status::unsupported, kNoCuda);
 #endif
 }

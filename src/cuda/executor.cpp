@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "dfp/context.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
 
@@ -62,7 +63,7 @@ std::string Executor::describe() const { return be_->describe(); }
 
 Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptions& sgd,
                    const std::vector<std::vector<float>>* momentum)
-    : be_(std::move(backend)), sgd_(sgd) {
+    : be_(std::move(backend)), ctx_(&host.context()), sgd_(sgd) {
   DFP_CHECK(host.built(), Status::invalid_argument, "CUDA device: model '" + host.name() + "' is not built");
   Backend& be = *be_;
   batch_ = host.batch();
@@ -84,7 +85,7 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
                 "CUDA device: concat '" + r.spec.name + "' has more than " + std::to_string(kMaxConcat) + " inputs");
   }
   classes_ = nodes_[loss_node_].C;
-  image_bytes_ = blocked_size(1, nodes_[0].C, nodes_[0].H, nodes_[0].W) * sizeof(float);
+  image_bytes_ = size_t(nodes_[0].C) * nodes_[0].H * nodes_[0].W * sizeof(float);  // NHWC, unpadded
 
   // Which nodes the loss depends on, and for every input edge whether its gradient is the first
   // written to that input (backward runs in reverse node order, as Model::backward).
@@ -299,7 +300,8 @@ std::vector<std::vector<float>> Executor::gradients() {
 void Executor::forward(const Staged& in, bool train) {
   Backend& be = *be_;
   const int N = batch_;
-  be.run(ToNhwcArgs{in.images, nodes_[0].act, N, nodes_[0].C, nodes_[0].H, nodes_[0].W}, nodes_[0].elems);
+  (void)N;
+  be.run(ToNhwcArgs{in.images, nodes_[0].act}, nodes_[0].elems);
   for (size_t i = 1; i < nodes_.size(); ++i) {
     NodeRt& r = nodes_[i];
     const NodeRt& x = nodes_[r.spec.inputs[0]];
@@ -490,6 +492,29 @@ StepStats Executor::finish(const Staged& in, int count, bool train, float scale)
   return s;
 }
 
+// The Loader's blocked batch -> the pinned slot as NHWC with the model's own channels (the
+// blocked layout pads them to 16: a 3-channel 224x224 image is 3.2 MB blocked, 0.6 MB here),
+// in parallel on the host model's threads; then the copy is queued.
+Staged Executor::stage(const float* images, const int32_t* labels, int count) {
+  const Backend::HostSlot slot = be_->staging_slot();
+  const int C = nodes_[0].C, H = nodes_[0].H, W = nodes_[0].W;
+  const int64_t rows = int64_t(count) * H;
+  ctx_->parallel_for(rows, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int n = int(r / H), h = int(r % H);
+      float* dst = slot.images + size_t(r) * W * C;
+      for (int cb = 0; cb < C; cb += 16) {
+        const float* src = images + blocked_index(C, H, W, n, cb, h, 0);
+        const int lanes = std::min(16, C - cb);
+        for (int w = 0; w < W; ++w)
+          for (int l = 0; l < lanes; ++l) dst[size_t(w) * C + cb + l] = src[size_t(w) * 16 + l];
+      }
+    }
+  });
+  std::memcpy(slot.labels, labels, sizeof(int32_t) * size_t(count));
+  return be_->commit(image_bytes_ * size_t(count), sizeof(int32_t) * size_t(count));
+}
+
 namespace {
 void check_labels(const int32_t* labels, int count, int classes) {
   for (int n = 0; n < count; ++n)
@@ -520,7 +545,7 @@ StepResult Executor::train_step(const float* images, const int32_t* labels, int 
   const double scale = scaler.scale();
   DFP_CHECK(std::isfinite(scale) && scale > 0 && scale <= 3.0e38, Status::numerical_error,
             "CUDA device: loss scale " + std::to_string(scale) + " outside the FP32 range");
-  const Staged in = be_->stage(images, image_bytes_ * count, labels, sizeof(int32_t) * count);
+  const Staged in = stage(images, labels, count);
   forward(in, true);
   const StepStats s = finish(in, count, true, float(scale));
   if (s.nonfinite_logits && !be_->half())
@@ -536,7 +561,7 @@ StepResult Executor::evaluate(const float* images, const int32_t* labels, int co
   DFP_CHECK(count >= 1 && count <= batch_, Status::invalid_argument,
             "CUDA device: batch of " + std::to_string(count) + " images, planned for 1.." + std::to_string(batch_));
   check_labels(labels, count, classes_);
-  const Staged in = be_->stage(images, image_bytes_ * count, labels, sizeof(int32_t) * count);
+  const Staged in = stage(images, labels, count);
   forward(in, false);
   const StepStats s = finish(in, count, false, 1.f);
   DFP_CHECK(s.nonfinite_logits == 0, Status::numerical_error,

@@ -3,7 +3,8 @@
 // semantics as the CPU Model (every layer of src/layers/, the softmax cross-entropy of model.cpp,
 // SGD of optim.cpp) and the LossScaler state machine on the host.
 //
-// A training step: stage the batch (pinned copy on its own stream), convert it to NHWC, forward,
+// A training step: stage the batch (laid out as NHWC on the host's threads into pinned memory,
+// copied on its own stream), convert it to the activation type, forward,
 // loss (its gradient multiplied by the loss scale), backward (cuDNN/cuBLAS write T weight
 // gradients, own kernels FP32 BatchNorm and bias gradients), unscale every parameter gradient into
 // the FP32 master gradient with a found-inf flag, one small copy back (loss, hits, flags), then
@@ -58,12 +59,14 @@ class Executor {
   void backward();
   void* at(void* base, size_t elems) const;
   StepStats finish(const Staged& in, int count, bool train, float scale);
+  Staged stage(const float* images, const int32_t* labels, int count);
 
   std::unique_ptr<Backend> be_;
+  const Context* ctx_;  // the host model's: its threads lay out the staged batch
   SgdOptions sgd_;
   int batch_ = 0, loss_node_ = 0, classes_ = 0;
   float smoothing_ = 0.f;
-  size_t image_bytes_ = 0;  // one blocked image
+  size_t image_bytes_ = 0;  // one staged image (NHWC FP32)
   uint64_t step_ = 0;
   std::vector<NodeRt> nodes_;
   std::vector<ParamRt> params_;

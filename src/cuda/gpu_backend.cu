@@ -127,7 +127,7 @@ bool tensor_math(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == C
 
 class GpuBackend final : public Backend {
  public:
-  explicit GpuBackend(bool fp16) : half_(fp16) {
+  GpuBackend(bool fp16, bool benchmark) : half_(fp16), benchmark_(benchmark) {
     try {
       DFP_CU(cudaGetDevice(&device_));
       DFP_CU(cudaGetDeviceProperties(&prop_, device_));
@@ -169,7 +169,8 @@ class GpuBackend final : public Backend {
            ver(rt) + ", cuDNN " + std::to_string(dnn / 10000) + "." + std::to_string(dnn % 10000 / 100) + "." +
            std::to_string(dnn % 100) + ", cuBLAS " + std::to_string(blas) +
            (half_ ? "; fp16: FP16 activations/gradients, FP32 master weights, tensor cores with FP32 accumulation"
-                  : "; fp32: FP32 everywhere, TF32 off");
+                  : "; fp32: FP32 everywhere, TF32 off") +
+           (benchmark_ ? "; cuDNN algorithms measured (benchmark)" : "; cuDNN algorithms by heuristics");
   }
 
   // ---- planning ----
@@ -227,8 +228,12 @@ class GpuBackend final : public Backend {
     int max = 0, got = 0;
     dnn_check(cudnnGetConvolutionForwardAlgorithmMaxCount(dnn_, &max), "cudnnGetConvolutionForwardAlgorithmMaxCount");
     std::vector<cudnnConvolutionFwdAlgoPerf_t> pf(std::max(max, 1));
-    dnn_check(cudnnGetConvolutionForwardAlgorithm_v7(dnn_, p.x, p.w, p.cv[0], p.y, int(pf.size()), &got, pf.data()),
-              "cudnnGetConvolutionForwardAlgorithm_v7 of " + p.name);
+    if (benchmark_)
+      dnn_check(cudnnFindConvolutionForwardAlgorithm(dnn_, p.x, p.w, p.cv[0], p.y, int(pf.size()), &got, pf.data()),
+                "cudnnFindConvolutionForwardAlgorithm of " + p.name);
+    else
+      dnn_check(cudnnGetConvolutionForwardAlgorithm_v7(dnn_, p.x, p.w, p.cv[0], p.y, int(pf.size()), &got, pf.data()),
+                "cudnnGetConvolutionForwardAlgorithm_v7 of " + p.name);
     pick(pf.data(), got, p.cv[0], "forward", p, p.fwd, p.ws[0], [&](cudnnConvolutionFwdAlgo_t a, size_t* b) {
       return cudnnGetConvolutionForwardWorkspaceSize(dnn_, p.x, p.w, p.cv[0], p.y, a, b);
     });
@@ -236,8 +241,12 @@ class GpuBackend final : public Backend {
     dnn_check(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(dnn_, &max),
               "cudnnGetConvolutionBackwardDataAlgorithmMaxCount");
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> pd(std::max(max, 1));
-    dnn_check(cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, p.w, p.y, p.cv[1], p.x, int(pd.size()), &got, pd.data()),
-              "cudnnGetConvolutionBackwardDataAlgorithm_v7 of " + p.name);
+    if (benchmark_)
+      dnn_check(cudnnFindConvolutionBackwardDataAlgorithm(dnn_, p.w, p.y, p.cv[1], p.x, int(pd.size()), &got, pd.data()),
+                "cudnnFindConvolutionBackwardDataAlgorithm of " + p.name);
+    else
+      dnn_check(cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, p.w, p.y, p.cv[1], p.x, int(pd.size()), &got, pd.data()),
+                "cudnnGetConvolutionBackwardDataAlgorithm_v7 of " + p.name);
     pick(pd.data(), got, p.cv[1], "backward-data", p, p.data, p.ws[1], [&](cudnnConvolutionBwdDataAlgo_t a, size_t* b) {
       return cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, p.w, p.y, p.cv[1], p.x, a, b);
     });
@@ -245,8 +254,12 @@ class GpuBackend final : public Backend {
     dnn_check(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(dnn_, &max),
               "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount");
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> pw(std::max(max, 1));
-    dnn_check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, p.x, p.y, p.cv[2], p.w, int(pw.size()), &got, pw.data()),
-              "cudnnGetConvolutionBackwardFilterAlgorithm_v7 of " + p.name);
+    if (benchmark_)
+      dnn_check(cudnnFindConvolutionBackwardFilterAlgorithm(dnn_, p.x, p.y, p.cv[2], p.w, int(pw.size()), &got, pw.data()),
+                "cudnnFindConvolutionBackwardFilterAlgorithm of " + p.name);
+    else
+      dnn_check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, p.x, p.y, p.cv[2], p.w, int(pw.size()), &got, pw.data()),
+                "cudnnGetConvolutionBackwardFilterAlgorithm_v7 of " + p.name);
     pick(pw.data(), got, p.cv[2], "backward-filter", p, p.filter, p.ws[2],
          [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* b) {
            return cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn_, p.x, p.y, p.cv[2], p.w, a, b);
@@ -273,20 +286,21 @@ class GpuBackend final : public Backend {
     DFP_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
     DFP_CU(cudaStreamSynchronize(compute_));
   }
-  // Slot s alternates per batch. The host copies the batch into pinned slot s once the copy that
+  // Slot s alternates per batch. The host writes the batch into pinned slot s once the copy that
   // last read it is done (event copied_[s]); the copy stream waits until the compute stream is
   // past the step that last read device slot s (event consumed_[s], recorded when the next batch
   // was staged); the compute stream waits for the copy. So the copy of batch k+1 overlaps the tail
   // of step k (its SGD update), whatever the host does in between.
-  Staged stage(const float* images, size_t image_bytes, const int32_t* labels, size_t label_bytes) override {
+  HostSlot staging_slot() override {
+    DFP_CU(cudaEventSynchronize(copied_[slot_]));
+    return {static_cast<float*>(pin_img_[slot_]), static_cast<int32_t*>(pin_lab_[slot_])};
+  }
+  Staged commit(size_t image_bytes, size_t label_bytes) override {
     DFP_CHECK(image_bytes <= image_total_ && label_bytes <= label_total_, Status::internal,
               "CUDA device: batch larger than the staging buffers");
     const int s = slot_, prev = slot_ ^ 1;
     slot_ ^= 1;
     DFP_CU(cudaEventRecord(consumed_[prev], compute_));  // everything queued so far read slot prev
-    DFP_CU(cudaEventSynchronize(copied_[s]));
-    std::memcpy(pin_img_[s], images, image_bytes);
-    std::memcpy(pin_lab_[s], labels, label_bytes);
     DFP_CU(cudaStreamWaitEvent(copy_, consumed_[s], 0));
     DFP_CU(cudaMemcpyAsync(dev_img_[s], pin_img_[s], image_bytes, cudaMemcpyHostToDevice, copy_));
     if (image_bytes < image_total_)
@@ -426,6 +440,7 @@ class GpuBackend final : public Backend {
   }
 
   bool half_;
+  bool benchmark_;
   int device_ = 0;
   cudaDeviceProp prop_{};
   int max_blocks_ = 1;
@@ -449,7 +464,9 @@ class GpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_gpu_backend(bool fp16) { return std::make_unique<GpuBackend>(fp16); }
+std::unique_ptr<Backend> make_gpu_backend(bool fp16, bool benchmark) {
+  return std::make_unique<GpuBackend>(fp16, benchmark);
+}
 
 bool gpu_available(std::string* why) {
   auto no = [&](const std::string& reason) {
@@ -499,7 +516,8 @@ bool gpu_available(std::string* why) {
 extern "C" __attribute__((visibility("default"))) bool dfp_cuda_gpu_available(std::string* why) {
   return dfp::cuda::gpu_available(why);
 }
-extern "C" __attribute__((visibility("default"))) dfp::cuda::Backend* dfp_cuda_make_backend(bool fp16) {
-  return dfp::cuda::make_gpu_backend(fp16).release();
+extern "C" __attribute__((visibility("default"))) dfp::cuda::Backend* dfp_cuda_make_gpu_backend(bool fp16,
+                                                                                               bool benchmark) {
+  return dfp::cuda::make_gpu_backend(fp16, benchmark).release();
 }
 

@@ -34,11 +34,11 @@ class HostBackend final : public Backend {
 
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  Staged stage(const float* images, size_t image_bytes, const int32_t* labels, size_t label_bytes) override {
+  HostSlot staging_slot() override { return {images_, labels_}; }
+  Staged commit(size_t image_bytes, size_t label_bytes) override {
     DFP_CHECK(image_bytes <= image_bytes_, Status::internal, "host backend: batch larger than its staging buffer");
-    std::memcpy(images_, images, image_bytes);
+    (void)label_bytes;
     std::memset(reinterpret_cast<char*>(images_) + image_bytes, 0, image_bytes_ - image_bytes);
-    std::memcpy(labels_, labels, label_bytes);
     return {images_, labels_};
   }
   void read_back(void* host, const void* dev, size_t bytes) override { std::memcpy(host, dev, bytes); }

@@ -155,17 +155,14 @@ enum class Op {
 
 #define DFP_OP(name) static constexpr Op kOp = Op::name;
 
-// Blocked FP32 batch (host layout) -> NHWC T. i over N*H*W*C.
+// The staged batch (NHWC FP32) -> the input activation (NHWC T). i over N*H*W*C.
 struct ToNhwcArgs {
   DFP_OP(ToNhwc)
-  const float* src; void* dst; int N, C, H, W;
+  const float* src; void* dst;
 };
 template <class T> struct ToNhwcFn {
   ToNhwcArgs a;
-  DFP_HD void operator()(size_t i) const {
-    const Nhwc p = nhwc_of(i, a.H, a.W, a.C);
-    st((T*)a.dst, i, a.src[blocked_index(a.C, a.H, a.W, p.n, p.c, p.h, p.w)]);
-  }
+  DFP_HD void operator()(size_t i) const { st((T*)a.dst, i, a.src[i]); }
 };
 
 // y[i] += b[i % C] (conv and linear bias; b FP32). i over rows*C.

@@ -652,6 +652,7 @@ struct Model::Impl {
 };
 
 Model::Model(const Context& ctx, std::string name) : impl_(std::make_unique<Impl>(ctx, std::move(name))) {}
+const Context& Model::context() const noexcept { return impl_->ctx; }
 Model::~Model() = default;
 
 Model::Node Model::input(int c, int h, int w) {

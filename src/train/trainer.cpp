@@ -622,7 +622,8 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   std::unique_ptr<CudaModel> cuda;
   if (on_cuda) {
     cuda = std::make_unique<CudaModel>(ctx, m, cfg.policy.precision,
-                                       SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov}, &sgd.momentum_buffers());
+                                       SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov}, &sgd.momentum_buffers(),
+                                       CudaOptions{cfg.cudnn_benchmark});
     say("device cuda: " + cuda->describe());
   }
 

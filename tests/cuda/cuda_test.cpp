@@ -205,11 +205,11 @@ TEST(Cuda, TrainerRunsOnTheGpu) {
     c.limit_train = 6400;
     c.limit_test = 2000;
     c.threads = 2;
-    c.out = dir;
+    c.out = dir + "/" + precision_name(p);  // each precision its own run directory
     const auto metrics = train(c, nullptr);
     ASSERT_EQ(metrics.size(), 2u);
     EXPECT_GT(metrics.back().test_top1, 75.0);  // as the CPU smoke test (LeNet, 2 epochs, 6400 images)
-    std::ifstream mf(dir + "/metrics.jsonl");
+    std::ifstream mf(c.out + "/metrics.jsonl");
     std::string line, all;
     int lines = 0;
     while (std::getline(mf, line)) {
@@ -219,7 +219,7 @@ TEST(Cuda, TrainerRunsOnTheGpu) {
     EXPECT_EQ(lines, 2);
     EXPECT_NE(all.find("device=cuda"), std::string::npos);
     // The checkpoint holds FP32 master weights: the CPU evaluates it (on the whole test split).
-    const EvalResult r = evaluate_checkpoint(dir + "/checkpoint.dfp", "", 2, nullptr);
+    const EvalResult r = evaluate_checkpoint(c.out + "/checkpoint.dfp", "", 2, nullptr);
     EXPECT_EQ(r.images, 10000);
     EXPECT_GT(r.top1, 70.0);
   }
