@@ -7,7 +7,8 @@
 #   3. cuda_bench (steady-state dfp steps) and bench/torch_cuda_bench.py (PyTorch FP32 and AMP)
 #      on the same card, one after the other,
 # and writes logs, metrics and throughput.csv to $OUT (or ./gpu-out). Each stage has its own time
-# limit, so that one hang leaves the rest. Usage: scripts/gpu-check.sh [quick]
+# limit, so that one hang leaves the rest. Usage: scripts/gpu-check.sh [quick]; STAGES=tests,train,bench
+# (the default) picks the stages.
 set -u
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -16,6 +17,8 @@ mkdir -p "$out"
 log=$out/run.log
 exec > >(tee "$log") 2>&1
 quick=${1:-}
+stages=${STAGES:-tests,train,bench}
+want() { case ",$stages," in *",$1,"*) return 0 ;; esac; return 1; }
 root=/tmp/dfpgpu
 rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf .gpu/pack.tar.xz || { echo "gpu-check: cannot unpack .gpu/pack.tar.xz"; exit 1; }
 
@@ -47,10 +50,13 @@ fi
 echo "== dfp info"
 timeout 60 $run "$root/bin/dfp" info 2>&1 | tee "$out/info.txt"
 
+if want tests; then
 echo "== tests"
 timeout 240 $run "$root/bin/cuda_test" --gtest_output=xml:"$out/cuda_test.xml" 2>&1 | grep -E '^\[ *(RUN|OK|FAILED|SKIPPED|PASSED|==========) *\]|Failure|error|Expected|Which is|actual' | head -150
 timeout 120 $run "$root/bin/cuda_plan_test" --gtest_output=xml:"$out/cuda_plan_test.xml" 2>&1 | grep -E '^\[ *(FAILED|PASSED|==========) *\]|Failure' | head -40
 
+fi
+if want train; then
 echo "== dfp train --device cuda"
 runs=$root/runs
 mkdir -p "$runs"
@@ -66,6 +72,8 @@ train resnet50-fp32 resnet50 224 32 fp32 classes=10,train=3200,test=640
 train resnet50-fp16-bench "resnet50 --cudnn-benchmark" 224 32 "fp16 --loss-scaling dynamic" classes=10,train=3200,test=640
 tar -C "$runs" -czf "$out/runs.tar.gz" --exclude=checkpoint.dfp . 2>/dev/null
 
+fi
+if want bench; then
 echo "== steady-state throughput, same card, one after the other"
 steps=50; [ "$quick" = quick ] && steps=20
 timeout 200 $run "$root/bin/cuda_bench" --cases resnet20:128:32,resnet50:32:224 --precisions fp16,fp32 \
@@ -80,3 +88,4 @@ echo "== throughput.csv"
   [ -f "$out/torch_cuda_bench.csv" ] && tail -n +2 "$out/torch_cuda_bench.csv" | awk -F, '{print "pytorch,"$4","$1","$2","$3","$5","$7}'
 } > "$out/throughput.csv"
 sed 's/,/\t/g' "$out/throughput.csv"
+fi

@@ -100,7 +100,7 @@ inline uint32_t dropout_key(uint64_t seed, uint64_t step) {
 
 // Upper bound on the partial sums a per-channel reduction may use (ReduceArgs::scratch holds
 // kReduceParts * 2 * C doubles).
-constexpr int kReduceParts = 128;
+constexpr int kReduceParts = 1024;
 
 // ---- parameters ------------------------------------------------------------------------------
 // All FP32 master values, gradients and momentum live in three flat device arrays, one segment per
