@@ -10,6 +10,7 @@
 //   cuda_bench [--cases resnet20:128:32,resnet50:32:224] [--precisions fp16,fp32]
 //              [--algos heuristic,benchmark] [--warmup 10] [--steps 50] [--csv FILE]
 // --algos: how cuDNN's convolution algorithms are chosen (dfp::CudaOptions::cudnn_benchmark).
+// --profile N: N more steps with per-layer timing, printed by layer kind and slowest layers.
 // A case is MODEL:BATCH:SIDE (3 x SIDE x SIDE inputs, 10 classes). Prints one line per case and,
 // with --csv, writes model,batch,side,precision,algos,median_ms,mean_ms,images_per_second,final_loss.
 // Without a usable GPU it prints the reason and exits 0 having measured nothing.
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +29,7 @@
 #include "dfp/loss_scale.hpp"
 #include "dfp/models.hpp"
 #include "dfp/status.hpp"
+#include "src/cuda/executor.hpp"
 
 namespace {
 
@@ -41,21 +44,53 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-int to_int(const std::string& s, const char* what) {
+int to_int(const std::string& s, const char* what, long min = 1) {
   char* end = nullptr;
   const long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end || v < 1 || v > 1 << 20) {
-    std::fprintf(stderr, "cuda_bench: %s '%s' is not a whole number in [1, 1048576]\n", what, s.c_str());
+  if (s.empty() || *end || v < min || v > 1 << 20) {
+    std::fprintf(stderr, "cuda_bench: %s '%s' is not a whole number in [%ld, 1048576]\n", what, s.c_str(), min);
     std::exit(2);
   }
   return int(v);
+}
+
+// Runs `steps` more steps with per-layer timing (a device synchronisation around every layer) and
+// prints the time per step by layer kind and the slowest layers.
+void print_profile(dfp::CudaModel& gpu, dfp::LossScaler& scaler, const dfp::bench::TrainBatch& data, int batch,
+                   int steps) {
+  dfp::cuda::Executor& ex = gpu.executor();
+  ex.set_profile(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) gpu.train_step(data.x.data(), data.y.data(), batch, 0.01f, scaler);
+  const double total = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+  ex.set_profile(false);
+  std::map<std::string, std::pair<double, double>> by_kind;
+  std::vector<std::pair<double, std::string>> slowest;
+  double layers = 0;
+  for (const auto& t : ex.layer_times()) {
+    by_kind[t.kind].first += t.forward_ms / steps;
+    by_kind[t.kind].second += t.backward_ms / steps;
+    layers += (t.forward_ms + t.backward_ms) / steps;
+    char row[160];
+    std::snprintf(row, sizeof row, "%-28s %-8s fwd %7.3f bwd %7.3f", t.name.c_str(), t.kind.c_str(),
+                  t.forward_ms / steps, t.backward_ms / steps);
+    slowest.emplace_back((t.forward_ms + t.backward_ms) / steps, row);
+  }
+  const auto& st = ex.step_times();
+  std::printf("  profile over %d steps, ms per step (synchronised per layer: %.3f ms per step in all)\n", steps, total);
+  std::printf("  %-10s %8s %8s\n", "kind", "forward", "backward");
+  for (const auto& [kind, t] : by_kind) std::printf("  %-10s %8.3f %8.3f\n", kind.c_str(), t.first, t.second);
+  std::printf("  layers %.3f, staging %.3f, loss+unscale %.3f, sgd %.3f\n", layers, st.stage_ms / steps,
+              st.loss_ms / steps, st.update_ms / steps);
+  std::sort(slowest.rbegin(), slowest.rend());
+  for (size_t i = 0; i < slowest.size() && i < 12; ++i) std::printf("    %s\n", slowest[i].second.c_str());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string cases = "resnet20:128:32,resnet50:32:224", precisions = "fp16,fp32", algos = "heuristic,benchmark", csv;
-  int warmup = 10, steps = 50;
+  int warmup = 10, steps = 50, profile = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -68,10 +103,11 @@ int main(int argc, char** argv) {
     else if (a == "--algos") algos = v;
     else if (a == "--warmup") warmup = to_int(v, "--warmup");
     else if (a == "--steps") steps = to_int(v, "--steps");
+    else if (a == "--profile") profile = to_int(v, "--profile", 0);
     else if (a == "--csv") csv = v;
     else {
       std::fprintf(stderr,
-                   "cuda_bench: unknown flag %s (expected --cases, --precisions, --algos, --warmup, --steps, --csv)\n",
+                   "cuda_bench: unknown flag %s (expected --cases, --precisions, --algos, --warmup, --steps, --profile, --csv)\n",
                    a.c_str());
       return 2;
     }
@@ -145,6 +181,7 @@ int main(int argc, char** argv) {
         if (out)
           std::fprintf(out, "%s,%d,%d,%s,%s,%.4f,%.4f,%.2f,%.6f\n", tc.model, batch, side, p.c_str(), algo.c_str(), median, mean,
                        batch * 1000.0 / median, loss);
+        if (profile > 0) print_profile(gpu, scaler, data, batch, profile);
         std::fflush(stdout);
       }
     }

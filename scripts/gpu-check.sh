@@ -8,7 +8,8 @@
 #      on the same card, one after the other,
 # and writes logs, metrics and throughput.csv to $OUT (or ./gpu-out). Each stage has its own time
 # limit, so that one hang leaves the rest. Usage: scripts/gpu-check.sh [quick]; STAGES=tests,train,bench
-# (the default) picks the stages.
+# (the default) picks the stages; ALGOS=heuristic,benchmark and PROFILE=N (steps timed per layer)
+# go to cuda_bench.
 set -u
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -77,7 +78,7 @@ if want bench; then
 echo "== steady-state throughput, same card, one after the other"
 steps=50; [ "$quick" = quick ] && steps=20
 timeout 200 $run "$root/bin/cuda_bench" --cases resnet20:128:32,resnet50:32:224 --precisions fp16,fp32 \
-  --warmup 10 --steps $steps --csv "$out/cuda_bench.csv"
+  --warmup 10 --steps $steps --algos "${ALGOS:-heuristic,benchmark}" --profile "${PROFILE:-0}" --csv "$out/cuda_bench.csv"
 PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_cuda_bench.py --cases resnet20:128:32,resnet50:32:224 \
   --modes fp32,amp,amp_cl --warmup 10 --steps $steps --csv "$out/torch_cuda_bench.csv"
 

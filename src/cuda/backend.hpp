@@ -65,6 +65,8 @@ class Backend {
   virtual Staged commit(size_t image_bytes, size_t label_bytes) = 0;
   // Waits for all queued work, then copies `bytes` (small: the step's statistics) to the host.
   virtual void read_back(void* host, const void* dev, size_t bytes) = 0;
+  // Waits for all queued work (per-layer timing only: it serialises host and device).
+  virtual void synchronize() = 0;
 
   // ---- queued work ----
   // Runs the functor of `op` (args: the matching XArgs struct of ops.hpp) for i in [0, n).

@@ -2,6 +2,7 @@
 #include "src/cuda/executor.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -297,12 +298,47 @@ std::vector<std::vector<float>> Executor::gradients() {
   return out;
 }
 
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point& t0) {
+  const Clock::time_point t = Clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(t - t0).count();
+  t0 = t;
+  return ms;
+}
+}  // namespace
+
+void Executor::set_profile(bool on) {
+  profile_ = on;
+  if (on && layer_times_.size() != nodes_.size()) {
+    layer_times_.resize(nodes_.size());
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      layer_times_[i].name = nodes_[i].spec.name;
+      layer_times_[i].kind = nodes_[i].spec.kind;
+    }
+  }
+  reset_profile();
+}
+
+void Executor::reset_profile() {
+  for (LayerTime& t : layer_times_) t.forward_ms = t.backward_ms = 0;
+  step_times_ = StepTime{};
+}
+
 void Executor::forward(const Staged& in, bool train) {
   Backend& be = *be_;
   const int N = batch_;
-  (void)N;
+  Clock::time_point t0;
+  if (profile_) {
+    be.synchronize();
+    t0 = Clock::now();
+  }
   be.run(ToNhwcArgs{in.images, nodes_[0].act}, nodes_[0].elems);
   for (size_t i = 1; i < nodes_.size(); ++i) {
+    if (profile_) {
+      be.synchronize();
+      layer_times_[i - 1].forward_ms += ms_since(t0);
+    }
     NodeRt& r = nodes_[i];
     const NodeRt& x = nodes_[r.spec.inputs[0]];
     const float* bias = r.bparam >= 0 ? w_ + params_[r.bparam].begin : nullptr;
@@ -377,14 +413,33 @@ void Executor::forward(const Staged& in, bool train) {
         break;
     }
   }
+  if (profile_) {
+    be.synchronize();
+    layer_times_.back().forward_ms += ms_since(t0);
+  }
 }
 
 void Executor::backward() {
   Backend& be = *be_;
   const int N = batch_;
+  Clock::time_point t0;
+  if (profile_) {
+    be.synchronize();
+    t0 = Clock::now();
+  }
   for (size_t i = nodes_.size() - 1; i >= 1; --i) {
     NodeRt& r = nodes_[i];
     if (!r.reach) continue;
+    struct Timed {  // adds the layer's time when its case is done
+      Executor& ex;
+      Clock::time_point& t0;
+      size_t i;
+      ~Timed() {
+        if (!ex.profile_) return;
+        ex.be_->synchronize();
+        ex.layer_times_[i].backward_ms += ms_since(t0);
+      }
+    } timed{*this, t0, i};
     const NodeRt& x = nodes_[r.spec.inputs[0]];
     const void* dy = r.grad;
     void* dx = x.grad;  // null for the input node
@@ -479,13 +534,23 @@ void Executor::backward() {
 // of the statistics back to the host.
 StepStats Executor::finish(const Staged& in, int count, bool train, float scale) {
   NodeRt& l = nodes_[loss_node_];
+  Clock::time_point t0 = Clock::now();
   be_->run(SoftmaxCeArgs{l.act, in.labels, train ? l.grad : nullptr, loss_, hit1_, hit5_, classes_, batch_,
                          smoothing_, scale},
            count);
   be_->run(LossSumArgs{loss_, hit1_, hit5_, count, stats_}, 1);
+  if (profile_) {
+    be_->synchronize();
+    step_times_.loss_ms += ms_since(t0);
+  }
   if (train) {
     backward();
+    if (profile_) t0 = Clock::now();
     be_->run(UnscaleArgs{segs_, int(params_.size()), gdev_, g_, float(1.0 / scale), &stats_->found_inf}, total_);
+    if (profile_) {
+      be_->synchronize();
+      step_times_.loss_ms += ms_since(t0);
+    }
   }
   StepStats s;
   be_->read_back(&s, stats_, sizeof s);
@@ -545,14 +610,25 @@ StepResult Executor::train_step(const float* images, const int32_t* labels, int 
   const double scale = scaler.scale();
   DFP_CHECK(std::isfinite(scale) && scale > 0 && scale <= 3.0e38, Status::numerical_error,
             "CUDA device: loss scale " + std::to_string(scale) + " outside the FP32 range");
+  Clock::time_point t0 = Clock::now();
   const Staged in = stage(images, labels, count);
+  if (profile_) {
+    be_->synchronize();
+    step_times_.stage_ms += ms_since(t0);
+  }
   forward(in, true);
   const StepStats s = finish(in, count, true, float(scale));
+  if (profile_) t0 = Clock::now();
   if (s.nonfinite_logits && !be_->half())
     fail(Status::numerical_error, "CUDA device: non-finite logits in an FP32 training step (training diverged)");
   const bool finite = s.nonfinite_logits == 0 && s.found_inf == 0;
   if (scaler.update(finite))
     be_->run(SgdCastArgs{segs_, int(params_.size()), w_, g_, v_, wdev_, lr, sgd_.momentum, sgd_.nesterov}, total_);
+  if (profile_) {
+    be_->synchronize();
+    step_times_.update_ms += ms_since(t0);
+    ++step_times_.steps;
+  }
   ++step_;
   return to_result(s, count);
 }

@@ -47,6 +47,22 @@ class Executor {
   // The FP32 parameter gradients of the last training step (unscaled), Model::parameters() order.
   std::vector<std::vector<float>> gradients();
 
+  // Per-layer timing: with it on, every layer waits for the device before and after it runs, and
+  // its wall time is added to its row (forward, backward); steps get slower by about one
+  // synchronisation per layer. Rows are the graph's nodes in order; reset() zeroes them.
+  struct LayerTime {
+    std::string name, kind;
+    double forward_ms = 0, backward_ms = 0;
+  };
+  struct StepTime {
+    double stage_ms = 0, loss_ms = 0, update_ms = 0;  // batch staging, loss + unscale, SGD
+    int steps = 0;
+  };
+  void set_profile(bool on);
+  const std::vector<LayerTime>& layer_times() const noexcept { return layer_times_; }
+  const StepTime& step_times() const noexcept { return step_times_; }
+  void reset_profile();
+
   uint64_t step() const noexcept { return step_; }
   int batch() const noexcept { return batch_; }
   Backend& backend() noexcept { return *be_; }
@@ -78,6 +94,9 @@ class Executor {
   double* loss_ = nullptr;
   int *hit1_ = nullptr, *hit5_ = nullptr;
   StepStats* stats_ = nullptr;
+  bool profile_ = false;
+  std::vector<LayerTime> layer_times_;
+  StepTime step_times_;
 };
 
 }  // namespace dfp::cuda

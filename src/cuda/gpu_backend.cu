@@ -338,6 +338,8 @@ class GpuBackend final : public Backend {
     std::memcpy(host, small_, bytes);
   }
 
+  void synchronize() override { DFP_CU(cudaStreamSynchronize(compute_)); }
+
   // ---- queued work ----
   void run(Op op, const void* args, size_t n) override {
     if (n == 0) return;

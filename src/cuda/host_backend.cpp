@@ -42,6 +42,7 @@ class HostBackend final : public Backend {
     return {images_, labels_};
   }
   void read_back(void* host, const void* dev, size_t bytes) override { std::memcpy(host, dev, bytes); }
+  void synchronize() override {}
 
   void run(Op op, const void* args, size_t n) override {
     switch (op) {

@@ -181,3 +181,39 @@ TEST(CudaEmulation, UploadDownloadRoundTrip) {
   for (auto& [name, v] : host.buffers()) EXPECT_EQ((*v)[1], 1.5f) << name;
   EXPECT_EQ(host.step(), 41u);
 }
+
+// Per-layer timing observes and changes nothing: two devices from one host model, one timed, take
+// the same steps to the same weights; the timed one has a row per node, forward time on every
+// layer, backward time on the weighted ones, and one count per step.
+TEST(CudaEmulation, ProfilingTimesLayersWithoutChangingTheStep) {
+  Model host(ctx2(), "lenet");
+  build_model(host, "lenet", 1, 28, 28, 10);
+  host.build(8, PrecisionPolicy{});
+  cuda::Executor plain(cuda::make_host_backend(), host, SgdOptions{}, nullptr);
+  cuda::Executor timed(cuda::make_host_backend(), host, SgdOptions{}, nullptr);
+  timed.set_profile(true);
+  std::vector<float> x(blocked_size(8, 1, 28, 28));
+  std::vector<int32_t> y(8);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 1000) - 500) * 1e-3f;
+  for (int i = 0; i < 8; ++i) y[size_t(i)] = i % 10;
+  LossScaler s1, s2;
+  for (int step = 0; step < 3; ++step) {
+    const StepResult a = plain.train_step(x.data(), y.data(), 8, 0.05f, s1);
+    const StepResult b = timed.train_step(x.data(), y.data(), 8, 0.05f, s2);
+    EXPECT_EQ(a.loss, b.loss) << "step " << step;
+  }
+  const auto ga = plain.gradients(), gb = timed.gradients();
+  EXPECT_EQ(ga, gb);
+  const auto& rows = timed.layer_times();
+  ASSERT_EQ(rows.size(), host.graph().size());
+  EXPECT_EQ(timed.step_times().steps, 3);
+  for (size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_GT(rows[i].forward_ms, 0.0) << rows[i].name;
+    if (rows[i].kind == "conv" || rows[i].kind == "fc") {
+      EXPECT_GT(rows[i].backward_ms, 0.0) << rows[i].name;
+    }
+  }
+  timed.reset_profile();
+  EXPECT_EQ(timed.step_times().steps, 0);
+  EXPECT_EQ(timed.layer_times()[1].forward_ms, 0.0);
+}
