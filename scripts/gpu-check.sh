@@ -8,7 +8,7 @@
 #      on the same card, one after the other,
 # and writes logs, metrics and throughput.csv to $OUT (or ./gpu-out). Each stage has its own time
 # limit, so that one hang leaves the rest. Usage: scripts/gpu-check.sh [quick]; STAGES=tests,train,bench
-# (the default) picks the stages; ALGOS=heuristic,benchmark and PROFILE=N (steps timed per layer)
+# (the default) picks the stages (dfp-only or torch-only: bench with one side); ALGOS=heuristic,benchmark and PROFILE=N (steps timed per layer)
 # go to cuda_bench.
 set -u
 cd "$(dirname "$0")/.."
@@ -20,6 +20,7 @@ exec > >(tee "$log") 2>&1
 quick=${1:-}
 stages=${STAGES:-tests,train,bench}
 want() { case ",$stages," in *",$1,"*) return 0 ;; esac; return 1; }
+want dfp-only || want torch-only && stages="$stages,bench"
 root=/tmp/dfpgpu
 rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf .gpu/pack.tar.xz || { echo "gpu-check: cannot unpack .gpu/pack.tar.xz"; exit 1; }
 
@@ -77,9 +78,9 @@ fi
 if want bench; then
 echo "== steady-state throughput, same card, one after the other"
 steps=50; [ "$quick" = quick ] && steps=20
-timeout 200 $run "$root/bin/cuda_bench" --cases resnet20:128:32,resnet50:32:224 --precisions fp16,fp32 \
+want torch-only || timeout 200 $run "$root/bin/cuda_bench" --cases resnet20:128:32,resnet50:32:224 --precisions fp16,fp32 \
   --warmup 10 --steps $steps --algos "${ALGOS:-heuristic,benchmark}" --profile "${PROFILE:-0}" --csv "$out/cuda_bench.csv"
-PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_cuda_bench.py --cases resnet20:128:32,resnet50:32:224 \
+want dfp-only || PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_cuda_bench.py --cases resnet20:128:32,resnet50:32:224 \
   --modes fp32,amp,amp_cl --warmup 10 --steps $steps --csv "$out/torch_cuda_bench.csv"
 
 echo "== throughput.csv"

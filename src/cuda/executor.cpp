@@ -317,7 +317,7 @@ void Executor::set_profile(bool on) {
       layer_times_[i].kind = nodes_[i].spec.kind;
     }
   }
-  reset_profile();
+  if (on) reset_profile();
 }
 
 void Executor::reset_profile() {

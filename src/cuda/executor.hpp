@@ -49,7 +49,8 @@ class Executor {
 
   // Per-layer timing: with it on, every layer waits for the device before and after it runs, and
   // its wall time is added to its row (forward, backward); steps get slower by about one
-  // synchronisation per layer. Rows are the graph's nodes in order; reset() zeroes them.
+  // synchronisation per layer. Rows are the graph's nodes in order; turning timing on, or
+  // reset_profile(), zeroes them; turning it off keeps them for reading.
   struct LayerTime {
     std::string name, kind;
     double forward_ms = 0, backward_ms = 0;
