@@ -12,15 +12,16 @@
  * function, the argument or object, and what was expected, e.g. "dfp_model_predict: images:
  * expected 8 x 1 x 28 x 28 = 6272 floats (NCHW), got 6000". The message belongs to the calling
  * thread and stays until that thread's next failing call (a successful call leaves it as it is,
- * as errno). A failed call changes nothing the caller can see, except where a function says
- * otherwise; its output arguments are then left as they were. No C++ exception crosses this
+ * as errno). A failed call writes none of its output arguments, and a call refused for its
+ * arguments or its order changes nothing (a pass that fails part-way, e.g. on a NaN in an INT16
+ * operand, may leave BatchNorm's running statistics updated). No C++ exception crosses this
  * interface: every one is caught and reported, running out of memory as DFP_ERR_OUT_OF_MEMORY.
  *
  * Ownership. Each *_create function hands the caller one handle, which the caller releases with
  * the matching *_destroy (NULL is accepted and ignored). A handle keeps alive what it was made
  * from: a model its context, an optimizer its model, so handles may be destroyed in any order.
  * Every pointer the library returns (names, views, messages) points into memory the library owns;
- * the caller never frees it. Pointers the caller passes are only read during the call (the
+ * the caller never frees it. Pointers the caller passes are used only during the call (the
  * library keeps no pointer to caller memory).
  *
  * Threads. A context owns its worker threads (the computation inside each call uses them); one

@@ -438,6 +438,13 @@ dfp_status dfp_model_forward(dfp_model* model, const float* images, size_t image
     ModelState& s = built(model);
     need(labels, "labels");
     const float* x = blocked_images(s, images, images_length, count);
+    // Checked before the pass (Model checks them after it, once a training pass has updated
+    // BatchNorm's statistics), so that a refused call changes nothing.
+    const int classes = s.model.classes();
+    for (int i = 0; i < count; ++i)
+      DFP_CHECK(labels[i] >= 0 && labels[i] < classes, Status::invalid_argument,
+                "labels: label " + std::to_string(labels[i]) + " of image " + std::to_string(i) + " outside [0, " +
+                    std::to_string(classes) + ")");
     const StepResult r = s.model.forward(x, labels, count, train != 0);
     if (result) *result = dfp_step_result{r.loss, r.correct1, r.correct5, r.count};
   });
