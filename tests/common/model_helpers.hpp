@@ -1,6 +1,9 @@
-// What the model, training and memory-plan suites share: a 2-thread context and a random batch.
+// What the model, training and memory-plan suites share: a 2-thread context, a random batch, and
+// the built-in loss's gradient as a caller computes it.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -26,6 +29,24 @@ inline std::vector<float> batch_images(const Model& m, uint32_t seed) {
   std::vector<float> b(blocked_size(m.batch(), s.c, s.h, s.w));
   to_blocked(nchw.data(), b.data(), m.batch(), s.c, s.h, s.w);
   return b;
+}
+
+// The built-in loss's gradient as the caller computes it: float((p - onehot) / n) with p the
+// softmax rounded to float, as the model keeps it.
+inline std::vector<float> cross_entropy_grad(const std::vector<float>& z, const std::vector<int32_t>& y, int n, int k) {
+  std::vector<float> g(z.size());
+  for (int i = 0; i < n; ++i) {
+    const float* r = z.data() + size_t(i) * k;
+    const float zmax = *std::max_element(r, r + k);
+    double sum = 0;
+    for (int c = 0; c < k; ++c) sum += std::exp(double(r[c]) - zmax);
+    const double lse = zmax + std::log(sum);
+    for (int c = 0; c < k; ++c) {
+      const float p = static_cast<float>(std::exp(r[c] - lse));
+      g[size_t(i) * k + c] = static_cast<float>((p - (c == y[i] ? 1.0 : 0.0)) / n);
+    }
+  }
+  return g;
 }
 
 }  // namespace dfp::test

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dfp/context.hpp"
+#include "dfp/dfp.h"
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 
@@ -208,4 +209,44 @@ TEST(Allocation, ApiCallsAllocateNothing) {
     });
     EXPECT_EQ(own.load(), 0) << precision_name(p) << ": allocations by dfp in 3 rounds of API calls";
   }
+}
+
+// The C API (include/dfp/dfp.h) adds nothing that allocates: its calls take plain NCHW images
+// into a blocked buffer planned at dfp_model_build, and report through status codes.
+TEST(Allocation, CApiCallsAllocateNothing) {
+  find_foreign_code();
+  dfp_context* ctx = nullptr;
+  ASSERT_EQ(dfp_context_create(2, 1, &ctx), DFP_OK) << dfp_last_error();
+  for (const char* p : {"fp32", "int16", "bf16", "fp16"}) {
+    dfp_model* m = nullptr;
+    ASSERT_EQ(dfp_model_create_zoo(ctx, "resnet20", 3, 16, 16, 10, &m), DFP_OK) << dfp_last_error();
+    ASSERT_EQ(dfp_model_build(m, 8, p, nullptr), DFP_OK) << dfp_last_error();
+    dfp_sgd* sgd = nullptr;
+    ASSERT_EQ(dfp_sgd_create(m, 0.9f, 5e-4f, 0, &sgd), DFP_OK);
+    std::vector<float> x(8 * 3 * 16 * 16), z(8 * 10), dz(8 * 10);
+    std::mt19937 g(4);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (float& v : x) v = nd(g);
+    const std::vector<int32_t> y = {0, 1, 2, 3, 4, 5, 6, 7};
+    dfp_tensor_view fc{};
+    ASSERT_EQ(dfp_model_tensor(m, "fc.weight", &fc), DFP_OK);
+    int failures = 0;
+    count_three([&] {
+      failures += dfp_model_forward(m, x.data(), x.size(), y.data(), 8, 1, nullptr) != DFP_OK;
+      failures += dfp_model_backward(m, nullptr) != DFP_OK;
+      failures += dfp_sgd_step(sgd, 0.01f) != DFP_OK;
+      failures += dfp_model_logits(m, x.data(), x.size(), 8, 1, z.data(), z.size()) != DFP_OK;
+      for (size_t i = 0; i < z.size(); ++i) dz[i] = (z[i] - (int(i % 10) == int(i / 10) ? 1.f : 0.f)) / 40.f;
+      failures += dfp_model_backward_logits(m, dz.data(), dz.size(), nullptr) != DFP_OK;
+      failures += dfp_sgd_step(sgd, 0.01f) != DFP_OK;
+      fc.data[0] += 1e-3f;
+      failures += dfp_model_weights_updated(m) != DFP_OK;
+      failures += dfp_model_predict(m, x.data(), 3 * 3 * 16 * 16, 3, z.data(), z.size()) != DFP_OK;
+    });
+    EXPECT_EQ(failures, 0) << dfp_last_error();
+    EXPECT_EQ(own.load(), 0) << p << ": allocations by dfp in 3 rounds of C API calls";
+    dfp_sgd_destroy(sgd);
+    dfp_model_destroy(m);
+  }
+  dfp_context_destroy(ctx);
 }

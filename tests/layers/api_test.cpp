@@ -26,6 +26,7 @@ namespace dfp {
 namespace {
 
 using test::batch_images;
+using test::cross_entropy_grad;
 using test::ctx2;
 
 constexpr Precision kAll[] = {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16};
@@ -77,24 +78,6 @@ double mean_cross_entropy(const std::vector<float>& z, const std::vector<int32_t
     loss -= r[y[i]] - (zmax + std::log(sum));
   }
   return loss / n;
-}
-
-// The built-in loss's gradient as the caller computes it: float((p - onehot) / n) with p the
-// softmax rounded to float, as the model keeps it.
-std::vector<float> cross_entropy_grad(const std::vector<float>& z, const std::vector<int32_t>& y, int n, int k) {
-  std::vector<float> g(z.size());
-  for (int i = 0; i < n; ++i) {
-    const float* r = z.data() + size_t(i) * k;
-    const float zmax = *std::max_element(r, r + k);
-    double sum = 0;
-    for (int c = 0; c < k; ++c) sum += std::exp(double(r[c]) - zmax);
-    const double lse = zmax + std::log(sum);
-    for (int c = 0; c < k; ++c) {
-      const float p = static_cast<float>(std::exp(r[c] - lse));
-      g[size_t(i) * k + c] = static_cast<float>((p - (c == y[i] ? 1.0 : 0.0)) / n);
-    }
-  }
-  return g;
 }
 
 std::vector<std::vector<float>> grads_of(Model& m) {
