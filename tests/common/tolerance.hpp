@@ -52,12 +52,14 @@ inline constexpr double kInt16GradCosineNetwork = 0.99;
 //   and GEMMs in FP64): only summation order and FP64 accumulation differ from oneDNN FP32.
 inline constexpr double kCudaEmulationRel = 1e-4;
 // - GPU fp32 (cuDNN FMA math, cuBLAS COMPUTE_32F, TF32 off): FP32 with other summation orders
-//   (split-K, Winograd/FFT algorithms): 1e-4. Not yet measured on a GPU.
+//   (split-K, Winograd/FFT algorithms): 1e-4. The GPU tests pass within it on an H100 and an
+//   H200 (cuDNN 9.19).
 inline constexpr double kCudaFp32Rel = 1e-4;
 // - GPU fp16 (FP16 activations, gradients and weight copies, FP32 accumulation): every stored
 //   tensor is rounded to 11 significant bits (unit roundoff 2^-11 = 4.9e-4), a handful of times
 //   per layer; the loss stays within 1e-2, parameter gradients (through BatchNorm's backward and
-//   ReLU switches near zero) within 5e-2. Derived from the unit roundoff, not yet measured on a GPU.
+//   ReLU switches near zero) within 5e-2. Derived from the unit roundoff; the GPU tests pass
+//   within it on an H100 and an H200 (cuDNN 9.19).
 inline constexpr double kCudaFp16LossRel = 1e-2;
 inline constexpr double kCudaFp16GradRel = 5e-2;
 }  // namespace dfp::test

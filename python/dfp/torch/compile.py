@@ -1,0 +1,408 @@
+"""dfp.torch.compile: a whole torch model captured with torch.fx and run as one dfp Model.
+
+The model is traced (torch.fx.symbolic_trace), every node is mapped to a layer of a dfp Model
+(so dfp plans its memory once and fuses BatchNorm+ReLU as for its own models), the torch
+module's weights are copied in, and a module comes back whose forward and backward run in dfp
+while its parameters stay the torch module's: torch's optimizer updates them, and dfp copies and
+re-quantizes them once per change of their version, not per call. See docs/python.md.
+"""
+import operator
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.fx.passes.shape_prop as shape_prop
+
+import dfp as _dfp
+
+__all__ = ["compile", "CompiledModule", "UnsupportedError"]
+
+
+class UnsupportedError(NotImplementedError):
+    """A traced model holds nodes (or settings) with no dfp equivalent; the message names each."""
+
+
+def _pair(v, what, where):
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2 or v[0] != v[1]:
+            raise UnsupportedError(f"{where}: {what} {tuple(v)} is not square; dfp takes one {what} for both sides")
+        return int(v[0])
+    return int(v)
+
+
+class _Mapper:
+    """Turns the nodes of an fx graph into the layers of a dfp Model, one by one."""
+
+    def __init__(self, gm, model, example):
+        self.torch = torch
+        self.gm = gm
+        self.m = model
+        self.values = {}         # fx node -> dfp node, or ("size", fx node) for x.size(0)
+        self.problems = []
+        self.modules = dict(gm.named_modules())
+        self.batch = int(example.shape[0])
+        self.named = set()  # modules with parameters already mapped (dfp shares no weights)
+        # Shapes of every node from one forward in eval mode: BatchNorm's running statistics and
+        # num_batches_tracked stay as they are, and dropout is off.
+        was_training = gm.training
+        gm.eval()
+        with torch.no_grad():
+            shape_prop.ShapeProp(gm).propagate(example)
+        gm.train(was_training)
+
+    def fail(self, node, why):
+        self.problems.append(f"'{node.name}' ({node.op} {self._target_text(node)}): {why}")
+
+    @staticmethod
+    def _target_text(node):
+        t = node.target
+        if isinstance(t, str):
+            return t
+        return getattr(t, "__module__", "") + "." + getattr(t, "__name__", repr(t))
+
+    def arg(self, node, a):
+        if a not in self.values:
+            raise UnsupportedError(f"'{node.name}': its input '{getattr(a, 'name', a)}' has no dfp layer")
+        return self.values[a]
+
+    def run(self):
+        nn = self.torch.nn
+        for node in self.gm.graph.nodes:
+            try:
+                if node.op == "placeholder":
+                    if self.values:
+                        self.fail(node, "a second input; dfp models take one image tensor")
+                        continue
+                    shape = node.meta["tensor_meta"].shape
+                    if len(shape) != 4:
+                        self.fail(node, f"input of shape {tuple(shape)}; expected (N, C, H, W)")
+                        continue
+                    self.values[node] = self.m.input(int(shape[1]), int(shape[2]), int(shape[3]))
+                elif node.op == "call_module":
+                    self.module(node, self.modules[node.target])
+                elif node.op == "call_function":
+                    self.function(node, node.target)
+                elif node.op == "call_method":
+                    self.method(node, node.target)
+                elif node.op == "output":
+                    self.output(node)
+                else:  # get_attr
+                    self.fail(node, "reads a tensor attribute inside forward")
+            except UnsupportedError as e:
+                self.problems.append(str(e))
+            if node in self.values and not isinstance(self.values[node], tuple) and "tensor_meta" in node.meta:
+                self.check_shape(node)
+        if self.problems:
+            raise UnsupportedError("dfp.torch.compile: these nodes have no dfp equivalent:\n  " +
+                                   "\n  ".join(self.problems))
+
+    def check_shape(self, node):
+        want = tuple(int(s) for s in node.meta["tensor_meta"].shape)
+        n, c, h, w = self.m.shape(self.values[node])
+        got = (self.batch, c, h, w)
+        if len(want) == 2:
+            want = want + (1, 1)
+        if want != got:
+            raise UnsupportedError(f"'{node.name}': dfp's layer gives shape {got}, torch's {want}")
+
+    # ---- modules ----
+    def module(self, node, mod):
+        nn = self.torch.nn
+        x = self.arg(node, node.args[0]) if node.args else None
+        name = node.target
+        if any(True for _ in mod.parameters(recurse=False)):
+            if name in self.named:
+                raise UnsupportedError(f"'{node.name}': module '{name}' is called twice; dfp layers share no weights")
+            self.named.add(name)
+        else:
+            name = node.name  # a parameter-free module may be called many times: each call its own layer
+        if isinstance(mod, nn.Conv2d):
+            where = f"Conv2d '{name}'"
+            if _pair(mod.dilation, "dilation", where) != 1:
+                raise UnsupportedError(f"{where}: dilation {mod.dilation}; dfp convolves without dilation")
+            if isinstance(mod.padding, str):
+                raise UnsupportedError(f"{where}: padding '{mod.padding}'; expected numbers")
+            if mod.padding_mode != "zeros":
+                raise UnsupportedError(f"{where}: padding_mode '{mod.padding_mode}'; dfp pads with zeros")
+            k = _pair(mod.kernel_size, "kernel_size", where)
+            self.values[node] = self.m.conv(x, mod.out_channels, k, _pair(mod.stride, "stride", where),
+                                            _pair(mod.padding, "padding", where), mod.bias is not None, name,
+                                            mod.groups)
+        elif isinstance(mod, nn.BatchNorm2d):
+            where = f"BatchNorm2d '{name}'"
+            if not (mod.affine and mod.track_running_stats):
+                raise UnsupportedError(f"{where}: affine and track_running_stats must be on")
+            if abs(mod.eps - 1e-5) > 1e-12 or mod.momentum is None or abs(mod.momentum - 0.1) > 1e-12:
+                raise UnsupportedError(f"{where}: eps {mod.eps}, momentum {mod.momentum}; dfp's BatchNorm has "
+                                       "eps 1e-5 and momentum 0.1 (torch's defaults)")
+            self.values[node] = self.m.batchnorm(x, name)
+        elif isinstance(mod, nn.ReLU):
+            self.values[node] = self.m.relu(x, name)
+        elif isinstance(mod, nn.MaxPool2d):
+            where = f"MaxPool2d '{name}'"
+            if _pair(mod.dilation, "dilation", where) != 1 or mod.return_indices:
+                raise UnsupportedError(f"{where}: dilation or return_indices; dfp pools without them")
+            k = _pair(mod.kernel_size, "kernel_size", where)
+            s = _pair(mod.stride if mod.stride is not None else mod.kernel_size, "stride", where)
+            self.values[node] = self.m.maxpool(x, k, s, _pair(mod.padding, "padding", where), bool(mod.ceil_mode), name)
+        elif isinstance(mod, nn.AvgPool2d):
+            self.values[node] = self.avgpool(node, x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
+                                             mod.count_include_pad, mod.divisor_override, name)
+        elif isinstance(mod, nn.AdaptiveAvgPool2d):
+            self.values[node] = self.adaptive(node, x, mod.output_size, name)
+        elif isinstance(mod, nn.Flatten):
+            if mod.start_dim != 1 or mod.end_dim != -1:
+                raise UnsupportedError(f"Flatten '{name}': start_dim {mod.start_dim}, end_dim {mod.end_dim}; expected 1, -1")
+            self.values[node] = self.m.flatten(x, name)
+        elif isinstance(mod, nn.Linear):
+            self.values[node] = self.m.linear(x, mod.out_features, mod.bias is not None, name)
+        elif isinstance(mod, nn.Dropout):
+            self.values[node] = self.m.dropout(x, float(mod.p), name) if mod.p > 0 else x
+        elif isinstance(mod, nn.Identity):
+            self.values[node] = x
+        else:
+            raise UnsupportedError(f"'{node.name}' (module {type(mod).__name__} '{name}'): no dfp layer for it")
+
+    def avgpool(self, node, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor, name):
+        where = f"avg_pool2d '{node.name}'"
+        k = _pair(kernel, "kernel_size", where)
+        s = _pair(stride if stride not in (None, []) else kernel, "stride", where)
+        p = _pair(padding, "padding", where)
+        if ceil_mode or divisor is not None or (p > 0 and not count_include_pad):
+            raise UnsupportedError(f"{where}: ceil_mode, divisor_override or count_include_pad=False with padding")
+        return self.m.avgpool(x, k, s, p, name)
+
+    def adaptive(self, node, x, size, name):
+        size = size if isinstance(size, (tuple, list)) else (size, size)
+        if tuple(size) != (1, 1):
+            raise UnsupportedError(f"'{node.name}': adaptive average pool to {tuple(size)}; dfp has the global "
+                                   "one (output size 1)")
+        return self.m.global_avgpool(x, name)
+
+    # ---- functions and methods ----
+    def function(self, node, f):
+        torch = self.torch
+        F = torch.nn.functional
+        a = node.args
+        kw = node.kwargs
+        if f in (F.relu, torch.relu, torch.relu_):
+            self.values[node] = self.m.relu(self.arg(node, a[0]), node.name)
+        elif f in (operator.add, operator.iadd, torch.add):
+            if len(a) != 2 or kw.get("alpha", 1) != 1 or not all(v in self.values for v in a):
+                raise UnsupportedError(f"'{node.name}': add of two layer outputs (no scalars, alpha 1) expected")
+            self.values[node] = self.m.add(self.arg(node, a[0]), self.arg(node, a[1]), node.name)
+        elif f is torch.cat:
+            dim = a[1] if len(a) > 1 else kw.get("dim", 0)
+            if dim not in (1, -3):
+                raise UnsupportedError(f"'{node.name}': cat along dim {dim}; dfp concatenates channels (dim 1)")
+            self.values[node] = self.m.concat([self.arg(node, v) for v in a[0]], node.name)
+        elif f is torch.flatten:
+            start = a[1] if len(a) > 1 else kw.get("start_dim", 0)
+            end = a[2] if len(a) > 2 else kw.get("end_dim", -1)
+            if start != 1 or end != -1:
+                raise UnsupportedError(f"'{node.name}': flatten({start}, {end}); expected start_dim 1, end_dim -1")
+            self.values[node] = self.m.flatten(self.arg(node, a[0]), node.name)
+        elif f is F.adaptive_avg_pool2d:
+            self.values[node] = self.adaptive(node, self.arg(node, a[0]), a[1] if len(a) > 1 else kw["output_size"],
+                                              node.name)
+        elif f is F.max_pool2d:
+            names = ["kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"]
+            v = dict(zip(names, a[1:]), **kw)
+            where = f"max_pool2d '{node.name}'"
+            if _pair(v.get("dilation", 1), "dilation", where) != 1 or v.get("return_indices", False):
+                raise UnsupportedError(f"{where}: dilation or return_indices; dfp pools without them")
+            k = _pair(v["kernel_size"], "kernel_size", where)
+            stride = v.get("stride") or v["kernel_size"]
+            self.values[node] = self.m.maxpool(self.arg(node, a[0]), k, _pair(stride, "stride", where),
+                                               _pair(v.get("padding", 0), "padding", where),
+                                               bool(v.get("ceil_mode", False)), node.name)
+        elif f is F.avg_pool2d:
+            names = ["kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"]
+            v = dict(zip(names, a[1:]), **kw)
+            self.values[node] = self.avgpool(node, self.arg(node, a[0]), v["kernel_size"], v.get("stride"),
+                                             v.get("padding", 0), v.get("ceil_mode", False),
+                                             v.get("count_include_pad", True), v.get("divisor_override"), node.name)
+        elif f is F.dropout:
+            p = a[1] if len(a) > 1 else kw.get("p", 0.5)
+            training = a[2] if len(a) > 2 else kw.get("training", True)
+            x = self.arg(node, a[0])
+            self.values[node] = self.m.dropout(x, float(p), node.name) if training and p > 0 else x
+        elif f is getattr:
+            raise UnsupportedError(f"'{node.name}': reads attribute '{a[1]}' of a tensor")
+        else:
+            raise UnsupportedError(f"'{node.name}' (function {self._target_text(node)}): no dfp layer for it")
+
+    def method(self, node, name):
+        a = node.args
+        if name in ("relu", "relu_"):
+            self.values[node] = self.m.relu(self.arg(node, a[0]), node.name)
+        elif name in ("add", "add_") and len(a) == 2 and not node.kwargs:
+            self.values[node] = self.m.add(self.arg(node, a[0]), self.arg(node, a[1]), node.name)
+        elif name == "flatten":
+            start = a[1] if len(a) > 1 else node.kwargs.get("start_dim", 0)
+            if start != 1 or (len(a) > 2 and a[2] != -1):
+                raise UnsupportedError(f"'{node.name}': flatten from dim {start}; expected flatten(1)")
+            self.values[node] = self.m.flatten(self.arg(node, a[0]), node.name)
+        elif name == "size" and len(a) == 2 and a[1] == 0:
+            self.values[node] = ("size", a[0])  # only as the first size of view/reshape
+        elif name in ("view", "reshape"):
+            dims = a[1:] if len(a) > 2 else (a[1] if isinstance(a[1], (tuple, list)) else (a[1],))
+            first = dims[0] if dims else None
+            batch_dim = (isinstance(first, int) and first in (-1, self.batch)) or \
+                (first in self.values and self.values[first] == ("size", a[0]))
+            if len(dims) != 2 or dims[1] != -1 or not batch_dim:
+                raise UnsupportedError(f"'{node.name}': {name} to {dims}; dfp flattens to (N, -1) only")
+            self.values[node] = self.m.flatten(self.arg(node, a[0]), node.name)
+        elif name == "contiguous":
+            self.values[node] = self.arg(node, a[0])
+        else:
+            raise UnsupportedError(f"'{node.name}' (method .{name}()): no dfp layer for it")
+
+    def output(self, node):
+        out = node.args[0]
+        if isinstance(out, (tuple, list)) or out not in self.values:
+            raise UnsupportedError(f"'{node.name}': the model returns {type(out).__name__}; dfp models return "
+                                   "one logits tensor (N, classes)")
+        shape = out.meta["tensor_meta"].shape
+        if len(shape) != 2:
+            raise UnsupportedError(f"'{node.name}': output of shape {tuple(shape)}; expected logits (N, classes)")
+        self.m.softmax_cross_entropy(self.values[out])
+        self.logits_node = self.values[out]
+
+
+class _Step(torch.autograd.Function):
+    """The compiled model's forward and backward in dfp, inside torch autograd. The parameters
+    are inputs so that autograd hands their gradients to torch (and to its optimizer)."""
+
+    @staticmethod
+    def forward(ctx, compiled, x, *params):
+        ctx.compiled = compiled
+        images = x.detach().to(torch.float32).contiguous().numpy()
+        return torch.from_numpy(compiled.dfp_model.logits(images, train=True))
+
+    @staticmethod
+    def backward(ctx, grad):
+        c = ctx.compiled
+        m = c.dfp_model
+        m.backward(grad.detach().to(torch.float32).contiguous().numpy())
+        state = m.state()
+        grads = [torch.from_numpy(state[n].grad.copy()) for n in c._param_names]
+        dx = torch.from_numpy(m.input_grad()) if ctx.needs_input_grad[1] else None
+        return (None, dx, *grads)
+
+
+class CompiledModule(torch.nn.Module):
+    """What dfp.torch.compile returns. `module` is the traced torch module: its parameters (this
+    module's parameters()) are what torch's optimizer updates; its BatchNorm buffers follow dfp's
+    running statistics after each training step.
+
+    forward(x) in training mode needs exactly the traced batch size (dfp plans one batch); in
+    eval mode any number of images (run in chunks of that size)."""
+
+    def __init__(self, module, dfp_model, param_names, buffer_names, input_grad):
+        super().__init__()
+        self.module = module
+        self._dfp_model = dfp_model
+        self._param_names = param_names
+        self._buffer_names = buffer_names
+        self._input_grad = input_grad
+        self._params = [module.get_parameter(n) for n in param_names]
+        self._tracked = [module.get_buffer(n) for n in buffer_names]
+        self._bns = [b for b in module.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+        self._seen = None  # the versions of the parameters and buffers dfp holds
+        self.weight_syncs = 0  # copies of the torch tensors into dfp (once per change of version)
+        self.train(module.training)
+
+    @property
+    def dfp_model(self):
+        """The dfp Model the forward and backward run in."""
+        return self._dfp_model
+
+    def numerics(self):
+        """Per-layer DFP16 exponents, SQNR and overflow/underflow counters, as metrics.jsonl
+        records them (sampled every numerics interval: dfp_model.set_numerics_interval)."""
+        return self._dfp_model.numerics()
+
+    def _versions(self):
+        return [t._version for t in self._params] + [t._version for t in self._tracked]
+
+    def sync_weights(self):
+        """Copies the torch parameters and buffers into dfp and re-quantizes, if any changed since
+        the last copy (their version counters say so). Runs before every forward."""
+        v = self._versions()
+        if v == self._seen:
+            return
+        sd = self._dfp_model.state_dict()
+        with torch.no_grad():
+            for n, t in zip(self._param_names + self._buffer_names, self._params + self._tracked):
+                np.copyto(sd[n], t.detach().to(torch.float32).reshape(sd[n].shape).numpy())
+        self._dfp_model.weights_updated()
+        self._seen = v
+        self.weight_syncs += 1
+
+    def _copy_back_buffers(self):
+        sd = self._dfp_model.state_dict()
+        with torch.no_grad():
+            for n, t in zip(self._buffer_names, self._tracked):
+                t.copy_(torch.from_numpy(sd[n]))
+            for bn in self._bns:
+                if bn.num_batches_tracked is not None:
+                    bn.num_batches_tracked.add_(1)
+        self._seen = self._versions()
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ValueError(f"dfp.torch compiled module: input of shape {tuple(x.shape)}; expected (N, C, H, W)")
+        self.sync_weights()
+        batch = self._dfp_model.batch
+        if self.training:
+            if x.shape[0] != batch:
+                raise ValueError(f"dfp.torch compiled module: a training batch of {x.shape[0]} images; the model was "
+                                 f"compiled for {batch} (the example input's batch; use drop_last=True)")
+            if x.requires_grad and not self._input_grad:
+                raise ValueError("dfp.torch compiled module: the input requires a gradient; compile with "
+                                 "input_grad=True")
+            y = _Step.apply(self, x, *self._params)
+            self._copy_back_buffers()
+            return y
+        with torch.no_grad():
+            images = x.detach().to(torch.float32).contiguous().numpy()
+            outs = [self._dfp_model.predict(images[i:i + batch]) for i in range(0, images.shape[0], batch)]
+            return torch.from_numpy(np.concatenate(outs))
+
+
+def compile(model, example_input, precision="fp32", ctx=None, input_grad=False, **policy):
+    """Traces `model` (a torch.nn.Module returning logits (N, classes)) with torch.fx on
+    `example_input` (N, C, H, W; N is the batch the dfp model is planned for), builds one dfp
+    Model from it in `precision` (and the PrecisionPolicy keywords: overrides=, headroom=,
+    rounding=, ...), copies the module's weights in, and returns a CompiledModule running there.
+
+    Supported: Conv2d (square kernels, groups, bias; no dilation), BatchNorm2d (eps 1e-5,
+    momentum 0.1), ReLU, MaxPool2d, AvgPool2d, adaptive average pooling to 1x1, Linear, Flatten /
+    torch.flatten / view(N, -1), Dropout, Identity, add, torch.cat on channels. Anything else
+    raises UnsupportedError naming every node it cannot map. The layers keep the torch module's
+    names, so dfp's per-layer numerics and --override patterns use them."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"dfp.torch.compile: expected a torch.nn.Module, got {type(model).__name__}")
+    example = torch.as_tensor(example_input).detach().to(torch.float32)
+    gm = fx.symbolic_trace(model)
+    m = _dfp.Model(ctx or _dfp.default_context(), type(model).__name__)
+    mapper = _Mapper(gm, m, example)
+    mapper.run()
+    m.build(int(example.shape[0]), precision=precision, input_grad=input_grad, **policy)
+    dfp_names = set(m.state_dict().keys())
+    tsd = dict(model.state_dict())
+    params = [n for n, _ in model.named_parameters()]
+    buffers = [n for n, _ in model.named_buffers() if not n.endswith("num_batches_tracked")]
+    missing = sorted(set(params + buffers) - dfp_names)
+    extra = sorted(dfp_names - set(params + buffers))
+    if missing or extra:
+        raise UnsupportedError("dfp.torch.compile: the dfp model's tensors differ from the module's: "
+                               f"only in torch {missing}, only in dfp {extra}")
+    for n in params + buffers:
+        if tuple(tsd[n].shape) != tuple(m.tensor(n).shape):
+            raise UnsupportedError(f"dfp.torch.compile: tensor '{n}' has shape {tuple(tsd[n].shape)} in torch and "
+                                   f"{tuple(m.tensor(n).shape)} in dfp")
+    compiled = CompiledModule(model, m, params, buffers, input_grad)
+    compiled.sync_weights()
+    return compiled
