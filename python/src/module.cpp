@@ -506,7 +506,7 @@ PYBIND11_MODULE(_dfp, mod) {
       .def("input", &Model::input, py::arg("channels"), py::arg("height"), py::arg("width"))
       .def("conv", &Model::conv, py::arg("x"), py::arg("out_channels"), py::arg("kernel"), py::arg("stride") = 1,
            py::arg("pad") = 0, py::arg("bias") = false, py::arg("name") = "", py::arg("groups") = 1)
-      .def("batchnorm", &Model::batchnorm, py::arg("x"), py::arg("name") = "")
+      .def("batchnorm", &Model::batchnorm, py::arg("x"), py::arg("name") = "", py::arg("eps") = 1e-5)
       .def("relu", &Model::relu, py::arg("x"), py::arg("name") = "")
       .def("maxpool", &Model::maxpool, py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
            py::arg("ceil_mode") = false, py::arg("name") = "")
