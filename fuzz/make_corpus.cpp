@@ -17,6 +17,8 @@
 #include "dfp/trainer.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/run_files.hpp"
+#include "src/train/torch_file.hpp"
+#include "tests/common/torch_hostile.hpp"
 
 namespace fs = std::filesystem;
 using Bytes = std::string;
@@ -121,6 +123,17 @@ int main(int argc, char** argv) {
   put(root / "fuzz_checkpoint", "small", dfp::checkpoint_bytes(ck));
   ck.tensors.clear();
   put(root / "fuzz_checkpoint", "meta-only", dfp::checkpoint_bytes(ck));
+
+  {
+    using dfp::torch_format::OutTensor;
+    const float w[6] = {0.5f, -1.f, 2.f, 0.25f, -0.f, 3.5f};
+    put(root / "fuzz_torch", "two-tensors",
+        dfp::torch_format::torch_file_bytes({{"conv1.weight", {2, 1, 1, 3}, w, 0}, {"bn1.num_batches_tracked", {}, nullptr, 7}}));
+    put(root / "fuzz_torch", "zip64", dfp::torch_format::torch_file_bytes({{"fc.bias", {6}, w, 0}}, true));
+    put(root / "fuzz_torch", "empty-dict", dfp::torch_format::torch_file_bytes({}));
+    for (const auto& h : dfp::test::hostile_torch_files())
+      if (!h.bytes.empty()) put(root / "fuzz_torch", "hostile-" + h.name, h.bytes);
+  }
 
   dfp::EpochMetrics em;
   em.epoch = 2;

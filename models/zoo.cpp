@@ -12,11 +12,11 @@ namespace {
 
 using Node = Model::Node;
 
-// Conv2d, BatchNorm named `bn` ("<name>.bn" if empty), and a ReLU.
+// Conv2d, BatchNorm named `bn` ("<name>.bn" if empty) with `eps`, and a ReLU.
 Node conv_bn_relu(Model& m, Node x, int k, int r, int s, int p, const std::string& name, bool relu = true,
-                  int groups = 1, const std::string& bn = "") {
+                  int groups = 1, const std::string& bn = "", double eps = 1e-5) {
   x = m.conv(x, k, r, s, p, false, name, groups);
-  x = m.batchnorm(x, bn.empty() ? name + ".bn" : bn);
+  x = m.batchnorm(x, bn.empty() ? name + ".bn" : bn, eps);
   return relu ? m.relu(x, name + ".relu") : x;
 }
 
@@ -159,14 +159,41 @@ void alexnet(Model& m, int c, int h, int w, int classes) {
   m.softmax_cross_entropy(m.linear(x, classes, true, "fc"));
 }
 
+// torchvision's AlexNet (Krizhevsky 2014, "one weird trick": 64-192-384-256-256 channels, no LRN),
+// with torchvision's layer names; the last Linear is "fc" (torchvision's classifier.6). torchvision
+// pools the features adaptively to 6x6: a map that is k times 6 on both sides (224 pixels: 6x6) is
+// exactly a k x k average pool; any other map is flattened as it is.
+void alexnet_tv(Model& m, int c, int h, int w, int classes) {
+  DFP_CHECK(h >= 63 && w >= 63, Status::invalid_argument, "model alexnet_tv: input must be at least 63x63");
+  Node x = m.input(c, h, w);
+  x = m.relu(m.conv(x, 64, 11, 4, 2, true, "features.0"), "features.1");
+  x = m.maxpool(x, 3, 2, 0, false, "features.2");
+  x = m.relu(m.conv(x, 192, 5, 1, 2, true, "features.3"), "features.4");
+  x = m.maxpool(x, 3, 2, 0, false, "features.5");
+  x = m.relu(m.conv(x, 384, 3, 1, 1, true, "features.6"), "features.7");
+  x = m.relu(m.conv(x, 256, 3, 1, 1, true, "features.8"), "features.9");
+  x = m.relu(m.conv(x, 256, 3, 1, 1, true, "features.10"), "features.11");
+  x = m.maxpool(x, 3, 2, 0, false, "features.12");
+  const TensorShape t = m.shape(x);
+  if (t.h != 6 && t.h == t.w && t.h % 6 == 0) x = m.avgpool(x, t.h / 6, t.h / 6, 0, "avgpool");
+  x = m.flatten(x, "flatten");
+  x = m.relu(m.linear(m.dropout(x, 0.5f, "classifier.0"), 4096, true, "classifier.1"), "classifier.2");
+  x = m.relu(m.linear(m.dropout(x, 0.5f, "classifier.3"), 4096, true, "classifier.4"), "classifier.5");
+  m.softmax_cross_entropy(m.linear(x, classes, true, "fc"));
+}
+
 // GoogLeNet (Inception v1) as torchvision builds it (BN after every conv, no auxiliary
 // classifiers, and torchvision's 3x3 kernel in the "5x5" branch), so its parameter count can be
 // checked against torchvision's published 6,624,904.
+// torchvision's BasicConv2d: Conv2d without bias, BatchNorm with eps 1e-3, ReLU.
+Node basic_conv(Model& m, Node x, int k, int r, int s, int p, const std::string& name) {
+  return conv_bn_relu(m, x, k, r, s, p, name, true, 1, "", 1e-3);
+}
 Node inception(Model& m, Node x, int c1, int c3r, int c3, int c5r, int c5, int pp, const std::string& p) {
-  Node b1 = conv_bn_relu(m, x, c1, 1, 1, 0, p + ".branch1");
-  Node b2 = conv_bn_relu(m, conv_bn_relu(m, x, c3r, 1, 1, 0, p + ".branch2.0"), c3, 3, 1, 1, p + ".branch2.1");
-  Node b3 = conv_bn_relu(m, conv_bn_relu(m, x, c5r, 1, 1, 0, p + ".branch3.0"), c5, 3, 1, 1, p + ".branch3.1");
-  Node b4 = conv_bn_relu(m, m.maxpool(x, 3, 1, 1, true, p + ".branch4.pool"), pp, 1, 1, 0, p + ".branch4.1");
+  Node b1 = basic_conv(m, x, c1, 1, 1, 0, p + ".branch1");
+  Node b2 = basic_conv(m, basic_conv(m, x, c3r, 1, 1, 0, p + ".branch2.0"), c3, 3, 1, 1, p + ".branch2.1");
+  Node b3 = basic_conv(m, basic_conv(m, x, c5r, 1, 1, 0, p + ".branch3.0"), c5, 3, 1, 1, p + ".branch3.1");
+  Node b4 = basic_conv(m, m.maxpool(x, 3, 1, 1, true, p + ".branch4.pool"), pp, 1, 1, 0, p + ".branch4.1");
   return m.concat({b1, b2, b3, b4}, p + ".concat");
 }
 
@@ -178,10 +205,10 @@ Node pool_if_fits(Model& m, Node x, int k, int s, const std::string& name) {
 
 void googlenet(Model& m, int c, int h, int w, int classes) {
   Node x = m.input(c, h, w);
-  x = conv_bn_relu(m, x, 64, 7, 2, 3, "conv1");
+  x = basic_conv(m, x, 64, 7, 2, 3, "conv1");
   x = pool_if_fits(m, x, 3, 2, "maxpool1");
-  x = conv_bn_relu(m, x, 64, 1, 1, 0, "conv2");
-  x = conv_bn_relu(m, x, 192, 3, 1, 1, "conv3");
+  x = basic_conv(m, x, 64, 1, 1, 0, "conv2");
+  x = basic_conv(m, x, 192, 3, 1, 1, "conv3");
   x = pool_if_fits(m, x, 3, 2, "maxpool2");
   x = inception(m, x, 64, 96, 128, 16, 32, 32, "inception3a");
   x = inception(m, x, 128, 128, 192, 32, 96, 64, "inception3b");
@@ -203,7 +230,8 @@ void googlenet(Model& m, int c, int h, int w, int classes) {
 std::vector<std::string> model_names() {
   return {"lenet",    "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet18", "resnet34",
           "resnet50", "resnet18c", "resnet34c", "resnet50c", "resnext50", "resnext50c", "vgg11", "vgg13",
-          "vgg16",    "vgg19",    "vgg11bn",  "vgg13bn",  "vgg16bn",  "vgg19bn",   "alexnet",   "googlenet"};
+          "vgg16",    "vgg19",    "vgg11bn",  "vgg13bn",  "vgg16bn",  "vgg19bn",   "alexnet",   "alexnet_tv",
+          "googlenet"};
 }
 
 void build_model(Model& m, const std::string& name, int c, int h, int w, int classes) {
@@ -222,6 +250,7 @@ void build_model(Model& m, const std::string& name, int c, int h, int w, int cla
   }
   if (name == "lenet") return lenet(m, c, h, w, classes);
   if (name == "alexnet") return alexnet(m, c, h, w, classes);
+  if (name == "alexnet_tv") return alexnet_tv(m, c, h, w, classes);
   if (name == "googlenet") return googlenet(m, c, h, w, classes);
   std::string known;
   for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;

@@ -16,6 +16,7 @@ Run add_bench(CLI::App& root);    // info.cpp
 Run add_train(CLI::App& root);    // train.cpp
 Run add_eval(CLI::App& root);     // train.cpp
 Run add_compare(CLI::App& root);  // compare.cpp
+Run add_export(CLI::App& root);   // export.cpp
 
 // "oneDNN 2.6.3 (OpenMP runtime), oneTBB ..., xsimd ..., zlib ...": what dfp info and --version print.
 std::string library_versions();

@@ -1,4 +1,4 @@
-// dfp command-line program: `dfp <command> [flags]`, commands info, bench, train, eval, compare
+// dfp command-line program: `dfp <command> [flags]`, commands info, bench, train, eval, compare, export
 // (commands.hpp). CLI11 parses the command line and writes each command's --help from the same
 // flag definitions (flags.hpp). Exit status: 0 on success, --help and --version; 1 when a flag
 // or the run fails (the message names the flag and what was expected); 2 without a command or
@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   app.allow_extras();  // an unknown command is named below
   app.fallthrough(false);
   std::map<const CLI::App*, dfp::cli::Run> runs;
-  for (auto add : {dfp::cli::add_info, dfp::cli::add_bench, dfp::cli::add_train, dfp::cli::add_eval, dfp::cli::add_compare}) {
+  for (auto add : {dfp::cli::add_info, dfp::cli::add_bench, dfp::cli::add_train, dfp::cli::add_eval, dfp::cli::add_compare,
+                   dfp::cli::add_export}) {
     const dfp::cli::Run run = add(app);
     CLI::App* sub = app.get_subcommands({}).back();
     sub->allow_extras();  // FlagSet::refuse_extras names an unknown flag

@@ -117,6 +117,19 @@ std::vector<Flag> run_flags(RunFlags& s) {
       {"--limit-train", "N", "use only the first N training images (0 = all)", integer(c.limit_train), m},
       {"--limit-test", "N", "use only the first N test images (0 = all)", integer(c.limit_test), m},
       {"--no-augment", "", "no crop/flip augmentation (normalisation stays)", on(c.augment, false), m},
+      {"--init-from", "FILE",
+       "start from these weights: a torch.save'd state_dict (torchvision names) or a dfp state file or checkpoint; "
+       "a classifier of another shape keeps its initial values",
+       text(c.init_from), m},
+      {"--init-skip", "LAYERS", "with --init-from: tensors or layers left as initialised, globs, e.g. fc,'layer4*' (repeatable)",
+       [&c](const std::string& f, const std::string& v) {
+         std::stringstream ss(v);
+         std::string item;
+         while (std::getline(ss, item, ',')) {
+           DFP_CHECK(!item.empty(), Status::invalid_argument, "flag " + f + ": '" + v + "' has an empty item; expected names");
+           c.init_skip.push_back(item);
+         }
+       }, m},
       {"-j,--workers", "N", "loader threads decoding and augmenting batches (0 = --threads)", integer(c.workers), m},
       {"--epochs", "N", "epochs to train", integer(c.epochs), o},
       {"-b,--batch-size", "N", "images per step", integer(c.batch_size), o},
@@ -189,6 +202,10 @@ std::string run_toml(const TrainConfig& c) {
   num("limit-train", std::to_string(c.limit_train));
   num("limit-test", std::to_string(c.limit_test));
   flag("no-augment", !c.augment);
+  if (!c.init_from.empty()) str("init-from", c.init_from);
+  std::string skip;
+  for (const std::string& s : c.init_skip) skip.append(skip.empty() ? "" : ",").append(s);
+  if (!skip.empty()) str("init-skip", skip);
   num("workers", std::to_string(c.workers));
   num("epochs", std::to_string(c.epochs));
   num("batch-size", std::to_string(c.batch_size));

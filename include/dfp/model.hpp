@@ -79,6 +79,7 @@ struct LayerSpec {
   bool bias = false;             // conv, fc
   bool ceil_mode = false;        // maxpool
   float p = 0.f;                 // dropout
+  double eps = 0;                // bn: added to the variance
   int lrn_size = 0;              // lrn: across-channel window, alpha, beta, k as in PyTorch
   float lrn_alpha = 0.f, lrn_beta = 0.f, lrn_k = 0.f;
   bool fused = false;            // relu: applied by its producer (Model::set_fusion), once built
@@ -154,7 +155,8 @@ class Model {
   // PyTorch's shape [out_channels][in_channels / groups][kernel][kernel].
   Node conv(Node x, int out_channels, int kernel, int stride = 1, int pad = 0, bool bias = false,
             std::string name = "", int groups = 1);
-  Node batchnorm(Node x, std::string name = "");
+  // eps: added to the variance, as PyTorch's BatchNorm2d(eps=...) (torchvision's GoogLeNet: 1e-3).
+  Node batchnorm(Node x, std::string name = "", double eps = 1e-5);
   Node relu(Node x, std::string name = "");
   Node maxpool(Node x, int kernel, int stride, int pad = 0, bool ceil_mode = false, std::string name = "");
   Node avgpool(Node x, int kernel, int stride, int pad = 0, std::string name = "");

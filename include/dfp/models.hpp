@@ -5,8 +5,10 @@
 // with the suffix "c", e.g. resnet18c, a CIFAR stem: 3x3/1 conv, no pool); resnext50 and
 // resnext50c (torchvision's ResNeXt-50 32x4d: grouped 3x3 convs, 32 groups); vgg11, vgg13, vgg16,
 // vgg19 and vgg11bn ... vgg19bn (ImageNet classifier 4096-4096 when the input is >= 64 pixels,
-// else a CIFAR-style 512 -> classes classifier); alexnet; googlenet (Inception v1, without the
-// auxiliary classifiers). Every model takes any input size and channel count its architecture
+// else a CIFAR-style 512 -> classes classifier); alexnet (Krizhevsky et al. 2012, with LRN);
+// alexnet_tv (torchvision's AlexNet); googlenet (torchvision's Inception v1, without the auxiliary
+// classifiers). Names and shapes of parameters are torchvision's, but for the exceptions that
+// dfp/torch_state.hpp's name tables map. Every model takes any input size and channel count its architecture
 // allows (28x28x1 Fashion-MNIST as well as 32x32x3 and 224x224x3).
 #pragma once
 

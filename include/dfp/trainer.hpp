@@ -52,6 +52,13 @@ struct TrainConfig {
   // true (its files are then replaced).
   bool overwrite = false;
   std::string resume;               // checkpoint to continue from
+  // Weights to start from (not read when resuming): a torch.save'd state_dict (torchvision names,
+  // dfp/torch_state.hpp) or a dfp state file or checkpoint. Every model tensor must be there with
+  // its shape, but for those init_skip names (globs on tensor or layer names, left as initialised)
+  // and a classifier of another shape (fine-tuning to other classes: kept as initialised, said in
+  // the log).
+  std::string init_from;
+  std::vector<std::string> init_skip;
   int limit_train = 0;              // use only the first N training images (0 = all)
   int limit_test = 0;
   int print_every = 50;             // steps between plain progress lines (non-terminal output)

@@ -32,6 +32,8 @@
 namespace py = pybind11;
 using namespace dfp;
 
+void bind_torch_state(py::module_& mod);  // torch_state.cpp: Model.load_torch_state_dict and the like
+
 namespace {
 
 // dfp.Error (a RuntimeError) and dfp.InvalidArgumentError (also a ValueError), made at import and
@@ -506,7 +508,7 @@ PYBIND11_MODULE(_dfp, mod) {
       .def("input", &Model::input, py::arg("channels"), py::arg("height"), py::arg("width"))
       .def("conv", &Model::conv, py::arg("x"), py::arg("out_channels"), py::arg("kernel"), py::arg("stride") = 1,
            py::arg("pad") = 0, py::arg("bias") = false, py::arg("name") = "", py::arg("groups") = 1)
-      .def("batchnorm", &Model::batchnorm, py::arg("x"), py::arg("name") = "")
+      .def("batchnorm", &Model::batchnorm, py::arg("x"), py::arg("name") = "", py::arg("eps") = 1e-5)
       .def("relu", &Model::relu, py::arg("x"), py::arg("name") = "")
       .def("maxpool", &Model::maxpool, py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
            py::arg("ceil_mode") = false, py::arg("name") = "")
@@ -617,6 +619,7 @@ PYBIND11_MODULE(_dfp, mod) {
       }, "Per-layer numerics of the reduced-precision layers, as dicts.")
       .def("summary", &Model::summary)
       .def("__repr__", [](const Model& m) { return "dfp.Model('" + m.name() + "')"; });
+  bind_torch_state(mod);
 
   mod.attr("STATE_VERSION") = kStateVersion;
   mod.def("_save_state", [](Model& m, const std::string& path) {
@@ -657,6 +660,8 @@ PYBIND11_MODULE(_dfp, mod) {
       .def_readwrite("model", &TrainConfig::model)
       .def_readwrite("dataset", &TrainConfig::dataset)
       .def_readwrite("data", &TrainConfig::data)
+      .def_readwrite("init_from", &TrainConfig::init_from)
+      .def_readwrite("init_skip", &TrainConfig::init_skip)
       .def_readwrite("image_size", &TrainConfig::image_size)
       .def_readwrite("policy", &TrainConfig::policy)
       .def_readwrite("loss_scale", &TrainConfig::loss_scale)

@@ -363,9 +363,9 @@ void Executor::forward(const Staged& in, bool train) {
           be.reduce(ReduceArgs{Reduce::sum, x.act, nullptr, nullptr, nullptr, rows, r.C, sums_, scratch_});
           be.run(BnMeanArgs{sums_, r.mean, m}, r.C);
           be.reduce(ReduceArgs{Reduce::sqdev, x.act, nullptr, r.mean, nullptr, rows, r.C, sums_, scratch_});
-          be.run(BnFinalizeTrainArgs{sums_, r.mean, r.invstd, r.rmean, r.rvar, m}, r.C);
+          be.run(BnFinalizeTrainArgs{sums_, r.mean, r.invstd, r.rmean, r.rvar, m, r.spec.eps}, r.C);
         } else {
-          be.run(BnFinalizeEvalArgs{r.mean, r.invstd, r.rmean, r.rvar}, r.C);
+          be.run(BnFinalizeEvalArgs{r.mean, r.invstd, r.rmean, r.rvar, r.spec.eps}, r.C);
         }
         be.run(BnApplyArgs{x.act, r.act, gamma, beta, r.mean, r.invstd, r.C}, r.elems);
         break;

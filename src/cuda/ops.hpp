@@ -526,9 +526,9 @@ DFP_HD inline void reduce_term(const ReduceArgs& a, size_t r, int c, float& u, f
   }
 }
 
-// ---- BatchNorm (BatchNorm in src/layers/batchnorm.cpp: eps 1e-5, momentum 0.1, two-pass variance, running
-// variance unbiased) ---------------------------------------------------------------------------
-constexpr double kBnEps = 1e-5, kBnMomentum = 0.1;
+// ---- BatchNorm (BatchNorm in src/layers/batchnorm.cpp: the layer's eps (LayerSpec::eps), momentum 0.1,
+// two-pass variance, running variance unbiased) ------------------------------------------------
+constexpr double kBnMomentum = 0.1;
 
 // mean[c] = sum[c] / m. i over C.
 struct BnMeanArgs {
@@ -542,13 +542,13 @@ template <class T> struct BnMeanFn {
 // From the squared deviations: invstd, and the running statistics. i over C.
 struct BnFinalizeTrainArgs {
   DFP_OP(BnFinalizeTrain)
-  const double* sums; const float* mean; float* invstd; float* running_mean; float* running_var; double m;
+  const double* sums; const float* mean; float* invstd; float* running_mean; float* running_var; double m; double eps;
 };
 template <class T> struct BnFinalizeTrainFn {
   BnFinalizeTrainArgs a;
   DFP_HD void operator()(size_t c) const {
     const double var = a.sums[c] / a.m;
-    a.invstd[c] = (float)(1.0 / sqrt(var + kBnEps));
+    a.invstd[c] = (float)(1.0 / sqrt(var + a.eps));
     a.running_mean[c] = (float)((1 - kBnMomentum) * a.running_mean[c] + kBnMomentum * a.mean[c]);
     a.running_var[c] = (float)((1 - kBnMomentum) * a.running_var[c] +
                                kBnMomentum * var * a.m / (a.m - 1 > 1 ? a.m - 1 : 1.0));
@@ -556,13 +556,13 @@ template <class T> struct BnFinalizeTrainFn {
 };
 struct BnFinalizeEvalArgs {
   DFP_OP(BnFinalizeEval)
-  float* mean; float* invstd; const float* running_mean; const float* running_var;
+  float* mean; float* invstd; const float* running_mean; const float* running_var; double eps;
 };
 template <class T> struct BnFinalizeEvalFn {
   BnFinalizeEvalArgs a;
   DFP_HD void operator()(size_t c) const {
     a.mean[c] = a.running_mean[c];
-    a.invstd[c] = (float)(1.f / sqrt(a.running_var[c] + kBnEps));
+    a.invstd[c] = (float)(1.f / sqrt(a.running_var[c] + a.eps));
   }
 };
 // y = x * (gamma * invstd) + (beta - mean * gamma * invstd). i over rows*C.

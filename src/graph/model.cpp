@@ -672,7 +672,13 @@ Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string 
   sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b; sp.groups = groups;
   return impl_->add(model::make_conv(k, r, s, p, b, groups), {x}, std::move(n), "conv", sp);
 }
-Model::Node Model::batchnorm(Node x, std::string n) { return impl_->add(model::make_batchnorm(), {x}, std::move(n), "bn"); }
+Model::Node Model::batchnorm(Node x, std::string n, double eps) {
+  DFP_CHECK(std::isfinite(eps) && eps > 0, Status::invalid_argument,
+            "model '" + impl_->name + "': batchnorm eps must be a positive finite number, got " + std::to_string(eps));
+  LayerSpec sp;
+  sp.eps = eps;
+  return impl_->add(model::make_batchnorm(eps), {x}, std::move(n), "bn", sp);
+}
 Model::Node Model::relu(Node x, std::string n) { return impl_->add(model::make_relu(), {x}, std::move(n), "relu"); }
 Model::Node Model::maxpool(Node x, int k, int s, int p, bool c, std::string n) {
   LayerSpec sp;
@@ -835,9 +841,14 @@ std::vector<TensorView> Model::state() {
         shape = {n.spec.out_channels, in.c / std::max(1, n.spec.groups), n.spec.kernel, n.spec.kernel};
       else if (weight && n.spec.kind == "fc")
         shape = {n.spec.out_channels, in.c * in.h * in.w};
+      else if (n.spec.kind == "bn")
+        shape = {in.c};  // its weight and bias are padded to 16 lanes (zeros) that PyTorch does not have
       size_t elements = 1;
       for (int d : shape) elements *= size_t(d);
-      if (elements == q.size) v.shape = std::move(shape);
+      if (elements == q.size || (n.spec.kind == "bn" && elements < q.size)) {
+        v.shape = std::move(shape);
+        v.size = elements;
+      }
       out.push_back(std::move(v));
     }
   for (auto& [name, b] : buffers()) out.push_back({name, {int(b->size())}, b->data(), b->size(), false, nullptr});

@@ -32,6 +32,7 @@ namespace {
 // sum at most).
 class BatchNorm final : public Layer {
  public:
+  explicit BatchNorm(double eps) : eps_(eps) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
   void build(const Context&, const std::vector<TensorShape>& in, const TensorShape&, const LayerPrecision& precision,
              std::mt19937_64&) override {
@@ -113,7 +114,7 @@ class BatchNorm final : public Layer {
         mx = -lo_[c] > mx ? -lo_[c] : mx;
         const double var = m2 / m;
         mean_[c] = static_cast<float>(mean);
-        invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + kEps));
+        invstd_[c] = static_cast<float>(1.0 / std::sqrt(var + eps_));
         if (c < s_.c) {  // PyTorch: running var uses the unbiased estimate
           running_mean_[c] = (1 - kMomentum) * running_mean_[c] + kMomentum * mean_[c];
           running_var_[c] = static_cast<float>((1 - kMomentum) * running_var_[c] +
@@ -124,7 +125,7 @@ class BatchNorm final : public Layer {
     } else {
       for (int c = 0; c < cb_of(s_) * 16; ++c) {
         mean_[c] = c < s_.c ? running_mean_[c] : 0.f;
-        invstd_[c] = c < s_.c ? 1.f / std::sqrt(running_var_[c] + kEps) : 0.f;
+        invstd_[c] = c < s_.c ? 1.f / std::sqrt(running_var_[c] + eps_) : 0.f;
       }
     }
     for (int c = 0; c < CB * 16; ++c) {
@@ -322,7 +323,8 @@ class BatchNorm final : public Layer {
     in_grad_max_ = dx_max.load();
   }
 
-  static constexpr double kEps = 1e-5, kMomentum = 0.1;
+  static constexpr double kMomentum = 0.1;
+  double eps_;  // added to the variance, as PyTorch's eps
   TensorShape s_;
   std::vector<float> gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_, mean_, invstd_;
   std::vector<float> k1_, k2_, k3_;  // backward's per-channel coefficients
@@ -350,6 +352,6 @@ class BatchNorm final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_batchnorm() { return std::make_unique<BatchNorm>(); }
+std::unique_ptr<Layer> make_batchnorm(double eps) { return std::make_unique<BatchNorm>(eps); }
 
 }  // namespace dfp::model

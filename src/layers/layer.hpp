@@ -162,7 +162,7 @@ class Layer {
 
 // groups > 1: a grouped convolution (groups must divide both channel counts).
 std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias, int groups = 1);
-std::unique_ptr<Layer> make_batchnorm();
+std::unique_ptr<Layer> make_batchnorm(double eps);
 std::unique_ptr<Layer> make_relu();
 std::unique_ptr<Layer> make_pool(bool max, int kernel, int stride, int pad, bool ceil_mode);
 std::unique_ptr<Layer> make_global_avgpool();

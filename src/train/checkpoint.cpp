@@ -43,7 +43,7 @@ std::string quoted_name(std::string_view name) {
 }
 
 // Writes all of buf to fd; "" or what failed (errno's text).
-std::string write_all(int fd, const std::string& buf) {
+std::string write_all(int fd, std::string_view buf) {
   size_t done = 0;
   while (done < buf.size()) {
     const ssize_t r = ::write(fd, buf.data() + done, buf.size() - done);
@@ -82,25 +82,24 @@ std::string checkpoint_bytes(const Checkpoint& ck) {
   return buf;
 }
 
-void write_checkpoint(const std::string& path, const Checkpoint& ck) {
-  const std::string buf = checkpoint_bytes(ck);
+void write_file_atomically(const std::string& path, std::string_view bytes, const std::string& what) {
   // A name of this writer alone: two processes writing the same path never share a file.
   char suffix[32];
   std::snprintf(suffix, sizeof suffix, ".%ld-%08x.tmp", long(::getpid()), unsigned(std::chrono::steady_clock::now().time_since_epoch().count()));
   const std::string tmp = path + suffix;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   DFP_CHECK(fd >= 0, Status::io_error,
-            "checkpoint '" + tmp + "': cannot create the temporary file: " + std::strerror(errno));
+            what + " '" + tmp + "': cannot create the temporary file: " + std::strerror(errno));
   // The data reaches the disk before the rename, and the rename before we return: after a power
-  // loss the path holds the old checkpoint or the new one, never a renamed empty file.
-  std::string failed = write_all(fd, buf);
+  // loss the path holds the old file or the new one, never a renamed empty file.
+  std::string failed = write_all(fd, bytes);
   if (failed.empty() && ::fsync(fd) != 0) failed = std::string("fsync failed: ") + std::strerror(errno);
   if (::close(fd) != 0 && failed.empty()) failed = std::string("close failed: ") + std::strerror(errno);
   if (failed.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)  // atomic on POSIX
     failed = std::string("cannot rename the temporary file over it: ") + std::strerror(errno);
   if (!failed.empty()) {
-    ::unlink(tmp.c_str());  // the previous checkpoint, if any, stays as it was
-    fail(Status::io_error, "checkpoint '" + path + "': " + failed + " (the previous checkpoint, if any, is kept)");
+    ::unlink(tmp.c_str());  // the previous file, if any, stays as it was
+    fail(Status::io_error, what + " '" + path + "': " + failed + " (the previous " + what + ", if any, is kept)");
   }
   const std::string dir = fs::path(path).parent_path().string();
   // Some file systems cannot sync a directory: best effort.
@@ -108,6 +107,10 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+void write_checkpoint(const std::string& path, const Checkpoint& ck) {
+  write_file_atomically(path, checkpoint_bytes(ck), "checkpoint");
 }
 
 void remove_checkpoint_temporaries(const std::string& path) {

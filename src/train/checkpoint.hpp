@@ -29,6 +29,9 @@ std::string checkpoint_bytes(const Checkpoint& ck);
 // temporary file and throws Error(io_error) naming the file and what failed.
 void write_checkpoint(const std::string& path, const Checkpoint& ck);
 
+// The same for any file's bytes; `what` ("checkpoint", "torch state_dict") names it in errors.
+void write_file_atomically(const std::string& path, std::string_view bytes, const std::string& what);
+
 // Removes the temporary files that writers of `path` killed before their rename left behind. Only
 // for the owner of the directory (a run holding its lock): another writer's file would go too.
 void remove_checkpoint_temporaries(const std::string& path);

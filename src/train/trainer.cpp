@@ -24,6 +24,7 @@
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
+#include "dfp/torch_state.hpp"
 #include "src/train/checkpoint.hpp"
 #include "dfp/run_lock.hpp"
 #include "src/train/state.hpp"
@@ -548,6 +549,11 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   m.set_profiling(cfg.profile);
   Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
   LossScaler scaler(cfg.loss_scale);
+  if (!cfg.init_from.empty() && !cfg.resume.empty())
+    say("note: --init-from " + cfg.init_from + " is not read: the run resumes from its checkpoint's weights");
+  else if (!cfg.init_from.empty())
+    for (const std::string& line : load_weights(m, cfg.init_from, {.skip = cfg.init_skip, .skip_mismatched_classifier = true}).lines())
+      say("init: " + line);
   Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed,
                       cfg.workers);
   Loader test_loader(ctx, test_set, cfg.batch_size, false, false, augment_for(test_set, false, false), cfg.seed,
@@ -642,6 +648,7 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     for (const std::vector<Setting>* list : {&settings, &machine})
       for (const Setting& st : *list) st.add_to(config);
     config.add_string("data", cfg.data);
+    config.add_string("init_from", cfg.init_from);
     config.add_literal("limit_test", std::to_string(cfg.limit_test));
     config.add_string("label", cfg.label.empty() ? precision_label(cfg) : cfg.label);
     config.add_string("device", cfg.device);

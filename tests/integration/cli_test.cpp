@@ -120,7 +120,8 @@ TEST(CliFlags, RunTomlReadsBackToTheSameSettings) {
       parse_train({"-a", "vgg11_bn", "--precision", "bf16", "--keep-fp32", "fc", "--rounding", "stochastic",
                    "--weights-rounding", "nearest", "--activations-format", "fp16", "--loss-scale", "1024",
                    "--milestones", "2,4", "--schedule", "multistep", "--nesterov", "--no-augment", "--lr", "0.03",
-                   "--seed", "9", "--label", "it's", "--data", dir.str(), "--out", dir.file("run")});
+                   "--seed", "9", "--label", "it's", "--data", dir.str(), "--out", dir.file("run"), "--init-from",
+                   dir.file("w.pt"), "--init-skip", "fc,layer4*", "--init-skip", "conv1"});
   fs::create_directories(dir.file("run"));
   dfp::cli::write_run_toml(a.out, dfp::cli::run_toml(a));
   const std::string toml = slurp(dir.file("run/run.toml"));
@@ -130,6 +131,8 @@ TEST(CliFlags, RunTomlReadsBackToTheSameSettings) {
   EXPECT_EQ(b.loss_scale.describe(), a.loss_scale.describe());
   EXPECT_EQ(b.model, "vgg11bn");
   EXPECT_EQ(b.milestones, a.milestones);
+  EXPECT_EQ(b.init_from, dir.file("w.pt"));
+  EXPECT_EQ(b.init_skip, (std::vector<std::string>{"fc", "layer4*", "conv1"}));
   EXPECT_TRUE(b.nesterov);
   EXPECT_FALSE(b.augment);
   const dfp::TrainConfig c = parse_train({"--seed", "4", "--lr=0.5"}, dir.file("run/run.toml"));
@@ -152,13 +155,15 @@ TEST(Cli, HelpListsCommandsAndFlags) {
   for (const char* args : {"--help", "help", "-h"}) {
     const Result r = dfp_cli(args, dir);
     EXPECT_EQ(r.status, 0) << args;
-    for (const char* cmd : {"info", "bench", "train", "eval", "compare"}) EXPECT_NE(r.output.find(cmd), std::string::npos) << cmd;
+    for (const char* cmd : {"info", "bench", "train", "eval", "compare", "export"})
+      EXPECT_NE(r.output.find(cmd), std::string::npos) << cmd;
   }
   const Result train = dfp_cli("train --help", dir);
   EXPECT_EQ(train.status, 0) << train.output;
   for (const char* flag : {"--lr", "-b,--batch-size", "-j,--workers", "--wd,--weight-decay", "-p,--print-every",
                            "-e,--evaluate", "-a,--model,--arch", "--config FILE", "--precision", "--keep-fp32",
-                           "--loss-scaling", "--resume", "--out DIR", "vgg16_bn=vgg16bn"})
+                           "--loss-scaling", "--resume", "--out DIR", "vgg16_bn=vgg16bn", "--init-from FILE",
+                           "--init-skip"})
     EXPECT_NE(train.output.find(flag), std::string::npos) << flag << " in\n" << train.output;
   for (const char* cmd : {"info", "bench", "eval", "compare"}) {
     const Result r = dfp_cli(std::string(cmd) + " --help", dir);
@@ -229,6 +234,28 @@ TEST(Cli, RunTomlRepeatsTheRun) {
   const size_t at = eval.output.find("test loss");
   ASSERT_NE(at, std::string::npos) << eval.output;
   EXPECT_NE(e.output.find(eval.output.substr(at)), std::string::npos) << e.output;
+}
+
+// dfp export --to-torch writes a checkpoint's weights as a torch state_dict, which --init-from
+// reads back (as it reads the checkpoint itself); --init-from and --init-skip go to run.toml.
+TEST(Cli, ExportAndInitFrom) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const dfp::test::TempDir dir("dfp_cli_export_");
+  const std::string common = "train -a lenet --epochs 1 -b 32 --limit-train 64 --limit-test 32 --threads 2 ";
+  ASSERT_EQ(dfp_cli(common + "--out '" + dir.file("a") + "'", dir).status, 0);
+  const Result ex = dfp_cli("export --to-torch '" + dir.file("a.pt") + "' '" + dir.file("a/checkpoint.dfp") + "'", dir);
+  ASSERT_EQ(ex.status, 0) << ex.output;
+  EXPECT_NE(ex.output.find("wrote " + dir.file("a.pt")), std::string::npos) << ex.output;
+  for (const auto& [from, out] : {std::pair{"a.pt", "b"}, std::pair{"a/checkpoint.dfp", "c"}}) {
+    const Result b =
+        dfp_cli(common + "--init-from '" + dir.file(from) + "' --init-skip fc --out '" + dir.file(out) + "'", dir);
+    ASSERT_EQ(b.status, 0) << b.output;
+    EXPECT_NE(b.output.find("init: loaded 8 tensors from"), std::string::npos) << b.output;
+  }
+  EXPECT_NE(slurp(dir.file("b/run.toml")).find("init-skip = 'fc'"), std::string::npos);
+  const Result missing = dfp_cli("export --to-torch '" + dir.file("x.pt") + "'", dir);
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.output.find("expected a CHECKPOINT file"), std::string::npos) << missing.output;
 }
 
 // A torchvision name trains the dfp model it names.

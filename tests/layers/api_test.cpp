@@ -268,6 +268,36 @@ TEST(Api, ViewsHaveTorchNamesAndShapes) {
   test::expect_error([&] { m.tensor("layer9.weight"); }, Status::invalid_argument, {"layer9.weight", "conv1.weight"});
 }
 
+// A BatchNorm of a channel count that is not a multiple of 16 shows [channels], as PyTorch (its
+// padding lanes stay out of view), and its eps is the one it was built with: y = x / sqrt(var + eps)
+// with running mean 0.
+TEST(Api, BatchNormViewsAndEps) {
+  for (const double eps : {1e-5, 0.25}) {
+    Model m(ctx2(), "bn24");
+    auto x = m.input(24, 1, 1);
+    x = m.batchnorm(x, "bn", eps);
+    m.softmax_cross_entropy(m.linear(m.flatten(x, "flatten"), 24, false, "fc"));
+    m.build(1, policy_of(Precision::fp32));
+    for (const char* t : {"bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"}) {
+      EXPECT_EQ(m.tensor(t).shape, std::vector<int>{24}) << t;
+      EXPECT_EQ(m.tensor(t).size, 24u) << t;
+    }
+    EXPECT_EQ(m.graph()[1].eps, eps);
+    const TensorView var = m.tensor("bn.running_var"), fc = m.tensor("fc.weight");
+    for (int c = 0; c < 24; ++c) var.data[c] = 0.75f;
+    for (int i = 0; i < 24 * 24; ++i) fc.data[i] = i % 25 == 0 ? 1.f : 0.f;  // identity
+    m.weights_updated();
+    std::vector<float> in(blocked_size(1, 24, 1, 1), 0.f), out(24), plain(24);
+    for (int c = 0; c < 24; ++c) plain[size_t(c)] = float(c + 1);
+    to_blocked(plain.data(), in.data(), 1, 24, 1, 1);
+    m.predict(in.data(), 1, out.data());
+    for (int c = 0; c < 24; ++c) EXPECT_FLOAT_EQ(out[size_t(c)], float(c + 1) / std::sqrt(0.75f + float(eps))) << c;
+  }
+  Model bad(ctx2(), "bad");
+  test::expect_error([&] { bad.batchnorm(bad.input(3, 2, 2), "bn", 0.0); }, Status::invalid_argument,
+                     {"batchnorm eps", "positive"});
+}
+
 TEST(Api, WritingThroughAViewChangesPredictions) {
   for (Precision p : {Precision::fp32, Precision::int16}) {
     SCOPED_TRACE(precision_name(p));
