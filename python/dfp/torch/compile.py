@@ -132,10 +132,10 @@ class _Mapper:
             where = f"BatchNorm2d '{name}'"
             if not (mod.affine and mod.track_running_stats):
                 raise UnsupportedError(f"{where}: affine and track_running_stats must be on")
-            if abs(mod.eps - 1e-5) > 1e-12 or mod.momentum is None or abs(mod.momentum - 0.1) > 1e-12:
-                raise UnsupportedError(f"{where}: eps {mod.eps}, momentum {mod.momentum}; dfp's BatchNorm has "
-                                       "eps 1e-5 and momentum 0.1 (torch's defaults)")
-            self.values[node] = self.m.batchnorm(x, name)
+            if mod.momentum is None or abs(mod.momentum - 0.1) > 1e-12:
+                raise UnsupportedError(f"{where}: momentum {mod.momentum}; dfp's BatchNorm updates its running "
+                                       "statistics with momentum 0.1 (torch's default)")
+            self.values[node] = self.m.batchnorm(x, name, float(mod.eps))
         elif isinstance(mod, nn.ReLU):
             self.values[node] = self.m.relu(x, name)
         elif isinstance(mod, nn.MaxPool2d):
