@@ -32,6 +32,8 @@
 namespace py = pybind11;
 using namespace dfp;
 
+void bind_layer_op(py::module_& mod);  // layer_op.cpp
+
 namespace {
 
 // dfp.Error (a RuntimeError) and dfp.InvalidArgumentError (also a ValueError), made at import and
@@ -617,6 +619,8 @@ PYBIND11_MODULE(_dfp, mod) {
       }, "Per-layer numerics of the reduced-precision layers, as dicts.")
       .def("summary", &Model::summary)
       .def("__repr__", [](const Model& m) { return "dfp.Model('" + m.name() + "')"; });
+
+  bind_layer_op(mod);
 
   mod.attr("STATE_VERSION") = kStateVersion;
   mod.def("_save_state", [](Model& m, const std::string& path) {
