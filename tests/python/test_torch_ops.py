@@ -201,8 +201,11 @@ def test_modules_are_torch_modules_with_torch_state_dict_keys():
     torch.manual_seed(6)
     same = dt.Conv2d(3, 5, 3, ctx=CTX)  # torch's initialisation, drawn the same way
     assert torch.equal(ref.weight, same.weight) and torch.equal(ref.bias, same.bias)
-    c.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 6, 6)
+    c(x)  # loads the initial weights into dfp ...
+    c.load_state_dict(ref.state_dict())  # ... and load_state_dict's in-place copy is a new version
     assert torch.equal(c.weight, ref.weight)
+    assert rel_l2(c(x), F.conv2d(x, ref.weight, ref.bias)) <= BOUND["bf16"]
     assert "precision=bf16" in repr(c)
 
 
