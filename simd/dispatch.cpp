@@ -19,6 +19,8 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.add = {&ref::add, "add_f32__ref"};
   t.add_relu = {&ref::add_relu, "add_relu_f32__ref"};
   t.shift_lanes = {&ref::shift_lanes, "shift_lanes_f32__ref"};
+  t.to_blocked = {&ref::to_blocked, "to_blocked_f32__ref"};
+  t.from_blocked = {&ref::from_blocked, "from_blocked_f32__ref"};
   t.sgd_update = {&ref::sgd_update, "sgd_update_f32__ref"};
   t.bn_scale_shift = {&ref::bn_scale_shift, "bn_scale_shift_f32__ref"};
   t.bn_moments = {&ref::bn_moments, "bn_moments_f32__ref"};
@@ -90,6 +92,8 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
     t.add = {&avx512::add, "add_f32__avx512"};
     t.add_relu = {&avx512::add_relu, "add_relu_f32__avx512"};
     t.shift_lanes = {&avx512::shift_lanes, "shift_lanes_f32__avx512"};
+    t.to_blocked = {&avx512::to_blocked, "to_blocked_f32__avx512"};
+    t.from_blocked = {&avx512::from_blocked, "from_blocked_f32__avx512"};
     t.sgd_update = {&avx512::sgd_update, "sgd_update_f32__avx512_xsimd"};
     t.bn_scale_shift = {&avx512::bn_scale_shift, "bn_scale_shift_f32__avx512"};
     t.bn_moments = {&avx512::bn_moments, "bn_moments_f32__avx512"};

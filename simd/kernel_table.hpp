@@ -242,6 +242,15 @@ using AddReluFn = float (*)(const float* a, const float* b, float* y, uint16_t* 
 using ShiftLanesFn = void (*)(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step,
                               size_t pixels, uint16_t keep);
 
+// ---- layout: plain NCHW planes <-> blocked pixels ------------------------------------------------
+// A run of `pixels` pixels of one 16-channel block between plain channel planes (channel l of pixel
+// p at plain[l * plane + p]) and blocked pixels (blocked[p * 16 + l]), for the lanes l < `lanes`
+// (1..16): to_blocked writes the other lanes zero, from_blocked does not read them. Values are
+// copied bit for bit. to_blocked returns max|value| over what it copied (0 for nothing; NaN never
+// wins the comparison): an INT16 operand's exponent without a pass of its own.
+using ToBlockedFn = float (*)(const float* plain, size_t plane, int lanes, float* blocked, size_t pixels);
+using FromBlockedFn = void (*)(const float* blocked, int lanes, float* plain, size_t plane, size_t pixels);
+
 // ---- optimizer -----------------------------------------------------------------------------------
 // SGD with momentum on FP32 master weights w, velocity v, gradient grad, element by element as
 //   g = grad + wd * w;  v = momentum * v + g;  w = w - lr * (nesterov ? g + momentum * v : v)
@@ -372,6 +381,8 @@ struct KernelTable {
   Entry<AddFn> add;
   Entry<AddReluFn> add_relu;
   Entry<ShiftLanesFn> shift_lanes;
+  Entry<ToBlockedFn> to_blocked;
+  Entry<FromBlockedFn> from_blocked;
   Entry<SgdUpdateFn> sgd_update;
   Entry<BnScaleShiftFn> bn_scale_shift;
   Entry<BnMomentsFn> bn_moments;
@@ -414,6 +425,8 @@ Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
 Signature<AddReluFn> add_relu;
 Signature<ShiftLanesFn> shift_lanes;
+Signature<ToBlockedFn> to_blocked;
+Signature<FromBlockedFn> from_blocked;
 Signature<SgdUpdateFn> sgd_update;
 Signature<BnScaleShiftFn> bn_scale_shift;
 Signature<BnMomentsFn> bn_moments;
@@ -441,6 +454,8 @@ Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
 Signature<AddReluFn> add_relu;
 Signature<ShiftLanesFn> shift_lanes;
+Signature<ToBlockedFn> to_blocked;
+Signature<FromBlockedFn> from_blocked;
 Signature<SgdUpdateFn> sgd_update;
 Signature<BnScaleShiftFn> bn_scale_shift;
 Signature<BnMomentsFn> bn_moments;

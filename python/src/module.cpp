@@ -33,6 +33,7 @@ namespace py = pybind11;
 using namespace dfp;
 
 void bind_torch_state(py::module_& mod);  // torch_state.cpp: Model.load_torch_state_dict and the like
+void bind_layer_op(py::module_& mod);  // layer_op.cpp
 
 namespace {
 
@@ -620,6 +621,8 @@ PYBIND11_MODULE(_dfp, mod) {
       .def("summary", &Model::summary)
       .def("__repr__", [](const Model& m) { return "dfp.Model('" + m.name() + "')"; });
   bind_torch_state(mod);
+
+  bind_layer_op(mod);
 
   mod.attr("STATE_VERSION") = kStateVersion;
   mod.def("_save_state", [](Model& m, const std::string& path) {

@@ -6,6 +6,34 @@
 namespace dfp::simd::avx512 {
 namespace {
 inline __mmask16 tail(size_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+// Transposes the 16 x 16 floats of r (row i = r[i]) in place: 4x4 blocks within each 128-bit lane
+// (unpack of singles, then of pairs), then the lanes across rows four apart (two 128-bit shuffles).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+  __m512 u[16];  // u[4g + j]: 128-bit lane k holds column j + 4k of rows 4g .. 4g + 3
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[g]), pd(t[g + 2])));
+    u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[g]), pd(t[g + 2])));
+    u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[g + 1]), pd(t[g + 3])));
+    u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[g + 1]), pd(t[g + 3])));
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 lo01 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44);  // rows 0-7, columns j, j + 4
+    const __m512 hi01 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);  // rows 0-7, columns j + 8, j + 12
+    const __m512 lo23 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512 hi23 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
+    r[j] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
+    r[j + 4] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
+    r[j + 8] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+    r[j + 12] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
+  }
+}
 }  // namespace
 
 float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n) {
@@ -66,6 +94,36 @@ void shift_lanes(const float* a, const float* b, int shift, size_t in_step, floa
     const __m512 va = a ? _mm512_loadu_ps(a + p * in_step * 16) : z;
     const __m512 vb = b ? _mm512_loadu_ps(b + p * in_step * 16) : z;
     _mm512_storeu_ps(out + p * out_step * 16, _mm512_maskz_permutex2var_ps(k, va, idx, vb));
+  }
+}
+
+// 16 pixels at a time: the lanes' 16-pixel rows are loaded, transposed into the pixels' 16-lane
+// rows, and stored.
+float to_blocked(const float* plain, size_t plane, int lanes, float* blocked, size_t pixels) {
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  __m512 mx = _mm512_setzero_ps();
+  __m512 r[16];
+  for (size_t p = 0; p < pixels; p += 16) {
+    const __mmask16 m = tail(pixels - p);
+    for (int l = 0; l < 16; ++l) {
+      r[l] = l < lanes ? _mm512_maskz_loadu_ps(m, plain + size_t(l) * plane + p) : _mm512_setzero_ps();
+      mx = _mm512_max_ps(_mm512_and_ps(r[l], magnitude), mx);  // NaN never wins, as in the reference
+    }
+    transpose16(r);
+    const size_t count = pixels - p < 16 ? pixels - p : 16;
+    for (size_t i = 0; i < count; ++i) _mm512_storeu_ps(blocked + (p + i) * 16, r[i]);
+  }
+  return _mm512_reduce_max_ps(mx);
+}
+
+void from_blocked(const float* blocked, int lanes, float* plain, size_t plane, size_t pixels) {
+  __m512 r[16];
+  for (size_t p = 0; p < pixels; p += 16) {
+    const __mmask16 m = tail(pixels - p);
+    const size_t count = pixels - p < 16 ? pixels - p : 16;
+    for (size_t i = 0; i < 16; ++i) r[i] = i < count ? _mm512_loadu_ps(blocked + (p + i) * 16) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int l = 0; l < lanes; ++l) _mm512_mask_storeu_ps(plain + size_t(l) * plane + p, m, r[l]);
   }
 }
 }  // namespace dfp::simd::avx512

@@ -48,4 +48,19 @@ void shift_lanes(const float* a, const float* b, int shift, size_t in_step, floa
       out[p * out_step * 16 + l] = (keep >> l & 1) && src ? src[p * in_step * 16 + j % 16] : 0.f;
     }
 }
+float to_blocked(const float* plain, size_t plane, int lanes, float* blocked, size_t pixels) {
+  float mx = 0.f;
+  for (size_t p = 0; p < pixels; ++p)
+    for (int l = 0; l < 16; ++l) {
+      const float v = l < lanes ? plain[size_t(l) * plane + p] : 0.f;
+      blocked[p * 16 + l] = v;
+      const float a = v < 0.f ? -v : v;
+      mx = a > mx ? a : mx;
+    }
+  return mx;
+}
+void from_blocked(const float* blocked, int lanes, float* plain, size_t plane, size_t pixels) {
+  for (size_t p = 0; p < pixels; ++p)
+    for (int l = 0; l < lanes; ++l) plain[size_t(l) * plane + p] = blocked[p * 16 + l];
+}
 }  // namespace dfp::simd::ref

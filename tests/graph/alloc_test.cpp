@@ -16,6 +16,7 @@
 
 #include "dfp/context.hpp"
 #include "dfp/dfp.h"
+#include "dfp/layer_op.hpp"
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 
@@ -249,4 +250,36 @@ TEST(Allocation, CApiCallsAllocateNothing) {
     dfp_model_destroy(m);
   }
   dfp_context_destroy(ctx);
+}
+
+// A LayerOp (the PyTorch bridge's layer) allocates nothing once its shapes are planned: training
+// forwards and backwards with a new weight version each time (so each re-loads the weights), and an
+// inference pass of another batch size (its own plan), in every precision, grouped or not.
+TEST(Allocation, LayerOpCallsAllocateNothing) {
+  Context ctx(ContextOptions{.threads = 2});
+  find_foreign_code();
+  for (int groups : {1, 4})
+    for (Precision p : {Precision::fp32, Precision::int16, Precision::bf16, Precision::fp16}) {
+      LayerOpSpec spec;
+      spec.in_channels = 32;
+      spec.out_channels = 16;
+      spec.kernel = 3;
+      spec.pad = 1;
+      spec.groups = groups;
+      spec.bias = true;
+      spec.name = "layer4.1.downsample.0";  // longer than a short string keeps in place
+      PrecisionPolicy pol;
+      pol.precision = p;
+      LayerOp op(ctx, spec, pol);
+      std::vector<float> x(8 * 32 * 8 * 8, 0.5f), y(8 * 16 * 8 * 8), dx(x.size()), w(op.weight_count(), 0.01f),
+          dw(w.size()), b(16), db(16);
+      uint64_t version = 0;
+      count_three([&] {
+        w[0] += 1e-3f;
+        const uint64_t t = op.forward(x.data(), 8, 8, 8, w.data(), b.data(), ++version, y.data(), true, true);
+        op.backward(t, y.data(), dx.data(), dw.data(), db.data());
+        op.forward(x.data(), 3, 8, 8, w.data(), b.data(), version, y.data(), false, false);
+      });
+      EXPECT_EQ(own.load(), 0) << precision_name(p) << " groups " << groups << ": allocations by dfp in 3 rounds";
+    }
 }

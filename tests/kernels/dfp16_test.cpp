@@ -6,6 +6,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cstdlib>
 #include <cmath>
@@ -572,6 +573,44 @@ TEST_P(Dfp16Isa, ShiftLanesBitIdenticalToReference) {
                 }
               }
           }
+}
+
+// The layout transposes (plain channel planes <-> blocked pixels) match their scalar twins bit for
+// bit, for every lane count and pixel runs around the 16-pixel step; to_blocked zeroes the lanes it
+// does not fill and returns max|x| (NaN ignored), from_blocked writes only its lanes and pixels.
+TEST_P(Dfp16Isa, LayoutTransposesBitIdenticalToReference) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const size_t plane = 41;
+  std::vector<float> plain = test::random_vec(16 * plane, 31, -3.f, 3.f);
+  plain[2] = -0.f;
+  plain[plane + 5] = std::numeric_limits<float>::quiet_NaN();
+  plain[3 * plane + 7] = -9.5f;  // the largest magnitude, in lane 3
+  for (int lanes : {1, 3, 15, 16})
+    for (size_t pixels : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(33), plane}) {
+      std::vector<float> b0(pixels * 16, 7.f), b1 = b0;
+      const float m0 = simd::ref::to_blocked(plain.data(), plane, lanes, b0.data(), pixels);
+      const float m1 = c.kernels().to_blocked.fn(plain.data(), plane, lanes, b1.data(), pixels);
+      ASSERT_EQ(0, std::memcmp(b0.data(), b1.data(), b0.size() * sizeof(float))) << lanes << " " << pixels;
+      ASSERT_EQ(std::bit_cast<uint32_t>(m0), std::bit_cast<uint32_t>(m1)) << lanes << " " << pixels;
+      float want_max = 0.f;
+      for (size_t p = 0; p < pixels; ++p)
+        for (int l = 0; l < 16; ++l) {
+          const float want = l < lanes ? plain[size_t(l) * plane + p] : 0.f;
+          ASSERT_EQ(0, std::memcmp(&want, &b0[p * 16 + l], sizeof want)) << lanes << " " << p << " " << l;
+          if (std::fabs(want) > want_max) want_max = std::fabs(want);
+        }
+      ASSERT_EQ(m0, want_max);
+      std::vector<float> p0(16 * plane, 5.f), p1 = p0;
+      simd::ref::from_blocked(b0.data(), lanes, p0.data(), plane, pixels);
+      c.kernels().from_blocked.fn(b0.data(), lanes, p1.data(), plane, pixels);
+      ASSERT_EQ(0, std::memcmp(p0.data(), p1.data(), p0.size() * sizeof(float))) << lanes << " " << pixels;
+      for (int l = 0; l < 16; ++l)
+        for (size_t p = 0; p < plane; ++p) {
+          const float want = l < lanes && p < pixels ? plain[size_t(l) * plane + p] : 5.f;
+          ASSERT_EQ(0, std::memcmp(&want, &p0[size_t(l) * plane + p], sizeof want)) << lanes << " " << l << " " << p;
+        }
+    }
 }
 
 // The BatchNorm kernels match their scalar twins bit for bit (no fused multiply-add on either

@@ -18,6 +18,7 @@ def test_installed_package_imports_from_a_prefix(tmp_path):
     subprocess.run(["cmake", "--install", BUILD, "--prefix", str(prefix)], check=True, capture_output=True)
     site = prefix / INSTALL_DIR
     assert (site / "dfp" / "__init__.py").is_file()
+    assert (site / "dfp" / "torch" / "convert.py").is_file()  # the subpackage keeps its folder
     env = dict(os.environ, PYTHONPATH=str(site))
     out = subprocess.run([sys.executable, "-c", "import dfp; print(dfp.__file__); print(dfp.quantize([1.0])[1])"],
                          check=True, capture_output=True, text=True, env=env, cwd=tmp_path).stdout.split()
