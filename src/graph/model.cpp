@@ -84,6 +84,7 @@ struct Model::Impl {
   bool have_labels = false;              // ... by a labelled one (the built-in loss can backpropagate)
   bool input_grad = false;               // set_input_grad: the input node's gradient is planned and computed
   bool have_input_grad = false;          // the last backward computed it, and no forward ran since
+  std::function<void(size_t, size_t)> gradient_hook;  // set_gradient_hook
 
   bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
 
@@ -644,6 +645,7 @@ struct Model::Impl {
         in.grad_written = true;
       }
       if (profiling) n.bwd_seconds += seconds_between(t0, ProfileClock::now());
+      if (gradient_hook) gradient_hook(n.param_begin, n.param_end);
     }
     ++step;
     have_input_grad = input_grad && nodes[0].grad_written;
@@ -787,6 +789,9 @@ void Model::set_loss_scaling(const LossScaleOptions& o) {
 }
 void Model::set_numerics_interval(int interval) { impl_->numerics_interval = std::max(0, interval); }
 void Model::set_debug_poison(bool on) { impl_->poison = on; }
+void Model::set_gradient_hook(std::function<void(size_t first, size_t last)> hook) {
+  impl_->gradient_hook = std::move(hook);
+}
 void Model::set_fusion(bool on) {
   DFP_CHECK(!impl_->built, Status::invalid_argument, "model '" + impl_->name + "': set_fusion() after build()");
   impl_->fusion = on;
