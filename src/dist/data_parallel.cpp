@@ -89,6 +89,8 @@ void GradientReducer::begin_step(uint64_t step) {
 }
 
 void GradientReducer::on_layer(size_t first, size_t last) {
+  if (format_ == GradFormat::dfp16)  // the max of a bucket launched a layer ago: its sum starts now
+    for (size_t b = 0; b < buckets_.size(); ++b) start_sum(b);
   for (size_t p = first; p < last; ++p) {
     const size_t b = bucket_of_[p];
     if (--buckets_[b].remaining == 0) launch(b);
@@ -110,10 +112,9 @@ void GradientReducer::copy_in(const Bucket& bk, float* dst, bool add_residual) c
 
 // Every rank must start the collectives of a communicator in the same order, so each one starts
 // at a point of the step that does not depend on timing: a bucket's allreduce (dfp16: its max) when
-// backward completes it, and dfp16's sum of the bucket before when the next bucket completes (or
-// in finish()), after waiting for that bucket's max (4 bytes, started a layer earlier).
+// backward completes it, and dfp16's sum after the next layer's backward (or in finish()), once
+// that bucket's max (4 bytes, started a layer earlier) is waited for.
 void GradientReducer::launch(size_t b) {
-  if (format_ == GradFormat::dfp16 && b > 0) start_sum(b - 1);
   Bucket& bk = buckets_[b];
   if (first_start_ < 0) first_start_ = now_seconds();
   float* flat = flat_.data() + bk.offset;
