@@ -160,6 +160,8 @@ std::vector<Flag> run_flags(RunFlags& s) {
        text(c.allreduce), d},
       {"--error-feedback", "", "mpirun, --allreduce dfp16: each rank adds its last rounding error to the next step",
        on(c.error_feedback, true), d},
+      {"--sync-bn", "", "mpirun: BatchNorm statistics over all ranks' batch (else each rank's part); experimental, see distributed.md",
+       on(c.sync_bn, true), d},
       {"--bucket-kib", "N", "mpirun: FP32 KiB of gradients per allreduce bucket", integer(c.bucket_kib), d},
       {"--dist-timeout", "S", "mpirun: seconds a rank waits for the others before the job ends, naming them",
        [&c](const std::string& f, const std::string& v) { c.dist_timeout = to_float(f, v); }, d},
@@ -222,6 +224,7 @@ std::string run_toml(const TrainConfig& c) {
   str("device", c.device);
   str("allreduce", c.allreduce);
   flag("error-feedback", c.error_feedback);
+  flag("sync-bn", c.sync_bn);
   num("bucket-kib", std::to_string(c.bucket_kib));
   num("dist-timeout", fmt_float(float(c.dist_timeout)));
   str("precision", precision_name(p.precision));

@@ -71,6 +71,7 @@ struct TrainConfig {
   // process ignores these.
   std::string allreduce = "fp32";  // the gradients' format on the wire: fp32, bf16 or dfp16
   bool error_feedback = false;     // dfp16: each rank keeps its rounding error for the next step
+  bool sync_bn = false;            // BatchNorm statistics over the job's batch (else each rank's own)
   int bucket_kib = 512;            // FP32 KiB of gradients per allreduce bucket
   double dist_timeout = 300;       // seconds a rank waits for the others before the job is ended
 };

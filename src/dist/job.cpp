@@ -68,6 +68,7 @@ std::unique_ptr<Job> Job::join(const TrainConfig& c) {
 Job::Job(std::unique_ptr<Comm> comm, const TrainConfig& c) : comm_(std::move(comm)) {
   allreduce_ = grad_format_name(parse_grad_format(c.allreduce, "flag --allreduce"));
   error_feedback_ = c.error_feedback;
+  sync_bn_ = c.sync_bn;
   const std::string n = std::to_string(size());
   if (c.device != "cpu") refuse("flag --device " + c.device + ": data-parallel training runs on the CPU; expected --device cpu");
   if (c.batch_size % size() != 0)
@@ -116,6 +117,31 @@ void Job::broadcast_buffers(Model& m) {
 void Job::attach(const Context& ctx, Model& m, const TrainConfig& c) {
   reducer_ = std::make_unique<GradientReducer>(ctx, *comm_, m, parse_grad_format(allreduce_, "flag --allreduce"),
                                                size_t(c.bucket_kib) * 1024, c.error_feedback, c.seed);
+  model_ = &m;
+  if (sync_bn_)
+    m.set_statistics_sum([comm = comm_.get()](double* values, size_t count) {
+      comm->allreduce(values, count, Type::f64, Op::sum, "the synchronised BatchNorm statistics");
+    });
+}
+
+void Job::detach() noexcept {
+  reducer_.reset();
+  if (model_) model_->set_statistics_sum({});
+  model_ = nullptr;
+}
+
+void Job::check_same_weights(Model& m, int epoch) {
+  uint64_t h = 0;
+  for (const Parameter& p : m.parameters()) h = digest(h, p.value, p.size * sizeof(float));
+  std::vector<uint64_t> all(static_cast<size_t>(size()));
+  comm_->allgather(&h, all.data(), sizeof h, "the comparison of the ranks' weights");
+  std::string ranks;
+  for (int r = 1; r < size(); ++r)
+    if (all[size_t(r)] != all[0]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  if (!ranks.empty())
+    refuse("after epoch " + std::to_string(epoch) + " the weights of rank " + ranks +
+           " differ from rank 0's: the MPI library's allreduce gave the ranks different sums (use --allreduce dfp16, "
+           "whose integer sum is the same on every rank)");
 }
 
 void Job::sum(double* values, int count) {
@@ -126,6 +152,7 @@ void Job::put_checkpoint(Checkpoint& ck) {
   ck.meta["ranks"] = std::to_string(size());
   ck.meta["allreduce"] = allreduce_;
   ck.meta["error_feedback"] = error_feedback_ ? "true" : "false";
+  ck.meta["sync_bn"] = sync_bn_ ? "true" : "false";
   if (!error_feedback_) return;
   std::vector<float>& mine = reducer_->residual();
   std::vector<float> all(rank() == 0 ? mine.size() * size_t(size()) : 0);
@@ -151,6 +178,10 @@ void Job::get_checkpoint(const Checkpoint& ck, const std::string& path) {
   if ((ef != ck.meta.end() && ef->second == "true") != error_feedback_)
     refuse("checkpoint '" + path + "' was written " + (error_feedback_ ? "without" : "with") +
            " --error-feedback; resume with the setting it was written with");
+  const auto sb = ck.meta.find("sync_bn");
+  if ((sb != ck.meta.end() && sb->second == "true") != sync_bn_)
+    refuse("checkpoint '" + path + "' was written " + (sync_bn_ ? "without" : "with") +
+           " --sync-bn; resume with the setting it was written with");
   if (!error_feedback_) return;
   const std::string name = "dist.residual.rank" + std::to_string(rank());
   const auto it = ck.tensors.find(name);

@@ -46,7 +46,7 @@ class Job {
   void broadcast_buffers(Model& m);
   // The step's gradient allreduce (GradientReducer), made on first use.
   void attach(const Context& ctx, Model& m, const TrainConfig& config);
-  void detach() noexcept { reducer_.reset(); }
+  void detach() noexcept;
   // Detaches the job (if any) from the model when it goes out of scope.
   struct Attachment {
     Job* job;
@@ -58,6 +58,9 @@ class Job {
   void begin_step(uint64_t step) { reducer_->begin_step(step); }
   bool finish(bool local_finite) { return reducer_->finish(local_finite); }
   const CommStats& stats() const noexcept { return reducer_->stats(); }
+  // Refuses to go on when the ranks' weights differ after `epoch` (a digest compared across the
+  // ranks): the allreduce gave the ranks different sums, and the job would train N models.
+  void check_same_weights(Model& m, int epoch);
   // Sums over the ranks, in place.
   void sum(double* values, int count);
 
@@ -74,8 +77,10 @@ class Job {
   [[noreturn]] void refuse(const std::string& message);
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<GradientReducer> reducer_;
+  Model* model_ = nullptr;  // attached: its gradient hook and statistics sum are the job's
   std::string allreduce_;
   bool error_feedback_ = false;
+  bool sync_bn_ = false;
   bool agreed_ = false;
 };
 

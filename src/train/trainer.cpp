@@ -512,6 +512,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
   const std::vector<Setting> machine = machine_settings(ctx);
   if (job) {
     std::string text = "allreduce=" + cfg.allreduce + "\nerror_feedback=" + (cfg.error_feedback ? "1" : "0") +
+                       "\nsync_bn=" + (cfg.sync_bn ? "1" : "0") +
                        "\nbucket_kib=" + std::to_string(cfg.bucket_kib) + "\nresume=" + cfg.resume + "\nout=" + config.out;
     for (const Setting& st : settings) text += std::string("\n") + st.key + "=" + st.value;
     job->check_same_run(text, train_set, test_set);
@@ -681,6 +682,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
       job->sum(counts, 3);
       tr.c1 = long(counts[0]), tr.c5 = long(counts[1]), tr.n = long(counts[2]);
       job->broadcast_buffers(m);  // one model evaluated and checkpointed: rank 0's running statistics
+      job->check_same_weights(m, epoch + 1);
     }
     EpochMetrics em;
     em.epoch = epoch + 1;

@@ -53,8 +53,9 @@ class DistDir : public dfp::test::TempDir {
 };
 
 // A small job: LeNet (no BatchNorm, no dropout) on random 16x16 images, FP32, 1 thread per rank.
-std::string train_args(int batch, const std::string& out, const std::string& extra = "", int epochs = 2) {
-  return "train --model lenet --dataset synthetic --data classes=10,train=192,test=64 --image-size 16 --precision fp32 "
+std::string train_args(int batch, const std::string& out, const std::string& extra = "", int epochs = 2,
+                       const std::string& model = "lenet") {
+  return "train --model " + model + " --dataset synthetic --data classes=10,train=192,test=64 --image-size 16 --precision fp32 "
          "--epochs " + std::to_string(epochs) + " --batch-size " + std::to_string(batch) + " --lr 0.05 --threads 1 --workers 1 --seed 5 --out " + out +
          " --print-every 1000 " + extra;
 }
@@ -123,6 +124,31 @@ TEST(Dist, RanksWithPartsOfTheBatchMatchOneProcessWithTheWholeBatch) {
   EXPECT_LE(max_rel_l2(three + "/checkpoint.dfp", one + "/checkpoint.dfp"), dfp::test::kDataParallelRelL2);
   // Rank 0 alone writes the run's files.
   EXPECT_EQ(dfp::test::lines_of(two + "/metrics.jsonl").size(), 2u);
+}
+
+// One step only: from the second step on, a --sync-bn job at N = 2 or 4 drifts from one process
+// (1e-3 relative), not explained yet (docs/design/distributed.md, "Not done").
+TEST(Dist, SyncBnRanksMatchOneProcessWithTheWholeBatchForOneStep) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string one = d.path().string() + "/one", two = d.path().string() + "/two", three = d.path().string() + "/three";
+  const std::string dfp = DFP_CLI;
+  // ResNet-20: BatchNorm after every convolution; --sync-bn takes its statistics over all ranks.
+  const auto args = [](const std::string& out, const std::string& extra) {
+    return train_args(24, out, extra + " --limit-train 24", 1, "resnet20");
+  };
+  Result r = run(dfp + " " + args(one, ""));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(mpirun(2) + dfp + " " + args(two, "--sync-bn"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(mpirun(3) + dfp + " " + args(three, "--sync-bn"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_LE(max_rel_l2(two + "/checkpoint.dfp", one + "/checkpoint.dfp"), dfp::test::kDataParallelSyncBnRelL2);
+  EXPECT_LE(max_rel_l2(three + "/checkpoint.dfp", one + "/checkpoint.dfp"), dfp::test::kDataParallelSyncBnRelL2);
+  // Without it each rank normalises by its own part's statistics: another training.
+  const std::string own = d.path().string() + "/own";
+  ASSERT_EQ(run(mpirun(2) + dfp + " " + args(own, "")).status, 0);
+  EXPECT_GT(max_rel_l2(own + "/checkpoint.dfp", one + "/checkpoint.dfp"), 10 * dfp::test::kDataParallelSyncBnRelL2);
 }
 
 TEST(Dist, Dfp16AllreduceDoesNotDependOnMpisReductionAlgorithm) {
@@ -240,14 +266,15 @@ TEST(Dist, KilledRankEndsTheJobAndTheCheckpointResumesBitForBit) {
   DFP_NEED_MPI();
   DistDir d;
   const std::string out = d.path().string() + "/run", whole = d.path().string() + "/whole";
-  const Interrupted r = interrupt_rank1(out, SIGKILL, "--schedule constant");
+  const std::string flags = "--schedule constant --allreduce dfp16 --error-feedback";  // per-rank residuals to keep
+  const Interrupted r = interrupt_rank1(out, SIGKILL, flags);
   EXPECT_NE(r.exit, 0) << r.log;
   EXPECT_GE(r.exit, 0) << "the job did not end within 60 s of the kill\n" << r.log;
   EXPECT_NE(r.log.find("rank 1"), std::string::npos) << r.log;
   const dfp::Checkpoint ck = dfp::read_checkpoint(out + "/checkpoint.dfp");  // intact: it loads (CRC checked)
   EXPECT_EQ(ck.meta.at("ranks"), "2");
   // Another number of ranks, or a lone process, is refused.
-  const std::string resume = "--schedule constant --resume " + out + "/checkpoint.dfp";
+  const std::string resume = flags + " --resume " + out + "/checkpoint.dfp";
   Result other = run(mpirun(3) + DFP_CLI + " " + train_args(24, out, resume, 40));
   EXPECT_NE(other.status, 0);
   EXPECT_NE(other.output.find("written by a job of 2 rank(s); this job has 3"), std::string::npos) << other.output;
@@ -257,7 +284,7 @@ TEST(Dist, KilledRankEndsTheJobAndTheCheckpointResumesBitForBit) {
   // Resumed with the same N, the run ends with the uninterrupted run's bits.
   const Result resumed = run(mpirun(2) + DFP_CLI + " " + train_args(24, out, resume, 40));
   ASSERT_EQ(resumed.status, 0) << resumed.output;
-  const Result uninterrupted = run(mpirun(2) + DFP_CLI + " " + train_args(24, whole, "--schedule constant", 40));
+  const Result uninterrupted = run(mpirun(2) + DFP_CLI + " " + train_args(24, whole, flags, 40));
   ASSERT_EQ(uninterrupted.status, 0) << uninterrupted.output;
   EXPECT_TRUE(same_bits(out + "/checkpoint.dfp", whole + "/checkpoint.dfp")) << "interrupted after epoch "
                                                                               << ck.meta.at("epochs_done");
