@@ -125,6 +125,9 @@ int compare(CompareState& s) {
         DFP_CHECK(specs[i].label != item, dfp::Status::invalid_argument, "flag --precisions: '" + item + "' given twice");
     }
   DFP_CHECK(!specs.empty(), dfp::Status::invalid_argument, "flag --precisions: expected a list like fp32,bf16,fp16,int16");
+  DFP_CHECK(dfp::job_ranks() == 1, dfp::Status::unsupported,
+            "dfp compare under mpirun (" + std::to_string(dfp::job_ranks()) +
+                " processes): compare runs one process; run each precision with mpirun -np N dfp train");
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + out + "': " + ec.message());

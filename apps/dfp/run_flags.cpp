@@ -105,7 +105,7 @@ std::vector<Flag> run_flags(RunFlags& s) {
   auto real = [](float& field) { return [&field](const std::string& f, const std::string& v) { field = to_float(f, v); }; };
   auto text = [](std::string& field) { return [&field](const std::string&, const std::string& v) { field = v; }; };
   auto on = [](bool& field, bool value) { return [&field, value](const std::string&, const std::string&) { field = value; }; };
-  const std::string m = "Model and data", o = "Optimizer", r = "Run";
+  const std::string m = "Model and data", o = "Optimizer", r = "Run", d = "Data-parallel (mpirun -np N dfp train)";
   return {
       {"-a,--model,--arch", "NAME",
        "lenet, resnet20/32/44/56/110, resnet18/34/50[c], resnext50[c], vgg11..19[bn], alexnet, googlenet; "
@@ -169,6 +169,15 @@ std::vector<Flag> run_flags(RunFlags& s) {
       {"--device", "cpu|cuda", "cuda: --precision fp16 (FP32 master weights) or fp32", text(c.device), r},
       {"--cudnn-benchmark", "", "cuda: time cuDNN's convolution algorithms at start-up and take the fastest",
        on(c.cudnn_benchmark, true), r},
+      {"--allreduce", "F", "mpirun -np N: the gradients' format between ranks, fp32|bf16|dfp16 (exact INT16 sum)",
+       text(c.allreduce), d},
+      {"--error-feedback", "", "mpirun, --allreduce dfp16: each rank adds its last rounding error to the next step",
+       on(c.error_feedback, true), d},
+      {"--sync-bn", "", "mpirun: BatchNorm statistics over all ranks' batch (else each rank's part); experimental, see distributed.md",
+       on(c.sync_bn, true), d},
+      {"--bucket-kib", "N", "mpirun: FP32 KiB of gradients per allreduce bucket", integer(c.bucket_kib), d},
+      {"--dist-timeout", "S", "mpirun: seconds a rank waits for the others before the job ends, naming them",
+       [&c](const std::string& f, const std::string& v) { c.dist_timeout = to_float(f, v); }, d},
   };
 }
 
@@ -230,6 +239,11 @@ std::string run_toml(const TrainConfig& c) {
   num("numerics-every", std::to_string(c.numerics_interval));
   flag("profile", c.profile);
   str("device", c.device);
+  str("allreduce", c.allreduce);
+  flag("error-feedback", c.error_feedback);
+  flag("sync-bn", c.sync_bn);
+  num("bucket-kib", std::to_string(c.bucket_kib));
+  num("dist-timeout", fmt_float(float(c.dist_timeout)));
   str("precision", precision_name(p.precision));
   std::string overrides;
   for (const auto& [pattern, precision] : p.overrides)

@@ -39,7 +39,7 @@ int train(TrainState& s) {
   }
   const std::string toml = run_toml(c);  // before training: a value it cannot write is refused first
   dfp::train(c, print_line);
-  write_run_toml(c.out, toml);
+  if (dfp::writes_run_files()) write_run_toml(c.out, toml);  // rank 0 of a data-parallel job
   return 0;
 }
 

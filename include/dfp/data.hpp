@@ -184,8 +184,17 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
+  // Images per batch this loader returns: the constructor's batch, or its part (set_shard).
   int batch_size() const noexcept;
   int batches_per_epoch() const noexcept;
+
+  // Data-parallel training: this loader returns part `part` of `parts` equal parts of each batch
+  // of the epoch's order (batch / parts images from position part * batch / parts of the batch),
+  // so that the parts of all ranks are disjoint and together are the batches a lone loader
+  // returns, whatever `parts` is; batches_per_epoch() is unchanged. A short last batch (without
+  // drop_last) leaves the later parts short or empty (Batch::size 0). Before the first
+  // start_epoch(); `batch` must divide by `parts` (Error(invalid_argument) naming both otherwise).
+  void set_shard(int part, int parts);
 
   // Begins epoch `epoch` (>= 0): the shuffle order and augmentation draws are those of
   // (seed, epoch). May be called in the middle of an epoch: the rest of it is dropped. Resets

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -249,6 +250,18 @@ class Model {
   // finds its DFP16 exponent without a pass of its own. The results are bit-identical either way.
   // On by default; off for comparisons and tests.
   void set_fusion(bool on);
+  // Called in backward() after each layer's backward pass with the range [first, last) of
+  // parameters() whose gradients that layer has just finalised (unscaled; empty for a layer
+  // without parameters), in the order backward produces them: a data-parallel trainer starts the
+  // allreduce of finished gradients there while backward goes on. Calling it allocates nothing;
+  // an empty function removes it.
+  void set_gradient_hook(std::function<void(size_t first, size_t last)> hook);
+  // Synchronised BatchNorm (a data-parallel job's --sync-bn): in training passes every BatchNorm
+  // takes its batch statistics, and its backward sums, over the whole job's batch: `sum` adds
+  // `values` over the processes in place (each process calls it at the same points, in graph
+  // order). The parameter gradients stay this process's own, for the job to average as any
+  // other. An empty function: this process's batch only (the default).
+  void set_statistics_sum(std::function<void(double* values, size_t count)> sum);
   // Time every layer's training forward and backward pass (evaluation passes are not timed): two
   // clock reads per layer and pass, nothing allocated once built. layer_times() lists every layer
   // and then the loss, in graph order; a ReLU absorbed by fusion (set_fusion) shows only its

@@ -72,6 +72,15 @@ struct TrainConfig {
   std::string device = "cpu";
   // cuda only: CudaOptions::cudnn_benchmark (measure cuDNN's algorithms at start-up).
   bool cudnn_benchmark = false;
+  // Data-parallel training (`mpirun -np N dfp train ...`, builds with MPI; docs/design/distributed.md):
+  // each of the N ranks trains on its part of every batch (batch_size / N images; batch_size is
+  // the global batch), and the gradients are averaged across the ranks before each step. A lone
+  // process ignores these.
+  std::string allreduce = "fp32";  // the gradients' format on the wire: fp32, bf16 or dfp16
+  bool error_feedback = false;     // dfp16: each rank keeps its rounding error for the next step
+  bool sync_bn = false;            // BatchNorm statistics over the job's batch (else each rank's own)
+  int bucket_kib = 512;            // FP32 KiB of gradients per allreduce bucket
+  double dist_timeout = 300;       // seconds a rank waits for the others before the job is ended
 };
 
 // The command-line flags that make up TrainConfig::policy, as errors about the policy name them.
@@ -103,6 +112,12 @@ bool holds_run(const std::string& dir);
 // numerics, as JSON. A number that is not finite (a diverged loss, an unmeasurable SQNR) is null.
 std::string metrics_line(const EpochMetrics& metrics, const std::string& policy_text,
                          const std::vector<LayerNumerics>& layers);
+
+// Whether this process writes a run's files: a lone process, or rank 0 of a data-parallel job
+// (as the launcher's environment numbers the ranks); the other ranks write nothing.
+bool writes_run_files() noexcept;
+// The number of processes the launcher started (1: a lone process).
+int job_ranks() noexcept;
 
 // Receives each epoch's metrics once the epoch is done (its metrics line and checkpoint written).
 using EpochCallback = std::function<void(const EpochMetrics&)>;

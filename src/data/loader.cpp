@@ -55,6 +55,7 @@ struct Loader::Impl {
   // ---- fixed at construction ----
   const Dataset* data = nullptr;
   int batch = 0, batches = 0;
+  int part = 0, parts = 1, local = 0;  // set_shard: this loader's part of each batch, `local` images
   bool shuffle = false;
   AugmentOptions aug;
   uint64_t seed = 0;
@@ -176,10 +177,12 @@ struct Loader::Impl {
     }
   }
 
+  // Batch b of the epoch is positions [b * batch, (b + 1) * batch) of the order; a shard's part
+  // of it (set_shard) is `local` positions from b * batch + part * local.
   void fill(int b) {
     Slot& s = slots[b % kRing];
-    const int first = b * batch;
-    const int n = std::min(batch, data->count - first);
+    const int first = b * batch + part * local;
+    const int n = std::max(0, std::min(local, data->count - first));
     auto body = [&](int j0, int j1) {
       for (int j = j0; j < j1; ++j) {
         const int idx = order[size_t(first + j)];
@@ -195,11 +198,11 @@ struct Loader::Impl {
     } else {
       body(0, n);
     }
-    if (n < batch) {
+    if (n < local) {
       // A short last batch: the slot still holds an earlier full batch past n. Zero images and
       // label -1 make any use of those entries visible instead of silently training on them.
-      std::memset(s.images.data() + size_t(n) * image_floats, 0, size_t(batch - n) * image_floats * sizeof(float));
-      std::fill(s.labels.data() + n, s.labels.data() + batch, -1);
+      std::memset(s.images.data() + size_t(n) * image_floats, 0, size_t(local - n) * image_floats * sizeof(float));
+      std::fill(s.labels.data() + n, s.labels.data() + local, -1);
     }
     s.size = n;
   }
@@ -311,6 +314,7 @@ Loader::Loader(const Context& ctx, const Dataset& d, int batch, bool shuffle, bo
   Impl& s = *impl_;
   s.data = &d;
   s.batch = batch;
+  s.local = batch;
   s.batches = drop_last ? d.count / batch : (d.count + batch - 1) / batch;
   s.shuffle = shuffle;
   s.seed = seed;
@@ -347,7 +351,23 @@ Loader::~Loader() = default;
 Loader::Loader(Loader&&) noexcept = default;
 Loader& Loader::operator=(Loader&&) noexcept = default;
 
-int Loader::batch_size() const noexcept { return impl_->batch; }
+int Loader::batch_size() const noexcept { return impl_->local; }
+
+void Loader::set_shard(int part, int parts) {
+  Impl& s = *impl_;
+  const std::string what = "Loader(dataset '" + s.data->name + "')::set_shard(" + std::to_string(part) + ", " +
+                           std::to_string(parts) + ")";
+  DFP_CHECK(parts >= 1 && part >= 0 && part < parts, Status::invalid_argument,
+            what + ": expected 0 <= part < parts");
+  DFP_CHECK(s.batch % parts == 0, Status::invalid_argument,
+            what + ": the batch of " + std::to_string(s.batch) + " images does not divide into " + std::to_string(parts) +
+                " equal parts; expected a batch that is a multiple of " + std::to_string(parts));
+  std::lock_guard<std::mutex> lk(s.m);
+  DFP_CHECK(!s.started, Status::invalid_argument, what + ": expected before the first start_epoch()");
+  s.part = part;
+  s.parts = parts;
+  s.local = s.batch / parts;
+}
 int Loader::batches_per_epoch() const noexcept { return impl_->batches; }
 
 void Loader::start_epoch(int epoch) {

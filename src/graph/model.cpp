@@ -84,6 +84,8 @@ struct Model::Impl {
   bool have_labels = false;              // ... by a labelled one (the built-in loss can backpropagate)
   bool input_grad = false;               // set_input_grad: the input node's gradient is planned and computed
   bool have_input_grad = false;          // the last backward computed it, and no forward ran since
+  std::function<void(size_t, size_t)> gradient_hook;  // set_gradient_hook
+  std::function<void(double*, size_t)> statistics_sum;  // set_statistics_sum
 
   bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
 
@@ -440,6 +442,7 @@ struct Model::Impl {
       if (e > given) std::memset(nodes[0].act + std::max(b, given), 0, (e - std::max(b, given)) * sizeof(float));
     });
     model::StepInfo st{count, train, step, train && sample_step()};
+    if (train && statistics_sum) st.statistics_sum = &statistics_sum;
     const bool timed = profiling && train;  // evaluation passes are not profiled
     for (size_t i = 1; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
@@ -578,6 +581,7 @@ struct Model::Impl {
     if (profiling) loss_bwd_seconds += seconds_between(loss_t0, ProfileClock::now());
     bool finite = true;
     model::StepInfo st{batch, true, step, sample_step()};
+    if (statistics_sum) st.statistics_sum = &statistics_sum;
     for (size_t i = nodes.size() - 1; i >= 1; --i) {
       NodeInfo& n = nodes[i];
       if (!n.grad_written) continue;  // does not reach the loss
@@ -644,6 +648,7 @@ struct Model::Impl {
         in.grad_written = true;
       }
       if (profiling) n.bwd_seconds += seconds_between(t0, ProfileClock::now());
+      if (gradient_hook) gradient_hook(n.param_begin, n.param_end);
     }
     ++step;
     have_input_grad = input_grad && nodes[0].grad_written;
@@ -793,6 +798,12 @@ void Model::set_loss_scaling(const LossScaleOptions& o) {
 }
 void Model::set_numerics_interval(int interval) { impl_->numerics_interval = std::max(0, interval); }
 void Model::set_debug_poison(bool on) { impl_->poison = on; }
+void Model::set_gradient_hook(std::function<void(size_t first, size_t last)> hook) {
+  impl_->gradient_hook = std::move(hook);
+}
+void Model::set_statistics_sum(std::function<void(double* values, size_t count)> sum) {
+  impl_->statistics_sum = std::move(sum);
+}
 void Model::set_fusion(bool on) {
   DFP_CHECK(!impl_->built, Status::invalid_argument, "model '" + impl_->name + "': set_fusion() after build()");
   impl_->fusion = on;

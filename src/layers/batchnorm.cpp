@@ -57,6 +57,7 @@ class BatchNorm final : public Layer {
     part_min_.assign(part_a_.size(), 0.f);
     part_max_.assign(part_a_.size(), 0.f);
     fa_.assign(cp, 0.f);
+    job_.assign(size_t(cp) * 3, 0.0);
     lo_.assign(cp, 0.f);
     hi_.assign(cp, 0.f);
     fb_.assign(cp, 0.f);
@@ -95,9 +96,10 @@ class BatchNorm final : public Layer {
     const size_t hw = size_t(s_.h) * s_.w;
     const bool save_q = st.train && xq_.size() > 0;
     if (st.train) {
-      const double m = double(s_.n) * hw;
+      double m = double(s_.n) * hw;
       // One pass: each channel's mean, sum of squared deviations and extremes, and max|x|.
       moments(ctx, x[0]);
+      if (st.statistics_sum) m = job_moments(*st.statistics_sum, m);
       float mx = 0.f;  // max|x|
       for (int c = 0; c < CB * 16; ++c) {  // combined over the slices, in slice order
         double mean = 0, m2 = 0, count = 0;
@@ -109,6 +111,10 @@ class BatchNorm final : public Layer {
           count += part_n_[t];
           lo_[c] = part_min_[i] < lo_[c] ? part_min_[i] : lo_[c];
           hi_[c] = part_max_[i] > hi_[c] ? part_max_[i] : hi_[c];
+        }
+        if (st.statistics_sum) {  // the job's: from the summed moments (job_moments)
+          mean = job_[size_t(c) * 2];
+          m2 = job_[size_t(c) * 2 + 1];
         }
         mx = hi_[c] > mx ? hi_[c] : mx;
         mx = -lo_[c] > mx ? -lo_[c] : mx;
@@ -162,8 +168,8 @@ class BatchNorm final : public Layer {
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
-    if (xq_.size()) backward_from(ctx, xq_.data(), std::ldexp(1.f, xq_exp_), dy, dx[0]);
-    else backward_from(ctx, x[0], 1.f, dy, dx[0]);
+    if (xq_.size()) backward_from(ctx, xq_.data(), std::ldexp(1.f, xq_exp_), dy, dx[0], st.statistics_sum);
+    else backward_from(ctx, x[0], 1.f, dy, dx[0], st.statistics_sum);
   }
   void parameters(std::vector<Parameter>& out) override {
     // The padded lanes are part of the storage; their gradient is always 0, so they stay 0.
@@ -235,6 +241,33 @@ class BatchNorm final : public Layer {
       }
     });
   }
+  // Synchronised statistics: each channel's count, sum and sum of squares over the job (this
+  // process's from its moments), turned into the job's mean and sum of squared deviations at
+  // job_[2c], job_[2c + 1]; returns the job's count of values per channel.
+  double job_moments(const std::function<void(double*, size_t)>& sum, double m) {
+    const int cp = cb_of(s_) * 16;
+    for (int c = 0; c < cp; ++c) {
+      double mean = 0, m2 = 0, count = 0;
+      for (int sl = 0; sl < slices_; ++sl) {
+        const size_t t = size_t(c / 16) * slices_ + sl, i = t * 16 + c % 16;
+        combine_moments(mean, m2, count, part_a_[i], part_b_[i], part_n_[t]);
+        count += part_n_[t];
+      }
+      job_[size_t(c) * 3] = m;
+      job_[size_t(c) * 3 + 1] = mean * m;
+      job_[size_t(c) * 3 + 2] = m2 + mean * mean * m;
+    }
+    sum(job_.data(), job_.size());
+    job_count_ = job_[0];
+    for (int c = 0; c < cp; ++c) {
+      const double n = job_[size_t(c) * 3], mean = job_[size_t(c) * 3 + 1] / n;
+      const double m2 = std::max(0.0, job_[size_t(c) * 3 + 2] - mean * mean * n);
+      job_[size_t(c) * 2] = mean;  // packed in place: entry 2c is read after 3c, 3c+1, 3c+2 are
+      job_[size_t(c) * 2 + 1] = m2;
+    }
+    return job_count_;
+  }
+
   // Adds a part of `count_b` values with mean mean_b and sum of squared deviations m2_b to one of
   // `count` values (Chan, Golub and LeVeque's pairwise update).
   static void combine_moments(double& mean, double& m2, double count, double mean_b, double m2_b, double count_b) {
@@ -278,10 +311,11 @@ class BatchNorm final : public Layer {
 
   // x[i] * x_scale is the saved input (FP32, or DFP16 with x_scale = 2^e).
   template <class T>
-  void backward_from(const Context& ctx, const T* x, float x_scale, const float* dy, float* dx) {
+  void backward_from(const Context& ctx, const T* x, float x_scale, const float* dy, float* dx,
+                     const std::function<void(double*, size_t)>* sums) {
     const int CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
-    const double m = double(s_.n) * hw;
+    const double m = sums ? job_count_ : double(s_.n) * hw;
     const float *mean = mean_.data(), *inv = invstd_.data();
     // Fused ReLU: the kernels read dy through its mask (0 where the ReLU blocked it).
     const uint16_t* mask = relu_ ? mask_.data() : nullptr;
@@ -297,10 +331,18 @@ class BatchNorm final : public Layer {
         ctx.kernels().bn_bwd_sums_f32.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
     };
     reduce(ctx, term);
+    if (sums) {  // the job's sums (dx); the parameter gradients stay this process's own
+      for (int c = 0; c < CB * 16; ++c) {
+        job_[size_t(c) * 2] = total(part_a_, c);
+        job_[size_t(c) * 2 + 1] = total(part_b_, c);
+      }
+      (*sums)(job_.data(), job_.size());
+    }
     for (int c = 0; c < CB * 16; ++c) {
-      const double sdy = total(part_a_, c), sdyx = total(part_b_, c);
-      ggamma_[c] = c < s_.c ? static_cast<float>(sdyx) : 0.f;
-      gbeta_[c] = c < s_.c ? static_cast<float>(sdy) : 0.f;
+      const double sdy_own = total(part_a_, c), sdyx_own = total(part_b_, c);
+      ggamma_[c] = c < s_.c ? static_cast<float>(sdyx_own) : 0.f;
+      gbeta_[c] = c < s_.c ? static_cast<float>(sdy_own) : 0.f;
+      const double sdy = sums ? job_[size_t(c) * 2] : sdy_own, sdyx = sums ? job_[size_t(c) * 2 + 1] : sdyx_own;
       // dx = gamma*inv/m * (m*dy - sum(dy) - xhat*sum(dy*xhat))
       k1_[c] = gamma_[c] * invstd_[c];
       k2_[c] = static_cast<float>(sdy / m);
@@ -327,6 +369,8 @@ class BatchNorm final : public Layer {
   double eps_;  // added to the variance, as PyTorch's eps
   TensorShape s_;
   std::vector<float> gamma_, beta_, ggamma_, gbeta_, running_mean_, running_var_, mean_, invstd_;
+  std::vector<double> job_;  // synchronised statistics: the job's sums (set_statistics_sum)
+  double job_count_ = 0;     // values per channel over the job's batch, from the last training forward
   std::vector<float> k1_, k2_, k3_;  // backward's per-channel coefficients
   int slices_ = 1;
   std::vector<double> part_a_, part_b_;  // per (channel block, slice, lane)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -31,6 +32,9 @@ struct StepInfo {
   // Backward: bit i set when dx[i] already holds another consumer's part of input i's gradient and
   // backward() adds its own to it (only for inputs where accumulates_input_grad(i) is true).
   uint32_t accumulate_dx = 0;
+  // Model::set_statistics_sum: adds values over the processes of a data-parallel job, in place
+  // (BatchNorm's batch statistics and backward sums in training); null: this process's batch only.
+  const std::function<void(double* values, size_t count)>* statistics_sum = nullptr;
 };
 
 // Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.

@@ -26,6 +26,8 @@
 #include "dfp/status.hpp"
 #include "dfp/torch_state.hpp"
 #include "src/train/checkpoint.hpp"
+#include "src/train/profile.hpp"
+#include "src/dist/job.hpp"
 #include "dfp/run_lock.hpp"
 #include "src/train/state.hpp"
 #include "src/train/run_files.hpp"
@@ -53,10 +55,6 @@ std::string fmt_exact(double v) {
   std::snprintf(b, sizeof b, "%.17g", v);
   return b;
 }
-// A measured figure as the run files hold it: rounded to the 6 significant digits a stream writes
-// (the files do not claim more precision than a timing or a mean over a test set has). Non-finite
-// values stay as they are (the files write them as null, see run_files.hpp).
-double six_digits(double v) { return std::isfinite(v) ? std::strtod(fmt_g(v).c_str(), nullptr) : v; }
 
 // A float as the shortest text that reads back as the same float ("0.1", not 0.1f's 17 digits).
 std::string fmt_float(float v) {
@@ -158,6 +156,9 @@ void validate_train_config(const TrainConfig& c) {
   DFP_CHECK(c.stop_after >= 0, Status::invalid_argument,
             "TrainConfig.stop_after: expected >= 0, got " + std::to_string(c.stop_after));
   parse_schedule(c.schedule, "flag --schedule");
+  dist::parse_grad_format(c.allreduce, "flag --allreduce");
+  check(c.bucket_kib >= 1 && c.bucket_kib <= (1 << 20), "--bucket-kib", "KiB in [1, 1048576]", std::to_string(c.bucket_kib));
+  check(std::isfinite(c.dist_timeout) && c.dist_timeout > 0, "--dist-timeout", "seconds > 0", num(c.dist_timeout));
   DFP_CHECK(c.device == "cpu" || c.device == "cuda", Status::invalid_argument,
             "flag --device: expected cpu or cuda, got '" + c.device + "'");
   DFP_CHECK(!c.profile || c.device == "cpu", Status::unsupported,
@@ -168,83 +169,6 @@ void validate_train_config(const TrainConfig& c) {
 }
 
 namespace {
-
-// ---- profile (--profile) ----------------------------------------------------------------------
-// Training-step totals beside Model::layer_times(): the whole step (forward, loss, backward,
-// optimizer) as the loop saw it, the optimizer's part, and the loader's data wait.
-struct StepProfile {
-  uint64_t steps = 0;
-  double step_seconds = 0, optimizer_seconds = 0, data_wait_seconds = 0;
-};
-
-// Milliseconds per step, the 15 costliest layers, then the time by layer kind, the optimizer and
-// what no layer accounts for (the loop's own work between layers).
-std::vector<std::string> profile_table(const std::vector<LayerTime>& times, const StepProfile& p) {
-  const double per = 1e3 / double(p.steps);
-  double layers = 0;
-  for (const LayerTime& t : times) layers += t.forward_seconds + t.backward_seconds;
-  std::vector<const LayerTime*> order;
-  for (const LayerTime& t : times) order.push_back(&t);
-  std::stable_sort(order.begin(), order.end(), [](const LayerTime* a, const LayerTime* b) {
-    return a->forward_seconds + a->backward_seconds > b->forward_seconds + b->backward_seconds;
-  });
-  std::vector<std::string> out;
-  char line[400];
-  std::snprintf(line, sizeof line, "profile: %llu training steps, %.2f ms per step (forward + loss + backward + optimizer)",
-                static_cast<unsigned long long>(p.steps), p.step_seconds * per);
-  out.push_back(line);
-  out.push_back("  layer                    kind      precision  forward ms  backward ms   share  implementation "
-                "(fwd | bwd_data | bwd_weights)");
-  const size_t shown = std::min<size_t>(order.size(), 15);
-  for (size_t i = 0; i < shown; ++i) {
-    const LayerTime& t = *order[i];
-    std::snprintf(line, sizeof line, "  %-24s %-9s %-9s %11.3f %12.3f %6.1f%%  %s", t.layer.c_str(), t.kind.c_str(),
-                  t.precision.c_str(), t.forward_seconds * per, t.backward_seconds * per,
-                  100.0 * (t.forward_seconds + t.backward_seconds) / p.step_seconds, t.implementation.c_str());
-    out.push_back(line);
-  }
-  if (order.size() > shown) out.push_back("  (" + std::to_string(order.size() - shown) + " more layers in profile.json)");
-  std::vector<std::pair<std::string, std::pair<double, double>>> kinds;  // in order of first appearance
-  for (const LayerTime& t : times) {
-    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == t.kind; });
-    if (it == kinds.end()) it = kinds.insert(kinds.end(), {t.kind, {0.0, 0.0}});
-    it->second.first += t.forward_seconds;
-    it->second.second += t.backward_seconds;
-  }
-  std::stable_sort(kinds.begin(), kinds.end(), [](const auto& a, const auto& b) {
-    return a.second.first + a.second.second > b.second.first + b.second.second;
-  });
-  std::string by_kind = "  by kind (forward + backward ms):";
-  for (const auto& [kind, fb] : kinds) {
-    std::snprintf(line, sizeof line, " %s %.2f + %.2f (%.1f%%);", kind.c_str(), fb.first * per, fb.second * per,
-                  100.0 * (fb.first + fb.second) / p.step_seconds);
-    by_kind += line;
-  }
-  out.push_back(by_kind);
-  std::snprintf(line, sizeof line,
-                "  optimizer, with weight re-quantization %.2f ms (%.1f%%); between layers %.2f ms (%.1f%%); data wait %.2f ms "
-                "per step",
-                p.optimizer_seconds * per, 100.0 * p.optimizer_seconds / p.step_seconds,
-                (p.step_seconds - layers - p.optimizer_seconds) * per,
-                100.0 * (p.step_seconds - layers - p.optimizer_seconds) / p.step_seconds, p.data_wait_seconds * per);
-  out.push_back(line);
-  return out;
-}
-
-void write_profile_json(const std::string& path, const std::vector<LayerTime>& times, const StepProfile& p) {
-  run_files::ProfileRecord r;
-  r.steps = p.steps;
-  r.step_seconds = six_digits(p.step_seconds);
-  r.optimizer_seconds = six_digits(p.optimizer_seconds);
-  r.data_wait_seconds = six_digits(p.data_wait_seconds);
-  for (const LayerTime& t : times)
-    r.layers.push_back({t.layer, t.kind, t.precision, t.implementation, six_digits(t.forward_seconds),
-                        six_digits(t.backward_seconds), t.steps});
-  std::ofstream f(path, std::ios::trunc);
-  DFP_CHECK(f.good(), Status::io_error, "cannot write '" + path + "'");
-  f << run_files::to_text(r);
-  DFP_CHECK(f.good(), Status::io_error, "write to '" + path + "' failed (disk full?)");
-}
 
 // Model state (src/train/state.hpp) and the optimizer's momentum <-> checkpoint tensors, with every
 // mismatch named.
@@ -397,7 +321,8 @@ Totals run_eval(Model& m, Loader& loader) {
   Totals t;
   loader.start_epoch(0);
   Batch b;
-  while (loader.next(b)) t.add(m.forward(b.images, b.labels, b.size, false));
+  while (loader.next(b))
+    if (b.size > 0) t.add(m.forward(b.images, b.labels, b.size, false));  // a shard's part may be empty
   return t;
 }
 
@@ -462,6 +387,9 @@ void keep_metrics_through(const std::string& path, int epochs) {
 
 }  // namespace
 
+int job_ranks() noexcept { return dist::launcher_world_size(); }
+bool writes_run_files() noexcept { return dist::launcher_world_size() <= 1 || dist::launcher_rank() == 0; }
+
 bool holds_run(const std::string& dir) { return !run_files_in(dir).empty(); }
 
 std::string metrics_line(const EpochMetrics& em, const std::string& policy_text, const std::vector<LayerNumerics>& layers) {
@@ -507,10 +435,18 @@ std::string metrics_line(const EpochMetrics& em, const std::string& policy_text,
   return run_files::to_line(r);
 }
 
-std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log,
-                                const EpochCallback& on_epoch) {
+namespace {
+
+// The run, alone (job null) or as one rank of a data-parallel job: rank 0 alone logs and writes
+// the run's files (the others run with `out` empty).
+std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job,
+                                       const std::function<void(const std::string&)>& log_in,
+                                       const EpochCallback& on_epoch) {
+  const bool lead = !job || job->rank() == 0;
+  const std::function<void(const std::string&)> log = lead ? log_in : nullptr;
+  TrainConfig cfg = config;
+  if (!lead) cfg.out.clear();
   auto say = [&](const std::string& s) { if (log) log(s); };
-  validate_train_config(cfg);
   // --device cuda: the same model, data and loop on the GPU (CudaModel); the host model keeps
   // the FP32 parameters that checkpoints read, refreshed by CudaModel::download().
   const bool on_cuda = cfg.device == "cuda";
@@ -544,7 +480,8 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
   build_model(m, cfg.model, train_set.channels, train_set.height, train_set.width, train_set.classes);
   m.set_label_smoothing(cfg.label_smoothing);
   m.set_loss_scaling(cfg.loss_scale);  // before build(): the memory plan depends on it
-  m.build(cfg.batch_size, cfg.policy);
+  const int ranks = job ? job->size() : 1;
+  m.build(cfg.batch_size / ranks, cfg.policy);  // each rank's part of the batch
   m.set_numerics_interval(cfg.numerics_interval);
   m.set_profiling(cfg.profile);
   Sgd sgd(ctx, m, SgdOptions{cfg.momentum, cfg.weight_decay, cfg.nesterov});
@@ -558,6 +495,10 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
                       cfg.workers);
   Loader test_loader(ctx, test_set, cfg.batch_size, false, false, augment_for(test_set, false, false), cfg.seed,
                      cfg.workers);
+  if (job) {
+    train_loader.set_shard(job->rank(), ranks);
+    test_loader.set_shard(job->rank(), ranks);
+  }
 
   LrSchedule sched;
   sched.kind = parse_schedule(cfg.schedule, "flag --schedule");
@@ -575,6 +516,16 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
 
   const std::vector<Setting> settings = result_settings(cfg, policy_text);
   const std::vector<Setting> machine = machine_settings(ctx);
+  if (job) {
+    std::string text = "allreduce=" + cfg.allreduce + "\nerror_feedback=" + (cfg.error_feedback ? "1" : "0") +
+                       "\nsync_bn=" + (cfg.sync_bn ? "1" : "0") +
+                       "\nbucket_kib=" + std::to_string(cfg.bucket_kib) + "\nresume=" + cfg.resume + "\nout=" + config.out;
+    for (const Setting& st : settings) text += std::string("\n") + st.key + "=" + st.value;
+    job->check_same_run(text, train_set, test_set);
+    job->attach(ctx, m, cfg);
+    job->broadcast_state(m);  // rank 0's initial weights everywhere
+  }
+  const dist::Job::Attachment attached(job);  // the reducer goes before the model it hooks into
   // The run takes its directory before it reads anything there: another run cannot write a newer
   // checkpoint between this one's resume and its first write.
   std::unique_ptr<RunLock> lock;
@@ -614,6 +565,8 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     meta_int(ck, "step", cfg.resume, steps_done, steps_done);  // the loop's step counter after those epochs
     m.set_step(uint64_t(steps_done));
     load_model(m, &sgd, ck, cfg.resume);
+    if (job) job->get_checkpoint(ck, cfg.resume);
+    else dist::Job::check_lone_resume(ck, cfg.resume);
     if (ck.meta.count("loss_scale"))
       scaler.restore(meta_real(ck, "loss_scale", cfg.resume, 0x1p-149, 3.4e38),
                      int(meta_int(ck, "loss_scale_tracker", cfg.resume, 0, 0x7FFFFFFF)),
@@ -694,9 +647,11 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
         tr.add(cuda->train_step(b.images, b.labels, b.size, lr, scaler));  // runs scaler.update
       } else {
         const auto step_t0 = cfg.profile ? Clock::now() : Clock::time_point{};
+        if (job) job->begin_step(m.step());
         tr.add(m.forward(b.images, b.labels, b.size, true));
         m.set_loss_scale(used_scale);
-        const bool finite = m.backward();
+        bool finite = m.backward();
+        if (job) finite = job->finish(finite);  // the mean gradient, and every rank's verdict
         const auto opt_t0 = cfg.profile ? Clock::now() : Clock::time_point{};
         if (scaler.update(finite)) sgd.step(lr);
         if (cfg.profile) {
@@ -728,6 +683,14 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       }
     }
     if (tty && log) std::printf("\n");
+    if (job) {
+      job->sum(&tr.loss, 1);  // the epoch's totals over the ranks' parts
+      double counts[3] = {double(tr.c1), double(tr.c5), double(tr.n)};
+      job->sum(counts, 3);
+      tr.c1 = long(counts[0]), tr.c5 = long(counts[1]), tr.n = long(counts[2]);
+      job->broadcast_buffers(m);  // one model evaluated and checkpointed: rank 0's running statistics
+      job->check_same_weights(m, epoch + 1);
+    }
     EpochMetrics em;
     em.epoch = epoch + 1;
     em.epoch_seconds = seconds_since(t0);
@@ -737,7 +700,12 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
     em.train_loss = tr.loss / tr.n;
     em.train_top1 = 100.0 * tr.c1 / tr.n;
     em.lr = lr;
-    const Totals te = cuda ? run_eval(*cuda, test_loader) : run_eval(m, test_loader);
+    Totals te = cuda ? run_eval(*cuda, test_loader) : run_eval(m, test_loader);
+    if (job) {
+      double sums[4] = {te.loss, double(te.c1), double(te.c5), double(te.n)};
+      job->sum(sums, 4);
+      te.loss = sums[0], te.c1 = long(sums[1]), te.c5 = long(sums[2]), te.n = long(sums[3]);
+    }
     em.test_loss = te.loss / te.n;
     em.test_top1 = 100.0 * te.c1 / te.n;
     em.test_top5 = 100.0 * te.c5 / te.n;
@@ -769,17 +737,50 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
       for (const std::vector<Setting>* list : {&settings, &machine})
         for (const Setting& st : *list) ck.meta[st.key] = st.value;
       save_model(m, cfg.policy, &sgd, ck);
+      if (job) job->put_checkpoint(ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
+    } else if (job && !config.out.empty()) {
+      Checkpoint ck;  // rank 0 writes it; the other ranks hand it their own state
+      job->put_checkpoint(ck);
     }
     if (on_epoch) on_epoch(em);
     if (cfg.stop_after > 0 && epoch + 1 >= cfg.stop_after) break;
   }
   if (cfg.profile && prof.steps > 0) {
+    if (job) {
+      const dist::CommStats& cs = job->stats();
+      prof.ranks = job->size();
+      prof.allreduce = job->allreduce();
+      prof.comm_bytes = cs.bytes;
+      prof.comm_fp32_bytes = cs.fp32_bytes;
+      prof.comm_in_flight_seconds = cs.in_flight_seconds;
+      prof.comm_exposed_seconds = cs.exposed_seconds;
+    }
     const std::vector<LayerTime> times = m.layer_times();
     for (const std::string& line : profile_table(times, prof)) say(line);
     if (!cfg.out.empty()) write_profile_json(cfg.out + "/profile.json", times, prof);
   }
   return all;
+}
+
+}  // namespace
+
+std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log,
+                                const EpochCallback& on_epoch) {
+  validate_train_config(cfg);
+  // Started by mpirun with more than one process: one rank of a data-parallel job.
+  const std::unique_ptr<dist::Job> job = dist::Job::join(cfg);
+  if (!job) return run_training(cfg, nullptr, log, on_epoch);
+  if (job->rank() == 0 && log)
+    log("data-parallel job: " + std::to_string(job->size()) + " ranks, global batch " + std::to_string(cfg.batch_size) +
+        " (" + std::to_string(cfg.batch_size / job->size()) + " per rank), " + job->allreduce() + " allreduce" +
+        (cfg.error_feedback ? " with error feedback" : ""));
+  try {
+    return run_training(cfg, job.get(), log, on_epoch);
+  } catch (const std::exception& e) {
+    if (job->agreed()) throw;  // every rank refuses alike and ends normally
+    job->abort(e.what());      // one rank failed: the job ends on every rank
+  }
 }
 
 std::string precision_label(const TrainConfig& c) {

@@ -33,6 +33,23 @@ inline double dfp16_roundtrip_rel(int headroom) { return std::ldexp(1.0, -(15 - 
 // within z * sqrt(f(1-f)/n); z = 5 makes a false failure a ~1e-6 event for the fixed seed.
 inline constexpr double kStochasticZ = 5.0;
 
+// Data-parallel training (tests/dist): N ranks averaging the gradients of B/N images each against
+// one process with B images, FP32. The two compute the same sums in another order (each rank's
+// mean, then the mean of the means), a relative rounding of a few 2^-24 per gradient element and
+// step; over the tests' 16 SGD steps of LeNet the weights and momenta drift apart by well under
+// 1e-5 relative L2.
+inline constexpr double kDataParallelRelL2 = 1e-5;
+// Same with the dfp16 allreduce, the weights: each rank's gradient is rounded stochastically to
+// INT16 at a shared exponent with bit_width(N) headroom bits (13 magnitude bits for N = 2, 3), an
+// unbiased error below 2^-13 of the bucket's largest gradient per element and step, times the
+// learning rate. Measured 1.0e-3 after LeNet's 16 steps at N = 3 (the momenta, which are sums of
+// gradients, differ by 2.4e-2); bound 10x.
+inline constexpr double kDataParallelDfp16RelL2 = 1e-2;
+// Same with BatchNorm statistics synchronised over the ranks (--sync-bn), ResNet-20, FP32: the
+// per-channel moments are summed in FP64 from each rank's part, in another order than one
+// process's; the rest as kDataParallelRelL2, through 20 normalisations. Measured 2e-6 after one
+// step (N = 2); bound 5x kDataParallelRelL2's.
+inline constexpr double kDataParallelSyncBnRelL2 = 5e-5;
 }  // namespace dfp::test
 
 namespace dfp::test {

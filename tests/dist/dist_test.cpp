@@ -1,0 +1,304 @@
+// Data-parallel training (`mpirun -np N dfp train`, src/dist/): N ranks with per-rank batch B/N
+// against one process with batch B; the dfp16 allreduce's independence of MPI's reduction
+// algorithm; start-up refusal of ranks started differently; a killed or stopped rank ending the
+// job with the rank named and the last checkpoint intact; resume with the same N bit for bit and
+// refusal of another N. Each test runs Open MPI's mpirun on this machine (--oversubscribe; as root
+// with --allow-run-as-root) and is skipped, with the reason, in a build without MPI or where
+// mpirun is missing.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/train/checkpoint.hpp"
+#include "tests/common/files.hpp"
+#include "tests/common/temp_dir.hpp"
+#include "tests/common/tolerance.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Skips the test when this build or machine cannot run a job.
+#define DFP_NEED_MPI()                                                                                  \
+  do {                                                                                                  \
+    if (!DFP_TEST_HAVE_MPI) GTEST_SKIP() << "dfp was built without MPI (libopenmpi-dev not installed)"; \
+    if (kSanitized)                                                                                     \
+      GTEST_SKIP() << "sanitizer build: Open MPI's start-up allocations in each rank are leak reports to " \
+                      "LeakSanitizer; the jobs run in the normal build";                                 \
+    if (std::system("command -v mpirun >/dev/null 2>&1") != 0)                                          \
+      GTEST_SKIP() << "mpirun not found (Debian package openmpi-bin)";                                  \
+  } while (0)
+
+class DistDir : public dfp::test::TempDir {
+ public:
+  DistDir() : TempDir("dfp_dist_test_") {}
+};
+
+// A small job: LeNet (no BatchNorm, no dropout) on random 16x16 images, FP32, 1 thread per rank.
+std::string train_args(int batch, const std::string& out, const std::string& extra = "", int epochs = 2,
+                       const std::string& model = "lenet") {
+  return "train --model " + model + " --dataset synthetic --data classes=10,train=192,test=64 --image-size 16 --precision fp32 "
+         "--epochs " + std::to_string(epochs) + " --batch-size " + std::to_string(batch) + " --lr 0.05 --threads 1 --workers 1 --seed 5 --out " + out +
+         " --print-every 1000 " + extra;
+}
+
+std::string mpirun(int np, const std::string& mca = "") {
+  return "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " " + mca + " ";
+}
+
+struct Result {
+  int status = -1;
+  std::string output;
+};
+
+Result run(const std::string& command) {
+  Result r;
+  FILE* p = popen(("timeout 300 " + command + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::map<std::string, std::vector<float>> tensors(const std::string& path) {
+  return dfp::read_checkpoint(path).tensors;
+}
+
+// max over the model's tensors of ||a - b|| / ||b||: the weights, and with momentum their momenta.
+double max_rel_l2(const std::string& a_path, const std::string& b_path, bool momentum = true) {
+  const auto a = tensors(a_path), b = tensors(b_path);
+  double worst = 0;
+  for (const auto& [name, bv] : b) {
+    if (name.rfind("dist.", 0) == 0 || (!momentum && name.find("@momentum") != std::string::npos)) continue;
+    const auto it = a.find(name);
+    EXPECT_NE(it, a.end()) << name;
+    if (it == a.end() || it->second.size() != bv.size()) return INFINITY;
+    double d = 0, s = 0;
+    for (size_t i = 0; i < bv.size(); ++i) {
+      d += double(it->second[i] - bv[i]) * (it->second[i] - bv[i]);
+      s += double(bv[i]) * bv[i];
+    }
+    worst = std::max(worst, std::sqrt(d / std::max(s, 1e-30)));
+  }
+  return worst;
+}
+
+bool same_bits(const std::string& a_path, const std::string& b_path) {
+  return tensors(a_path) == tensors(b_path);
+}
+
+TEST(Dist, RanksWithPartsOfTheBatchMatchOneProcessWithTheWholeBatch) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string one = d.path().string() + "/one", two = d.path().string() + "/two", three = d.path().string() + "/three";
+  const std::string dfp = DFP_CLI;
+  Result r = run(dfp + " " + train_args(24, one));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(mpirun(2) + dfp + " " + train_args(24, two));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("data-parallel job: 2 ranks, global batch 24 (12 per rank)"), std::string::npos) << r.output;
+  r = run(mpirun(3) + dfp + " " + train_args(24, three));
+  ASSERT_EQ(r.status, 0) << r.output;
+  // Only the summation order differs (per-rank means averaged, vs one mean over the batch).
+  EXPECT_LE(max_rel_l2(two + "/checkpoint.dfp", one + "/checkpoint.dfp"), dfp::test::kDataParallelRelL2);
+  EXPECT_LE(max_rel_l2(three + "/checkpoint.dfp", one + "/checkpoint.dfp"), dfp::test::kDataParallelRelL2);
+  // Rank 0 alone writes the run's files.
+  EXPECT_EQ(dfp::test::lines_of(two + "/metrics.jsonl").size(), 2u);
+}
+
+// One step only: from the second step on, a --sync-bn job at N = 2 or 4 drifts from one process
+// (1e-3 relative), not explained yet (docs/design/distributed.md, "Not done").
+TEST(Dist, SyncBnRanksMatchOneProcessWithTheWholeBatchForOneStep) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string one = d.path().string() + "/one", two = d.path().string() + "/two", three = d.path().string() + "/three";
+  const std::string dfp = DFP_CLI;
+  // ResNet-20: BatchNorm after every convolution; --sync-bn takes its statistics over all ranks.
+  const auto args = [](const std::string& out, const std::string& extra) {
+    return train_args(24, out, extra + " --limit-train 24", 1, "resnet20");
+  };
+  Result r = run(dfp + " " + args(one, ""));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(mpirun(2) + dfp + " " + args(two, "--sync-bn"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(mpirun(3) + dfp + " " + args(three, "--sync-bn"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_LE(max_rel_l2(two + "/checkpoint.dfp", one + "/checkpoint.dfp"), dfp::test::kDataParallelSyncBnRelL2);
+  EXPECT_LE(max_rel_l2(three + "/checkpoint.dfp", one + "/checkpoint.dfp"), dfp::test::kDataParallelSyncBnRelL2);
+  // Without it each rank normalises by its own part's statistics: another training.
+  const std::string own = d.path().string() + "/own";
+  ASSERT_EQ(run(mpirun(2) + dfp + " " + args(own, "")).status, 0);
+  EXPECT_GT(max_rel_l2(own + "/checkpoint.dfp", one + "/checkpoint.dfp"), 10 * dfp::test::kDataParallelSyncBnRelL2);
+}
+
+TEST(Dist, Dfp16AllreduceDoesNotDependOnMpisReductionAlgorithm) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string dfp = DFP_CLI;
+  std::vector<std::string> outs;
+  // libnbc's MPI_Iallreduce: 1 ring, 2 binomial tree: the partial sums of three ranks are formed in
+  // other orders, which the INT16 sum does not see.
+  for (int algorithm : {1, 2}) {
+    outs.push_back(d.path().string() + "/alg" + std::to_string(algorithm));
+    const Result r = run(mpirun(3, "--mca coll_libnbc_iallreduce_algorithm " + std::to_string(algorithm)) + dfp + " " +
+                         train_args(24, outs.back(), "--allreduce dfp16 --bucket-kib 16"));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  EXPECT_TRUE(same_bits(outs[0] + "/checkpoint.dfp", outs[1] + "/checkpoint.dfp"));
+  // And it is the same training as fp32's, within the stochastic rounding of the gradients.
+  const std::string one = d.path().string() + "/one";
+  ASSERT_EQ(run(dfp + " " + train_args(24, one)).status, 0);
+  EXPECT_LE(max_rel_l2(outs[0] + "/checkpoint.dfp", one + "/checkpoint.dfp", false), dfp::test::kDataParallelDfp16RelL2);
+}
+
+TEST(Dist, RanksStartedWithOtherFlagsAreRefused) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string dfp = DFP_CLI, out = d.path().string() + "/run";
+  const Result r = run(mpirun(1) + dfp + " " + train_args(24, out) + " : -np 1 " + dfp + " " +
+                       train_args(24, out, "--lr 0.1"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("rank 1 started with other flags"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/checkpoint.dfp"));
+}
+
+TEST(Dist, IndivisibleBatchIsRefused) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const Result r = run(mpirun(3) + DFP_CLI + " " + train_args(32, d.path().string() + "/run"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("expected a multiple of 3"), std::string::npos) << r.output;
+}
+
+// Starts `command` in the background with its output in `log`; returns the shell's pid (exec'd
+// into mpirun).
+pid_t start(const std::string& command, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + command + " >" + log + " 2>&1").c_str(), nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+// The pid of rank `rank` among mpirun's children (Open MPI: OMPI_COMM_WORLD_RANK in its environment).
+pid_t rank_pid(pid_t launcher, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string s((std::istreambuf_iterator<char>(stat)), {});
+    const size_t close = s.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(s.substr(close + 2));
+    char state;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != launcher) continue;
+    std::ifstream env(e.path() / "environ");
+    std::string vars((std::istreambuf_iterator<char>(env)), {});
+    if (vars.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos)
+      return pid_t(std::stoi(name));
+  }
+  return -1;
+}
+
+// Waits for the job's exit; -1 if it has not ended within `seconds`.
+int wait_exit(pid_t pid, double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+// A job with a checkpoint after every epoch, stopped once the first one exists by `signal` to rank 1.
+struct Interrupted {
+  int exit = 0;
+  double seconds = 0;
+  std::string log;
+};
+Interrupted interrupt_rank1(const std::string& out, int signal, const std::string& extra) {
+  fs::create_directories(out);
+  const std::string log = out + "/../job.log";
+  const pid_t job = start(mpirun(2) + DFP_CLI + " " + train_args(24, out, extra, 40), log);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(out + "/checkpoint.dfp") &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 120)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const pid_t victim = rank_pid(job, 1);
+  EXPECT_GT(victim, 0) << "rank 1 not found among mpirun's children";
+  if (victim > 0) kill(victim, signal);
+  const auto t1 = std::chrono::steady_clock::now();
+  Interrupted r;
+  r.exit = wait_exit(job, 60);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  if (victim > 0 && signal == SIGSTOP) kill(victim, SIGKILL);
+  r.log = dfp::test::slurp(log);
+  return r;
+}
+
+TEST(Dist, KilledRankEndsTheJobAndTheCheckpointResumesBitForBit) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string out = d.path().string() + "/run", whole = d.path().string() + "/whole";
+  const std::string flags = "--schedule constant --allreduce dfp16 --error-feedback";  // per-rank residuals to keep
+  const Interrupted r = interrupt_rank1(out, SIGKILL, flags);
+  EXPECT_NE(r.exit, 0) << r.log;
+  EXPECT_GE(r.exit, 0) << "the job did not end within 60 s of the kill\n" << r.log;
+  EXPECT_NE(r.log.find("rank 1"), std::string::npos) << r.log;
+  const dfp::Checkpoint ck = dfp::read_checkpoint(out + "/checkpoint.dfp");  // intact: it loads (CRC checked)
+  EXPECT_EQ(ck.meta.at("ranks"), "2");
+  // Another number of ranks, or a lone process, is refused.
+  const std::string resume = flags + " --resume " + out + "/checkpoint.dfp";
+  Result other = run(mpirun(3) + DFP_CLI + " " + train_args(24, out, resume, 40));
+  EXPECT_NE(other.status, 0);
+  EXPECT_NE(other.output.find("written by a job of 2 rank(s); this job has 3"), std::string::npos) << other.output;
+  other = run(std::string(DFP_CLI) + " " + train_args(24, out, resume, 40));
+  EXPECT_NE(other.status, 0);
+  EXPECT_NE(other.output.find("resume it with mpirun -np 2"), std::string::npos) << other.output;
+  // Resumed with the same N, the run ends with the uninterrupted run's bits.
+  const Result resumed = run(mpirun(2) + DFP_CLI + " " + train_args(24, out, resume, 40));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const Result uninterrupted = run(mpirun(2) + DFP_CLI + " " + train_args(24, whole, flags, 40));
+  ASSERT_EQ(uninterrupted.status, 0) << uninterrupted.output;
+  EXPECT_TRUE(same_bits(out + "/checkpoint.dfp", whole + "/checkpoint.dfp")) << "interrupted after epoch "
+                                                                              << ck.meta.at("epochs_done");
+}
+
+TEST(Dist, StoppedRankEndsTheJobWithinTheTimeoutNamingIt) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const Interrupted r = interrupt_rank1(d.path().string() + "/run", SIGSTOP, "--dist-timeout 3");
+  EXPECT_GE(r.exit, 0) << "the job did not end within 60 s of the stop\n" << r.log;
+  EXPECT_NE(r.exit, 0) << r.log;
+  EXPECT_NE(r.log.find("no answer from rank 1"), std::string::npos) << r.log;
+  EXPECT_LT(r.seconds, 3 + 10 + 10) << "timeout + grace + slack";
+  dfp::read_checkpoint(d.path().string() + "/run/checkpoint.dfp");
+}
+
+}  // namespace
