@@ -285,8 +285,7 @@ class _Step(torch.autograd.Function):
         c = ctx.compiled
         m = c.dfp_model
         m.backward(grad.detach().to(torch.float32).contiguous().numpy())
-        state = m.state()
-        grads = [torch.from_numpy(state[n].grad.copy()) for n in c._param_names]
+        grads = [torch.from_numpy(g.copy()) for g in c._grad_views]
         dx = torch.from_numpy(m.input_grad()) if ctx.needs_input_grad[1] else None
         return (None, dx, *grads)
 
@@ -304,6 +303,11 @@ class CompiledModule(torch.nn.Module):
         self.module = module
         self._dfp_model = dfp_model
         self._param_names = param_names
+        # Zero-copy views of dfp's tensors and gradients, taken once: the model's buffers do not
+        # move after build, and state()/state_dict() build their lists anew on every call.
+        self._views = dfp_model.state_dict()
+        state = dfp_model.state()
+        self._grad_views = [state[n].grad for n in param_names]
         self._buffer_names = buffer_names
         self._input_grad = input_grad
         self._params = [module.get_parameter(n) for n in param_names]
@@ -332,7 +336,7 @@ class CompiledModule(torch.nn.Module):
         v = self._versions()
         if v == self._seen:
             return
-        sd = self._dfp_model.state_dict()
+        sd = self._views
         with torch.no_grad():
             for n, t in zip(self._param_names + self._buffer_names, self._params + self._tracked):
                 np.copyto(sd[n], t.detach().to(torch.float32).reshape(sd[n].shape).numpy())
@@ -341,7 +345,7 @@ class CompiledModule(torch.nn.Module):
         self.weight_syncs += 1
 
     def _copy_back_buffers(self):
-        sd = self._dfp_model.state_dict()
+        sd = self._views
         with torch.no_grad():
             for n, t in zip(self._buffer_names, self._tracked):
                 t.copy_(torch.from_numpy(sd[n]))
