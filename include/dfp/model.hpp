@@ -107,6 +107,16 @@ struct LayerTime {
   std::string implementation;
   double forward_seconds = 0, backward_seconds = 0;
   uint64_t steps = 0;     // training forward passes timed
+  // An INT16 Conv2d/Linear's time by part, summed over the same steps (zero for other layers):
+  // quantization of x (with its padded and batch-pair copies; where a BatchNorm hands x over span
+  // by span, in that BatchNorm's forward time, with the BatchNorm's own scale-shift of each span),
+  // the forward pass, quantization of dy, the backward-data pass (with folding back a column
+  // unfolding) and the weight-gradient pass (with the dy batch-pair interleave it does as it
+  // goes). A pass's time includes its kernel's flushes of INT32 chains into FP32, which run
+  // inside the kernel. The weights' quantization and packing run in the optimizer's time.
+  struct Int16Parts {
+    double quantize_x = 0, forward = 0, quantize_dy = 0, backward_data = 0, backward_weights = 0;
+  } int16;
 };
 
 struct StepResult {

@@ -444,6 +444,7 @@ struct Model::Impl {
     model::StepInfo st{count, train, step, train && sample_step()};
     if (train && statistics_sum) st.statistics_sum = &statistics_sum;
     const bool timed = profiling && train;  // evaluation passes are not profiled
+    st.timed = timed;
     for (size_t i = 1; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
       xs.clear();
@@ -582,6 +583,7 @@ struct Model::Impl {
     bool finite = true;
     model::StepInfo st{batch, true, step, sample_step()};
     if (statistics_sum) st.statistics_sum = &statistics_sum;
+    st.timed = profiling;
     for (size_t i = nodes.size() - 1; i >= 1; --i) {
       NodeInfo& n = nodes[i];
       if (!n.grad_written) continue;  // does not reach the loss
@@ -889,7 +891,10 @@ std::vector<LayerNumerics> Model::numerics() const {
 void Model::set_profiling(bool on) { impl_->profiling = on; }
 
 void Model::reset_layer_times() {
-  for (auto& n : impl_->nodes) n.fwd_seconds = n.bwd_seconds = 0, n.fwd_steps = 0;
+  for (auto& n : impl_->nodes) {
+    n.fwd_seconds = n.bwd_seconds = 0, n.fwd_steps = 0;
+    if (n.layer) n.layer->reset_parts();
+  }
   impl_->loss_fwd_seconds = impl_->loss_bwd_seconds = 0;
 }
 
@@ -900,6 +905,7 @@ std::vector<LayerTime> Model::layer_times() const {
     if (!n.layer || n.fwd_steps == 0) continue;  // the input; nothing timed yet
     out.push_back({n.layer->name, n.layer->kind, n.layer->precision(), n.layer->implementation(), n.fwd_seconds,
                    n.bwd_seconds, n.fwd_steps});
+    if (const LayerTime::Int16Parts* parts = n.layer->int16_parts()) out.back().int16 = *parts;
     steps = std::max(steps, n.fwd_steps);
   }
   if (steps > 0) out.push_back({"loss", "loss", "fp32", "", impl_->loss_fwd_seconds, impl_->loss_bwd_seconds, steps});
