@@ -35,6 +35,9 @@ struct StepInfo {
   // Model::set_statistics_sum: adds values over the processes of a data-parallel job, in place
   // (BatchNorm's batch statistics and backward sums in training); null: this process's batch only.
   const std::function<void(double* values, size_t count)>* statistics_sum = nullptr;
+  // Model::set_batch_offset: image n of this batch is image first_image + n of the job's global
+  // batch (per-image random draws are keyed by the latter).
+  int first_image = 0;
 };
 
 // Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.
