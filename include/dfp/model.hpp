@@ -272,6 +272,11 @@ class Model {
   // order). The parameter gradients stay this process's own, for the job to average as any
   // other. An empty function: this process's batch only (the default).
   void set_statistics_sum(std::function<void(double* values, size_t count)> sum);
+  // Where this process's batch starts in a data-parallel job's global batch (rank r of N with
+  // B/N images each: r * B/N; 0, the default, otherwise). Per-image random draws in training
+  // (dropout masks) are keyed by the image's place in the global batch, so N processes draw what
+  // one process with the whole batch draws. Negative values are Error(invalid_argument).
+  void set_batch_offset(int first_image);
   // Time every layer's training forward and backward pass (evaluation passes are not timed): two
   // clock reads per layer and pass, nothing allocated once built. layer_times() lists every layer
   // and then the loss, in graph order; a ReLU absorbed by fusion (set_fusion) shows only its

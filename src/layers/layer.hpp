@@ -36,6 +36,9 @@ struct StepInfo {
   // (BatchNorm's batch statistics and backward sums in training); null: this process's batch only.
   const std::function<void(double* values, size_t count)>* statistics_sum = nullptr;
   bool timed = false;  // Model::set_profiling: layers that time their parts (LayerTime) do so
+  // Model::set_batch_offset: image n of this batch is image first_image + n of the job's global
+  // batch (per-image random draws are keyed by the latter).
+  int first_image = 0;
 };
 
 // Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.

@@ -749,3 +749,35 @@ TEST(Numerics, Dfp16StatisticsMatchASerialNearbyintLoop) {
   EXPECT_EQ(0, std::memcmp(&a.signal, &b.signal, sizeof(double)));
   EXPECT_EQ(0, std::memcmp(&a.noise, &b.noise, sizeof(double)));
 }
+
+// A data-parallel job's rank draws the dropout masks of its images as one process with the whole
+// batch draws them (Model::set_batch_offset): images 2-3 run as a batch of their own at offset 2
+// get the logits they get as images 2-3 of the whole batch (up to FP32 summation order), in the
+// same training step.
+TEST(Layers, DropoutMasksFollowTheImagesPlaceInTheGlobalBatch) {
+  // The same model (weights and dropout seeds come from the context's seed) at batch 4 and 2.
+  const auto make = [](Model& m, int batch) {
+    auto x = m.input(3, 5, 5);
+    x = m.dropout(m.conv(x, 16, 3, 1, 1, true, "conv"), 0.5f, "drop");
+    m.softmax_cross_entropy(m.linear(m.flatten(x, "fl"), 4, true, "fc"));
+    m.build(batch, {});
+    m.set_step(7);
+  };
+  Model whole(ctx2(), "drop"), part(ctx2(), "drop");
+  make(whole, 4);
+  make(part, 2);
+  const std::vector<float> images = batch_images(whole, 11);
+  const size_t image = images.size() / 4;
+  std::vector<float> all(4 * 4), mine(2 * 4), unshifted(2 * 4);
+  whole.logits(images.data(), 4, true, all.data());
+  part.set_batch_offset(2);
+  part.logits(images.data() + 2 * image, 2, true, mine.data());
+  // The same masks; oneDNN's FP32 kernels may sum a batch of 2 and of 4 in other orders.
+  const std::vector<float> want(all.begin() + 8, all.end());
+  EXPECT_LE(test::rel_l2(mine, want), test::kF32RelL2);
+  // At offset 0 the same images draw the masks of images 0-1: other logits.
+  part.set_batch_offset(0);
+  part.logits(images.data() + 2 * image, 2, true, unshifted.data());
+  EXPECT_GT(test::rel_l2(unshifted, want), 100 * test::kF32RelL2);
+  EXPECT_THROW(part.set_batch_offset(-1), Error);
+}
