@@ -692,9 +692,13 @@ TEST(Profiling, LayerTimesCoverTrainingPassesOnly) {
       EXPECT_GT(p.quantize_dy, 0.0) << times[i].layer;
       EXPECT_GT(p.backward_weights, 0.0) << times[i].layer;
       EXPECT_GT(p.quantize_x, 0.0) << times[i].layer;
-      if (!graph[i + 1].input_spans) EXPECT_LE(p.quantize_x + p.forward, times[i].forward_seconds) << times[i].layer;
+      if (!graph[i + 1].input_spans) {
+        EXPECT_LE(p.quantize_x + p.forward, times[i].forward_seconds) << times[i].layer;
+      }
       EXPECT_LE(p.quantize_dy + p.backward_data + p.backward_weights, times[i].backward_seconds) << times[i].layer;
-      if (i > 0) EXPECT_GT(p.backward_data, 0.0) << times[i].layer;  // the first conv has none
+      if (i > 0) {
+        EXPECT_GT(p.backward_data, 0.0) << times[i].layer;  // the first conv has none
+      }
     } else if (times[i].kind == "fc") {
       EXPECT_GT(times[i].int16.forward, 0.0) << "an INT16 Linear runs the same operator";
     } else {
