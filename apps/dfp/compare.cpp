@@ -65,7 +65,7 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log_path
     std::vector<char*> a;
     for (const std::string& s : argv) a.push_back(const_cast<char*>(s.c_str()));
     a.push_back(nullptr);
-    execv(a[0], a.data());
+    execvp(a[0], a.data());  // a launcher (mpirun) is found on PATH; dfp itself by its full path
     std::fprintf(stderr, "cannot run %s: %s\n", a[0], std::strerror(errno));
     _exit(127);
   }
@@ -94,6 +94,7 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log_path
 struct CompareState {
   RunFlags probe;  // validates the shared flags here, before hours of training
   std::string out = "runs/compare", specs_text = "fp32,bf16,fp16,int16";
+  std::vector<std::string> launcher;  // --launcher: the command each run starts under (mpirun -np N)
   FlagSet flags;
   explicit CompareState(CLI::App& app) : flags(app) {}
 };
@@ -105,7 +106,7 @@ int compare(CompareState& s) {
     DFP_CHECK(a != "--precision" && a != "--loss-scaling" && a != "--label" && a != "--resume" && a != "--device",
               dfp::Status::invalid_argument,
               "dfp compare: flag " + a + " is set per run by --precisions (e.g. --precisions fp32,fp16-static,int16)");
-    if (a == "--out" || a == "--precisions") continue;
+    if (a == "--out" || a == "--precisions" || a == "--launcher") continue;  // compare's own
     pass.push_back(a);
     if (!flag->value.empty()) pass.push_back(value);
   }
@@ -126,13 +127,15 @@ int compare(CompareState& s) {
     }
   DFP_CHECK(!specs.empty(), dfp::Status::invalid_argument, "flag --precisions: expected a list like fp32,bf16,fp16,int16");
   // Each run is a child process of compare, which cannot join the launcher's job as a rank; a
-  // data-parallel comparison is one `mpirun dfp train` per precision.
+  // data-parallel comparison starts each run under the launcher instead (--launcher).
   DFP_CHECK(dfp::job_ranks() == 1, dfp::Status::unsupported,
             "dfp compare under mpirun (" + std::to_string(dfp::job_ranks()) +
                 " processes) is not supported: compare starts each precision's `dfp train` as a process of its own, "
-                "which cannot join the launcher's job. Train each precision data-parallel instead: mpirun -np " +
-                std::to_string(dfp::job_ranks()) + " dfp train ... --precision P --label P --out " + out +
-                "/P (add --profile for the communication time and bytes per step in " + out + "/P/profile.json)");
+                "which cannot join the launcher's job. Run compare as one process and have it start each run "
+                "data-parallel: dfp compare --launcher \"mpirun -np " + std::to_string(dfp::job_ranks()) +
+                "\" ... (add --profile for the communication time and bytes per step); or train each precision "
+                "yourself: mpirun -np " + std::to_string(dfp::job_ranks()) +
+                " dfp train ... --precision P --label P --out " + out + "/P");
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + out + "': " + ec.message());
@@ -150,7 +153,8 @@ int compare(CompareState& s) {
     const std::string dir = out + "/" + r.label;
     std::filesystem::create_directories(dir, ec);
     DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + dir + "': " + ec.message());
-    std::vector<std::string> argv = {self, "train"};
+    std::vector<std::string> argv = s.launcher;
+    argv.insert(argv.end(), {self, "train"});
     argv.insert(argv.end(), pass.begin(), pass.end());
     argv.insert(argv.end(), {"--device", r.device, "--precision", r.precision, "--loss-scaling", r.scaling, "--label", r.label,
                              "--out", dir});
@@ -169,6 +173,8 @@ int compare(CompareState& s) {
   for (const std::string& d : done) runs.push_back(dfp::read_run(d));
   if (!runs.empty()) {
     std::printf("\n%s", dfp::format_table(runs).c_str());
+    const std::string comm = dfp::format_communication(runs);
+    if (!comm.empty()) std::printf("\n%s", comm.c_str());
     dfp::write_report(out, runs, print_line);
   }
   if (!failed.empty()) {
@@ -191,7 +197,18 @@ Run add_compare(CLI::App& root) {
                  "runs, e.g. fp32,bf16,fp16,int16: items PRECISION[-none|-static|-dynamic|-adaptive] (fp16 alone = "
                  "fp16-dynamic; cuda-fp16, cuda-fp32 on the GPU)",
                  [p](const std::string&, const std::string& v) { p->specs_text = v; }, "Run"},
-                out_flag(p->out, "directory of the comparison: OUT/<item>/ per run, the report and plots")});
+                out_flag(p->out, "directory of the comparison: OUT/<item>/ per run, the report and plots"),
+                {"--launcher", "CMD",
+                 "start each run under CMD, e.g. \"mpirun -np 4\" (data-parallel runs; with --profile the table "
+                 "adds each run's allreduce bytes and time per step)",
+                 [p](const std::string& flag, const std::string& v) {
+                   std::istringstream words(v);
+                   p->launcher.clear();
+                   for (std::string w; words >> w;) p->launcher.push_back(w);
+                   DFP_CHECK(!p->launcher.empty(), dfp::Status::invalid_argument,
+                             "flag " + flag + ": expected a command, e.g. \"mpirun -np 4\", got '" + v + "'");
+                 },
+                 "Run"}});
   p->flags.add(run_flags(p->probe));
   p->flags.add(policy_flags(p->probe));
   return [s] { return compare(*s); };

@@ -285,6 +285,43 @@ TEST(Dist, CompareUnderMpirunIsRefusedSayingWhatToRun) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// compare --launcher starts each precision's run as a job of the launcher: every run trains on 2
+// ranks (its profile.json says so), the runs' final weights are those of the same job started by
+// hand, and the comparison tabulates each run's allreduce bytes and time per step.
+TEST(Dist, CompareStartsEachRunUnderTheLauncher) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string out = d.path().string() + "/cmp", by_hand = d.path().string() + "/hand";
+  std::string launch = mpirun(2);
+  while (!launch.empty() && launch.back() == ' ') launch.pop_back();
+  const std::string flags = " --model lenet --dataset synthetic --data classes=10,train=192,test=64 --image-size 16 "
+                            "--epochs 1 --batch-size 24 --lr 0.05 --threads 1 --workers 1 --seed 5 --profile "
+                            "--allreduce dfp16 --print-every 1000";
+  const Result r = run(std::string(DFP_CLI) + " compare --launcher \"" + launch + "\" --precisions fp32,int16" + flags +
+                       " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("gradient allreduce per training step"), std::string::npos) << r.output;
+  for (const char* p : {"fp32", "int16"}) {
+    const dfp::run_files::ProfileRecord prof =
+        dfp::run_files::parse_profile(dfp::test::slurp(out + "/" + p + "/profile.json"), p);
+    ASSERT_TRUE(prof.communication.has_value()) << p;
+    EXPECT_EQ(prof.communication->ranks, 2) << p;
+    EXPECT_EQ(prof.communication->allreduce, "dfp16") << p;
+    EXPECT_GT(prof.communication->bytes, 0u) << p;
+    // The table's row of this run: its label, 2 ranks, dfp16.
+    const std::string row = "\n" + std::string(p) + " ";
+    size_t at = r.output.find("gradient allreduce per training step");
+    at = at == std::string::npos ? at : r.output.find(row, at);
+    if (at != std::string::npos) ++at;
+    ASSERT_NE(at, std::string::npos) << r.output;
+    EXPECT_NE(r.output.substr(at, r.output.find('\n', at) - at).find("dfp16"), std::string::npos) << r.output;
+  }
+  // The int16 run is the job one would start by hand.
+  const Result h = run(mpirun(2) + DFP_CLI + " train --precision int16" + flags + " --out " + by_hand);
+  ASSERT_EQ(h.status, 0) << h.output;
+  EXPECT_TRUE(same_bits(out + "/int16/checkpoint.dfp", by_hand + "/checkpoint.dfp"));
+}
+
 TEST(Dist, IndivisibleBatchIsRefused) {
   DFP_NEED_MPI();
   DistDir d;

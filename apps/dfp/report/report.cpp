@@ -232,6 +232,19 @@ RunSummary read_run(const std::string& dir) {
   run.epochs_planned = cfg.integer_or("epochs", 0);
   for (const auto& m : cfg.members) run.config.emplace_back(m.key, m.text);
 
+  // profile.json, when the run wrote one: its communication record
+  const fs::path prof = p / "profile.json";
+  if (fs::exists(prof)) {
+    const run_files::ProfileRecord pr = run_files::parse_profile(read_text(prof.string()), prof.string());
+    if (pr.communication && pr.steps > 0) {
+      const run_files::ProfileCommRecord& c = *pr.communication;
+      const double per = 1.0 / double(pr.steps);
+      run.communication = RunSummary::Communication{c.ranks, c.allreduce, double(c.bytes) * per,
+                                                     double(c.fp32_bytes) * per, c.in_flight_seconds * per * 1e3,
+                                                     c.exposed_seconds * per * 1e3};
+    }
+  }
+
   // metrics.jsonl
   const std::string m_path = (p / "metrics.jsonl").string();
   const std::string text = read_text(m_path);
@@ -430,6 +443,25 @@ std::string format_table(const std::vector<RunSummary>& runs) {
     o += "model " + (runs[0].model.empty() ? "-" : runs[0].model) + ", dataset " +
          (runs[0].dataset.empty() ? "-" : runs[0].dataset) + "\n";
   return o + align(rows, left);
+}
+
+std::string format_communication(const std::vector<RunSummary>& runs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"precision", "ranks", "allreduce", "MB/step", "vs fp32", "in flight ms", "exposed ms", "hidden %"}};
+  for (const auto& r : runs) {
+    if (!r.communication) continue;
+    const RunSummary::Communication& c = *r.communication;
+    char b[6][32];
+    std::snprintf(b[0], sizeof b[0], "%.3f", c.bytes / 1e6);
+    std::snprintf(b[1], sizeof b[1], "%.3f", c.fp32_bytes > 0 ? c.bytes / c.fp32_bytes : 0.0);
+    std::snprintf(b[2], sizeof b[2], "%.2f", c.in_flight_ms);
+    std::snprintf(b[3], sizeof b[3], "%.2f", c.exposed_ms);
+    std::snprintf(b[4], sizeof b[4], "%.1f", c.in_flight_ms > 0 ? 100.0 * std::max(0.0, 1.0 - c.exposed_ms / c.in_flight_ms) : 0.0);
+    rows.push_back({r.label, std::to_string(c.ranks), c.allreduce, b[0], b[1], b[2], b[3], b[4]});
+  }
+  if (rows.size() == 1) return "";
+  return "gradient allreduce per training step (profile.json):\n" +
+         align(rows, {true, false, true, false, false, false, false, false});
 }
 
 // ---- write_report --------------------------------------------------------------------------------

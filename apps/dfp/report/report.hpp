@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,12 +84,25 @@ struct RunSummary {
   std::vector<std::pair<std::string, std::string>> config;  // every config.json member, as text
   std::vector<EpochPoint> epochs_series;                    // in epoch order
   std::vector<LayerSeries> layers;                          // in network order
+  // A data-parallel run's gradient allreduce per training step, from <dir>/profile.json (written
+  // with --profile; absent for one process or without --profile).
+  struct Communication {
+    int ranks = 1;
+    std::string allreduce;                 // fp32 | bf16 | dfp16
+    double bytes = 0, fp32_bytes = 0;      // per step and rank: sent, and an fp32 allreduce's
+    double in_flight_ms = 0, exposed_ms = 0;  // per step: first bucket started to last done; waited for
+  };
+  std::optional<Communication> communication;
 };
 
 // Reads <dir>/config.json and <dir>/metrics.jsonl. Throws dfp::Error naming the file and line
 // (and what was expected) on unreadable files, malformed JSON, missing required fields
 // (epoch, train_loss, test_top1, epoch_seconds in every metrics line) or no epochs at all.
 RunSummary read_run(const std::string& dir);
+
+// The runs' communication per step as an aligned table (runs without it left out); empty when no
+// run has it.
+std::string format_communication(const std::vector<RunSummary>& runs);
 
 // An aligned text table, one row per run, for a terminal (numbers rounded for width; the CSV
 // carries them exactly).
