@@ -72,8 +72,8 @@ class Int16Op final : public WeightedOp {
     q_->forward(y);
     if (st.sample) {
       sample_.sampled = true;
-      sample_.x = measure_dfp16(ctx_, x, in_size_, q_->stats().x.exponent);
-      sample_.w = measure_dfp16(ctx_, w_, w_count_, q_->stats().w.exponent);
+      sample_.x = measure_dfp16_slices(ctx_, x, in_size_, q_->stats().x.exponent, q_->input_exponents());
+      sample_.w = measure_dfp16_slices(ctx_, w_, w_count_, q_->stats().w.exponent, q_->weight_exponents());
     }
   }
   void backward(const float*, const float* dy, float* dx, float* gw, const StepInfo& st) override {

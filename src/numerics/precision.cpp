@@ -127,7 +127,8 @@ std::string PrecisionPolicy::describe() const {
   auto q = [&](const char* what, const QuantOptions& x, const std::optional<FloatFormat>& f) {
     o << " " << what << "{";
     if (f) o << "format=" << float_format_name(*f) << ",";
-    o << "headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding) << "}";
+    o << "headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding)
+      << ",granularity=" << granularity_name(x.granularity) << "}";
   };
   q("weights", dfp.weights, weights_format);
   q("activations", dfp.activations, activations_format);
@@ -212,6 +213,8 @@ std::map<std::string, std::string> PrecisionPolicy::fields() const {
   f["headroom"] = std::to_string(q[0]->headroom) + "," + std::to_string(q[1]->headroom) + "," + std::to_string(q[2]->headroom);
   f["rounding"] = std::string(rounding_name(q[0]->rounding)) + "," + rounding_name(q[1]->rounding) + "," +
                   rounding_name(q[2]->rounding);
+  f["granularity"] = std::string(granularity_name(q[0]->granularity)) + "," + granularity_name(q[1]->granularity) +
+                     "," + granularity_name(q[2]->granularity);
   return f;
 }
 
@@ -232,7 +235,8 @@ PrecisionPolicy PrecisionPolicy::from_fields(const std::map<std::string, std::st
     DFP_CHECK(v.size() == 3, Status::corrupt_data, where + key + ": expected 3 comma-separated values");
     return v;
   };
-  const std::vector<std::string> f = split3("formats"), h = split3("headroom"), r = split3("rounding");
+  const std::vector<std::string> f = split3("formats"), h = split3("headroom"), r = split3("rounding"),
+                                 g = split3("granularity");
   std::optional<FloatFormat>* fs[3] = {&p.weights_format, &p.activations_format, &p.gradients_format};
   QuantOptions* q[3] = {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients};
   for (int i = 0; i < 3; ++i) {
@@ -245,6 +249,7 @@ PrecisionPolicy PrecisionPolicy::from_fields(const std::map<std::string, std::st
       q[i]->headroom = int(v);
     }
     if (!r.empty()) q[i]->rounding = parse_rounding(r[i], where + "rounding");
+    if (!g.empty()) q[i]->granularity = parse_granularity(g[i], where + "granularity");
   }
   return p;
 }

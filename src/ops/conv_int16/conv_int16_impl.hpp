@@ -332,6 +332,18 @@ struct ConvInt16::Impl {
     return dyp + (((size_t(p) * KB + kb) * OH + oh) * OW + ow) * 32;
   }
   std::vector<int16_t> x_row_max, dy_row_max;  // max|q| of each quantized row: [N][CB][H], [N][KB][OH]
+  // Granularity::slice (DfpConvOptions): an exponent may vary along what a pass does not reduce
+  // over, and its kernels' flush takes per-lane or per-image scales. Forward: x per image (xq,
+  // with its own row maxima; xp, which the weight gradient reduces over images with, keeps one
+  // exponent) and w per output channel (wf; wb keeps one exponent).
+  // stats.x and stats.w are the forward operands' quantizations; x_pairs and w_bwd those of xp and
+  // wb (the same with one exponent).
+  bool x_slices = false, w_slices = false;
+  std::vector<int> x_img_exp, w_out_exp;        // [N], [K]
+  std::vector<float> x_img_scale, w_out_scale;  // 2^e: [N]; [KB * 16], 1 past K
+  std::vector<int16_t> x_fwd_row_max;           // xq's row maxima with per-image exponents
+  std::vector<float> x_img_max;                 // max|x| per image, measured before quantization
+  QuantStats x_pairs, w_bwd;
   float* dw_part = nullptr;
   size_t xq_bytes = 0, dyq_bytes = 0, dyp_bytes = 0, dw_part_bytes = 0, wq_bytes = 0;
   AlignedBuffer<std::byte> own_workspace;  // unless the caller provides one
@@ -418,6 +430,10 @@ struct ConvInt16::Impl {
 
   // ---- weights (weights.cpp) and their chains (chains.cpp) ----------------------------------
   void set_weights(const float* w, float known_max);
+  void pack_weights(bool fwd_layout, bool bwd_layout);
+  template <bool FWD, bool BWD>
+  void pack_unit(const int16_t (&v)[16][16], int16_t* f, int16_t* b, int kb, int cb, int t, int64_t& f_pair,
+                 int64_t& b_pair);
   void measure_chains(PixelPass& pp, const int32_t* unit_l1, int64_t pair_l1, int headroom);
   int choose_chains(PixelPass& pp, int64_t a);
   // Calls f(chain, taps, ntaps) for every tap sequence of a pass: each phase's row groups (a
@@ -447,10 +463,11 @@ struct ConvInt16::Impl {
     else if (pixels > 1)
       std::memset(p, 0, size_t(pixels) * 16 * sizeof(int16_t));
   }
+  // img_exp: an exponent per image (with no pair copy), instead of the tensor's.
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
                               float known_max, int16_t* row_max, bool unfolded_src = false,
-                              const SpanSource* spans = nullptr, int pair_step = 1);
+                              const SpanSource* spans = nullptr, int pair_step = 1, const int* img_exp = nullptr);
   __attribute__((noinline)) void quant_span_row(const SpanSource& spans, int n, int b, int y, int w, int16_t* d, int e,
                                                 const QuantOptions& qo, size_t index_base,
                                                 simd::QuantCounters& cnt) const;
@@ -495,8 +512,21 @@ struct ConvInt16::Impl {
   }
   void image_row_max(const int16_t* row_max, int blocks, int rows, int16_t* img) const;
   static int same_set_lines(int64_t stride, int n);
+  // The scales of a pixel pass: 2^(src exponent + weight exponent), with per-image source scales
+  // (image, [N]) and per-output-lane weight scales (lane, [out_blocks * 16]) where the operand
+  // has them (null: its stats' one exponent).
+  struct PassScales {
+    int src_exponent = 0, wei_exponent = 0;
+    const float* image = nullptr;
+    const float* lane = nullptr;
+    const int* image_exp = nullptr;  // [N], with image
+    const int* lane_exp = nullptr;   // [out channels], with lane
+    int lanes = 0;
+  };
   int run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats, const int16_t* row_max,
-                     const int16_t* wei, float* dst, bool accumulate, const char* pass);
+                     const int16_t* wei, float* dst, bool accumulate, const char* pass, const PassScales& sc);
+  void check_scales(const PassScales& sc, const char* pass) const;
+  void quantize_x_images(const float* x, float known_max, const SpanSource* spans);
   void forward(float* y);
   void backward_data(float* dx_out, bool accumulate);
   void fold_dx(float* dx, bool accumulate) const;

@@ -152,6 +152,18 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
   wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
   x_row_max.assign(size_t(sh.N) * CB * sh.H, 0);
   dy_row_max.assign(size_t(sh.N) * KB * OH, 0);
+  x_slices = opt.activations.granularity == Granularity::slice;
+  w_slices = opt.weights.granularity == Granularity::slice;
+  if (x_slices) {
+    x_img_exp.assign(size_t(sh.N), 0);
+    x_img_scale.assign(size_t(sh.N), 1.f);
+    x_img_max.assign(size_t(sh.N), 0.f);
+    x_fwd_row_max.assign(x_row_max.size(), 0);
+  }
+  if (w_slices) {
+    w_out_exp.assign(size_t(sh.K), 0);
+    w_out_scale.assign(size_t(KB) * 16, 1.f);
+  }
   xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
   dy_whole_pairs = gemm || !opt.input_gradient;
   dyq_bytes = opt.input_gradient ? round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t)) : 0;

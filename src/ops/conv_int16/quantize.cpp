@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "src/core/atomic_max.hpp"
@@ -24,7 +25,8 @@ namespace dfp {
 QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb,
                                              int top, int left, int16_t* pair, int h2, int w2, int top2, int left2,
                                              const QuantOptions& qo, float known_max, int16_t* row_max,
-                                             bool unfolded_src, const SpanSource* spans, int pair_step) {
+                                             bool unfolded_src, const SpanSource* spans, int pair_step,
+                                             const int* img_exp) {
   // pair_step > 1: the batch-pair copy takes every pair_step-th row and pixel (from row and
   // pixel 0) of the plane copy dst; h2, w2 are then its subsampled sizes.
   // src is the tensor as the caller holds it: with unfolded_src, the caller's x, whose x' rows
@@ -33,6 +35,8 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
   // Spans come from a producer that measured the maximum itself (quantize_input_spans checks it).
   const float m = detail::exponent_max_abs(ctx, src, n, known_max, qo.nonfinite, detail::TensorName{qo.name, name});
   const int e = dfp16_exponent(m, qo.headroom);
+  DFP_CHECK(!img_exp || (!pair && dst), Status::internal,
+            "convolution '" + name + "': per-image exponents for the padded copy alone expected");
   const auto quant = ctx.kernels().quantize.fn;
   const auto inter = ctx.kernels().interleave.fn;
   std::atomic<uint64_t> saturated{0}, nonfinite{0};
@@ -54,6 +58,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
   };
   auto quant_plane = [&](int n, int b, simd::QuantCounters& cnt, auto&& after_row) {
     const size_t img_blk = size_t(n) * B + b;
+    const int ei = img_exp ? img_exp[n] : e;
     int16_t* plane = dst + img_blk * hb * wb * 16;
     std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
     for (int y = 0; y < h; ++y) {
@@ -61,11 +66,11 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
       int16_t* d = plane + ((size_t(y) + top) * wb + left) * 16;
       const int32_t q = largest_q(cnt, [&] {
         if (spans)
-          quant_span_row(*spans, n, b, y, w, d, e, qo, r * row_len, cnt);
+          quant_span_row(*spans, n, b, y, w, d, ei, qo, r * row_len, cnt);
         else if (unfolded_src)
-          quant_unfolded_row(src, n, b, y, d, e, qo, r * row_len, cnt);
+          quant_unfolded_row(src, n, b, y, d, ei, qo, r * row_len, cnt);
         else
-          quant(src + r * row_len, d, row_len, e, qo.rounding, qo.seed, r * row_len, &cnt);
+          quant(src + r * row_len, d, row_len, ei, qo.rounding, qo.seed, r * row_len, &cnt);
       });
       if (row_max) row_max[r] = static_cast<int16_t>(q);
       zero_pixels(d - size_t(left) * 16, left);
@@ -158,7 +163,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
     });
   }
   QuantStats st;
-  st.exponent = e;
+  st.exponent = st.exponent_min = e;
   st.max_abs = m;
   st.saturated = saturated.load();
   st.nonfinite = nonfinite.load();
@@ -223,10 +228,61 @@ void ConvInt16::Impl::quant_unfolded_row(const float* x, int n, int b, int y, in
 // into its column unfolding where the layer unfolds), or from a producer's spans.
 void ConvInt16::Impl::quantize_x(const float* x, float known_max, const SpanSource* spans) {
   ensure_workspace();
-  stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0,
-                             step_x, known_max, x_row_max.data(), unfold && !spans, spans, xp_step);
+  if (x_slices) {
+    quantize_x_images(x, known_max, spans);
+  } else {
+    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0,
+                               step_x, known_max, x_row_max.data(), unfold && !spans, spans, xp_step);
+    x_pairs = stats.x;
+  }
   have_x = have_x_fwd = true;
   if (shared_workspace) have_dy = false;  // the workspace now holds x
+}
+
+// Granularity::slice: x's forward copy xq again, each image with the exponent of its own max|x|
+// (measured here: a producer knows only the tensor's), with its own row maxima; xp and stats.x's
+// one exponent stay the weight gradient's (x_pairs).
+void ConvInt16::Impl::quantize_x_images(const float* x, float known_max, const SpanSource* spans) {
+  const auto max_fn = ctx.kernels().max_abs.fn;
+  const bool unfolded_src = unfold && !spans;
+  // Image n of the tensor the quantizer reads: the caller's x (whose max|x| is its unfolding's),
+  // or the producer's spans.
+  const size_t img_len = unfolded_src ? blocked_size(1, user.C, user.H, user.W) : size_t(CB) * sh.H * sh.W * 16;
+  ctx.parallel_for(sh.N, [&](int64_t n0, int64_t n1) {
+    alignas(64) float tile[ConvInt16::kInputSpanPixels * 16];
+    for (int64_t n = n0; n < n1; ++n) {
+      uint64_t ignored = 0;  // non-finite elements: counted by the quantizer
+      float m = 0.f;
+      if (!spans) {
+        m = max_fn(x + size_t(n) * img_len, img_len, &ignored);
+      } else {
+        for (int b = 0; b < CB; ++b)
+          for (int y = 0; y < sh.H; ++y)
+            for (int w0 = 0; w0 < sh.W; w0 += ConvInt16::kInputSpanPixels) {
+              const int np = std::min(ConvInt16::kInputSpanPixels, sh.W - w0);
+              spans->fn(spans->producer, static_cast<int>(n), b, y, w0, np, tile);
+              m = std::max(m, max_fn(tile, size_t(np) * 16, &ignored));
+            }
+      }
+      x_img_max[size_t(n)] = m;
+      x_img_exp[size_t(n)] = dfp16_exponent(m, step_x.headroom);
+      x_img_scale[size_t(n)] = std::ldexp(1.f, x_img_exp[size_t(n)]);
+    }
+  });
+  float m = 0.f;
+  int lo = std::numeric_limits<int>::max();
+  for (int n = 0; n < sh.N; ++n) {
+    m = std::max(m, x_img_max[size_t(n)]);
+    if (x_img_max[size_t(n)] > 0.f) lo = std::min(lo, x_img_exp[size_t(n)]);
+  }
+  if (known_max < 0.f || !std::isfinite(known_max)) known_max = m;
+  x_pairs = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0, step_x,
+                             known_max, x_row_max.data(), unfolded_src, spans, xp_step);
+  stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, nullptr, 0, 0, 0, 0, step_x, m,
+                             x_fwd_row_max.data(), unfolded_src, spans, 1, x_img_exp.data());
+  stats.x.exponent = *std::max_element(x_img_exp.begin(), x_img_exp.end());
+  stats.x.exponent_min = lo == std::numeric_limits<int>::max() ? stats.x.exponent : lo;
+  stats.x.max_abs = m;
 }
 
 void ConvInt16::Impl::quantize_input(const float* x, float known_max) { quantize_x(x, known_max, nullptr); }

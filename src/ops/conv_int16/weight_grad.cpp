@@ -54,9 +54,9 @@ class DyPrefetch {
 void ConvInt16::Impl::backward_weights(float* dw) {
   require(have_x, "backward_weights", "quantize_input()");
   require(have_dy, "backward_weights", "quantize_grad_output()");
-  const int chain = opt.chain_override ? opt.chain_override : pair_chain(stats.x.max_abs_int, stats.dy.max_abs_int);
+  const int chain = opt.chain_override ? opt.chain_override : pair_chain(x_pairs.max_abs_int, stats.dy.max_abs_int);
   stats.chain_wgrad = chain;
-  const float scale = pow2(stats.x.exponent + stats.dy.exponent, name, "backward_weights");
+  const float scale = pow2(x_pairs.exponent + stats.dy.exponent, name, "backward_weights");
   const auto fn = pair_fn();
   const int ns = wgrad_partials();
   const int64_t dw_k = dw_row();
