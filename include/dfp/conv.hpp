@@ -94,10 +94,12 @@ class ConvInt16 {
   const char* kernel_name() const noexcept;
   // Name of the micro-kernel the weight-gradient pass runs on this context.
   const char* weight_gradient_kernel_name() const noexcept;
-  // The forward pass's exponents with Granularity::slice, from the last quantization: x's per
-  // image, w's per output channel. Empty for a class with one exponent (stats().x/.w.exponent).
+  // The exponents per slice with Granularity::slice, from the last quantization: x's per image
+  // and w's per output channel (forward), dy's per image (backward-data). Empty for a class with
+  // one exponent (stats().x/.w/.dy.exponent).
   const std::vector<int>& input_exponents() const noexcept;
   const std::vector<int>& weight_exponents() const noexcept;
+  const std::vector<int>& grad_output_exponents() const noexcept;
 
   // Training step whose stochastic-rounding streams the next quantizations use: the stream of
   // element n is a function of (seed, step, n), so steps do not reuse random numbers and a resumed

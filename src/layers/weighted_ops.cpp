@@ -27,6 +27,7 @@ void report_numerics(const ConvStats& s, const std::string& name, LayerNumerics&
   n.layer = name;
   n.format = "int16";
   n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
+  n.exp_x_min = s.x.exponent_min; n.exp_w_min = s.w.exponent_min; n.exp_dy_min = s.dy.exponent_min;
   n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
   n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
   n.overflow_events = s.overflow_events;
@@ -80,7 +81,8 @@ class Int16Op final : public WeightedOp {
     q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs);
     if (dx) q_->backward_data(dx, st.accumulate_dx & 1);
     q_->backward_weights(gw);
-    if (st.sample) sample_.dy = measure_dfp16(ctx_, dy, out_size_, q_->stats().dy.exponent);
+    if (st.sample)
+      sample_.dy = measure_dfp16_slices(ctx_, dy, out_size_, q_->stats().dy.exponent, q_->grad_output_exponents());
   }
   void weights_updated(uint64_t step, float max_abs) override {
     q_->set_step(step);

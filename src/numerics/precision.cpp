@@ -153,6 +153,21 @@ std::vector<std::pair<std::string, Precision>> PrecisionPolicy::parse_overrides(
   return out;
 }
 
+namespace {
+// Where each pass's DFP16 exponents vary (Granularity), e.g. "w per output channel (forward) and
+// per input channel (backward-data), x per image (forward), dy per tensor; the weight gradient
+// per tensor".
+std::string int16_exponents_note(const DfpConvOptions& o) {
+  const bool w = o.weights.granularity == Granularity::slice, x = o.activations.granularity == Granularity::slice,
+             dy = o.gradients.granularity == Granularity::slice;
+  std::string s = w ? "w per output channel (forward) and per input channel (backward-data)" : "w per tensor";
+  s += x ? ", x per image (forward)" : ", x per tensor";
+  s += dy ? ", dy per image (backward-data)" : ", dy per tensor";
+  if (x || dy) s += "; the weight gradient per tensor";
+  return s;
+}
+}  // namespace
+
 std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx) {
   std::vector<Precision> used = {policy.precision};
   for (const auto& o : policy.overrides)
@@ -169,6 +184,7 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
       case Precision::int16:
         out.push_back(std::string("int16: DFP16 operands, INT32 chains flushed into FP32; kernels ") +
                       ctx.kernels().conv_s16_pixel.name + ", " + ctx.kernels().conv_s16_pair.name);
+        out.push_back("int16: shared exponents " + int16_exponents_note(policy.dfp));
         break;
       case Precision::bf16: {
         const ClassFormats f = policy.class_formats(p);

@@ -174,8 +174,8 @@ void ConvInt16::Impl::forward(float* y) {
   sc.src_exponent = stats.x.exponent;
   sc.wei_exponent = stats.w.exponent;
   if (x_slices) {
-    sc.image = x_img_scale.data();
-    sc.image_exp = x_img_exp.data();
+    sc.image = x_img.scale.data();
+    sc.image_exp = x_img.exp.data();
   }
   if (w_slices) {
     sc.lane = w_out_scale.data();
@@ -195,7 +195,16 @@ void ConvInt16::Impl::backward_data(float* dx_out, bool accumulate) {
   PassScales sc;
   sc.src_exponent = stats.dy.exponent;
   sc.wei_exponent = w_bwd.exponent;
-  stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, dy_row_max.data(), wb.data(),
+  if (dy_slices) {
+    sc.image = dy_img.scale.data();
+    sc.image_exp = dy_img.exp.data();
+  }
+  if (w_slices) {
+    sc.lane = w_in_scale.data();
+    sc.lane_exp = w_in_exp.data();
+    sc.lanes = sh.C;
+  }
+  stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, (dy_slices ? dyq_row_max : dy_row_max).data(), wb.data(),
                                    unfold ? dx_unfolded.data() : dx_out, accumulate && !unfold, "backward_data", sc);
   if (unfold) fold_dx(dx_out, accumulate);
 }

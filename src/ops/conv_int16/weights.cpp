@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
+#include <vector>
 
 #include "src/core/atomic_max.hpp"
 #include "src/numerics/dfp16_internal.hpp"
@@ -22,14 +24,69 @@ void ConvInt16::Impl::set_weights(const float* w, float known_max) {
     stats.w = detail::quantize_slices(ctx, w, wq, size_t(user.K), n / size_t(user.K), step_w, w_out_exp.data());
     for (int k = 0; k < sh.K; ++k) w_out_scale[size_t(k)] = std::ldexp(1.f, w_out_exp[size_t(k)]);
     pack_weights(true, false);
-    w_bwd = quantize_dfp16_with_max_abs(ctx, w, wq, n, stats.w.max_abs, step_w);
-    pack_weights(false, true);
+    if (opt.input_gradient) {
+      quantize_w_in_channels(w);
+      pack_weights(false, true);
+    }
   } else {
     stats.w = w_bwd = quantize_dfp16_with_max_abs(ctx, w, wq, n, known_max, step_w);
     pack_weights(true, true);
   }
   have_w = true;
   if (shared_workspace) have_dy = have_x_fwd = false;  // wq overwrote them
+}
+
+// Granularity::slice: w into wq with an exponent per input channel (over every k and tap of the
+// caller's [K][C][R][S]), for backward-data, whose lanes are the input channels.
+void ConvInt16::Impl::quantize_w_in_channels(const float* w) {
+  const auto& kt = ctx.kernels();
+  const int C = user.C;
+  const size_t taps = size_t(user.R) * user.S;
+  ctx.parallel_for(C, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float mc = 0.f;
+      for (int k = 0; k < user.K; ++k) {
+        uint64_t ignored = 0;  // non-finite weights: counted by the quantizer
+        mc = std::max(mc, kt.max_abs.fn(w + (size_t(k) * C + c) * taps, taps, &ignored));
+      }
+      w_in_max[size_t(c)] = mc;
+    }
+  });
+  int hi = std::numeric_limits<int>::min(), lo = std::numeric_limits<int>::max();
+  float all = 0.f;
+  std::vector<int>& e = w_in_exp;
+  for (int c = 0; c < C; ++c) {
+    const int x = dfp16_exponent(w_in_max[size_t(c)], step_w.headroom);
+    w_user_exp[size_t(c)] = x;
+    hi = std::max(hi, x);
+    if (w_in_max[size_t(c)] > 0.f) lo = std::min(lo, x);
+    all = std::max(all, w_in_max[size_t(c)]);
+  }
+  // Kernel lane c' reads user channel c' % C where the columns unfold into the channels.
+  for (int c = 0; c < sh.C; ++c) {
+    e[size_t(c)] = w_user_exp[size_t(unfold ? c % C : c)];
+    w_in_scale[size_t(c)] = std::ldexp(1.f, e[size_t(c)]);
+  }
+  std::atomic<uint64_t> saturated{0}, bad{0};
+  std::atomic<int32_t> max_q{0};
+  ctx.parallel_for(user.K, [&](int64_t k0, int64_t k1) {
+    simd::QuantCounters cnt;
+    for (int64_t k = k0; k < k1; ++k)
+      for (int c = 0; c < C; ++c) {
+        const size_t off = (size_t(k) * C + c) * taps;
+        kt.quantize.fn(w + off, wq + off, taps, w_user_exp[size_t(c)], step_w.rounding, step_w.seed, off, &cnt);
+      }
+    saturated.fetch_add(cnt.saturated);
+    bad.fetch_add(cnt.nonfinite);
+    atomic_max(max_q, cnt.max_abs_q);
+  });
+  w_bwd = QuantStats{};
+  w_bwd.exponent = C ? hi : 0;
+  w_bwd.exponent_min = lo == std::numeric_limits<int>::max() ? w_bwd.exponent : lo;
+  w_bwd.saturated = saturated.load();
+  w_bwd.nonfinite = bad.load();
+  w_bwd.max_abs_int = max_q.load();
+  w_bwd.max_abs = all;
 }
 
 // Packs wq into the forward (fwd) and backward-data (bwd) layouts and measures the L1 norms that
