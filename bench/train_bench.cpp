@@ -61,7 +61,7 @@ void train_ratio(benchmark::State& state, Config cfg, int threads, const dfp::Pr
     t_int16 += std::chrono::duration<double>(t2 - t1).count();
   }
   const double images = double(state.iterations()) * kRatioBlock * cfg.batch;
-  const bool granularity = what != "int16:fp32";
+  const bool granularity = what.find(":tensor") != std::string::npos;
   state.counters[granularity ? "tensor_img_per_s" : "fp32_img_per_s"] = images / t_fp32;
   state.counters[granularity ? "slice_img_per_s" : "int16_img_per_s"] = images / t_int16;
   state.counters[granularity ? "slice_over_tensor" : "int16_over_fp32"] = t_fp32 / t_int16;
@@ -92,9 +92,14 @@ int main(int argc, char** argv) {
             ->MinTime(2.0);
   using dfp::bench::TrainRun;
   const dfp::PrecisionPolicy fp32 = TrainRun::policy(dfp::Precision::fp32), int16 = TrainRun::policy(dfp::Precision::int16);
-  dfp::PrecisionPolicy slice = int16;
-  for (dfp::QuantOptions* q : {&slice.dfp.weights, &slice.dfp.activations, &slice.dfp.gradients})
-    q->granularity = dfp::Granularity::slice;
+  // Exponents per slice for the classes named: w, x, dy.
+  auto sliced = [&](bool w, bool x, bool dy) {
+    dfp::PrecisionPolicy p = int16;
+    if (w) p.dfp.weights.granularity = dfp::Granularity::slice;
+    if (x) p.dfp.activations.granularity = dfp::Granularity::slice;
+    if (dy) p.dfp.gradients.granularity = dfp::Granularity::slice;
+    return p;
+  };
   auto ratio = [](const std::string& name, const Config& c, const dfp::PrecisionPolicy& a,
                   const dfp::PrecisionPolicy& b, const std::string& what) {
     benchmark::RegisterBenchmark((name + "/" + std::string(c.model) + "_" + std::to_string(c.c) + "x" +
@@ -107,7 +112,11 @@ int main(int argc, char** argv) {
   };
   for (const Config& c : {configs[0], configs[2]}) ratio("train_ratio", c, fp32, int16, "int16:fp32");
   // INT16 with exponents per slice against one per tensor (Granularity).
-  for (const Config& c : {configs[1], configs[0]}) ratio("train_granularity", c, int16, slice, "slice:tensor");
+  for (const Config& c : {configs[1], configs[0]}) {
+    ratio("train_granularity", c, int16, sliced(true, true, true), "slice:tensor");
+    ratio("train_granularity", c, int16, sliced(true, false, true), "w+dy_slice:tensor");
+    ratio("train_granularity", c, int16, sliced(true, false, false), "w_slice:tensor");
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
