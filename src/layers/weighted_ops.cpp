@@ -27,7 +27,8 @@ void report_numerics(const ConvStats& s, const std::string& name, LayerNumerics&
   n.layer = name;
   n.format = "int16";
   n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
-  n.exp_x_min = s.x.exponent_min; n.exp_w_min = s.w.exponent_min; n.exp_dy_min = s.dy.exponent_min;
+  auto spread = [](const QuantStats& q) { return q.exponent_min != q.exponent ? std::optional<int>(q.exponent_min) : std::nullopt; };
+  n.exp_x_min = spread(s.x); n.exp_w_min = spread(s.w); n.exp_dy_min = spread(s.dy);
   n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
   n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
   n.overflow_events = s.overflow_events;
