@@ -548,6 +548,9 @@ struct ConvInt16::Impl {
   int run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats, const int16_t* row_max,
                      const int16_t* wei, float* dst, bool accumulate, const char* pass, const PassScales& sc);
   void check_scales(const PassScales& sc, const char* pass) const;
+  // A pass's scales: per image where `images` is given, per lane where `lane_scale` is.
+  PassScales pass_scales(int src_exponent, int wei_exponent, const Slicing* images,
+                         const std::vector<float>* lane_scale, const std::vector<int>& lane_exp, int lanes) const;
   void quantize_x_slices(const float* x, const SpanSource* spans);
   void quantize_dy_slices(const float* dy);
   SliceExponents slice_exponents(const float* src, int B, size_t plane_len, const SpanSource* spans, bool per_block,

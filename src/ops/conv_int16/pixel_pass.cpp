@@ -167,21 +167,29 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
   return base.chain;
 }
 
+ConvInt16::Impl::PassScales ConvInt16::Impl::pass_scales(int src_exponent, int wei_exponent, const Slicing* images,
+                                                          const std::vector<float>* lane_scale,
+                                                          const std::vector<int>& lane_exp, int lanes) const {
+  PassScales sc;
+  sc.src_exponent = src_exponent;
+  sc.wei_exponent = wei_exponent;
+  if (images) {
+    sc.image = images->scale.data();
+    sc.image_exp = images->exp.data();
+  }
+  if (lane_scale) {
+    sc.lane = lane_scale->data();
+    sc.lane_exp = lane_exp.data();
+    sc.lanes = lanes;
+  }
+  return sc;
+}
+
 void ConvInt16::Impl::forward(float* y) {
   require(have_w, "forward", "set_weights()");
   require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
-  PassScales sc;
-  sc.src_exponent = stats.x.exponent;
-  sc.wei_exponent = stats.w.exponent;
-  if (x_slices) {
-    sc.image = x_img.scale.data();
-    sc.image_exp = x_img.exp.data();
-  }
-  if (w_slices) {
-    sc.lane = w_out_scale.data();
-    sc.lane_exp = w_out_exp.data();
-    sc.lanes = sh.K;
-  }
+  const PassScales sc = pass_scales(stats.x.exponent, stats.w.exponent, x_slices ? &x_img : nullptr,
+                                    w_slices ? &w_out_scale : nullptr, w_out_exp, sh.K);
   stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, (x_slices ? x_fwd_row_max : x_row_max).data(), wf.data(), y,
                                    false, "forward", sc);
 }
@@ -192,18 +200,8 @@ void ConvInt16::Impl::backward_data(float* dx_out, bool accumulate) {
   require(have_w, "backward_data", "set_weights()");
   require(have_dy, "backward_data", "quantize_grad_output()");
   // Unfolded: dx' is scratch, folded into dx_out below.
-  PassScales sc;
-  sc.src_exponent = stats.dy.exponent;
-  sc.wei_exponent = w_bwd.exponent;
-  if (dy_slices) {
-    sc.image = dy_img.scale.data();
-    sc.image_exp = dy_img.exp.data();
-  }
-  if (w_slices) {
-    sc.lane = w_in_scale.data();
-    sc.lane_exp = w_in_exp.data();
-    sc.lanes = sh.C;
-  }
+  const PassScales sc = pass_scales(stats.dy.exponent, w_bwd.exponent, dy_slices ? &dy_img : nullptr,
+                                    w_slices ? &w_in_scale : nullptr, w_in_exp, sh.C);
   stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, (dy_slices ? dyq_row_max : dy_row_max).data(), wb.data(),
                                    unfold ? dx_unfolded.data() : dx_out, accumulate && !unfold, "backward_data", sc);
   if (unfold) fold_dx(dx_out, accumulate);
