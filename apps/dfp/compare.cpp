@@ -125,9 +125,14 @@ int compare(CompareState& s) {
         DFP_CHECK(specs[i].label != item, dfp::Status::invalid_argument, "flag --precisions: '" + item + "' given twice");
     }
   DFP_CHECK(!specs.empty(), dfp::Status::invalid_argument, "flag --precisions: expected a list like fp32,bf16,fp16,int16");
+  // Each run is a child process of compare, which cannot join the launcher's job as a rank; a
+  // data-parallel comparison is one `mpirun dfp train` per precision.
   DFP_CHECK(dfp::job_ranks() == 1, dfp::Status::unsupported,
             "dfp compare under mpirun (" + std::to_string(dfp::job_ranks()) +
-                " processes): compare runs one process; run each precision with mpirun -np N dfp train");
+                " processes) is not supported: compare starts each precision's `dfp train` as a process of its own, "
+                "which cannot join the launcher's job. Train each precision data-parallel instead: mpirun -np " +
+                std::to_string(dfp::job_ranks()) + " dfp train ... --precision P --label P --out " + out +
+                "/P (add --profile for the communication time and bytes per step in " + out + "/P/profile.json)");
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + out + "': " + ec.message());

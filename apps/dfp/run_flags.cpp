@@ -188,7 +188,7 @@ std::vector<Flag> run_flags(RunFlags& s) {
        text(c.allreduce), d},
       {"--error-feedback", "", "mpirun, --allreduce dfp16: each rank adds its last rounding error to the next step",
        on(c.error_feedback, true), d},
-      {"--sync-bn", "", "mpirun: BatchNorm statistics over all ranks' batch (else each rank's part); experimental, see distributed.md",
+      {"--sync-bn", "", "mpirun: BatchNorm statistics over all ranks' batch (else each rank's part), as one process with the whole batch",
        on(c.sync_bn, true), d},
       {"--bucket-kib", "N", "mpirun: FP32 KiB of gradients per allreduce bucket", integer(c.bucket_kib), d},
       {"--dist-timeout", "S", "mpirun: seconds a rank waits for the others before the job ends, naming them",

@@ -109,6 +109,16 @@ struct LayerTime {
   std::string implementation;
   double forward_seconds = 0, backward_seconds = 0;
   uint64_t steps = 0;     // training forward passes timed
+  // An INT16 Conv2d/Linear's time by part, summed over the same steps (zero for other layers):
+  // quantization of x (with its padded and batch-pair copies; where a BatchNorm hands x over span
+  // by span, in that BatchNorm's forward time, with the BatchNorm's own scale-shift of each span),
+  // the forward pass, quantization of dy, the backward-data pass (with folding back a column
+  // unfolding) and the weight-gradient pass (with the dy batch-pair interleave it does as it
+  // goes). A pass's time includes its kernel's flushes of INT32 chains into FP32, which run
+  // inside the kernel. The weights' quantization and packing run in the optimizer's time.
+  struct Int16Parts {
+    double quantize_x = 0, forward = 0, quantize_dy = 0, backward_data = 0, backward_weights = 0;
+  } int16;
 };
 
 struct StepResult {
@@ -264,6 +274,11 @@ class Model {
   // order). The parameter gradients stay this process's own, for the job to average as any
   // other. An empty function: this process's batch only (the default).
   void set_statistics_sum(std::function<void(double* values, size_t count)> sum);
+  // Where this process's batch starts in a data-parallel job's global batch (rank r of N with
+  // B/N images each: r * B/N; 0, the default, otherwise). Per-image random draws in training
+  // (dropout masks) are keyed by the image's place in the global batch, so N processes draw what
+  // one process with the whole batch draws. Negative values are Error(invalid_argument).
+  void set_batch_offset(int first_image);
   // Time every layer's training forward and backward pass (evaluation passes are not timed): two
   // clock reads per layer and pass, nothing allocated once built. layer_times() lists every layer
   // and then the loss, in graph order; a ReLU absorbed by fusion (set_fusion) shows only its

@@ -118,6 +118,7 @@ void Job::attach(const Context& ctx, Model& m, const TrainConfig& c) {
   reducer_ = std::make_unique<GradientReducer>(ctx, *comm_, m, parse_grad_format(allreduce_, "flag --allreduce"),
                                                size_t(c.bucket_kib) * 1024, c.error_feedback, c.seed);
   model_ = &m;
+  m.set_batch_offset(rank() * (c.batch_size / size()));  // dropout masks as one process draws them
   if (sync_bn_)
     m.set_statistics_sum([comm = comm_.get()](double* values, size_t count) {
       comm->allreduce(values, count, Type::f64, Op::sum, "the synchronised BatchNorm statistics");
@@ -126,7 +127,10 @@ void Job::attach(const Context& ctx, Model& m, const TrainConfig& c) {
 
 void Job::detach() noexcept {
   reducer_.reset();
-  if (model_) model_->set_statistics_sum({});
+  if (model_) {
+    model_->set_statistics_sum({});
+    model_->set_batch_offset(0);
+  }
   model_ = nullptr;
 }
 

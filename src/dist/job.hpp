@@ -77,7 +77,7 @@ class Job {
   [[noreturn]] void refuse(const std::string& message);
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<GradientReducer> reducer_;
-  Model* model_ = nullptr;  // attached: its gradient hook and statistics sum are the job's
+  Model* model_ = nullptr;  // attached: its gradient hook, statistics sum and batch offset are the job's
   std::string allreduce_;
   bool error_feedback_ = false;
   bool sync_bn_ = false;

@@ -86,6 +86,7 @@ struct Model::Impl {
   bool have_input_grad = false;          // the last backward computed it, and no forward ran since
   std::function<void(size_t, size_t)> gradient_hook;  // set_gradient_hook
   std::function<void(double*, size_t)> statistics_sum;  // set_statistics_sum
+  int batch_offset = 0;                                 // set_batch_offset
 
   bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
 
@@ -443,7 +444,9 @@ struct Model::Impl {
     });
     model::StepInfo st{count, train, step, train && sample_step()};
     if (train && statistics_sum) st.statistics_sum = &statistics_sum;
+    st.first_image = batch_offset;
     const bool timed = profiling && train;  // evaluation passes are not profiled
+    st.timed = timed;
     for (size_t i = 1; i < nodes.size(); ++i) {
       NodeInfo& n = nodes[i];
       xs.clear();
@@ -582,6 +585,8 @@ struct Model::Impl {
     bool finite = true;
     model::StepInfo st{batch, true, step, sample_step()};
     if (statistics_sum) st.statistics_sum = &statistics_sum;
+    st.timed = profiling;
+    st.first_image = batch_offset;
     for (size_t i = nodes.size() - 1; i >= 1; --i) {
       NodeInfo& n = nodes[i];
       if (!n.grad_written) continue;  // does not reach the loss
@@ -804,6 +809,11 @@ void Model::set_gradient_hook(std::function<void(size_t first, size_t last)> hoo
 void Model::set_statistics_sum(std::function<void(double* values, size_t count)> sum) {
   impl_->statistics_sum = std::move(sum);
 }
+void Model::set_batch_offset(int first_image) {
+  DFP_CHECK(first_image >= 0, Status::invalid_argument,
+            "model '" + impl_->name + "': set_batch_offset(" + std::to_string(first_image) + "): expected >= 0");
+  impl_->batch_offset = first_image;
+}
 void Model::set_fusion(bool on) {
   DFP_CHECK(!impl_->built, Status::invalid_argument, "model '" + impl_->name + "': set_fusion() after build()");
   impl_->fusion = on;
@@ -889,7 +899,10 @@ std::vector<LayerNumerics> Model::numerics() const {
 void Model::set_profiling(bool on) { impl_->profiling = on; }
 
 void Model::reset_layer_times() {
-  for (auto& n : impl_->nodes) n.fwd_seconds = n.bwd_seconds = 0, n.fwd_steps = 0;
+  for (auto& n : impl_->nodes) {
+    n.fwd_seconds = n.bwd_seconds = 0, n.fwd_steps = 0;
+    if (n.layer) n.layer->reset_parts();
+  }
   impl_->loss_fwd_seconds = impl_->loss_bwd_seconds = 0;
 }
 
@@ -900,6 +913,7 @@ std::vector<LayerTime> Model::layer_times() const {
     if (!n.layer || n.fwd_steps == 0) continue;  // the input; nothing timed yet
     out.push_back({n.layer->name, n.layer->kind, n.layer->precision(), n.layer->implementation(), n.fwd_seconds,
                    n.bwd_seconds, n.fwd_steps});
+    if (const LayerTime::Int16Parts* parts = n.layer->int16_parts()) out.back().int16 = *parts;
     steps = std::max(steps, n.fwd_steps);
   }
   if (steps > 0) out.push_back({"loss", "loss", "fp32", "", impl_->loss_fwd_seconds, impl_->loss_bwd_seconds, steps});

@@ -35,6 +35,10 @@ struct StepInfo {
   // Model::set_statistics_sum: adds values over the processes of a data-parallel job, in place
   // (BatchNorm's batch statistics and backward sums in training); null: this process's batch only.
   const std::function<void(double* values, size_t count)>* statistics_sum = nullptr;
+  bool timed = false;  // Model::set_profiling: layers that time their parts (LayerTime) do so
+  // Model::set_batch_offset: image n of this batch is image first_image + n of the job's global
+  // batch (per-image random draws are keyed by the latter).
+  int first_image = 0;
 };
 
 // Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.
@@ -128,6 +132,10 @@ class Layer {
   // What runs the layer's convolution or matrix product, per pass where they differ ("fwd |
   // bwd_data | bwd_weights"), as --profile reports it; empty for layers without one.
   virtual std::string implementation() const { return ""; }
+  // The time of the layer's parts, summed over the timed steps (StepInfo::timed) since the last
+  // reset; null for layers that do not split their time.
+  virtual const LayerTime::Int16Parts* int16_parts() const { return nullptr; }
+  virtual void reset_parts() {}
   // Adaptive loss scaling: the power-of-two factor this layer applies to its incoming gradient dy
   // (whose accumulated adaptive scale is `scale_so_far`). 1 for layers without low-precision
   // gradients.

@@ -411,7 +411,9 @@ class Concat final : public Layer {
   TensorShape out_;
 };
 
-// Inverted dropout; the mask is a function of (seed, step, element), recomputed in backward.
+// Inverted dropout; the mask is a function of (seed, step, element), recomputed in backward. The
+// element is counted in the job's global batch (StepInfo::first_image), so a data-parallel job's
+// ranks draw the masks one process with the whole batch draws.
 class Dropout final : public Layer {
  public:
   explicit Dropout(float p) : p_(p) {}
@@ -423,6 +425,7 @@ class Dropout final : public Layer {
   void build(const Context& ctx, const std::vector<TensorShape>& in, const TensorShape&, const LayerPrecision&,
              std::mt19937_64& rng) override {
     n_ = in[0].blocked_elements();
+    image_ = n_ / size_t(std::max(1, in[0].n));  // the batch is the outermost dimension
     seed_ = rng();
   }
   uint64_t random_seed() const override { return seed_; }
@@ -436,8 +439,9 @@ class Dropout final : public Layer {
     const float* src = x[0];
     const bool drop = st.train && p_ != 0.f;
     const uint32_t key = step_key(seed_, st.step);
+    const size_t at = size_t(st.first_image) * image_;
     for_chunks(ctx, n_, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) y[i] = !drop ? src[i] : (keep(key, i) ? src[i] * scale : 0.f);
+      for (size_t i = b; i < e; ++i) y[i] = !drop ? src[i] : (keep(key, at + i) ? src[i] * scale : 0.f);
     });
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
@@ -446,14 +450,16 @@ class Dropout final : public Layer {
     const float scale = 1.f / (1.f - p_);
     float* d = dx[0];
     const uint32_t key = step_key(seed_, st.step);
+    const size_t at = size_t(st.first_image) * image_;
     for_chunks(ctx, n_, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) d[i] = keep(key, i) ? dy[i] * scale : 0.f;
+      for (size_t i = b; i < e; ++i) d[i] = keep(key, at + i) ? dy[i] * scale : 0.f;
     });
   }
 
  private:
   float p_;
   size_t n_ = 0;
+  size_t image_ = 0;  // elements per image
   uint64_t seed_ = 0;
 };
 

@@ -118,6 +118,10 @@ class WeightedLayer : public Layer {
   }
   const char* precision() const override { return precision_name(prec_); }
   std::string implementation() const override { return op_->implementation(); }
+  const LayerTime::Int16Parts* int16_parts() const override { return op_ ? op_->int16_parts() : nullptr; }
+  void reset_parts() override {
+    if (op_) op_->reset_parts();
+  }
   bool accumulates_input_grad(size_t) const override { return op_ && op_->accumulates_input_grad(); }
   size_t workspace_bytes() const override { return op_ ? op_->workspace_bytes() : 0; }
   void use_workspace(void* region) override { op_->use_workspace(region); }

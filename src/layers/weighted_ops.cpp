@@ -3,6 +3,7 @@
 #include "src/layers/weighted_ops.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "dfp/status.hpp"
@@ -56,6 +57,23 @@ void to_bf16_tensor(const Context& ctx, const float* src, uint16_t* dst, size_t 
 }
 
 // ---- int16 --------------------------------------------------------------------------------------
+// Adds the time since the last lap to a part's sum, when the step is timed (one clock read per
+// part; none otherwise).
+class PartClock {
+ public:
+  explicit PartClock(bool on) : on_(on), t_(on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  void lap(double& sum) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    sum += std::chrono::duration<double>(now - t_).count();
+    t_ = now;
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point t_;
+};
+
 class Int16Op final : public WeightedOp {
  public:
   Int16Op(const WeightedOpSpec& s, const LayerPrecision& p)
@@ -65,13 +83,16 @@ class Int16Op final : public WeightedOp {
     q_ = std::make_unique<ConvInt16>(ctx_, s.shape, o, s.name);
   }
   void forward(const float* x, float* y, const StepInfo& st) override {
+    PartClock clock(st.timed);
     if (input_taken_) {
       input_taken_ = false;  // quantized by the producer, in this step
     } else {
       q_->set_step(st.step);
       q_->quantize_input_with_max_abs(x, st.input_max_abs);
+      clock.lap(parts_.quantize_x);
     }
     q_->forward(y);
+    clock.lap(parts_.forward);
     if (st.sample) {
       sample_.sampled = true;
       sample_.x = measure_dfp16_slices(ctx_, x, in_size_, q_->stats().x.exponent, q_->input_exponents());
@@ -79,9 +100,13 @@ class Int16Op final : public WeightedOp {
     }
   }
   void backward(const float*, const float* dy, float* dx, float* gw, const StepInfo& st) override {
+    PartClock clock(st.timed);
     q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs);
+    clock.lap(parts_.quantize_dy);
     if (dx) q_->backward_data(dx, st.accumulate_dx & 1);
+    clock.lap(parts_.backward_data);
     q_->backward_weights(gw);
+    clock.lap(parts_.backward_weights);
     if (st.sample)
       sample_.dy = measure_dfp16_slices(ctx_, dy, out_size_, q_->stats().dy.exponent, q_->grad_output_exponents());
   }
@@ -105,11 +130,15 @@ class Int16Op final : public WeightedOp {
   const ConvStats* int16_stats() const noexcept override { return &q_->stats(); }
   bool accepts_input_spans() const override { return q_->accepts_input_spans(); }
   void take_input_spans(Layer::InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) override {
+    PartClock clock(st.timed);
     q_->set_step(st.step);
     q_->quantize_input_spans(fn, producer, max_abs);
+    clock.lap(parts_.quantize_x);
     input_taken_ = true;
   }
   bool input_taken() const override { return input_taken_; }
+  const LayerTime::Int16Parts* int16_parts() const override { return &parts_; }
+  void reset_parts() override { parts_ = {}; }
 
  private:
   const Context& ctx_;
@@ -117,6 +146,7 @@ class Int16Op final : public WeightedOp {
   size_t w_count_, in_size_, out_size_;
   std::unique_ptr<ConvInt16> q_;
   bool input_taken_ = false;  // the input was quantized by the producer in this step
+  LayerTime::Int16Parts parts_;
 };
 
 // ---- 16-bit floats: what the native bf16 and rounded-float operations share -----------------------

@@ -77,6 +77,9 @@ class WeightedOp {
   virtual bool accepts_input_spans() const { return false; }
   virtual void take_input_spans(Layer::InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) {}
   virtual bool input_taken() const { return false; }
+  // INT16 only: the time of the operator's parts over the timed steps (StepInfo::timed).
+  virtual const LayerTime::Int16Parts* int16_parts() const { return nullptr; }
+  virtual void reset_parts() {}
   const SampledNumerics& sampled_numerics() const noexcept { return sample_; }
 
  protected:

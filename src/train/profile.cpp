@@ -93,6 +93,9 @@ void write_profile_json(const std::string& path, const std::vector<LayerTime>& t
   for (const LayerTime& t : times)
     r.layers.push_back({t.layer, t.kind, t.precision, t.implementation, six_digits(t.forward_seconds),
                         six_digits(t.backward_seconds), t.steps});
+  if (p.ranks > 1)
+    r.communication = run_files::ProfileCommRecord{p.ranks, p.allreduce, p.comm_bytes, p.comm_fp32_bytes,
+                                                   six_digits(p.comm_in_flight_seconds), six_digits(p.comm_exposed_seconds)};
   std::ofstream f(path, std::ios::trunc);
   DFP_CHECK(f.good(), Status::io_error, "cannot write '" + path + "'");
   f << run_files::to_text(r);

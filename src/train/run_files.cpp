@@ -422,6 +422,15 @@ void to_json(Json& j, const ProfileRecord& r) {
   j["optimizer_seconds"] = number_json(r.optimizer_seconds);
   j["data_wait_seconds"] = number_json(r.data_wait_seconds);
   j["layers"] = r.layers;
+  if (r.communication) {
+    const ProfileCommRecord& c = *r.communication;
+    j["communication"] = Json{{"ranks", c.ranks},
+                              {"allreduce", c.allreduce},
+                              {"bytes", c.bytes},
+                              {"fp32_bytes", c.fp32_bytes},
+                              {"in_flight_seconds", number_json(c.in_flight_seconds)},
+                              {"exposed_seconds", number_json(c.exposed_seconds)}};
+  }
 }
 
 void from_json(const Json& j, ProfileRecord& r) {
@@ -435,6 +444,23 @@ void from_json(const Json& j, ProfileRecord& r) {
   const Json* layers = f.array("layers");
   DFP_CHECK(layers, Status::corrupt_data, "required field 'layers' is missing; expected an array");
   r.layers = elements<ProfileLayerRecord>(layers, "layers", [](const Json& e) { return e.get<ProfileLayerRecord>(); });
+  const auto comm = j.find("communication");
+  if (comm == j.end() || comm->is_null()) return;
+  const Fields c(*comm, "communication: ");
+  ProfileCommRecord& rc = r.communication.emplace();
+  const int64_t ranks = c.required_integer("ranks");
+  DFP_CHECK(ranks >= 1 && ranks <= std::numeric_limits<int>::max(), Status::corrupt_data,
+            "communication: field 'ranks' is " + std::to_string(ranks) + "; expected a count >= 1");
+  rc.ranks = int(ranks);
+  rc.allreduce = c.required_string("allreduce");
+  for (const auto& [key, field] : {std::pair{"bytes", &rc.bytes}, std::pair{"fp32_bytes", &rc.fp32_bytes}}) {
+    const int64_t v = c.required_integer(key);
+    DFP_CHECK(v >= 0, Status::corrupt_data,
+              std::string("communication: field '") + key + "' is " + std::to_string(v) + "; expected a count >= 0");
+    *field = uint64_t(v);
+  }
+  rc.in_flight_seconds = c.required_number("in_flight_seconds");
+  rc.exposed_seconds = c.required_number("exposed_seconds");
 }
 
 // ---- texts -----------------------------------------------------------------------------------

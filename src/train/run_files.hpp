@@ -4,8 +4,9 @@
 //   config.json    ConfigRecord   one object: every setting of the run, in the trainer's order
 //   metrics.jsonl  EpochRecord    one object per line, one line per epoch; "layers" holds a
 //                                 LayerRecord per layer
-//   profile.json   ProfileRecord  one object: the step, optimizer and data-wait times and a
-//                                 ProfileLayerRecord per layer (written with --profile)
+//   profile.json   ProfileRecord  one object: the step, optimizer and data-wait times, a
+//                                 ProfileLayerRecord per layer and, in a data-parallel run, a
+//                                 ProfileCommRecord (written with --profile)
 //
 // Non-finite numbers. JSON has no NaN or infinity: a number that is not finite (a diverged loss,
 // an overflowed loss scale, an unmeasurable SQNR) is written as null, and null in a number field
@@ -104,11 +105,24 @@ struct ProfileLayerRecord {
   uint64_t steps = 0;
 };
 
-// profile.json. Every field is required.
+// profile.json's "communication" in a data-parallel run (src/dist/): rank 0's gradient allreduce
+// summed over `steps` training steps. bytes: what the rank contributed to the allreduces (the
+// payload; fp32_bytes what an fp32 allreduce of the same gradients would be); in_flight_seconds:
+// from each step's first bucket started to its last completed; exposed_seconds: of that, what the
+// step waited for after backward. Every field is required.
+struct ProfileCommRecord {
+  int ranks = 1;
+  std::string allreduce;  // fp32 | bf16 | dfp16
+  uint64_t bytes = 0, fp32_bytes = 0;
+  double in_flight_seconds = 0, exposed_seconds = 0;
+};
+
+// profile.json. Every field is required but "communication" (absent in a one-process run).
 struct ProfileRecord {
   uint64_t steps = 0;
   double step_seconds = 0, optimizer_seconds = 0, data_wait_seconds = 0;
   std::vector<ProfileLayerRecord> layers;
+  std::optional<ProfileCommRecord> communication;
 };
 
 // nlohmann-json conversions (found by argument-dependent lookup: Json(record), json.get<T>()).

@@ -399,6 +399,23 @@ TEST(RunFiles, ProfileRoundTripsAndNamesItsFields) {
   EXPECT_EQ(back.layers[1].forward_seconds, 1e-05);
   EXPECT_EQ(back.layers[1].implementation, "");
   EXPECT_EQ(rf::to_text(back), text);
+  EXPECT_FALSE(back.communication);
+  EXPECT_EQ(text.find("communication"), std::string::npos) << text;  // a one-process run has none
+  // A data-parallel run's communication round-trips and names its fields.
+  p.communication = rf::ProfileCommRecord{2, "dfp16", 5388760, 10777360, 0.0912, 0.0043};
+  const std::string dist_text = rf::to_text(p);
+  EXPECT_NE(dist_text.find("\"communication\":{\"ranks\":2,\"allreduce\":\"dfp16\",\"bytes\":5388760,\"fp32_bytes\":10777360,"
+                           "\"in_flight_seconds\":0.0912,\"exposed_seconds\":0.0043}"),
+            std::string::npos)
+      << dist_text;
+  const rf::ProfileRecord dist_back = rf::parse_profile(dist_text, "profile.json");
+  ASSERT_TRUE(dist_back.communication);
+  EXPECT_EQ(dist_back.communication->bytes, 5388760u);
+  EXPECT_EQ(dist_back.communication->exposed_seconds, 0.0043);
+  EXPECT_EQ(rf::to_text(dist_back), dist_text);
+  expect_error([] { rf::parse_profile("{\"steps\":1,\"step_seconds\":1,\"optimizer_seconds\":1,\"data_wait_seconds\":1,\"layers\":[],"
+                                      "\"communication\":{\"ranks\":2,\"allreduce\":\"fp32\",\"bytes\":-4}}", "p.json"); },
+               Status::corrupt_data, {"p.json:1: communication: field 'bytes' is -4; expected a count >= 0"});
   expect_error([] { rf::parse_profile("{\"steps\":1,\n\"step_seconds\":1,\"optimizer_seconds\":1,\"data_wait_seconds\":1}", "p.json"); },
                Status::corrupt_data, {"p.json:1:", "required field 'layers' is missing"});
   expect_error([] { rf::parse_profile("{\"steps\":-1}", "p.json"); }, Status::corrupt_data, {"p.json:1:", "'steps'", ">= 0"});

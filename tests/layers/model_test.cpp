@@ -685,6 +685,24 @@ TEST(Profiling, LayerTimesCoverTrainingPassesOnly) {
       EXPECT_EQ(times[i].implementation, k) << times[i].layer;
       EXPECT_GT(times[i].forward_seconds, 0.0) << times[i].layer;
       EXPECT_GT(times[i].backward_seconds, 0.0) << times[i].layer;
+      // Its parts: each pass timed, and within the layer's own time (a conv whose input a
+      // BatchNorm hands over span by span quantizes it inside that BatchNorm's forward).
+      const LayerTime::Int16Parts& p = times[i].int16;
+      EXPECT_GT(p.forward, 0.0) << times[i].layer;
+      EXPECT_GT(p.quantize_dy, 0.0) << times[i].layer;
+      EXPECT_GT(p.backward_weights, 0.0) << times[i].layer;
+      EXPECT_GT(p.quantize_x, 0.0) << times[i].layer;
+      if (!graph[i + 1].input_spans) {
+        EXPECT_LE(p.quantize_x + p.forward, times[i].forward_seconds) << times[i].layer;
+      }
+      EXPECT_LE(p.quantize_dy + p.backward_data + p.backward_weights, times[i].backward_seconds) << times[i].layer;
+      if (i > 0) {
+        EXPECT_GT(p.backward_data, 0.0) << times[i].layer;  // the first conv has none
+      }
+    } else if (times[i].kind == "fc") {
+      EXPECT_GT(times[i].int16.forward, 0.0) << "an INT16 Linear runs the same operator";
+    } else {
+      EXPECT_EQ(times[i].int16.forward + times[i].int16.quantize_x, 0.0) << times[i].layer << ": not an INT16 conv";
     }
   }
   EXPECT_EQ(times.back().layer, "loss");
@@ -734,4 +752,36 @@ TEST(Numerics, Dfp16StatisticsMatchASerialNearbyintLoop) {
   EXPECT_NEAR(a.noise, want.noise, 1e-12 * want.noise);
   EXPECT_EQ(0, std::memcmp(&a.signal, &b.signal, sizeof(double)));
   EXPECT_EQ(0, std::memcmp(&a.noise, &b.noise, sizeof(double)));
+}
+
+// A data-parallel job's rank draws the dropout masks of its images as one process with the whole
+// batch draws them (Model::set_batch_offset): images 2-3 run as a batch of their own at offset 2
+// get the logits they get as images 2-3 of the whole batch (up to FP32 summation order), in the
+// same training step.
+TEST(Layers, DropoutMasksFollowTheImagesPlaceInTheGlobalBatch) {
+  // The same model (weights and dropout seeds come from the context's seed) at batch 4 and 2.
+  const auto make = [](Model& m, int batch) {
+    auto x = m.input(3, 5, 5);
+    x = m.dropout(m.conv(x, 16, 3, 1, 1, true, "conv"), 0.5f, "drop");
+    m.softmax_cross_entropy(m.linear(m.flatten(x, "fl"), 4, true, "fc"));
+    m.build(batch, {});
+    m.set_step(7);
+  };
+  Model whole(ctx2(), "drop"), part(ctx2(), "drop");
+  make(whole, 4);
+  make(part, 2);
+  const std::vector<float> images = batch_images(whole, 11);
+  const size_t image = images.size() / 4;
+  std::vector<float> all(4 * 4), mine(2 * 4), unshifted(2 * 4);
+  whole.logits(images.data(), 4, true, all.data());
+  part.set_batch_offset(2);
+  part.logits(images.data() + 2 * image, 2, true, mine.data());
+  // The same masks; oneDNN's FP32 kernels may sum a batch of 2 and of 4 in other orders.
+  const std::vector<float> want(all.begin() + 8, all.end());
+  EXPECT_LE(test::rel_l2(mine, want), test::kF32RelL2);
+  // At offset 0 the same images draw the masks of images 0-1: other logits.
+  part.set_batch_offset(0);
+  part.logits(images.data() + 2 * image, 2, true, unshifted.data());
+  EXPECT_GT(test::rel_l2(unshifted, want), 100 * test::kF32RelL2);
+  EXPECT_THROW(part.set_batch_offset(-1), Error);
 }
