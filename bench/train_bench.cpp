@@ -36,13 +36,16 @@ void train_step(benchmark::State& state, Config cfg, dfp::Precision precision, i
 // the INT16 arena of ResNet-20 is 24 MiB). Counters: each precision's images/s and
 // int16_over_fp32, their ratio.
 constexpr int kRatioBlock = 8;
-void train_ratio(benchmark::State& state, Config cfg, int threads) {
+// The same for two policies a (the baseline, "fp32") and b ("int16"): INT16 with exponents per
+// slice against one per tensor (train_granularity).
+void train_ratio(benchmark::State& state, Config cfg, int threads, const dfp::PrecisionPolicy& a,
+                 const dfp::PrecisionPolicy& b, const std::string& what) {
   using clock = std::chrono::steady_clock;
   dfp::ContextOptions o;
   o.threads = threads;
   dfp::Context ctx(o);
   const dfp::bench::TrainBatch batch(cfg);
-  dfp::bench::TrainRun fp32(ctx, cfg, dfp::Precision::fp32), int16(ctx, cfg, dfp::Precision::int16);
+  dfp::bench::TrainRun fp32(ctx, cfg, a), int16(ctx, cfg, b);
   for (int i = 0; i < 2; ++i) {
     fp32.step(batch, cfg.batch);
     int16.step(batch, cfg.batch);
@@ -58,10 +61,11 @@ void train_ratio(benchmark::State& state, Config cfg, int threads) {
     t_int16 += std::chrono::duration<double>(t2 - t1).count();
   }
   const double images = double(state.iterations()) * kRatioBlock * cfg.batch;
-  state.counters["fp32_img_per_s"] = images / t_fp32;
-  state.counters["int16_img_per_s"] = images / t_int16;
-  state.counters["int16_over_fp32"] = t_fp32 / t_int16;
-  state.SetLabel(std::string(cfg.model) + " int16:fp32 b" + std::to_string(cfg.batch) + " " + std::to_string(cfg.c) +
+  const bool granularity = what.find(":tensor") != std::string::npos;
+  state.counters[granularity ? "tensor_img_per_s" : "fp32_img_per_s"] = images / t_fp32;
+  state.counters[granularity ? "slice_img_per_s" : "int16_img_per_s"] = images / t_int16;
+  state.counters[granularity ? "slice_over_tensor" : "int16_over_fp32"] = t_fp32 / t_int16;
+  state.SetLabel(std::string(cfg.model) + " " + what + " b" + std::to_string(cfg.batch) + " " + std::to_string(cfg.c) +
                  "x" + std::to_string(cfg.h) + "x" + std::to_string(cfg.w) + ", blocks of " +
                  std::to_string(kRatioBlock) + " steps");
 }
@@ -86,14 +90,33 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime()
             ->MinTime(2.0);
-  for (const Config& c : {configs[0], configs[2]})
-    benchmark::RegisterBenchmark(("train_ratio/" + std::string(c.model) + "_" + std::to_string(c.c) + "x" +
-                                  std::to_string(c.h) + "/int16:fp32/threads:2")
+  using dfp::bench::TrainRun;
+  const dfp::PrecisionPolicy fp32 = TrainRun::policy(dfp::Precision::fp32), int16 = TrainRun::policy(dfp::Precision::int16);
+  // Exponents per slice for the classes named: w, x, dy.
+  auto sliced = [&](bool w, bool x, bool dy) {
+    dfp::PrecisionPolicy p = int16;
+    if (w) p.dfp.weights.granularity = dfp::Granularity::slice;
+    if (x) p.dfp.activations.granularity = dfp::Granularity::slice;
+    if (dy) p.dfp.gradients.granularity = dfp::Granularity::slice;
+    return p;
+  };
+  auto ratio = [](const std::string& name, const Config& c, const dfp::PrecisionPolicy& a,
+                  const dfp::PrecisionPolicy& b, const std::string& what) {
+    benchmark::RegisterBenchmark((name + "/" + std::string(c.model) + "_" + std::to_string(c.c) + "x" +
+                                  std::to_string(c.h) + "/" + what + "/threads:2")
                                      .c_str(),
-                                 train_ratio, c, 2)
+                                 train_ratio, c, 2, a, b, what)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime()
         ->MinTime(16.0);
+  };
+  for (const Config& c : {configs[0], configs[2]}) ratio("train_ratio", c, fp32, int16, "int16:fp32");
+  // INT16 with exponents per slice against one per tensor (Granularity).
+  for (const Config& c : {configs[1], configs[0]}) {
+    ratio("train_granularity", c, int16, sliced(true, true, true), "slice:tensor");
+    ratio("train_granularity", c, int16, sliced(true, false, true), "w+dy_slice:tensor");
+    ratio("train_granularity", c, int16, sliced(true, false, false), "w_slice:tensor");
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -36,9 +36,15 @@ struct TrainBatch {
 struct TrainRun {
   Model model;
   Sgd sgd;
-  TrainRun(const Context& ctx, const TrainCase& cfg, Precision precision)
-      : model(ctx, cfg.model), sgd(ctx, built(model, cfg, precision), {0.9f, 5e-4f, false}) {
-    if (precision == Precision::fp16) model.set_loss_scale(65536);
+  TrainRun(const Context& ctx, const TrainCase& cfg, Precision precision) : TrainRun(ctx, cfg, policy(precision)) {}
+  TrainRun(const Context& ctx, const TrainCase& cfg, const PrecisionPolicy& p)
+      : model(ctx, cfg.model), sgd(ctx, built(model, cfg, p), {0.9f, 5e-4f, false}) {
+    if (p.precision == Precision::fp16) model.set_loss_scale(65536);
+  }
+  static PrecisionPolicy policy(Precision precision) {
+    PrecisionPolicy p;
+    p.precision = precision;
+    return p;
   }
   void step(const TrainBatch& b, int batch) {
     model.forward(b.x.data(), b.y.data(), batch, true);
@@ -47,10 +53,8 @@ struct TrainRun {
   }
 
  private:
-  static Model& built(Model& m, const TrainCase& cfg, Precision precision) {
+  static Model& built(Model& m, const TrainCase& cfg, const PrecisionPolicy& p) {
     build_model(m, cfg.model, cfg.c, cfg.h, cfg.w, cfg.classes);
-    PrecisionPolicy p;
-    p.precision = precision;
     m.build(cfg.batch, p);
     return m;
   }

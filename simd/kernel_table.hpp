@@ -184,6 +184,13 @@ struct PixelKernelArgs {
   float scale;             // 2^(e_src + e_wei)
   bool accumulate;         // add to dst instead of overwriting it
   int64_t* overflow_events;  // verification (reference only): INT32 range exits, or null
+  // Exponents below the tensor level (Granularity::slice): the scale of output lane l of block ob
+  // at pixel p is (scale * pixel_scale[p]) * lane_scale[ob * 16 + l], each factor where its
+  // pointer is non-null, in that order. The caller passes powers of two whose products are normal
+  // FP32, so the scale is exact and the flush keeps its bits (the partial sums stay integer
+  // multiples of it). Null: every lane and pixel takes `scale`.
+  const float* lane_scale = nullptr;
+  const float* pixel_scale = nullptr;
   // Only for an overwriting call with no steps (ntaps == 0) and dst 64-byte aligned: write its
   // zeros with non-temporal stores, which do not read dst's lines for ownership first (a strided
   // layer's backward-data phases that no tap reaches, in outputs far larger than the cache).

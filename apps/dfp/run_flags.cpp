@@ -47,6 +47,9 @@ std::vector<Flag> policy_flags(RunFlags& s) {
   auto rounding = [](QuantOptions& q) {
     return [&q](const std::string& f, const std::string& v) { q.rounding = parse_rounding(v, f); };
   };
+  auto granularity = [](QuantOptions& q) {
+    return [&q](const std::string& f, const std::string& v) { q.granularity = parse_granularity(v, f); };
+  };
   auto format = [](std::optional<FloatFormat>& o) {
     return [&o](const std::string& f, const std::string& v) { o = parse_float_format(v, f); };
   };
@@ -74,6 +77,18 @@ std::vector<Flag> policy_flags(RunFlags& s) {
       {"--weights-rounding,--round-weights", "R", "rounding of the weights", rounding(p.dfp.weights), g},
       {"--activations-rounding,--round-activations", "R", "rounding of the activations", rounding(p.dfp.activations), g},
       {"--gradients-rounding,--round-gradients", "R", "rounding of the gradients", rounding(p.dfp.gradients), g},
+      {"--granularity", "G", "tensor|slice: DFP16 shared exponents per tensor, or per slice that a pass keeps "
+                             "apart (image, channel), for every tensor class (before the per-class flags)",
+       [all_classes](const std::string& f, const std::string& v) {
+         const Granularity gr = parse_granularity(v, f);
+         all_classes([gr](QuantOptions& q) { q.granularity = gr; });
+       }, g},
+      {"--weights-granularity", "G", "DFP16 exponents of the weights: tensor, or per output/input channel",
+       granularity(p.dfp.weights), g},
+      {"--activations-granularity", "G", "DFP16 exponents of the activations: tensor, or per image/channel",
+       granularity(p.dfp.activations), g},
+      {"--gradients-granularity", "G", "DFP16 exponents of the gradients: tensor, or per image/channel",
+       granularity(p.dfp.gradients), g},
       {"--weights-format", "FMT", "fp32|bf16|fp16 storage of the weights (float precisions)", format(p.weights_format), g},
       {"--activations-format", "FMT", "fp32|bf16|fp16 storage of the activations", format(p.activations_format), g},
       {"--gradients-format", "FMT", "fp32|bf16|fp16 storage of the gradients", format(p.gradients_format), g},
@@ -254,6 +269,9 @@ std::string run_toml(const TrainConfig& c) {
   str("weights-rounding", rounding_name(p.dfp.weights.rounding));
   str("activations-rounding", rounding_name(p.dfp.activations.rounding));
   str("gradients-rounding", rounding_name(p.dfp.gradients.rounding));
+  str("weights-granularity", granularity_name(p.dfp.weights.granularity));
+  str("activations-granularity", granularity_name(p.dfp.activations.granularity));
+  str("gradients-granularity", granularity_name(p.dfp.gradients.granularity));
   if (p.weights_format) str("weights-format", float_format_name(*p.weights_format));
   if (p.activations_format) str("activations-format", float_format_name(*p.activations_format));
   if (p.gradients_format) str("gradients-format", float_format_name(*p.gradients_format));

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dfp/dfp16.hpp"
 
@@ -72,7 +73,9 @@ struct DfpConvOptions {
 };
 
 struct ConvStats {
-  QuantStats x, w, dy;           // last quantization of each operand
+  // Last quantization of each operand as the forward pass (x, w) and backward-data (dy) read it;
+  // with Granularity::slice the exponent is the largest slice's and exponent_min the smallest's.
+  QuantStats x, w, dy;
   int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;  // VPDPWSSD steps per INT32 chain
   int64_t overflow_events = 0;   // verification mode only
 };
@@ -91,6 +94,12 @@ class ConvInt16 {
   const char* kernel_name() const noexcept;
   // Name of the micro-kernel the weight-gradient pass runs on this context.
   const char* weight_gradient_kernel_name() const noexcept;
+  // The exponents per slice with Granularity::slice, from the last quantization: x's per image
+  // and w's per output channel (forward), dy's per image (backward-data). Empty for a class with
+  // one exponent (stats().x/.w/.dy.exponent).
+  const std::vector<int>& input_exponents() const noexcept;
+  const std::vector<int>& weight_exponents() const noexcept;
+  const std::vector<int>& grad_output_exponents() const noexcept;
 
   // Training step whose stochastic-rounding streams the next quantizations use: the stream of
   // element n is a function of (seed, step, n), so steps do not reuse random numbers and a resumed
@@ -119,7 +128,8 @@ class ConvInt16 {
   // never exists in memory as FP32 (a BatchNorm with its ReLU writes the next conv's DFP16 input
   // directly). max_abs: max|x| over the whole tensor, known before any span is asked for (the
   // exponent comes from it). Spans are asked for from the context's threads concurrently, each
-  // once. The result has the same bits as quantize_input_with_max_abs on the tensor the spans make
+  // once (with Granularity::slice activations, three times: for each image's max|x|, and for
+  // each of x's two quantizations). The result has the same bits as quantize_input_with_max_abs on the tensor the spans make
   // up. Not available where accepts_input_spans() is false (a layer with C < 16 whose kernel
   // columns are unfolded gathers x across columns).
   using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);

@@ -32,6 +32,21 @@ enum class Rounding {
 const char* rounding_name(Rounding r) noexcept;
 Rounding parse_rounding(const std::string& text, const std::string& origin);
 
+// How many shared exponents a tensor class gets in the INT16 operators. An exponent may vary
+// along any dimension a pass does not reduce over: the flush that scales each INT32 partial sum
+// into FP32 then takes a per-lane or per-pixel scale instead of one scalar, at no cost to the
+// integer kernels.
+//   tensor: one exponent per tensor (Das et al.).
+//   slice:  one exponent per slice the pass keeps apart: in the forward pass, activations per
+//           image and weights per output channel; in backward-data, gradients per image and
+//           weights per input channel; in the weight gradient, activations per input channel and
+//           gradients per output channel. A tensor two passes read with different slices is
+//           quantized once per slicing. The flat quantizers below (quantize_dfp16...) always use
+//           one exponent.
+enum class Granularity { tensor, slice };
+const char* granularity_name(Granularity g) noexcept;
+Granularity parse_granularity(const std::string& text, const std::string& origin);
+
 inline constexpr int kDfpMaxHeadroom = 8;
 inline constexpr int kDfpDefaultHeadroom = 2;
 inline constexpr int16_t kDfpMaxInt = 32767;
@@ -49,13 +64,16 @@ struct QuantOptions {
   uint64_t seed = 0;                   // stochastic rounding stream
   NonFinitePolicy nonfinite = NonFinitePolicy::error;
   std::string name = "tensor";         // used in error messages
+  Granularity granularity = Granularity::tensor;  // read by the INT16 operators (see Granularity)
   // Throws dfp::Error(invalid_argument) naming `origin` and this tensor where a setting is out of
   // range (the headroom). Every quantizer and every policy that carries options checks them here.
   void validate(const std::string& origin) const;
 };
 
 struct QuantStats {
-  int exponent = 0;        // shared exponent e
+  int exponent = 0;        // shared exponent e (granularity slice: the largest of the slices')
+  int exponent_min = 0;    // the smallest exponent of a slice that holds a nonzero value (= exponent
+                           // with one exponent, or when every value is zero)
   int32_t max_abs_int = 0; // an upper bound on max|i_n| (exact for nearest/biased rounding)
   uint64_t saturated = 0;  // elements clamped to +-32767 (possible only with headroom 0)
   uint64_t nonfinite = 0;  // NaN/Inf elements found (policy `count` only; `error` throws)

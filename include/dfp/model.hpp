@@ -57,6 +57,8 @@ struct LayerNumerics {
   std::string layer;
   std::string format;  // int16, bf16, fp16, or "w/x/dy" formats when they differ
   int exp_x = 0, exp_w = 0, exp_dy = 0;
+  // With Granularity::slice, where the slices' exponents differ: the smallest (exp_* is the largest).
+  std::optional<int> exp_x_min, exp_w_min, exp_dy_min;
   int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;
   uint64_t saturated = 0;
   int64_t overflow_events = 0;

@@ -75,11 +75,18 @@ struct FlushDst {
   float* dst;
   int64_t pix;  // floats between pixels
   float scale;
+  const float *lane_scale, *pixel_scale;  // PixelKernelArgs's, at the sub-call's block and pixel
+  // The scale of half h at pixel p (PixelKernelArgs::lane_scale): products of powers of two, exact.
+  __attribute__((always_inline)) __m256 scale_at(__m256 s, int h, int p) const {
+    if (pixel_scale) s = _mm256_mul_ps(s, _mm256_set1_ps(pixel_scale[p]));
+    if (lane_scale) s = _mm256_mul_ps(s, _mm256_loadu_ps(lane_scale + 8 * h));
+    return s;
+  }
 };
 
 template <Flush MODE, int NPIX>
 __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NPIX>& acc, const FlushDst& fd) {
-  const __m256 scale = _mm256_set1_ps(fd.scale);
+  const __m256 scale1 = _mm256_set1_ps(fd.scale);
   float* d = fd.dst;
   // Opaque, so that the addresses are stepped here at each flush rather than hoisted out of the
   // call's loops and spilled.
@@ -90,6 +97,7 @@ __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NPIX>& acc, cons
     for (int h = 0; h < 2; ++h) {
       float* o = d + 8 * h;
       __m256i& v = acc.v[p][h];
+      const __m256 scale = MODE == Flush::store || MODE == Flush::add ? scale1 : fd.scale_at(scale1, h, p);
       if constexpr (MODE == Flush::scale) {
         _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), scale));
         continue;
@@ -148,7 +156,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
   // them in cache).
 #pragma GCC unroll 8
   for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + p * a.dst_pix)));
-  const FlushDst fd{a.dst, a.dst_pix, a.scale};
+  const FlushDst fd{a.dst, a.dst_pix, a.scale, a.lane_scale, a.pixel_scale};
   const bool accumulate = a.accumulate;
   // The loop bounds, strides and tap tables in locals (see pair_kernel).
   const int nib = a.nib, ntaps = a.ntaps, chain = a.chain;
@@ -242,6 +250,8 @@ void pixel_entry(const PixelKernelArgs& a) {
       const int n = (a.npix - p0) / (chunks - c);
       sub.src = a.src + p0 * a.src_pix;
       sub.dst = a.dst + ob * a.dst_ob + p0 * a.dst_pix;
+      if (a.lane_scale) sub.lane_scale = a.lane_scale + ob * 16;
+      if (a.pixel_scale) sub.pixel_scale = a.pixel_scale + p0;
       sub.npix = n;
       pixel_dispatch_npix<Dot>(sub, std::make_integer_sequence<int, kMaxPix>{});
       p0 += n;

@@ -95,11 +95,19 @@ struct FlushDst {
   float* dst;
   int64_t ob, pix;  // floats between output-lane blocks, between pixels
   float scale;
+  const float *lane_scale, *pixel_scale;  // PixelKernelArgs's: null for one scale
+  // The scale of block ob at pixel p (PixelKernelArgs::lane_scale): products of powers of two,
+  // exact.
+  __attribute__((always_inline)) __m512 scale_at(__m512 s, int ob, int p) const {
+    if (pixel_scale) s = _mm512_mul_ps(s, _mm512_set1_ps(pixel_scale[p]));
+    if (lane_scale) s = _mm512_mul_ps(s, _mm512_loadu_ps(lane_scale + ob * 16));
+    return s;
+  }
 };
 
 template <Flush MODE, int NOB, int NPIX>
 __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NOB, NPIX>& acc, const FlushDst& fd) {
-  const __m512 scale = _mm512_set1_ps(fd.scale);
+  const __m512 scale1 = _mm512_set1_ps(fd.scale);
   float* d = fd.dst;
   // Opaque, so that the 28 addresses are stepped here at each flush (an add per pixel) rather
   // than hoisted out of the call's loops and spilled to the stack.
@@ -110,6 +118,7 @@ __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NOB, NPIX>& acc,
     for (int ob = 0; ob < NOB; ++ob) {
       float* o = d + ob * fd.ob;
       __m512i& v = acc.v[ob * NPIX + p];
+      const __m512 scale = MODE == Flush::store || MODE == Flush::add ? scale1 : fd.scale_at(scale1, ob, p);
       if constexpr (MODE == Flush::scale) {
         _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), scale));
         continue;
@@ -179,7 +188,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
   for (int ob = 0; ob < NOB; ++ob)
 #pragma GCC unroll 32
     for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + ob * a.dst_ob + p * a.dst_pix)));
-  const FlushDst fd{a.dst, a.dst_ob, a.dst_pix, a.scale};
+  const FlushDst fd{a.dst, a.dst_ob, a.dst_pix, a.scale, a.lane_scale, a.pixel_scale};
   const bool accumulate = a.accumulate;
   bool flushed = false;
   int pending = 0;  // steps since the last flush

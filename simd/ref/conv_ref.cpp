@@ -70,7 +70,10 @@ void conv_s16_pixel(const PixelKernelArgs& a) {
     for (int p = 0; p < a.npix; ++p) {
       for (int l = 0; l < 16; ++l) {
         Lane lane;
-        LaneOut out{a.dst + ob * a.dst_ob + p * a.dst_pix + l, a.scale, a.accumulate};
+        float scale = a.scale;
+        if (a.pixel_scale) scale = scale * a.pixel_scale[p];
+        if (a.lane_scale) scale = scale * a.lane_scale[ob * 16 + l];
+        LaneOut out{a.dst + ob * a.dst_ob + p * a.dst_pix + l, scale, a.accumulate};
         int steps = 0;
         for (int ib = 0; ib < a.nib; ++ib) {
           for (int t = 0; t < a.ntaps; ++t) {

@@ -65,6 +65,9 @@ void for_chunks(const Context& ctx, size_t n, F&& f) {
 //   measure_rounded: x against its rounded copy q (FP32 values);
 //   measure_bf16: x against the BF16 bit patterns q.
 FormatStats measure_dfp16(const Context& ctx, const float* x, size_t n, int e);
+// The same over equal consecutive slices (images, output channels), slice i at exponent
+// slices[i], summed in slice order; with no slices, measure_dfp16 at e.
+FormatStats measure_dfp16_slices(const Context& ctx, const float* x, size_t n, int e, const std::vector<int>& slices);
 FormatStats measure_rounded(const Context& ctx, const float* x, const float* q, size_t n);
 FormatStats measure_bf16(const Context& ctx, const float* x, const uint16_t* q, size_t n);
 

@@ -545,6 +545,14 @@ FormatStats measure_dfp16(const Context& ctx, const float* x, size_t n, int e) {
   return measure_pieces(ctx, n, [&](size_t b, size_t e) { return fn(x + b, e - b, down, up); });
 }
 
+FormatStats measure_dfp16_slices(const Context& ctx, const float* x, size_t n, int e, const std::vector<int>& slices) {
+  if (slices.empty()) return measure_dfp16(ctx, x, n, e);
+  FormatStats s;
+  const size_t len = n / slices.size();
+  for (size_t i = 0; i < slices.size(); ++i) s.add(measure_dfp16(ctx, x + i * len, len, slices[i]));
+  return s;
+}
+
 FormatStats measure_rounded(const Context& ctx, const float* x, const float* q, size_t n) {
   return measure_pieces(ctx, n, [&](size_t b, size_t e) { return measure_rounding(x + b, q + b, e - b); });
 }

@@ -28,6 +28,8 @@ void report_numerics(const ConvStats& s, const std::string& name, LayerNumerics&
   n.layer = name;
   n.format = "int16";
   n.exp_x = s.x.exponent; n.exp_w = s.w.exponent; n.exp_dy = s.dy.exponent;
+  auto spread = [](const QuantStats& q) { return q.exponent_min != q.exponent ? std::optional<int>(q.exponent_min) : std::nullopt; };
+  n.exp_x_min = spread(s.x); n.exp_w_min = spread(s.w); n.exp_dy_min = spread(s.dy);
   n.chain_fwd = s.chain_fwd; n.chain_bwd = s.chain_bwd; n.chain_wgrad = s.chain_wgrad;
   n.saturated = s.x.saturated + s.w.saturated + s.dy.saturated;
   n.overflow_events = s.overflow_events;
@@ -93,8 +95,8 @@ class Int16Op final : public WeightedOp {
     clock.lap(parts_.forward);
     if (st.sample) {
       sample_.sampled = true;
-      sample_.x = measure_dfp16(ctx_, x, in_size_, q_->stats().x.exponent);
-      sample_.w = measure_dfp16(ctx_, w_, w_count_, q_->stats().w.exponent);
+      sample_.x = measure_dfp16_slices(ctx_, x, in_size_, q_->stats().x.exponent, q_->input_exponents());
+      sample_.w = measure_dfp16_slices(ctx_, w_, w_count_, q_->stats().w.exponent, q_->weight_exponents());
     }
   }
   void backward(const float*, const float* dy, float* dx, float* gw, const StepInfo& st) override {
@@ -105,7 +107,8 @@ class Int16Op final : public WeightedOp {
     clock.lap(parts_.backward_data);
     q_->backward_weights(gw);
     clock.lap(parts_.backward_weights);
-    if (st.sample) sample_.dy = measure_dfp16(ctx_, dy, out_size_, q_->stats().dy.exponent);
+    if (st.sample)
+      sample_.dy = measure_dfp16_slices(ctx_, dy, out_size_, q_->stats().dy.exponent, q_->grad_output_exponents());
   }
   void weights_updated(uint64_t step, float max_abs) override {
     q_->set_step(step);

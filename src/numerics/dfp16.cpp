@@ -6,6 +6,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "dfp/context.hpp"
@@ -55,6 +56,46 @@ float exponent_max_abs(const Context& ctx, const float* src, size_t n, float kno
   if (bad && policy == NonFinitePolicy::error) fail_nonfinite(src, n, bad, what);
   return m;
 }
+QuantStats quantize_slices(const Context& ctx, const float* src, int16_t* dst, size_t slices, size_t slice_len,
+                           const QuantOptions& o, int* exps) {
+  o.validate("quantization");
+  const auto& k = ctx.kernels();
+  std::atomic<uint64_t> saturated{0}, bad{0};
+  std::atomic<int32_t> max_q{0}, e_max{std::numeric_limits<int32_t>::min()}, e_min_neg{std::numeric_limits<int32_t>::min()};
+  std::atomic<uint32_t> best{0};
+  ctx.parallel_for(static_cast<int64_t>(slices), [&](int64_t b, int64_t e) {
+    simd::QuantCounters cnt;
+    int32_t hi = std::numeric_limits<int32_t>::min(), lo_neg = std::numeric_limits<int32_t>::min();
+    uint32_t m_bits = 0;
+    for (int64_t s = b; s < e; ++s) {
+      const size_t off = size_t(s) * slice_len;
+      uint64_t ignored = 0;  // counted by the quantizer below
+      const float m = k.max_abs.fn(src + off, slice_len, &ignored);
+      const int x = dfp16_exponent(m, o.headroom);
+      exps[s] = x;
+      hi = std::max(hi, x);
+      if (m > 0.f) lo_neg = std::max(lo_neg, -x);
+      m_bits = std::max(m_bits, std::bit_cast<uint32_t>(m));
+      k.quantize.fn(src + off, dst + off, slice_len, x, o.rounding, o.seed, off, &cnt);
+    }
+    saturated.fetch_add(cnt.saturated);
+    bad.fetch_add(cnt.nonfinite);
+    atomic_max(max_q, cnt.max_abs_q);
+    atomic_max(e_max, hi);
+    atomic_max(e_min_neg, lo_neg);
+    atomic_max(best, m_bits);
+  });
+  QuantStats st;
+  st.exponent = slices ? e_max.load() : 0;
+  st.exponent_min = e_min_neg.load() == std::numeric_limits<int32_t>::min() ? st.exponent : -e_min_neg.load();
+  st.saturated = saturated.load();
+  st.nonfinite = bad.load();
+  st.max_abs_int = max_q.load();
+  st.max_abs = std::bit_cast<float>(best.load());
+  if (st.nonfinite && o.nonfinite == NonFinitePolicy::error)
+    fail_nonfinite(src, slices * slice_len, st.nonfinite, TensorName{o.name});
+  return st;
+}
 }  // namespace detail
 
 const char* rounding_name(Rounding r) noexcept {
@@ -64,6 +105,18 @@ const char* rounding_name(Rounding r) noexcept {
     case Rounding::biased: return "biased";
   }
   return "?";
+}
+
+const char* granularity_name(Granularity g) noexcept {
+  switch (g) {
+    case Granularity::tensor: return "tensor";
+    case Granularity::slice: return "slice";
+  }
+  return "?";
+}
+
+Granularity parse_granularity(const std::string& text, const std::string& origin) {
+  return parse_named(text, {Granularity::tensor, Granularity::slice}, granularity_name, origin, "granularity");
 }
 
 Rounding parse_rounding(const std::string& text, const std::string& origin) {
@@ -111,7 +164,7 @@ QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, in
     atomic_max(max_q, cnt.max_abs_q);
   });
   QuantStats st;
-  st.exponent = exponent;
+  st.exponent = st.exponent_min = exponent;
   st.saturated = saturated.load();
   st.nonfinite = bad.load();
   st.max_abs_int = max_q.load();

@@ -30,5 +30,11 @@ float exponent_max_abs(const Context& ctx, const float* src, size_t n, float kno
 // (src may be null when the elements came from elsewhere, e.g. a producer's spans).
 [[noreturn]] void fail_nonfinite(const float* src, size_t n, uint64_t count, TensorName what);
 
+// Quantizes `slices` consecutive runs of slice_len elements, each with the exponent of its own
+// max|x| (written to exps[s]); element i keeps the stochastic index i, as in one tensor. The
+// stats' exponent is the largest, exponent_min the smallest of a slice holding a nonzero value.
+QuantStats quantize_slices(const Context& ctx, const float* src, int16_t* dst, size_t slices, size_t slice_len,
+                           const QuantOptions& options, int* exps);
+
 }  // namespace detail
 }  // namespace dfp

@@ -127,7 +127,8 @@ std::string PrecisionPolicy::describe() const {
   auto q = [&](const char* what, const QuantOptions& x, const std::optional<FloatFormat>& f) {
     o << " " << what << "{";
     if (f) o << "format=" << float_format_name(*f) << ",";
-    o << "headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding) << "}";
+    o << "headroom=" << x.headroom << ",rounding=" << rounding_name(x.rounding)
+      << ",granularity=" << granularity_name(x.granularity) << "}";
   };
   q("weights", dfp.weights, weights_format);
   q("activations", dfp.activations, activations_format);
@@ -152,6 +153,21 @@ std::vector<std::pair<std::string, Precision>> PrecisionPolicy::parse_overrides(
   return out;
 }
 
+namespace {
+// Where each pass's DFP16 exponents vary (Granularity), e.g. "w per output channel (forward) and
+// per input channel (backward-data), x per image (forward), dy per tensor; the weight gradient
+// per tensor".
+std::string int16_exponents_note(const DfpConvOptions& o) {
+  const bool w = o.weights.granularity == Granularity::slice, x = o.activations.granularity == Granularity::slice,
+             dy = o.gradients.granularity == Granularity::slice;
+  std::string s = w ? "w per output channel (forward) and per input channel (backward-data)" : "w per tensor";
+  s += x ? ", x per image (forward)" : ", x per tensor";
+  s += dy ? ", dy per image (backward-data)" : ", dy per tensor";
+  if (x || dy) s += "; the weight gradient per tensor";
+  return s;
+}
+}  // namespace
+
 std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx) {
   std::vector<Precision> used = {policy.precision};
   for (const auto& o : policy.overrides)
@@ -168,6 +184,7 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
       case Precision::int16:
         out.push_back(std::string("int16: DFP16 operands, INT32 chains flushed into FP32; kernels ") +
                       ctx.kernels().conv_s16_pixel.name + ", " + ctx.kernels().conv_s16_pair.name);
+        out.push_back("int16: shared exponents " + int16_exponents_note(policy.dfp));
         break;
       case Precision::bf16: {
         const ClassFormats f = policy.class_formats(p);
@@ -212,6 +229,8 @@ std::map<std::string, std::string> PrecisionPolicy::fields() const {
   f["headroom"] = std::to_string(q[0]->headroom) + "," + std::to_string(q[1]->headroom) + "," + std::to_string(q[2]->headroom);
   f["rounding"] = std::string(rounding_name(q[0]->rounding)) + "," + rounding_name(q[1]->rounding) + "," +
                   rounding_name(q[2]->rounding);
+  f["granularity"] = std::string(granularity_name(q[0]->granularity)) + "," + granularity_name(q[1]->granularity) +
+                     "," + granularity_name(q[2]->granularity);
   return f;
 }
 
@@ -232,7 +251,8 @@ PrecisionPolicy PrecisionPolicy::from_fields(const std::map<std::string, std::st
     DFP_CHECK(v.size() == 3, Status::corrupt_data, where + key + ": expected 3 comma-separated values");
     return v;
   };
-  const std::vector<std::string> f = split3("formats"), h = split3("headroom"), r = split3("rounding");
+  const std::vector<std::string> f = split3("formats"), h = split3("headroom"), r = split3("rounding"),
+                                 g = split3("granularity");
   std::optional<FloatFormat>* fs[3] = {&p.weights_format, &p.activations_format, &p.gradients_format};
   QuantOptions* q[3] = {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients};
   for (int i = 0; i < 3; ++i) {
@@ -245,6 +265,7 @@ PrecisionPolicy PrecisionPolicy::from_fields(const std::map<std::string, std::st
       q[i]->headroom = int(v);
     }
     if (!r.empty()) q[i]->rounding = parse_rounding(r[i], where + "rounding");
+    if (!g.empty()) q[i]->granularity = parse_granularity(g[i], where + "granularity");
   }
   return p;
 }

@@ -250,6 +250,9 @@ void to_json(Json& j, const LayerRecord& r) {
   put(j, "exp_x", r.exp_x);
   put(j, "exp_w", r.exp_w);
   put(j, "exp_dy", r.exp_dy);
+  put(j, "exp_x_min", r.exp_x_min);
+  put(j, "exp_w_min", r.exp_w_min);
+  put(j, "exp_dy_min", r.exp_dy_min);
   put(j, "chain_fwd", r.chain_fwd);
   put(j, "chain_bwd", r.chain_bwd);
   put(j, "chain_wgrad", r.chain_wgrad);
@@ -273,6 +276,9 @@ void from_json(const Json& j, LayerRecord& r) {
   r.exp_x = f.integer("exp_x");
   r.exp_w = f.integer("exp_w");
   r.exp_dy = f.integer("exp_dy");
+  r.exp_x_min = f.integer("exp_x_min");
+  r.exp_w_min = f.integer("exp_w_min");
+  r.exp_dy_min = f.integer("exp_dy_min");
   r.chain_fwd = f.integer("chain_fwd");
   r.chain_bwd = f.integer("chain_bwd");
   r.chain_wgrad = f.integer("chain_wgrad");

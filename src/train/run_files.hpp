@@ -51,6 +51,8 @@ struct LayerRecord {
   std::string format;  // int16, bf16, fp16, or "w/x/dy" formats; "" when absent
   // DFP16 shared exponents, INT32 chain lengths, saturated values, INT32 overflow events.
   std::optional<int64_t> exp_x, exp_w, exp_dy, chain_fwd, chain_bwd, chain_wgrad, saturated, overflow_events;
+  // The smallest exponent of a slice (Granularity::slice), written where it differs from exp_*.
+  std::optional<int64_t> exp_x_min, exp_w_min, exp_dy_min;
   // The last sampled step: SQNR against FP32 in dB (NaN when unmeasurable), and the counts.
   std::optional<double> sqnr_x_db, sqnr_w_db, sqnr_dy_db;
   std::optional<int64_t> overflow, underflow, nonzero;

@@ -416,6 +416,9 @@ std::string metrics_line(const EpochMetrics& em, const std::string& policy_text,
       l.exp_x = n.exp_x;
       l.exp_w = n.exp_w;
       l.exp_dy = n.exp_dy;
+      if (n.exp_x_min) l.exp_x_min = *n.exp_x_min;
+      if (n.exp_w_min) l.exp_w_min = *n.exp_w_min;
+      if (n.exp_dy_min) l.exp_dy_min = *n.exp_dy_min;
       l.chain_fwd = n.chain_fwd;
       l.chain_bwd = n.chain_bwd;
       l.chain_wgrad = n.chain_wgrad;

@@ -245,6 +245,13 @@ TEST(RunFiles, TheTrainersMetricsLineIsTheRecordsLine) {
   fc.layer = "fc";
   fc.format = "fp32";
   EXPECT_EQ(metrics_line(em, "precision=int16 \"q\"", {conv, fc}), kPreviousMetricsLine);
+  // Exponents per slice (Granularity::slice) add the smallest, after the largest, and read back.
+  conv.exp_x_min = -15, conv.exp_dy_min = -31;
+  const std::string line = metrics_line(em, "p", {conv});
+  EXPECT_NE(line.find("\"exp_dy\":-25,\"exp_x_min\":-15,\"exp_dy_min\":-31,\"chain_fwd\""), std::string::npos) << line;
+  const rf::LayerRecord back = rf::parse_epoch_line(line, "m.jsonl", 1).layers.at(0);
+  EXPECT_EQ(std::make_tuple(back.exp_x_min, back.exp_w_min, back.exp_dy_min),
+            std::make_tuple(std::optional<int64_t>(-15), std::optional<int64_t>(), std::optional<int64_t>(-31)));
 }
 
 TEST(RunFiles, NonFiniteNumbersAreWrittenAsNullAndReadAsNaN) {

@@ -15,6 +15,7 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
+#include "tests/common/conv_int16_cases.hpp"
 #include "tests/common/reference.hpp"
 #include "tests/common/tolerance.hpp"
 #include "tests/common/expect_error.hpp"
@@ -23,139 +24,7 @@
 using namespace dfp;
 using test::random_ints;
 using test::random_vec;
-
-namespace {
-
-ConvShape make(int N, int C, int H, int W, int K, int R, int S, int stride, int pad) {
-  ConvShape s;
-  s.N = N; s.C = C; s.H = H; s.W = W; s.K = K; s.R = R; s.S = S;
-  s.stride_h = s.stride_w = stride;
-  s.pad_h = s.pad_w = pad;
-  return s;
-}
-
-// Tile edges: odd C, C below one block, K not a multiple of 16, W below and above the register
-// block, strides 1/2/4, padding, 1x1 / 3x3 / 5x5 / 7x7 / 11x11, batch 1 and odd batches, and the
-// pure GEMM case, rows short enough to tile across images.
-const std::vector<ConvShape>& edge_shapes() {
-  static const std::vector<ConvShape> v = {
-      make(1, 3, 9, 7, 20, 3, 3, 1, 1),   make(3, 5, 10, 11, 16, 3, 3, 2, 1), make(2, 17, 6, 5, 33, 1, 1, 1, 0),
-      make(2, 16, 8, 8, 32, 1, 1, 2, 0),  make(1, 3, 15, 13, 8, 7, 7, 2, 3),
-      // strided 1x1 (the weight gradient's subsampled x): odd batch, odd sizes, strides 2 and 3
-      make(3, 20, 9, 7, 24, 1, 1, 2, 0),  make(3, 33, 10, 11, 16, 1, 1, 3, 0),  make(2, 8, 19, 19, 16, 11, 11, 4, 2),
-      make(2, 32, 9, 9, 16, 5, 5, 1, 2),  make(3, 64, 4, 30, 48, 3, 3, 1, 1), make(5, 40, 1, 1, 24, 1, 1, 1, 0),
-      make(2, 1, 28, 28, 6, 5, 5, 1, 2),
-      // Rows of <= 2 output pixels: tiles run over images (here more than one tile of them).
-      make(17, 32, 2, 2, 40, 3, 3, 1, 1), make(15, 20, 3, 4, 36, 3, 3, 2, 1),
-      // >= 4 output blocks: the weight gradient is split by output block instead of by slices.
-      make(3, 20, 7, 9, 70, 3, 3, 1, 1),  make(5, 40, 1, 1, 80, 1, 1, 1, 0),
-      // GEMM with whole channel blocks and >= 4 output blocks: the weight gradient writes dW in
-      // place; and with 2 KiB input rows (C = 1024): tiles of 8 images, not 14.
-      make(7, 48, 1, 1, 72, 1, 1, 1, 0),  make(17, 1024, 1, 1, 40, 1, 1, 1, 0),
-  };
-  return v;
-}
-
-std::string describe(const ConvShape& s) {
-  char b[160];
-  std::snprintf(b, sizeof b, "N%d C%d %dx%d K%d %dx%d stride %d pad %d", s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h,
-                s.pad_h);
-  return b;
-}
-
-struct Outputs {
-  std::vector<float> y, dx, dw;  // NCHW, NCHW, KCRS
-  ConvStats stats;
-};
-
-// Runs all three passes on NCHW data through the blocked layout.
-Outputs run_int16(const Context& ctx, const ConvShape& s, const std::vector<float>& x, const std::vector<float>& w,
-                  const std::vector<float>& dy, DfpConvOptions o = {}) {
-  const int OH = s.OH(), OW = s.OW();
-  std::vector<float> xb(blocked_size(s.N, s.C, s.H, s.W)), dyb(blocked_size(s.N, s.K, OH, OW));
-  to_blocked(x.data(), xb.data(), s.N, s.C, s.H, s.W);
-  to_blocked(dy.data(), dyb.data(), s.N, s.K, OH, OW);
-  std::vector<float> yb(blocked_size(s.N, s.K, OH, OW), -1.f), dxb(blocked_size(s.N, s.C, s.H, s.W), -1.f);
-  Outputs out;
-  out.y.resize(size_t(s.N) * s.K * OH * OW);
-  out.dx.resize(x.size());
-  out.dw.assign(w.size(), -1.f);
-  ConvInt16 conv(ctx, s, o, "test_conv");
-  conv.set_weights(w.data());
-  conv.quantize_input(xb.data());
-  conv.quantize_grad_output(dyb.data());
-  conv.forward(yb.data());
-  conv.backward_data(dxb.data());
-  conv.backward_weights(out.dw.data());
-  from_blocked(yb.data(), out.y.data(), s.N, s.K, OH, OW);
-  from_blocked(dxb.data(), out.dx.data(), s.N, s.C, s.H, s.W);
-  // Padding lanes must come out as zero.
-  for (size_t i = 0; i < yb.size(); ++i) {
-    if ((i % 16) + 16 * ((i / (16 * size_t(OH) * OW)) % channel_blocks(s.K)) >= size_t(s.K)) { EXPECT_EQ(yb[i], 0.f); }
-  }
-  out.stats = conv.stats();
-  return out;
-}
-
-// An operator ready for backward_data: plain [K][C][R][S] weights, a blocked dy, a forced chain
-// (0: derived).
-ConvInt16 backward_data_op(const Context& ctx, const ConvShape& s, const std::vector<float>& w,
-                           const std::vector<float>& dy_blocked, int chain) {
-  DfpConvOptions o;
-  o.chain_override = chain;
-  ConvInt16 conv(ctx, s, o, "bwd");
-  conv.set_weights(w.data());
-  conv.quantize_grad_output(dy_blocked.data());
-  return conv;
-}
-
-void expect_bits_equal(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i)
-    ASSERT_EQ(0, std::memcmp(&a[i], &b[i], sizeof(float))) << what << " element " << i << ": " << a[i] << " vs " << b[i];
-}
-
-// The three passes' outputs of two runs, bit for bit (`what` prefixes the pass names).
-void expect_outputs_bits_equal(const Outputs& a, const Outputs& b, const std::string& what = "") {
-  expect_bits_equal(a.y, b.y, what + "forward");
-  expect_bits_equal(a.dx, b.dx, what + "backward_data");
-  expect_bits_equal(a.dw, b.dw, what + "backward_weights");
-}
-
-// n copies of `value`, each with a random sign (seeded) when mixed_signs, else all positive.
-std::vector<float> constant_magnitude(size_t n, float value, uint32_t seed, bool mixed_signs) {
-  std::vector<float> v(n, value);
-  const auto r = random_ints(n, seed, 0, 1);
-  if (mixed_signs)
-    for (size_t i = 0; i < n; ++i) v[i] = r[i] ? value : -value;
-  return v;
-}
-
-// All three passes of a fully connected layer on row-major data ([N][C] x [K][C]).
-Outputs run_linear(const Context& ctx, int N, int C, int K, const std::vector<float>& x, const std::vector<float>& w,
-                   const std::vector<float>& dy, const DfpConvOptions& o = {}) {
-  Outputs out;
-  // -1, as run_int16's: an element the operator does not write, or adds to instead of writing, shows.
-  out.y.assign(size_t(N) * K, -1.f);
-  out.dx.assign(size_t(N) * C, -1.f);
-  out.dw.assign(size_t(K) * C, -1.f);
-  LinearInt16 fc(ctx, N, C, K, o);
-  fc.set_weights(w.data());
-  fc.quantize_input(x.data());
-  fc.quantize_grad_output(dy.data());
-  fc.forward(out.y.data());
-  fc.backward_data(out.dx.data());
-  fc.backward_weights(out.dw.data());
-  out.stats = fc.stats();
-  return out;
-}
-
-const Context& ref_ctx() {
-  static Context c(ContextOptions{.threads = 2, .isa = "ref"});
-  return c;
-}
-
-}  // namespace
+using namespace test::conv_int16_cases;
 
 TEST(ConvInt16, ExactOnIntegerData) {
   for (const ConvShape& s : edge_shapes()) {
@@ -407,31 +276,6 @@ TEST(ConvInt16, FullRangeOperandsChainOneStepWithoutOverflow) {
   }
 }
 
-// Runs the three passes in verification mode and expects no INT32 overflow and results equal to
-// the FP64 reference (exact: the data's products and sums fit FP32). Returns the outputs.
-Outputs run_verified_exact(const Context& ctx, const ConvShape& s, const std::vector<float>& x,
-                           const std::vector<float>& w, const std::vector<float>& dy) {
-  std::vector<double> y, dx, dw;
-  test::conv_fwd_ref(s, x, w, y);
-  test::conv_bwd_data_ref(s, dy, w, dx);
-  test::conv_bwd_weights_ref(s, x, dy, dw);
-  DfpConvOptions o;
-  o.verify = true;
-  Outputs r = run_int16(ctx, s, x, w, dy, o);
-  EXPECT_EQ(r.stats.overflow_events, 0);
-  auto expect_equal = [](const std::vector<float>& got, const std::vector<double>& want, const char* what) {
-    for (size_t i = 0; i < want.size(); ++i)
-      if (got[i] != want[i]) {
-        ADD_FAILURE() << what << " " << i << ": " << got[i] << " != " << want[i];
-        return;
-      }
-  };
-  expect_equal(r.y, y, "y");
-  expect_equal(r.dx, dx, "dx");
-  expect_equal(r.dw, dw, "dw");
-  return r;
-}
-
 TEST(ConvInt16, ChainBoundIsExactOverWindowsOfUnits) {
   // Weights 1.0 on even taps and 0.25 on odd ones, x and dy all 1.0, no padding: every output's
   // INT32 sum reaches the bound, a = 4096, and a unit (one input block, one tap: 16 products per
@@ -665,11 +509,14 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
     }
   };
   for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1)})
-    for (Rounding r : {Rounding::nearest_even, Rounding::stochastic}) {
+    for (Rounding r : {Rounding::nearest_even, Rounding::stochastic})
+    for (Granularity g : {Granularity::tensor, Granularity::slice}) {  // slice: spans asked for more than once
       DfpConvOptions o;
       o.activations.rounding = r;
       o.activations.seed = 77;
-      const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 41, -2.f, 2.f);
+      o.activations.granularity = g;
+      auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 41, -2.f, 2.f);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], -int(i / (x.size() / s.N)));  // images apart
       const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 42, -0.3f, 0.3f);
       const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 43, -1e-3f, 1e-3f);
       std::vector<float> xb(blocked_size(s.N, s.C, s.H, s.W)), dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
@@ -699,6 +546,7 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
       expect_bits_equal(y[0], y[1], "forward");
       expect_bits_equal(dw[0], dw[1], "backward_weights");
       EXPECT_EQ(st[0].x.exponent, st[1].x.exponent);
+      EXPECT_EQ(st[0].x.exponent_min, st[1].x.exponent_min);
       EXPECT_EQ(st[0].x.max_abs_int, st[1].x.max_abs_int);
       EXPECT_EQ(st[0].x.saturated, st[1].x.saturated);
     }

@@ -89,6 +89,7 @@ LayerPoint layer_point(const run_files::LayerRecord& r) {
   using P = LayerPoint;
   static constexpr std::pair<std::optional<int64_t> R::*, double P::*> counts[] = {
       {&R::exp_x, &P::exp_x}, {&R::exp_w, &P::exp_w}, {&R::exp_dy, &P::exp_dy},
+      {&R::exp_x_min, &P::exp_x_min}, {&R::exp_w_min, &P::exp_w_min}, {&R::exp_dy_min, &P::exp_dy_min},
       {&R::chain_fwd, &P::chain_fwd}, {&R::chain_bwd, &P::chain_bwd}, {&R::chain_wgrad, &P::chain_wgrad},
       {&R::saturated, &P::saturated}, {&R::overflow_events, &P::overflow_events}, {&R::overflow, &P::overflow},
       {&R::underflow, &P::underflow}, {&R::nonzero, &P::nonzero}};
@@ -545,6 +546,7 @@ std::string layer_details_html(const RunSummary& r) {
   };
   const std::pair<const char*, double LayerPoint::*> last_fields[] = {
       {"exp x", &LayerPoint::exp_x},         {"exp w", &LayerPoint::exp_w},         {"exp dy", &LayerPoint::exp_dy},
+      {"exp x min", &LayerPoint::exp_x_min}, {"exp w min", &LayerPoint::exp_w_min}, {"exp dy min", &LayerPoint::exp_dy_min},
       {"chain fwd", &LayerPoint::chain_fwd}, {"chain bwd", &LayerPoint::chain_bwd}, {"chain wgrad", &LayerPoint::chain_wgrad}};
   for (const auto& [heading, f] : last_fields) add(heading, [f = f](const LayerSeries& l) { return count_text(last_finite(l, f)); });
   const std::pair<const char*, double LayerPoint::*> sqnr_fields[] = {

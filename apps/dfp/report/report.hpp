@@ -52,6 +52,8 @@ struct EpochPoint {
 // One layer's entry in one epoch's "layers" array. NaN marks a field the entry lacks (or null).
 struct LayerPoint {
   double exp_x = kNotLogged, exp_w = kNotLogged, exp_dy = kNotLogged;  // DFP16 shared exponents
+  // The smallest exponent of a slice (Granularity::slice), logged where it differs from exp_*.
+  double exp_x_min = kNotLogged, exp_w_min = kNotLogged, exp_dy_min = kNotLogged;
   double chain_fwd = kNotLogged, chain_bwd = kNotLogged, chain_wgrad = kNotLogged;  // INT32 chain lengths
   double saturated = kNotLogged, overflow_events = kNotLogged;
   double overflow = kNotLogged, underflow = kNotLogged, nonzero = kNotLogged;

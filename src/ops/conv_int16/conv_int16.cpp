@@ -22,6 +22,9 @@ const char* ConvInt16::kernel_name() const noexcept {
 const char* ConvInt16::weight_gradient_kernel_name() const noexcept {
   return impl_->opt.verify ? "conv_s16s16f32__ref_int64_shadow" : impl_->ctx.kernels().conv_s16_pair.name;
 }
+const std::vector<int>& ConvInt16::input_exponents() const noexcept { return impl_->x_img.exp; }
+const std::vector<int>& ConvInt16::weight_exponents() const noexcept { return impl_->w_out_exp; }
+const std::vector<int>& ConvInt16::grad_output_exponents() const noexcept { return impl_->dy_img.exp; }
 void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w, -1.f); }
 void ConvInt16::set_weights_with_max_abs(const float* w, float max_abs) { impl_->set_weights(w, max_abs); }

@@ -20,8 +20,9 @@
 //   dy pairs [rows][cols][16][2]   dy, batch pairs: WTGRAD operand, interleaved from dyq a few rows
 //                                  at a time into a stack tile, or read in place from dyp
 //   dyp  [NP][KB][OH][OW][16][2]   dy, batch pairs, whole (dy_whole_pairs): WTGRAD operand of a fully
-//                                  connected layer, and of a layer without an input-gradient pass
-//                                  (a network's first layer), which has no dyq
+//                                  connected layer, of a layer without an input-gradient pass
+//                                  (a network's first layer), which has no dyq, and of a layer
+//                                  whose dyq holds an exponent per image (Granularity::slice)
 //   wf   [KB][CB][R*S][8][16][2]   w, lanes = 16 output channels, pairs along C (FPROP)
 //   wb   [CB][KB][R*S][8][16][2]   w, lanes = 16 input channels, pairs along K (BPROP)
 // xq and dyq live in a workspace that other operators may share, so quantization writes their
@@ -332,6 +333,38 @@ struct ConvInt16::Impl {
     return dyp + (((size_t(p) * KB + kb) * OH + oh) * OW + ow) * 32;
   }
   std::vector<int16_t> x_row_max, dy_row_max;  // max|q| of each quantized row: [N][CB][H], [N][KB][OH]
+  // Granularity::slice (DfpConvOptions): an exponent may vary along what a pass does not reduce
+  // over, and its kernels' flush takes per-lane or per-image scales. Forward: x per image (xq,
+  // with its own row maxima; xp, which the weight gradient reduces over images with, keeps one
+  // exponent) and w per output channel (wf; wb keeps one exponent).
+  // stats.x and stats.w are the forward operands' quantizations; x_pairs and w_bwd those of xp and
+  // wb (the same with one exponent).
+  // Backward-data: dy per image (dyq) and w per input channel (wb, lanes of the kernels'
+  // channels: an unfolded layer's c' = s * C + c takes channel c's). Weight gradient: x per input
+  // and dy per output channel block of 16 (xp, dyp, which dy then always has): a call reads one
+  // block of each, and its partial sums take the block pair's scale where they are summed into
+  // dW (an unfolded x keeps one exponent for its blocks).
+  // stats.x, stats.w and stats.dy are the quantizations the pixel passes read; x_pairs, dy_pairs
+  // those of xp and dyp (the same with one exponent), w_bwd wb's.
+  bool x_slices = false, w_slices = false, dy_slices = false;
+  struct Slicing {
+    std::vector<int> exp;       // per slice
+    std::vector<float> scale;   // 2^exp (per image only)
+    std::vector<int> planes;    // exp of plane (n, b): [N][blocks]
+  };
+  Slicing x_img, x_blk, dy_img, dy_blk;
+  struct SliceExponents {
+    float max_abs = 0.f;
+    int img_hi = 0, img_lo = 0, blk_hi = 0, blk_lo = 0;
+  };
+  std::vector<float> plane_max;                 // max|x| or max|dy| per plane, [N][blocks]
+  std::vector<float> wgrad_scale;               // backward_weights's per (kb, cb) block pair, [KB][CB]
+  std::vector<int> w_out_exp, w_in_exp;         // [K], [kernel C]
+  std::vector<float> w_out_scale, w_in_scale;   // 2^e; lanes: [blocks * 16], 1 past
+  std::vector<int16_t> x_fwd_row_max, dyq_row_max;  // xq's and dyq's row maxima with per-image exponents
+  std::vector<float> w_in_max;                  // max|w| per input channel of the caller's weights, [C]
+  std::vector<int> w_user_exp;                  // their exponents, [C]
+  QuantStats x_pairs, dy_pairs, w_bwd;
   float* dw_part = nullptr;
   size_t xq_bytes = 0, dyq_bytes = 0, dyp_bytes = 0, dw_part_bytes = 0, wq_bytes = 0;
   AlignedBuffer<std::byte> own_workspace;  // unless the caller provides one
@@ -418,6 +451,10 @@ struct ConvInt16::Impl {
 
   // ---- weights (weights.cpp) and their chains (chains.cpp) ----------------------------------
   void set_weights(const float* w, float known_max);
+  void pack_weights(bool fwd_layout, bool bwd_layout);
+  template <bool FWD, bool BWD>
+  void pack_unit(const int16_t (&v)[16][16], int16_t* f, int16_t* b, int kb, int cb, int t, int64_t& f_pair,
+                 int64_t& b_pair);
   void measure_chains(PixelPass& pp, const int32_t* unit_l1, int64_t pair_l1, int headroom);
   int choose_chains(PixelPass& pp, int64_t a);
   // Calls f(chain, taps, ntaps) for every tap sequence of a pass: each phase's row groups (a
@@ -447,10 +484,12 @@ struct ConvInt16::Impl {
     else if (pixels > 1)
       std::memset(p, 0, size_t(pixels) * 16 * sizeof(int16_t));
   }
+  // plane_exp: an exponent per plane (image n, block b: [N][B]) instead of the tensor's; the two
+  // images of a batch pair share it.
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
                               float known_max, int16_t* row_max, bool unfolded_src = false,
-                              const SpanSource* spans = nullptr, int pair_step = 1);
+                              const SpanSource* spans = nullptr, int pair_step = 1, const int* plane_exp = nullptr);
   __attribute__((noinline)) void quant_span_row(const SpanSource& spans, int n, int b, int y, int w, int16_t* d, int e,
                                                 const QuantOptions& qo, size_t index_base,
                                                 simd::QuantCounters& cnt) const;
@@ -495,8 +534,28 @@ struct ConvInt16::Impl {
   }
   void image_row_max(const int16_t* row_max, int blocks, int rows, int16_t* img) const;
   static int same_set_lines(int64_t stride, int n);
+  // The scales of a pixel pass: 2^(src exponent + weight exponent), with per-image source scales
+  // (image, [N]) and per-output-lane weight scales (lane, [out_blocks * 16]) where the operand
+  // has them (null: its stats' one exponent).
+  struct PassScales {
+    int src_exponent = 0, wei_exponent = 0;
+    const float* image = nullptr;
+    const float* lane = nullptr;
+    const int* image_exp = nullptr;  // [N], with image
+    const int* lane_exp = nullptr;   // [out channels], with lane
+    int lanes = 0;
+  };
   int run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats, const int16_t* row_max,
-                     const int16_t* wei, float* dst, bool accumulate, const char* pass);
+                     const int16_t* wei, float* dst, bool accumulate, const char* pass, const PassScales& sc);
+  void check_scales(const PassScales& sc, const char* pass) const;
+  // A pass's scales: per image where `images` is given, per lane where `lane_scale` is.
+  PassScales pass_scales(int src_exponent, int wei_exponent, const Slicing* images,
+                         const std::vector<float>* lane_scale, const std::vector<int>& lane_exp, int lanes) const;
+  void quantize_x_slices(const float* x, const SpanSource* spans);
+  void quantize_dy_slices(const float* dy);
+  SliceExponents slice_exponents(const float* src, int B, size_t plane_len, const SpanSource* spans, bool per_block,
+                                 int headroom, Slicing& img, Slicing& blk);
+  void quantize_w_in_channels(const float* w);
   void forward(float* y);
   void backward_data(float* dx_out, bool accumulate);
   void fold_dx(float* dx, bool accumulate) const;

@@ -36,13 +36,29 @@ int ConvInt16::Impl::same_set_lines(int64_t stride, int n) {
 // Runs a pixel-kernel pass from src (quantized with src_stats, per-row maxima row_max
 // [N][in_blocks][src_rows]) through the packed weights wei into dst (added to it with
 // accumulate). Returns the pass's shortest chain, which it reports.
+// Every scale a pass with per-image or per-lane exponents forms, 2^(e_src(n) + e_wei(lane)), and
+// each factor, must be normal FP32 for the kernels' products of scales to be exact.
+void ConvInt16::Impl::check_scales(const PassScales& sc, const char* pass) const {
+  auto range = [](const int* e, int n, int one) {
+    if (!e) return std::pair<int, int>{one, one};
+    const auto [lo, hi] = std::minmax_element(e, e + n);
+    return std::pair<int, int>{*lo, *hi};
+  };
+  const auto [slo, shi] = range(sc.image_exp, sh.N, sc.src_exponent);
+  const auto [wlo, whi] = range(sc.lane_exp, sc.lanes, sc.wei_exponent);
+  for (int e : {slo, shi, wlo, whi, slo + wlo, shi + whi}) pow2(e, name, pass);
+}
+
 int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats,
                                     const int16_t* row_max, const int16_t* wei, float* dst, bool accumulate,
-                                    const char* pass) {
+                                    const char* pass, const PassScales& sc) {
   const auto fn = pixel_fn();
   simd::PixelKernelArgs base{};
   base.chain = choose_chains(pp, src_stats.max_abs_int);
-  base.scale = pow2(src_stats.exponent + stats.w.exponent, name, pass);
+  if (sc.image || sc.lane) check_scales(sc, pass);
+  // With per-image or per-lane scales the kernels multiply them onto base.scale (the other
+  // operand's 2^e, or 1).
+  base.scale = pow2((sc.image ? 0 : sc.src_exponent) + (sc.lane ? 0 : sc.wei_exponent), name, pass);
   base.accumulate = accumulate;
   // Phases that no tap reaches (a strided layer's backward data) only write zeros: where the
   // output is far larger than the cache, with non-temporal stores, instead of reading each line
@@ -92,6 +108,8 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), tile_bound);
       a.nob = std::min(2, pp.out_blocks - 2 * g);
       a.wei = wei + g * wei_group;
+      if (sc.image) a.pixel_scale = sc.image + n0;
+      if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
       a.src = src + n0 * pp.src_img + i * pp.src_row + j * pp.src_col;
       a.dst = dst + n0 * pp.dst_img + 2 * g * pp.dst_ob + p.dst_off + i * pp.dst_row + j * pp.dst_col;
       fn(a);
@@ -108,6 +126,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
     const int n = static_cast<int>(local / per_image);
     const int16_t* src_n = src + n * pp.src_img;
     float* dst_n = dst + n * pp.dst_img + p.dst_off;
+    if (sc.image) a.scale = base.scale * sc.image[n];  // a call reads one image
     if (local % per_image >= p.ni) {  // an edge column's call: pixels down its rows
       int i0;
       const EdgeColumns::Column& col = p.edges.use(a, local % per_image - p.ni, i0);
@@ -118,6 +137,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       for (int g = 0; g < ngroups; ++g) {
         a.nob = std::min(2, pp.out_blocks - 2 * g);
         a.wei = wei + g * wei_group;
+        if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
         a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
         fn(a);
       }
@@ -135,6 +155,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       const auto& bs = a.nob == 2 ? rb.start2 : rb.start1;
       const auto& bl = a.nob == 2 ? rb.len2 : rb.len1;
       a.wei = wei + g * wei_group;
+      if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
       for (size_t b = 0; b < bs.size(); ++b) {
         a.npix = bl[b];
         a.src = src_row + bs[b] * pp.src_col;
@@ -146,10 +167,31 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
   return base.chain;
 }
 
+ConvInt16::Impl::PassScales ConvInt16::Impl::pass_scales(int src_exponent, int wei_exponent, const Slicing* images,
+                                                          const std::vector<float>* lane_scale,
+                                                          const std::vector<int>& lane_exp, int lanes) const {
+  PassScales sc;
+  sc.src_exponent = src_exponent;
+  sc.wei_exponent = wei_exponent;
+  if (images) {
+    sc.image = images->scale.data();
+    sc.image_exp = images->exp.data();
+  }
+  if (lane_scale) {
+    sc.lane = lane_scale->data();
+    sc.lane_exp = lane_exp.data();
+    sc.lanes = lanes;
+  }
+  return sc;
+}
+
 void ConvInt16::Impl::forward(float* y) {
   require(have_w, "forward", "set_weights()");
   require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
-  stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, x_row_max.data(), wf.data(), y, false, "forward");
+  const PassScales sc = pass_scales(stats.x.exponent, stats.w.exponent, x_slices ? &x_img : nullptr,
+                                    w_slices ? &w_out_scale : nullptr, w_out_exp, sh.K);
+  stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, (x_slices ? x_fwd_row_max : x_row_max).data(), wf.data(), y,
+                                   false, "forward", sc);
 }
 
 void ConvInt16::Impl::backward_data(float* dx_out, bool accumulate) {
@@ -158,8 +200,10 @@ void ConvInt16::Impl::backward_data(float* dx_out, bool accumulate) {
   require(have_w, "backward_data", "set_weights()");
   require(have_dy, "backward_data", "quantize_grad_output()");
   // Unfolded: dx' is scratch, folded into dx_out below.
-  stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, dy_row_max.data(), wb.data(),
-                                   unfold ? dx_unfolded.data() : dx_out, accumulate && !unfold, "backward_data");
+  const PassScales sc = pass_scales(stats.dy.exponent, w_bwd.exponent, dy_slices ? &dy_img : nullptr,
+                                    w_slices ? &w_in_scale : nullptr, w_in_exp, sh.C);
+  stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, (dy_slices ? dyq_row_max : dy_row_max).data(), wb.data(),
+                                   unfold ? dx_unfolded.data() : dx_out, accumulate && !unfold, "backward_data", sc);
   if (unfold) fold_dx(dx_out, accumulate);
 }
 

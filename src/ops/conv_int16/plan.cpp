@@ -152,8 +152,40 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
   wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
   x_row_max.assign(size_t(sh.N) * CB * sh.H, 0);
   dy_row_max.assign(size_t(sh.N) * KB * OH, 0);
+  x_slices = opt.activations.granularity == Granularity::slice;
+  w_slices = opt.weights.granularity == Granularity::slice;
+  dy_slices = opt.gradients.granularity == Granularity::slice;
+  auto slicing = [&](Slicing& sl, int count, int blocks, bool scales) {
+    sl.exp.assign(size_t(count), 0);
+    if (scales) sl.scale.assign(size_t(count), 1.f);
+    sl.planes.assign(size_t(sh.N) * blocks, 0);
+  };
+  if (x_slices) {
+    slicing(x_img, sh.N, CB, true);
+    slicing(x_blk, CB, CB, false);
+    x_fwd_row_max.assign(x_row_max.size(), 0);
+  }
+  if (dy_slices) {
+    if (opt.input_gradient) slicing(dy_img, sh.N, KB, true);
+    slicing(dy_blk, KB, KB, false);
+    dyq_row_max.assign(dy_row_max.size(), 0);
+  }
+  if (x_slices || dy_slices) {
+    plane_max.assign(size_t(sh.N) * std::max(CB, KB), 0.f);
+    wgrad_scale.assign(size_t(KB) * CB, 1.f);
+  }
+  if (w_slices) {
+    w_out_exp.assign(size_t(sh.K), 0);
+    w_out_scale.assign(size_t(KB) * 16, 1.f);
+    if (opt.input_gradient) {
+      w_in_exp.assign(size_t(sh.C), 0);
+      w_in_scale.assign(size_t(CB) * 16, 1.f);
+      w_in_max.assign(size_t(user.C), 0.f);
+      w_user_exp.assign(size_t(user.C), 0);
+    }
+  }
   xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
-  dy_whole_pairs = gemm || !opt.input_gradient;
+  dy_whole_pairs = gemm || !opt.input_gradient || dy_slices;
   dyq_bytes = opt.input_gradient ? round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t)) : 0;
   dyp_bytes = dy_whole_pairs ? round64(size_t(NP) * KB * OH * OW * 32 * sizeof(int16_t)) : 0;
   dw_part_bytes = round64(size_t(wgrad_partials()) * dw_rows() * dw_row() * sizeof(float));

@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <tuple>
 
 #include "src/core/atomic_max.hpp"
 #include "src/numerics/dfp16_internal.hpp"
@@ -24,7 +26,8 @@ namespace dfp {
 QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb,
                                              int top, int left, int16_t* pair, int h2, int w2, int top2, int left2,
                                              const QuantOptions& qo, float known_max, int16_t* row_max,
-                                             bool unfolded_src, const SpanSource* spans, int pair_step) {
+                                             bool unfolded_src, const SpanSource* spans, int pair_step,
+                                             const int* plane_exp) {
   // pair_step > 1: the batch-pair copy takes every pair_step-th row and pixel (from row and
   // pixel 0) of the plane copy dst; h2, w2 are then its subsampled sizes.
   // src is the tensor as the caller holds it: with unfolded_src, the caller's x, whose x' rows
@@ -33,6 +36,8 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
   // Spans come from a producer that measured the maximum itself (quantize_input_spans checks it).
   const float m = detail::exponent_max_abs(ctx, src, n, known_max, qo.nonfinite, detail::TensorName{qo.name, name});
   const int e = dfp16_exponent(m, qo.headroom);
+  // The exponent of plane (image n, block b); a batch pair's two images share their blocks'.
+  auto plane_e = [&](int n, int b) { return plane_exp ? plane_exp[size_t(n) * B + b] : e; };
   const auto quant = ctx.kernels().quantize.fn;
   const auto inter = ctx.kernels().interleave.fn;
   std::atomic<uint64_t> saturated{0}, nonfinite{0};
@@ -54,6 +59,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
   };
   auto quant_plane = [&](int n, int b, simd::QuantCounters& cnt, auto&& after_row) {
     const size_t img_blk = size_t(n) * B + b;
+    const int ei = plane_e(n, b);
     int16_t* plane = dst + img_blk * hb * wb * 16;
     std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
     for (int y = 0; y < h; ++y) {
@@ -61,11 +67,11 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
       int16_t* d = plane + ((size_t(y) + top) * wb + left) * 16;
       const int32_t q = largest_q(cnt, [&] {
         if (spans)
-          quant_span_row(*spans, n, b, y, w, d, e, qo, r * row_len, cnt);
+          quant_span_row(*spans, n, b, y, w, d, ei, qo, r * row_len, cnt);
         else if (unfolded_src)
-          quant_unfolded_row(src, n, b, y, d, e, qo, r * row_len, cnt);
+          quant_unfolded_row(src, n, b, y, d, ei, qo, r * row_len, cnt);
         else
-          quant(src + r * row_len, d, row_len, e, qo.rounding, qo.seed, r * row_len, &cnt);
+          quant(src + r * row_len, d, row_len, ei, qo.rounding, qo.seed, r * row_len, &cnt);
       });
       if (row_max) row_max[r] = static_cast<int16_t>(q);
       zero_pixels(d - size_t(left) * 16, left);
@@ -100,7 +106,8 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
             for (int i = 0; i < images; ++i) {
               const size_t r = (size_t(2 * p + i) * B + b) * h + y;  // the row's index in src
               row_q[i] = std::max(row_q[i], largest_q(cnt, [&] {
-                quant(src + r * row_len + o, tile[i], len, e, qo.rounding, qo.seed, r * row_len + o, &cnt);
+                quant(src + r * row_len + o, tile[i], len, plane_e(2 * p + i, b), qo.rounding, qo.seed, r * row_len + o,
+                      &cnt);
               }));
             }
             inter(tile[0], images == 2 ? tile[1] : nullptr, d + o * 2, len);
@@ -158,7 +165,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
     });
   }
   QuantStats st;
-  st.exponent = e;
+  st.exponent = st.exponent_min = e;
   st.max_abs = m;
   st.saturated = saturated.load();
   st.nonfinite = nonfinite.load();
@@ -223,10 +230,130 @@ void ConvInt16::Impl::quant_unfolded_row(const float* x, int n, int b, int y, in
 // into its column unfolding where the layer unfolds), or from a producer's spans.
 void ConvInt16::Impl::quantize_x(const float* x, float known_max, const SpanSource* spans) {
   ensure_workspace();
-  stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0,
-                             step_x, known_max, x_row_max.data(), unfold && !spans, spans, xp_step);
+  if (x_slices) {
+    quantize_x_slices(x, spans);
+  } else {
+    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0,
+                               step_x, known_max, x_row_max.data(), unfold && !spans, spans, xp_step);
+    x_pairs = stats.x;
+  }
   have_x = have_x_fwd = true;
   if (shared_workspace) have_dy = false;  // the workspace now holds x
+}
+
+// Granularity::slice: the exponents of every plane (image n, block b) of a tensor of B blocks,
+// for each of its two slicings: per image (into img, [N]; null: not wanted) and per block (into
+// blk, [B]), from the planes' max|src| (plane_len elements each, or the producer's spans).
+// planes_img and planes_blk, [N][B], repeat them per plane for quantize_blocked. per_block false:
+// every block takes the tensor's exponent (an unfolded x, whose blocks gather columns). Returns
+// max|src| and the ranges of both sets of exponents.
+ConvInt16::Impl::SliceExponents ConvInt16::Impl::slice_exponents(const float* src, int B, size_t plane_len,
+                                                                 const SpanSource* spans, bool per_block, int headroom,
+                                                                 Slicing& img, Slicing& blk) {
+  const auto max_fn = ctx.kernels().max_abs.fn;
+  float* pm = plane_max.data();
+  if (!per_block) {  // an unfolded x: planes of x' are not planes of the caller's x; whole images
+    const size_t img_len = blocked_size(1, user.C, user.H, user.W);
+    ctx.parallel_for(sh.N, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        uint64_t ignored = 0;  // non-finite elements: counted by the quantizer
+        const float m = max_fn(src + size_t(n) * img_len, img_len, &ignored);
+        for (int b = 0; b < B; ++b) pm[size_t(n) * B + b] = m;
+      }
+    });
+  } else {
+    ctx.parallel_for(int64_t(sh.N) * B, [&](int64_t t0, int64_t t1) {
+      alignas(64) float tile[ConvInt16::kInputSpanPixels * 16];
+      for (int64_t t = t0; t < t1; ++t) {
+        uint64_t ignored = 0;
+        float m = 0.f;
+        if (!spans) {
+          m = max_fn(src + size_t(t) * plane_len, plane_len, &ignored);
+        } else {
+          const int n = static_cast<int>(t / B), b = static_cast<int>(t % B);
+          for (int y = 0; y < sh.H; ++y)
+            for (int w0 = 0; w0 < sh.W; w0 += ConvInt16::kInputSpanPixels) {
+              const int np = std::min(ConvInt16::kInputSpanPixels, sh.W - w0);
+              spans->fn(spans->producer, n, b, y, w0, np, tile);
+              m = std::max(m, max_fn(tile, size_t(np) * 16, &ignored));
+            }
+        }
+        pm[t] = m;
+      }
+    });
+  }
+  SliceExponents r;
+  float all = 0.f;
+  for (size_t t = 0; t < size_t(sh.N) * B; ++t) all = std::max(all, pm[t]);
+  r.max_abs = all;
+  const int e_all = dfp16_exponent(all, headroom);
+  // One slicing from the maxima m(i) of its slices: exponents, scales, and their range.
+  auto slicing = [&](Slicing& sl, int count, auto&& m) {
+    int hi = std::numeric_limits<int>::min(), lo = std::numeric_limits<int>::max();
+    for (int i = 0; i < count; ++i) {
+      const float mi = m(i);
+      const int x = per_block || &sl == &img ? dfp16_exponent(mi, headroom) : e_all;
+      sl.exp[size_t(i)] = x;
+      if (!sl.scale.empty()) sl.scale[size_t(i)] = std::ldexp(1.f, x);
+      hi = std::max(hi, x);
+      if (mi > 0.f) lo = std::min(lo, x);
+    }
+    return std::pair<int, int>{hi, lo == std::numeric_limits<int>::max() ? hi : lo};
+  };
+  if (!img.exp.empty()) {
+    std::tie(r.img_hi, r.img_lo) = slicing(img, sh.N, [&](int n) {
+      float m = 0.f;
+      for (int b = 0; b < B; ++b) m = std::max(m, pm[size_t(n) * B + b]);
+      return m;
+    });
+    for (int n = 0; n < sh.N; ++n)
+      for (int b = 0; b < B; ++b) img.planes[size_t(n) * B + b] = img.exp[size_t(n)];
+  }
+  std::tie(r.blk_hi, r.blk_lo) = slicing(blk, B, [&](int b) {
+    float m = 0.f;
+    for (int n = 0; n < sh.N; ++n) m = std::max(m, pm[size_t(n) * B + b]);
+    return m;
+  });
+  for (int n = 0; n < sh.N; ++n)
+    for (int b = 0; b < B; ++b) blk.planes[size_t(n) * B + b] = blk.exp[size_t(b)];
+  return r;
+}
+
+// Granularity::slice: x's forward copy xq with an exponent per image, and its batch-pair copy xp
+// (which the weight gradient reduces over images with) one per 16-channel block, each with its own
+// row maxima; the maxima are measured here (a producer knows only the tensor's).
+void ConvInt16::Impl::quantize_x_slices(const float* x, const SpanSource* spans) {
+  const bool unfolded_src = unfold && !spans;
+  const SliceExponents r = slice_exponents(x, CB, size_t(sh.H) * sh.W * 16, spans, !unfolded_src, step_x.headroom,
+                                           x_img, x_blk);
+  x_pairs = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0, step_x,
+                             r.max_abs, x_row_max.data(), unfolded_src, spans, xp_step, x_blk.planes.data());
+  x_pairs.exponent = r.blk_hi;
+  x_pairs.exponent_min = r.blk_lo;
+  stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, nullptr, 0, 0, 0, 0, step_x, r.max_abs,
+                             x_fwd_row_max.data(), unfolded_src, spans, 1, x_img.planes.data());
+  stats.x.exponent = r.img_hi;
+  stats.x.exponent_min = r.img_lo;
+}
+
+// Granularity::slice: dy's batch pairs dyp, which the weight gradient reads, with an exponent
+// per 16-channel block, and (with a backward-data pass) its padded copy dyq one per image, each
+// with its own row maxima.
+void ConvInt16::Impl::quantize_dy_slices(const float* dy) {
+  const SliceExponents r = slice_exponents(dy, KB, size_t(OH) * OW * 16, nullptr, true, step_dy.headroom, dy_img,
+                                           dy_blk);
+  dy_pairs = quantize_blocked(dy, KB, OH, OW, nullptr, 0, 0, 0, 0, dyp, OH, OW, 0, 0, step_dy, r.max_abs,
+                              dy_row_max.data(), false, nullptr, 1, dy_blk.planes.data());
+  dy_pairs.exponent = r.blk_hi;
+  dy_pairs.exponent_min = r.blk_lo;
+  if (!opt.input_gradient) {
+    stats.dy = dy_pairs;
+    return;
+  }
+  stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, nullptr, 0, 0, 0, 0, step_dy, r.max_abs,
+                              dyq_row_max.data(), false, nullptr, 1, dy_img.planes.data());
+  stats.dy.exponent = r.img_hi;
+  stats.dy.exponent_min = r.img_lo;
 }
 
 void ConvInt16::Impl::quantize_input(const float* x, float known_max) { quantize_x(x, known_max, nullptr); }
@@ -244,8 +371,13 @@ void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* prod
 
 void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max) {
   ensure_workspace();
-  stats.dy = quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
-                              dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data());
+  if (dy_slices) {
+    quantize_dy_slices(dy);
+  } else {
+    stats.dy = quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
+                                dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data());
+    dy_pairs = stats.dy;
+  }
   have_dy = true;
   if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
 }

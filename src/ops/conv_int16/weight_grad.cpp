@@ -54,9 +54,22 @@ class DyPrefetch {
 void ConvInt16::Impl::backward_weights(float* dw) {
   require(have_x, "backward_weights", "quantize_input()");
   require(have_dy, "backward_weights", "quantize_grad_output()");
-  const int chain = opt.chain_override ? opt.chain_override : pair_chain(stats.x.max_abs_int, stats.dy.max_abs_int);
+  const int chain = opt.chain_override ? opt.chain_override : pair_chain(x_pairs.max_abs_int, dy_pairs.max_abs_int);
   stats.chain_wgrad = chain;
-  const float scale = pow2(stats.x.exponent + stats.dy.exponent, name, "backward_weights");
+  const float scale = pow2(x_pairs.exponent + dy_pairs.exponent, name, "backward_weights");
+  // Granularity::slice: block pair (kb, cb) takes 2^(e_x(cb) + e_dy(kb)). A call reads one block
+  // of each, so its partial sums are in one block pair's units, and the scale applies where they
+  // are summed into dW (or, in place, in the call).
+  const bool block_scales = x_slices || dy_slices;
+  if (block_scales)
+    for (int kb = 0; kb < KB; ++kb)
+      for (int cb = 0; cb < CB; ++cb)
+        wgrad_scale[size_t(kb) * CB + cb] = pow2((x_slices ? x_blk.exp[size_t(cb)] : x_pairs.exponent) +
+                                                     (dy_slices ? dy_blk.exp[size_t(kb)] : dy_pairs.exponent),
+                                                 name, "backward_weights");
+  auto scale_of = [&](int64_t k, int c) {
+    return block_scales ? wgrad_scale[size_t(k / 16) * CB + size_t(c / 16)] : scale;
+  };
   const auto fn = pair_fn();
   const int ns = wgrad_partials();
   const int64_t dw_k = dw_row();
@@ -99,6 +112,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           g.x = xp.data() + (size_t(p0) * CB + cb) * 32;
           g.dy = dyp_at(p0, kb, 0, 0);
           g.dw = acc + size_t(kb) * 16 * g.dw_k + size_t(cb) * 16;
+          if (direct && block_scales) g.scale = wgrad_scale[size_t(kb) * CB + cb];
           fn(g);
         }
       return;
@@ -292,7 +306,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
               const size_t off = partial(k, c, t);
               float v = dw_part[off];
               for (int sl = 1; sl < ns; ++sl) v += dw_part[size_t(sl) * part + off];
-              dw[out(k, c, t)] = v * scale;
+              dw[out(k, c, t)] = v * scale_of(k, c);
             }
     });
   };
@@ -309,7 +323,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         std::memcpy(out, in, size_t(sh.C) * sizeof(float));
         for (int sl = 1; sl < ns; ++sl)
           for (int c = 0; c < sh.C; ++c) out[c] += in[size_t(sl) * part + c];
-        for (int c = 0; c < sh.C; ++c) out[c] *= scale;
+        for (int c = 0; c < sh.C; ++c) out[c] *= scale_of(k, c);
       }
     });
   } else if (lanes_k) {  // [C16][T][K16]
