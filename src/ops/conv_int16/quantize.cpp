@@ -202,6 +202,8 @@ void ConvInt16::Impl::quant_unfolded_row(const float* x, int n, int b, int y, in
   // Pixel-major x' (16 lanes of slack: the last copy runs past its pixel), and block b of it.
   alignas(64) float wide[kUnfoldPixels * kUnfoldBlocks * 16 + 16];
   alignas(64) float block[kUnfoldPixels * 16];
+  // The columns s whose channels [s * C, s * C + C) meet block b's lanes [16 b, 16 b + 16).
+  const int s_lo = 16 * b / C, s_hi = std::min(S, (16 * b + 16 + C - 1) / C);
   const float* xrow = x + (size_t(n) * user.H + y) * user.W * 16;
   const auto quant = ctx.kernels().quantize.fn;
   for (int ow0 = 0; ow0 < sh.W; ow0 += kUnfoldPixels) {
@@ -210,8 +212,10 @@ void ConvInt16::Impl::quant_unfolded_row(const float* x, int n, int b, int y, in
       float* px = wide + size_t(i) * WD;
       const int w0 = (ow0 + i) * user.stride_w - user.pad_w;
       // 16 lanes from lane s * C: those past C (x's zero padding) are overwritten by the next
-      // column's copy, and past S * C cleared below.
-      for (int s = 0; s < S; ++s) {
+      // column's copy, and past S * C cleared below. Only the columns whose channels fall in
+      // block b are copied: the lanes of the others are not read (a 7x7 stem's 21 channels: 6
+      // and 2 copies for its two blocks instead of 7 and 7).
+      for (int s = s_lo; s < s_hi; ++s) {
         const int w = w0 + s;
         std::memcpy(px + s * C, w >= 0 && w < user.W ? xrow + size_t(w) * 16 : kZeros, 16 * sizeof(float));
       }
