@@ -167,11 +167,13 @@ AloneTimes run_alone(const dfp::Context& ctx, const dfp::ConvShape& s, bool firs
       dy(dfp::blocked_size(s.N, s.K, s.OH(), s.OW()));
   for (auto& v : w) v = nd(g) * 0.05f;
   // Random values in the real channels, zeros in the padding lanes (as the blocked layout holds).
-  auto fill = [&](std::vector<float>& t, int c) {
-    for (size_t i = 0; i < t.size(); ++i) t[i] = (int(i % 16) + int(i / 16 % size_t(dfp::channel_blocks(c))) * 16 < c) ? nd(g) : 0.f;
+  auto fill = [&](std::vector<float>& t, int c, int h, int w) {
+    std::vector<float> plain(size_t(s.N) * c * h * w);
+    for (auto& v : plain) v = nd(g);
+    dfp::to_blocked(plain.data(), t.data(), s.N, c, h, w);
   };
-  fill(x, s.C);
-  fill(dy, s.K);
+  fill(x, s.C, s.H, s.W);
+  fill(dy, s.K, s.OH(), s.OW());
   std::vector<float> y(dy.size()), dx(x.size()), dw(w.size());
   conv.set_weights(w.data());
   conv.quantize_input(x.data());
