@@ -12,6 +12,7 @@
 #include "dfp/float16.hpp"
 #include "dfp/model.hpp"
 #include "dfp/status.hpp"
+#include "src/core/named_enum.hpp"
 #include "src/numerics/counter_rng.hpp"
 
 namespace dfp::dist {
@@ -27,9 +28,8 @@ double now_seconds() {
 }  // namespace
 
 GradFormat parse_grad_format(const std::string& text, const std::string& origin) {
-  for (GradFormat f : {GradFormat::fp32, GradFormat::bf16, GradFormat::dfp16})
-    if (text == grad_format_name(f)) return f;
-  fail(Status::invalid_argument, origin + ": unknown gradient format '" + text + "'; expected fp32, bf16 or dfp16");
+  return parse_named(text, {GradFormat::fp32, GradFormat::bf16, GradFormat::dfp16}, grad_format_name, origin,
+                     "gradient format");
 }
 
 const char* grad_format_name(GradFormat f) noexcept {

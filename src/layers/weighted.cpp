@@ -390,6 +390,23 @@ class GroupedConv2d final : public Layer {
     in.w_mean_sq /= double(convs_.size());
     return Conv2d::adaptive_factor_over(dy, out_, in, f, scale_so_far, opts);
   }
+  // The groups' times by part, summed (null unless the groups are INT16).
+  const LayerTime::Int16Parts* int16_parts() const override {
+    if (convs_.empty() || !convs_.front()->int16_parts()) return nullptr;
+    parts_ = {};
+    for (const auto& c : convs_) {
+      const LayerTime::Int16Parts& p = *c->int16_parts();
+      parts_.quantize_x += p.quantize_x;
+      parts_.forward += p.forward;
+      parts_.quantize_dy += p.quantize_dy;
+      parts_.backward_data += p.backward_data;
+      parts_.backward_weights += p.backward_weights;
+    }
+    return &parts_;
+  }
+  void reset_parts() override {
+    for (auto& c : convs_) c->reset_parts();
+  }
   // The groups' figures as one layer's: the exponents of the groups with the largest magnitudes
   // (those one shared exponent would take; an all-zero group's exponent 0 says nothing), the
   // shortest chains, counts summed, and the rounding statistics of the whole tensors (signal and
@@ -446,6 +463,7 @@ class GroupedConv2d final : public Layer {
   TensorShape in_, out_, part_in_, part_out_;
   std::vector<float> w_, gw_, b_, gb_;
   std::vector<std::unique_ptr<Conv2d>> convs_;
+  mutable LayerTime::Int16Parts parts_;  // int16_parts(): the groups' sums, as last asked for
   std::vector<const float*> xs_ = {nullptr};  // the group's operands (a step allocates nothing)
   std::vector<float*> dxs_ = {nullptr};
   size_t x_off_ = 0, y_off_ = 0, dx_off_ = 0, inner_off_ = 0, workspace_ = 0;

@@ -7,6 +7,7 @@
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "src/core/named_enum.hpp"
 
 namespace dfp {
 
@@ -32,9 +33,8 @@ void Sgd::step(float lr) {
 }
 
 ScheduleKind parse_schedule(const std::string& t, const std::string& origin) {
-  for (ScheduleKind k : {ScheduleKind::constant, ScheduleKind::step, ScheduleKind::multistep, ScheduleKind::cosine})
-    if (t == schedule_name(k)) return k;
-  fail(Status::invalid_argument, origin + ": unknown schedule '" + t + "'; expected constant, step, multistep or cosine");
+  return parse_named(t, {ScheduleKind::constant, ScheduleKind::step, ScheduleKind::multistep, ScheduleKind::cosine},
+                     schedule_name, origin, "schedule");
 }
 
 const char* schedule_name(ScheduleKind k) noexcept {

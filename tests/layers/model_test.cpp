@@ -350,6 +350,39 @@ void grouped_pair(Model& m, int c, int k, int groups) {
 }
 }  // namespace
 
+// An INT16 grouped conv's time by part is its groups' summed, and is reset with the layer times.
+TEST(Profiling, GroupedInt16ConvReportsItsGroupsParts) {
+  Model m(ctx2(), "g");
+  grouped_pair(m, 32, 48, 2);
+  PrecisionPolicy pol;
+  pol.precision = Precision::int16;
+  m.build(3, pol);
+  m.set_profiling(true);
+  const auto x = batch_images(m, 6);
+  const std::vector<int32_t> y = {4, 0, 2};
+  m.forward(x.data(), y.data(), 3, true);
+  ASSERT_TRUE(m.backward());
+  LayerTime conv1;
+  for (const LayerTime& t : m.layer_times())
+    if (t.layer == "conv1") conv1 = t;
+  ASSERT_EQ(conv1.steps, 1u);
+  const LayerTime::Int16Parts& p = conv1.int16;
+  EXPECT_GT(p.quantize_x, 0.0);
+  EXPECT_GT(p.forward, 0.0);
+  EXPECT_GT(p.quantize_dy, 0.0);
+  EXPECT_GT(p.backward_data, 0.0);
+  EXPECT_GT(p.backward_weights, 0.0);
+  EXPECT_LE(p.quantize_x + p.forward, conv1.forward_seconds);
+  EXPECT_LE(p.quantize_dy + p.backward_data + p.backward_weights, conv1.backward_seconds);
+  m.reset_layer_times();
+  m.forward(x.data(), y.data(), 3, true);
+  ASSERT_TRUE(m.backward());
+  for (const LayerTime& t : m.layer_times())
+    if (t.layer == "conv1") {
+      EXPECT_LE(t.int16.forward, t.forward_seconds) << "reset_layer_times resets the groups' parts";
+    }
+}
+
 // A grouped conv is an ungrouped conv whose weight is block diagonal: the same loss and gradients
 // (the diagonal blocks of the dense weight gradient, the input gradient through conv0), and
 // PyTorch's [K][C/G][R][S] weight layout. Odd group widths cut channel blocks; 16-channel groups
