@@ -10,6 +10,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.max_abs = {&ref::max_abs, "max_abs_f32__ref"};
   t.dfp16_stats = {&ref::dfp16_stats, "dfp16_stats_f32__ref"};
   t.quantize = {&ref::quantize, "quantize_f32_dfp16__ref"};
+  t.quantize2 = {&ref::quantize2, "quantize2_f32_dfp16__ref"};
   t.dequantize = {&ref::dequantize, "dequantize_dfp16_f32__ref"};
   t.interleave = {&ref::interleave, "interleave_s16__ref"};
   t.conv_s16_pixel = {&ref::conv_s16_pixel, "conv_s16s16f32_pixel__ref"};
@@ -48,7 +49,10 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
     t.max_abs = {&avx2::max_abs, "max_abs_f32__avx2"};
     t.dfp16_stats = {&avx2::dfp16_stats, "dfp16_stats_f32__avx2"};
     // The stochastic stream needs AES rounds: a CPU without AES-NI keeps the reference.
-    if (cpu.aes) t.quantize = {&avx2::quantize_aesni, "quantize_f32_dfp16__avx2_aesni"};
+    if (cpu.aes) {
+      t.quantize = {&avx2::quantize_aesni, "quantize_f32_dfp16__avx2_aesni"};
+      t.quantize2 = {&avx2::quantize2_aesni, "quantize2_f32_dfp16__avx2_aesni"};
+    }
     t.dequantize = {&avx2::dequantize, "dequantize_dfp16_f32__avx2"};
     t.interleave = {&avx2::interleave, "interleave_s16__avx2"};
     t.relu_fwd = {&avx2::relu_fwd, "relu_fwd_f32__avx2"};
@@ -83,8 +87,13 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
     t.dfp16_stats = {&avx512::dfp16_stats, "dfp16_stats_f32__avx512"};
     // The stochastic stream needs AES rounds: VAES where present, else AES-NI; a CPU with
     // neither (only a masked VM) keeps the reference.
-    if (cpu.vaes) t.quantize = {&avx512::quantize_vaes, "quantize_f32_dfp16__avx512_vaes"};
-    else if (cpu.aes) t.quantize = {&avx512::quantize_aesni, "quantize_f32_dfp16__avx512_aesni"};
+    if (cpu.vaes) {
+      t.quantize = {&avx512::quantize_vaes, "quantize_f32_dfp16__avx512_vaes"};
+      t.quantize2 = {&avx512::quantize2_vaes, "quantize2_f32_dfp16__avx512_vaes"};
+    } else if (cpu.aes) {
+      t.quantize = {&avx512::quantize_aesni, "quantize_f32_dfp16__avx512_aesni"};
+      t.quantize2 = {&avx512::quantize2_aesni, "quantize2_f32_dfp16__avx512_aesni"};
+    }
     t.dequantize = {&avx512::dequantize, "dequantize_dfp16_f32__avx512"};
     t.interleave = {&avx512::interleave, "interleave_s16__avx512"};
     t.relu_fwd = {&avx512::relu_fwd, "relu_fwd_f32__avx512"};

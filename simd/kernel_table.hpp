@@ -44,6 +44,13 @@ using Dfp16StatsFn = FormatStats (*)(const float* x, size_t n, double down, doub
 // in exact arithmetic, with u = dfp16_rand24(seed, index_base + i) * 2^-24 for element i.
 using QuantizeFn = void (*)(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding,
                             uint64_t seed, uint64_t index_base, QuantCounters* counters);
+// Two quantizations of one source, the bits of quantize(src, dst_a, n, exponent_a, ...) and
+// quantize(src, dst_b, n, exponent_b, ...) with the same seed and index_base, counted into
+// counters_a and counters_b: a tensor quantized for two slicings (Granularity::slice), whose
+// stochastic draws the AVX-512 forms then make once.
+using Quantize2Fn = void (*)(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a,
+                             int exponent_b, Rounding rounding, uint64_t seed, uint64_t index_base,
+                             QuantCounters* counters_a, QuantCounters* counters_b);
 using DequantizeFn = void (*)(const int16_t* src, float* dst, size_t n, int exponent);
 // dst[2i] = a[i], dst[2i+1] = b[i] (b == nullptr: zeros). Builds the batch-pair layout.
 using InterleaveFn = void (*)(const int16_t* a, const int16_t* b, int16_t* dst, size_t n);
@@ -379,6 +386,7 @@ struct KernelTable {
   Entry<MaxAbsFn> max_abs;
   Entry<Dfp16StatsFn> dfp16_stats;
   Entry<QuantizeFn> quantize;
+  Entry<Quantize2Fn> quantize2;
   Entry<DequantizeFn> dequantize;
   Entry<InterleaveFn> interleave;
   Entry<PixelKernelFn> conv_s16_pixel;
@@ -423,6 +431,7 @@ namespace ref {
 Signature<MaxAbsFn> max_abs;
 Signature<Dfp16StatsFn> dfp16_stats;
 Signature<QuantizeFn> quantize;
+Signature<Quantize2Fn> quantize2;
 Signature<DequantizeFn> dequantize;
 Signature<InterleaveFn> interleave;
 Signature<PixelKernelFn> conv_s16_pixel;
@@ -452,6 +461,7 @@ namespace avx512 {
 Signature<MaxAbsFn> max_abs;
 Signature<Dfp16StatsFn> dfp16_stats;
 Signature<QuantizeFn> quantize_vaes, quantize_aesni;
+Signature<Quantize2Fn> quantize2_vaes, quantize2_aesni;
 Signature<DequantizeFn> dequantize;
 Signature<InterleaveFn> interleave;
 Signature<PixelKernelFn> conv_s16_pixel_bw;
@@ -478,6 +488,7 @@ namespace avx2 {
 Signature<MaxAbsFn> max_abs;
 Signature<Dfp16StatsFn> dfp16_stats;
 Signature<QuantizeFn> quantize_aesni;
+Signature<Quantize2Fn> quantize2_aesni;
 Signature<DequantizeFn> dequantize;
 Signature<InterleaveFn> interleave;
 Signature<PixelKernelFn> conv_s16_pixel;

@@ -120,22 +120,25 @@ class ConvInt16 {
   void quantize_grad_output(const float* dy);
   // Same, with max|x| (max|dy|) measured by the producer of the tensor, which saves the pass that
   // finds it; the exponent follows from it as usual. A negative or non-finite max_abs: measured here.
-  void quantize_input_with_max_abs(const float* x, float max_abs);
-  void quantize_grad_output_with_max_abs(const float* dy, float max_abs);
+  // plane_max_abs (optional, for Granularity::slice): max|x| (max|dy|) of every plane, image n
+  // and channel block b of 16, at [n * blocks + b]; with it the slices' exponents need no pass
+  // over the tensor either. Null, or any negative or non-finite entry: measured here.
+  void quantize_input_with_max_abs(const float* x, float max_abs, const float* plane_max_abs = nullptr);
+  void quantize_grad_output_with_max_abs(const float* dy, float max_abs, const float* plane_max_abs = nullptr);
   // Producer-fused input: instead of reading an FP32 x, the operator asks the producer for x a
   // span at a time -- pixels [w0, w0 + count) of row h of channel block b of image n, count <= 128,
   // written as count x 16 floats into `out` -- and quantizes each span while it is in L1. So x
   // never exists in memory as FP32 (a BatchNorm with its ReLU writes the next conv's DFP16 input
   // directly). max_abs: max|x| over the whole tensor, known before any span is asked for (the
-  // exponent comes from it). Spans are asked for from the context's threads concurrently, each
-  // once (with Granularity::slice activations, three times: for each image's max|x|, and for
-  // each of x's two quantizations). The result has the same bits as quantize_input_with_max_abs on the tensor the spans make
-  // up. Not available where accepts_input_spans() is false (a layer with C < 16 whose kernel
+  // exponent comes from it); plane_max_abs as for quantize_input_with_max_abs. Spans are asked
+  // for from the context's threads concurrently, each once (with Granularity::slice activations
+  // and no plane_max_abs, twice: the first time for each plane's max|x|). The result has the same
+  // bits as quantize_input_with_max_abs on the tensor the spans make up. Not available where accepts_input_spans() is false (a layer with C < 16 whose kernel
   // columns are unfolded gathers x across columns).
   using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
   static constexpr int kInputSpanPixels = 128;
   bool accepts_input_spans() const noexcept;
-  void quantize_input_spans(InputSpanFn fn, void* producer, float max_abs);
+  void quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs = nullptr);
 
   // Transient buffers -- x's padded copy for the forward pass; dy's two copies and the weight-
   // gradient partials for the backward passes -- are owned by the operator unless the caller gives

@@ -290,6 +290,14 @@ void quantize_aesni(const float* src, int16_t* dst, size_t n, int exponent, Roun
   }
 }
 
+// The two quantizations one after the other (the AVX-512 forms share the draws).
+void quantize2_aesni(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a, int exponent_b,
+                     Rounding rounding, uint64_t seed, uint64_t index_base, QuantCounters* counters_a,
+                     QuantCounters* counters_b) {
+  quantize_aesni(src, dst_a, n, exponent_a, rounding, seed, index_base, counters_a);
+  quantize_aesni(src, dst_b, n, exponent_b, rounding, seed, index_base, counters_b);
+}
+
 void dequantize(const int16_t* src, float* dst, size_t n, int exponent) {
   if (exponent < -126 || exponent > 127) return ref::dequantize(src, dst, n, exponent);
   const __m256 scale = _mm256_set1_ps(std::ldexp(1.f, exponent));

@@ -34,4 +34,11 @@ void quantize_aesni(const float* src, int16_t* dst, size_t n, int exponent, Roun
   quantize_with<ArsAesni>(src, dst, n, exponent, rounding, seed, index_base, counters);
 }
 
+void quantize2_aesni(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a, int exponent_b,
+                     Rounding rounding, uint64_t seed, uint64_t index_base, QuantCounters* counters_a,
+                     QuantCounters* counters_b) {
+  quantize2_with<ArsAesni>(src, dst_a, dst_b, n, exponent_a, exponent_b, rounding, seed, index_base, counters_a,
+                           counters_b);
+}
+
 }  // namespace dfp::simd::avx512

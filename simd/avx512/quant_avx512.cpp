@@ -55,6 +55,13 @@ void quantize_vaes(const float* src, int16_t* dst, size_t n, int exponent, Round
   quantize_with<ArsVaes>(src, dst, n, exponent, rounding, seed, index_base, counters);
 }
 
+void quantize2_vaes(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a, int exponent_b,
+                    Rounding rounding, uint64_t seed, uint64_t index_base, QuantCounters* counters_a,
+                    QuantCounters* counters_b) {
+  quantize2_with<ArsVaes>(src, dst_a, dst_b, n, exponent_a, exponent_b, rounding, seed, index_base, counters_a,
+                          counters_b);
+}
+
 void dequantize(const int16_t* src, float* dst, size_t n, int exponent) {
   const __m512 e = _mm512_set1_ps(static_cast<float>(exponent));
   size_t i = 0;

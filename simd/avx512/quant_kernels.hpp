@@ -220,5 +220,36 @@ void quantize_with(const float* src, int16_t* dst, size_t n, int exponent, Round
   }
 }
 
+// The draws of a stream made beforehand, read back in the order the stream would give them.
+struct StoredStream {
+  const __m512* u;
+  __m512 next_unit() { return *u++; }
+};
+
+// Quantize2Fn: stochastic draws made once per piece of kPiece elements into an L1 buffer, then
+// both quantizations read them (each as quantize_impl, so with the same unchecked and checked
+// paths). The stream is counter-based, so a piece's stream starting at index_base + o gives
+// element o + j the draw of index_base + o + j, as one stream over the call would.
+template <class Gen>
+void quantize2_with(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a, int exponent_b,
+                    Rounding rounding, uint64_t seed, uint64_t index_base, QuantCounters* counters_a,
+                    QuantCounters* counters_b) {
+  if (rounding != Rounding::stochastic) {
+    quantize_with<Gen>(src, dst_a, n, exponent_a, rounding, seed, index_base, counters_a);
+    quantize_with<Gen>(src, dst_b, n, exponent_b, rounding, seed, index_base, counters_b);
+    return;
+  }
+  constexpr size_t kPiece = 1024;
+  alignas(64) __m512 u[kPiece / 16];
+  for (size_t o = 0; o < n; o += kPiece) {
+    const size_t len = std::min(kPiece, n - o);
+    RoundingStream<Gen> stream(seed, index_base + o);
+    for (size_t k = 0; k < (len + 15) / 16; ++k) u[k] = stream.next_unit();
+    const auto stored = [&] { return StoredStream{u}; };
+    quantize_impl<Rounding::stochastic>(src + o, dst_a + o, len, exponent_a, stored, counters_a);
+    quantize_impl<Rounding::stochastic>(src + o, dst_b + o, len, exponent_b, stored, counters_b);
+  }
+}
+
 }  // namespace
 }  // namespace dfp::simd

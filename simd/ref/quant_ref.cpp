@@ -113,6 +113,13 @@ void quantize(const float* src, int16_t* dst, size_t n, int exponent, Rounding r
   }
 }
 
+void quantize2(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a, int exponent_b,
+               Rounding rounding, uint64_t seed, uint64_t index_base, QuantCounters* counters_a,
+               QuantCounters* counters_b) {
+  quantize(src, dst_a, n, exponent_a, rounding, seed, index_base, counters_a);
+  quantize(src, dst_b, n, exponent_b, rounding, seed, index_base, counters_b);
+}
+
 void dequantize(const int16_t* src, float* dst, size_t n, int exponent) {
   for (size_t i = 0; i < n; ++i) dst[i] = std::ldexp(static_cast<float>(src[i]), exponent);
 }

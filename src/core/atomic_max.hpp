@@ -12,4 +12,12 @@ inline void atomic_max(std::atomic<T>& a, T v) {
   while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
 }
 
+// The same on an element of a plain array that the loop's tasks share (one per plane, say).
+template <class T>
+inline void atomic_max(T& a, T v) {
+  std::atomic_ref<T> r(a);
+  T cur = r.load(std::memory_order_relaxed);
+  while (v > cur && !r.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
+}
+
 }  // namespace dfp

@@ -43,6 +43,8 @@ struct Model::Impl {
     // max|act| and max|grad| when the layer that wrote them measured it (negative: unknown),
     // handed to the next layer through StepInfo (fusion only).
     float act_max = -1.f, grad_max = -1.f;
+    const float* act_planes = nullptr;  // the same per plane (Layer::output_plane_max), or null
+    const float* grad_planes = nullptr;
     // Fusion: the node whose input this layer feeds as spans, computed from this layer's own
     // input (see Layer::feed_spans_to), or -1.
     int feeds_spans_to = -1;
@@ -456,10 +458,14 @@ struct Model::Impl {
       // a fused ReLU node uses none.
       if (!n.layer->input_taken() && !n.spec.fused) poison_workspace();
       model::StepInfo sti = st;
-      if (fusion && n.inputs.size() == 1) sti.input_max_abs = nodes[n.inputs[0]].act_max;
+      if (fusion && n.inputs.size() == 1) {
+        sti.input_max_abs = nodes[n.inputs[0]].act_max;
+        sti.input_plane_max = nodes[n.inputs[0]].act_planes;
+      }
       const auto t0 = timed ? ProfileClock::now() : ProfileClock::time_point{};
       n.layer->forward(ctx, xs, n.act, sti);
       n.act_max = fusion ? n.layer->output_max_abs() : -1.f;
+      n.act_planes = fusion ? n.layer->output_plane_max() : nullptr;
       if (timed) {
         n.fwd_seconds += seconds_between(t0, ProfileClock::now());
         ++n.fwd_steps;
@@ -579,6 +585,7 @@ struct Model::Impl {
       }
     ln.grad_written = true;
     ln.grad_max = -1.f;
+    ln.grad_planes = nullptr;
     ln.grad_scale = loss_scale;
     ln.adapt_scale = 1;
     if (profiling) loss_bwd_seconds += seconds_between(loss_t0, ProfileClock::now());
@@ -599,6 +606,7 @@ struct Model::Impl {
         const double alpha = n.layer->adaptive_factor(ctx, n.grad, n.adapt_scale, adaptive_opts);
         if (alpha != 1) {
           n.grad_max = -1.f;
+          n.grad_planes = nullptr;
           scale_add(n.grad, static_cast<float>(alpha), nullptr, 0.f, n.elements);
           n.grad_scale *= alpha;
           n.adapt_scale *= alpha;
@@ -628,7 +636,10 @@ struct Model::Impl {
         }
       }
       poison_workspace();
-      if (fusion) stb.grad_max_abs = n.grad_max;
+      if (fusion) {
+        stb.grad_max_abs = n.grad_max;
+        stb.grad_plane_max = n.grad_planes;
+      }
       n.layer->backward(ctx, xs, n.layer->backward_reads_output() ? n.act : nullptr, n.grad, dxs, stb);
       finite &= unscale_params(n);
       for (size_t k = 0; k < n.inputs.size(); ++k) {
@@ -636,7 +647,9 @@ struct Model::Impl {
         if (j == 0 && !input_grad) continue;
         NodeInfo& in = nodes[j];
         // The max a layer measured holds for its input's gradient only if no other consumer adds to it.
-        in.grad_max = !in.grad_written && fusion && n.inputs.size() == 1 ? n.layer->input_grad_max_abs() : -1.f;
+        const bool measured = !in.grad_written && fusion && n.inputs.size() == 1;
+        in.grad_max = measured ? n.layer->input_grad_max_abs() : -1.f;
+        in.grad_planes = measured ? n.layer->input_grad_plane_max() : nullptr;
         if (k < 32 && (stb.accumulate_dx >> k & 1)) {
           // Summed by the layer, at the common scale.
         } else if (in.grad_written) {

@@ -60,6 +60,11 @@ class BatchNorm final : public Layer {
     job_.assign(size_t(cp) * 3, 0.0);
     lo_.assign(cp, 0.f);
     hi_.assign(cp, 0.f);
+    const size_t planes = size_t(s_.n) * cb_of(s_);
+    plane_lo_.assign(planes * 16, 0.f);
+    plane_hi_.assign(planes * 16, 0.f);
+    out_planes_.assign(planes, 0.f);
+    in_grad_planes_.assign(planes, 0.f);
     fb_.assign(cp, 0.f);
     if (relu_) mask_ = AlignedBuffer<uint16_t>(s_.blocked_elements() / 16);
     // INT16 policy: the input saved for backward is kept as DFP16 (Das et al. keep every saved
@@ -81,6 +86,10 @@ class BatchNorm final : public Layer {
   // always measures max|dx| (the apply kernel returns it).
   float output_max_abs() const override { return out_max_; }
   float input_grad_max_abs() const override { return in_grad_max_; }
+  // The same per plane (for Granularity::slice exponents): max|y| from each plane's extremes of
+  // x, as max|y| from each channel's; max|dx| from the apply kernel's result per plane.
+  const float* output_plane_max() const override { return out_max_ >= 0.f ? out_planes_.data() : nullptr; }
+  const float* input_grad_plane_max() const override { return in_grad_max_ >= 0.f ? in_grad_planes_.data() : nullptr; }
   bool forward_in_place(size_t) const override { return true; }
   bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
   // The output's largest magnitude follows from each channel's extremes before the fact (y = x *
@@ -143,26 +152,40 @@ class BatchNorm final : public Layer {
       // Fused into the consumer: max|y| from each channel's extremes, through the same kernels as
       // the values themselves, then the spans on request.
       const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
-      float mx = 0.f;
-      for (int blk = 0; blk < CB; ++blk) {
+      // max|y| over the 16 lanes whose extremes of x are lo and hi.
+      auto extreme = [&](int blk, const float* lo, const float* hi) {
         alignas(64) float ext[2][16], z[2][16];
-        std::copy_n(lo_.data() + blk * 16, 16, ext[0]);
-        std::copy_n(hi_.data() + blk * 16, 16, ext[1]);
+        std::copy_n(lo, 16, ext[0]);
+        std::copy_n(hi, 16, ext[1]);
         scale_shift(&ext[0][0], &z[0][0], fa_.data() + blk * 16, fb_.data() + blk * 16, 2);
+        float m = 0.f;
         for (int l = 0; l < 16; ++l)
           for (int k = 0; k < 2; ++k) {
             const float v = relu_ ? z[k][l] : std::fabs(z[k][l]);  // the ReLU's max: from 0
-            mx = v > mx ? v : mx;                                   // NaN never wins
+            m = v > m ? v : m;                                      // NaN never wins
           }
+        return m;
+      };
+      float mx = 0.f;
+      for (int blk = 0; blk < CB; ++blk) {
+        const float m = extreme(blk, lo_.data() + blk * 16, hi_.data() + blk * 16);
+        mx = m > mx ? m : mx;
       }
+      for (int n = 0; n < s_.n; ++n)
+        for (int blk = 0; blk < CB; ++blk) {
+          const size_t i = size_t(n) * CB + blk;
+          out_planes_[i] = extreme(blk, plane_lo_.data() + i * 16, plane_hi_.data() + i * 16);
+        }
       out_max_ = relu_ ? mx : -1.f;
-      consumer_->take_input_spans(consumer_slot_, &BatchNorm::produce_span, this, mx, st);
+      consumer_->take_input_spans(consumer_slot_, &BatchNorm::produce_span, this, mx, out_planes_.data(), st);
       return;
     }
     std::atomic<float> out_max{0.f};
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
       const size_t off = (size_t(n) * CB + blk) * plane(s_);
-      atomic_max(out_max, normalize(off, blk, hw, y + off));  // y may overwrite x (in place)
+      const float m = normalize(off, blk, hw, y + off);  // y may overwrite x (in place)
+      out_planes_[size_t(n) * CB + blk] = m;
+      atomic_max(out_max, m);
     });
     out_max_ = relu_ ? out_max.load() : -1.f;
   }
@@ -222,19 +245,29 @@ class BatchNorm final : public Layer {
         std::fill(A, A + 16, 0.0);
         std::fill(B, B + 16, 0.0);
         double count = 0;
+        float* lo = part_min_.data() + size_t(t) * 16;
+        float* hi = part_max_.data() + size_t(t) * 16;
         for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
+          // The plane's own extremes (each plane's max|y| for Granularity::slice), then the slice's.
+          float* plo = plane_lo_.data() + (size_t(n) * CB + blk) * 16;
+          float* phi = plane_hi_.data() + (size_t(n) * CB + blk) * 16;
+          std::fill(plo, plo + 16, std::numeric_limits<float>::infinity());
+          std::fill(phi, phi + 16, -std::numeric_limits<float>::infinity());
           for (size_t i0 = 0; i0 < hw; i0 += kRun) {
             const size_t np = std::min(hw, i0 + kRun) - i0;
             alignas(64) float c[16], d[16], q[16];
-            run_moments(x + off + i0 * 16, np, c, d, q, part_min_.data() + size_t(t) * 16,
-                        part_max_.data() + size_t(t) * 16);
+            run_moments(x + off + i0 * 16, np, c, d, q, plo, phi);
             const double r = double(np);
             for (int l = 0; l < 16; ++l) {
               const double dev = d[l];  // the run's mean and squared deviations about it
               combine_moments(A[l], B[l], count, double(c[l]) + dev / r, std::max(0.0, double(q[l]) - dev * dev / r), r);
             }
             count += r;
+          }
+          for (int l = 0; l < 16; ++l) {  // the kernel's comparisons: NaN never wins
+            lo[l] = plo[l] < lo[l] ? plo[l] : lo[l];
+            hi[l] = phi[l] > hi[l] ? phi[l] : hi[l];
           }
         }
         part_n_[size_t(t)] = count;
@@ -360,6 +393,7 @@ class BatchNorm final : public Layer {
         m = ctx.kernels().bn_bwd_apply_s16.fn(x + off, dy + off, mp, dx + off, coefficients(blk), hw, 0.f);
       else
         m = ctx.kernels().bn_bwd_apply_f32.fn(x + off, dy + off, mp, dx + off, coefficients(blk), hw, 0.f);
+      in_grad_planes_[size_t(n) * CB + blk] = m;
       atomic_max(dx_max, m);
     });
     in_grad_max_ = dx_max.load();
@@ -378,6 +412,8 @@ class BatchNorm final : public Layer {
   std::vector<float> part_min_, part_max_;
   std::vector<float> fa_, fb_;           // forward: y = x * fa_ + fb_ per channel
   std::vector<float> lo_, hi_;           // forward (training): each channel's min and max of x
+  std::vector<float> plane_lo_, plane_hi_;  // the same per plane, [N][CB][16]
+  std::vector<float> out_planes_, in_grad_planes_;  // output_plane_max(), input_grad_plane_max()
   struct Span {                          // what normalize() reads, set by each forward()
     const float* x = nullptr;
     bool save_q = false;

@@ -29,6 +29,11 @@ struct StepInfo {
   // derives its DFP16 exponent without a pass over the tensor.
   float input_max_abs = -1.f;
   float grad_max_abs = -1.f;
+  // The same per plane (image n, channel block b of 16: [n * blocks + b]) where the neighbour
+  // measured that too (null: not known). An INT16 layer with Granularity::slice exponents derives
+  // them without a pass over the tensor.
+  const float* input_plane_max = nullptr;
+  const float* grad_plane_max = nullptr;
   // Backward: bit i set when dx[i] already holds another consumer's part of input i's gradient and
   // backward() adds its own to it (only for inputs where accumulates_input_grad(i) is true).
   uint32_t accumulate_dx = 0;
@@ -154,12 +159,16 @@ class Layer {
   // forward(), max|dx[0]| after backward(). The Model hands them on as StepInfo's maxima.
   virtual float output_max_abs() const { return -1.f; }
   virtual float input_grad_max_abs() const { return -1.f; }
+  // The same per plane of the blocked tensor, [n * blocks + b] (null: not measured).
+  virtual const float* output_plane_max() const { return nullptr; }
+  virtual const float* input_grad_plane_max() const { return nullptr; }
   // Fusion, linked by the Model after build(): a layer can take input i as spans that its
   // producer computes on request, so the FP32 tensor between them is never written or read. The
   // producer is a BatchNorm (with or without its ReLU) whose output only this layer reads; it
   // accepts the link in feed_spans_to() and, in a step where it cannot feed (inference, numerics
   // sampling), writes its output as usual. In a step where it feeds, it calls take_input_spans()
-  // from its forward(), with max|input| known before any span is asked for:
+  // from its forward(), with max|input| (and, where measured, each plane's: null otherwise) known
+  // before any span is asked for:
   //   - an INT16 conv quantizes its input there and then, a span at a time while each is in L1
   //     (ConvInt16::quantize_input_spans); its forward() then skips its own quantization, and
   //     input_taken() says so beforehand;
@@ -170,7 +179,8 @@ class Layer {
   // into the following rows of the same plane (w0 + count <= (H - h) * W).
   using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
   virtual bool accepts_input_spans(size_t i) const { return false; }
-  virtual void take_input_spans(size_t i, InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) {}
+  virtual void take_input_spans(size_t i, InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
+                                const StepInfo& st) {}
   virtual bool input_taken() const { return false; }
   virtual bool feed_spans_to(Layer* consumer, size_t i) { return false; }
 };

@@ -32,11 +32,15 @@ class Relu final : public Layer {
   void pass_through() override { through_ = true; }
   float output_max_abs() const override { return out_max_; }
   float input_grad_max_abs() const override { return in_grad_max_; }
+  const float* output_plane_max() const override { return out_planes_; }
+  const float* input_grad_plane_max() const override { return in_grad_planes_; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     const size_t n = n_elems_;
+    out_planes_ = nullptr;
     if (through_) {  // the producer applied it; in place (the usual plan) there is nothing to do
       if (y != x[0]) std::memcpy(y, x[0], n * sizeof(float));
       out_max_ = st.input_max_abs;
+      out_planes_ = st.input_plane_max;
       return;
     }
     const auto fn = ctx.kernels().relu_fwd.fn;
@@ -49,11 +53,13 @@ class Relu final : public Layer {
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
     in_grad_max_ = -1.f;
+    in_grad_planes_ = nullptr;
     if (!dx[0]) return;
     const size_t n = n_elems_;
     if (through_) {  // the producer masks the gradient
       if (dx[0] != dy) std::memcpy(dx[0], dy, n * sizeof(float));
       in_grad_max_ = st.grad_max_abs;
+      in_grad_planes_ = st.grad_plane_max;
       return;
     }
     mask_gradient(ctx, mask_.data(), dy, dx[0], n);
@@ -69,6 +75,7 @@ class Relu final : public Layer {
   bool through_ = false;          // the producer applies the ReLU (absorb_relu)
   AlignedBuffer<uint16_t> mask_;  // bit i: x[i] > 0, all that backward needs
   float out_max_ = -1.f, in_grad_max_ = -1.f;
+  const float *out_planes_ = nullptr, *in_grad_planes_ = nullptr;  // a through ReLU's neighbours'
 };
 
 // ---- pooling ------------------------------------------------------------------------------
@@ -279,12 +286,15 @@ class Add final : public Layer {
              std::mt19937_64&) override {
     s_ = in[0];
     n_ = in[0].blocked_elements();
-    if (relu_) mask_ = AlignedBuffer<uint16_t>((n_ + 15) / 16);
+    if (relu_) {
+      mask_ = AlignedBuffer<uint16_t>((n_ + 15) / 16);
+      planes_.assign(size_t(s_.n) * cb_of(s_), 0.f);
+    }
   }
   // Either input may come as spans from a BatchNorm (its scale-shift, and the DFP16 copy it saves,
   // computed here piece by piece), so its FP32 output is never written or read.
   bool accepts_input_spans(size_t i) const override { return i < 2; }
-  void take_input_spans(size_t i, InputSpanFn fn, void* producer, float, const StepInfo&) override {
+  void take_input_spans(size_t i, InputSpanFn fn, void* producer, float, const float*, const StepInfo&) override {
     spans_[i] = {fn, producer};
   }
   bool forward_in_place(size_t) const override { return true; }
@@ -298,6 +308,8 @@ class Add final : public Layer {
     return true;
   }
   float output_max_abs() const override { return out_max_; }
+  // With the ReLU: max|y| of each plane, measured as the pieces go.
+  const float* output_plane_max() const override { return relu_ ? planes_.data() : nullptr; }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
     const auto fn = ctx.kernels().add.fn;
     const auto add_relu = ctx.kernels().add_relu.fn;  // the bits of add, then the ReLU on the sum
@@ -305,17 +317,29 @@ class Add final : public Layer {
     const size_t n = n_;
     uint16_t* mask = relu_ ? mask_.data() : nullptr;
     std::atomic<float> mx{0.f};
+    const size_t pl = plane(s_);
+    if (mask) std::fill(planes_.begin(), planes_.end(), 0.f);
     if (!spans_[0].fn && !spans_[1].fn) {
       for_chunks(ctx, n, [&](size_t b, size_t e) {
-        if (mask) atomic_max(mx, add_relu(a + b, c + b, y + b, mask + b / 16, e - b));
-        else fn(a + b, c + b, y + b, e - b);
+        if (!mask) {
+          fn(a + b, c + b, y + b, e - b);
+          return;
+        }
+        float m = 0.f;
+        for (size_t i = b; i < e;) {  // a piece per plane: each plane's max
+          const size_t end = std::min(e, (i / pl + 1) * pl);
+          const float r = add_relu(a + i, c + i, y + i, mask + i / 16, end - i);
+          atomic_max(planes_[i / pl], r);
+          m = r > m ? r : m;
+          i = end;
+        }
+        atomic_max(mx, m);
       });
       out_max_ = mask ? mx.load() : -1.f;
       return;
     }
     // Pieces of each chunk that stay within one plane (the spans' unit), each input from its
     // producer into an L1 tile where it comes as spans. Element-wise: the bits of the plain path.
-    const size_t pl = plane(s_);
     const int CB = cb_of(s_), W = s_.w;
     for_chunks(ctx, n, [&](size_t b, size_t e) {
       alignas(64) float tile[2][kSpanPixels * 16];
@@ -331,6 +355,7 @@ class Add final : public Layer {
         }
         if (mask) {
           const float r = add_relu(in[0], in[1], y + i, mask + i / 16, end - i);
+          atomic_max(planes_[i / pl], r);
           m = r > m ? r : m;
         } else {
           fn(in[0], in[1], y + i, end - i);
@@ -364,6 +389,7 @@ class Add final : public Layer {
   bool relu_ = false;
   AlignedBuffer<uint16_t> mask_;
   float out_max_ = -1.f;
+  std::vector<float> planes_;  // output_plane_max(), [N][CB]
   struct {
     InputSpanFn fn = nullptr;
     void* producer = nullptr;

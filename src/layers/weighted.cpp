@@ -259,8 +259,9 @@ class Conv2d final : public WeightedLayer {
 
  private:
   bool accepts_input_spans(size_t i) const override { return i == 0 && op_->accepts_input_spans(); }
-  void take_input_spans(size_t, InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) override {
-    op_->take_input_spans(fn, producer, max_abs, st);
+  void take_input_spans(size_t, InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
+                        const StepInfo& st) override {
+    op_->take_input_spans(fn, producer, max_abs, plane_max, st);
   }
   bool input_taken() const override { return op_->input_taken(); }
 
@@ -453,6 +454,7 @@ class GroupedConv2d final : public Layer {
   static StepInfo group_step(StepInfo st) {
     st.input_max_abs = -1.f;
     st.grad_max_abs = -1.f;
+    st.input_plane_max = st.grad_plane_max = nullptr;
     st.accumulate_dx = 0;
     return st;
   }

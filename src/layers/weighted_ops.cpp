@@ -88,7 +88,7 @@ class Int16Op final : public WeightedOp {
       input_taken_ = false;  // quantized by the producer, in this step
     } else {
       q_->set_step(st.step);
-      q_->quantize_input_with_max_abs(x, st.input_max_abs);
+      q_->quantize_input_with_max_abs(x, st.input_max_abs, st.input_plane_max);
       clock.lap(parts_.quantize_x);
     }
     q_->forward(y);
@@ -101,7 +101,7 @@ class Int16Op final : public WeightedOp {
   }
   void backward(const float*, const float* dy, float* dx, float* gw, const StepInfo& st) override {
     PartClock clock(st.timed);
-    q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs);
+    q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs, st.grad_plane_max);
     clock.lap(parts_.quantize_dy);
     if (dx) q_->backward_data(dx, st.accumulate_dx & 1);
     clock.lap(parts_.backward_data);
@@ -129,10 +129,11 @@ class Int16Op final : public WeightedOp {
   }
   const ConvStats* int16_stats() const noexcept override { return &q_->stats(); }
   bool accepts_input_spans() const override { return q_->accepts_input_spans(); }
-  void take_input_spans(Layer::InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) override {
+  void take_input_spans(Layer::InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
+                        const StepInfo& st) override {
     PartClock clock(st.timed);
     q_->set_step(st.step);
-    q_->quantize_input_spans(fn, producer, max_abs);
+    q_->quantize_input_spans(fn, producer, max_abs, plane_max);
     clock.lap(parts_.quantize_x);
     input_taken_ = true;
   }

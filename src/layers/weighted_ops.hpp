@@ -75,7 +75,8 @@ class WeightedOp {
   // INT16 only: the operator's figures of the last step, and input fusion (Layer::take_input_spans).
   virtual const ConvStats* int16_stats() const noexcept { return nullptr; }
   virtual bool accepts_input_spans() const { return false; }
-  virtual void take_input_spans(Layer::InputSpanFn fn, void* producer, float max_abs, const StepInfo& st) {}
+  virtual void take_input_spans(Layer::InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
+                                const StepInfo& st) {}
   virtual bool input_taken() const { return false; }
   // INT16 only: the time of the operator's parts over the timed steps (StepInfo::timed).
   virtual const LayerTime::Int16Parts* int16_parts() const { return nullptr; }

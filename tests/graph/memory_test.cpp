@@ -117,12 +117,13 @@ std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
 
 // Losses and parameter gradients of two training steps.
 std::vector<float> two_steps(const std::function<void(Model&)>& make, Precision p, bool poison, bool fusion = true,
-                             bool copying_adds = false) {
+                             bool copying_adds = false, Granularity g = Granularity::tensor) {
   Model m(ctx2(), "p");
   make(m);
   m.set_fusion(fusion);
   PrecisionPolicy pol;
   pol.precision = p;
+  pol.dfp.weights.granularity = pol.dfp.activations.granularity = pol.dfp.gradients.granularity = g;
   m.build(3, pol);
   m.set_debug_poison(poison);
   if (copying_adds) {
@@ -158,6 +159,14 @@ TEST(Fusion, BatchNormReluGivesTheSameBitsAsTwoLayers) {
       EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float)))
           << name << " " << precision_name(p);
     }
+  // With exponents per slice the producers also hand on each plane's maximum (BatchNorm forward
+  // and backward, a residual Add with its ReLU), which must give the exponents the conv measures.
+  for (const auto& [name, make] : plan_graphs()) {
+    const auto fused = two_steps(make, Precision::int16, false, true, false, Granularity::slice),
+               separate = two_steps(make, Precision::int16, false, false, false, Granularity::slice);
+    ASSERT_EQ(fused.size(), separate.size());
+    EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float))) << name << " slice";
+  }
   Model m(ctx2(), "f");
   auto x = m.input(3, 6, 6);
   auto b = m.batchnorm(m.conv(x, 4, 3, 1, 1, false, "c"), "bn");

@@ -410,6 +410,42 @@ TEST(Dfp16Quantize, StochasticKernelsMatchReferenceFromAnyIndex) {
       }
 }
 
+// quantize2 (a tensor quantized for two slicings) gives the bits and counts of two quantize calls,
+// at every level the CPU has, in every mode, from any index and on tails.
+TEST(Dfp16Quantize, TwoExponentsGiveTheBitsOfTwoCalls) {
+  const CpuFeatures f = detect_cpu_features();
+  std::vector<float> x = test::random_vec(3000, 21, -40.f, 40.f);
+  x[17] = 9e5f;  // saturates at exponent -2: the checked path
+  std::vector<std::pair<std::string, simd::Quantize2Fn>> kernels;
+  for (const char* level : {"ref", "avx2", "avx512bw", "avx512vnni"})
+    if (f.supports(parse_isa(level, "test"))) {
+      Context c(ContextOptions{.threads = 1, .isa = level});
+      kernels.emplace_back(std::string(level) + " " + c.kernels().quantize2.name, c.kernels().quantize2.fn);
+    }
+  // The AES-NI form of AVX-512 CPUs without VAES, which a VAES CPU's table does not pick.
+  if (f.supports(Isa::avx512bw) && f.aes) kernels.emplace_back("avx512 aesni", &simd::avx512::quantize2_aesni);
+  for (const auto& [name, fn] : kernels) {
+    for (Rounding r : {Rounding::nearest_even, Rounding::stochastic, Rounding::biased})
+      for (uint64_t base : {uint64_t(0), uint64_t(3), uint64_t(16), uint64_t(1) << 40 | 5})
+        for (size_t n : {size_t(1), size_t(17), size_t(1024), size_t(1041), size_t(3000)})
+          for (auto [ea, eb] : {std::pair{-2, 1}, std::pair{3, -4}}) {
+            std::vector<int16_t> a0(n), b0(n), a1(n), b1(n);
+            simd::QuantCounters ca0, cb0, ca1, cb1;
+            simd::ref::quantize(x.data(), a0.data(), n, ea, r, 0x5eed, base, &ca0);
+            simd::ref::quantize(x.data(), b0.data(), n, eb, r, 0x5eed, base, &cb0);
+            fn(x.data(), a1.data(), b1.data(), n, ea, eb, r, 0x5eed, base, &ca1, &cb1);
+            const std::string what = name + " " + rounding_name(r) +
+                                     " base=" + std::to_string(base) + " n=" + std::to_string(n);
+            ASSERT_EQ(a0, a1) << what;
+            ASSERT_EQ(b0, b1) << what;
+            EXPECT_EQ(ca0.max_abs_q, ca1.max_abs_q) << what;
+            EXPECT_EQ(cb0.max_abs_q, cb1.max_abs_q) << what;
+            EXPECT_EQ(ca0.saturated, ca1.saturated) << what;
+            EXPECT_EQ(cb0.saturated, cb1.saturated) << what;
+          }
+  }
+}
+
 TEST(Dfp16Quantize, StochasticDependsOnlyOnSeedAndIndex) {
   const std::vector<float> x = test::random_vec(100003, 5, -3.f, 3.f);
   auto run = [&](Context& c, uint64_t seed) {

@@ -28,16 +28,18 @@ const std::vector<int>& ConvInt16::grad_output_exponents() const noexcept { retu
 void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w, -1.f); }
 void ConvInt16::set_weights_with_max_abs(const float* w, float max_abs) { impl_->set_weights(w, max_abs); }
-void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, -1.f); }
-void ConvInt16::quantize_input_with_max_abs(const float* x, float max_abs) { impl_->quantize_input(x, max_abs); }
+void ConvInt16::quantize_input(const float* x) { impl_->quantize_input(x, -1.f, nullptr); }
+void ConvInt16::quantize_input_with_max_abs(const float* x, float max_abs, const float* plane_max_abs) {
+  impl_->quantize_input(x, max_abs, plane_max_abs);
+}
 bool ConvInt16::accepts_input_spans() const noexcept { return !impl_->unfold; }
-void ConvInt16::quantize_input_spans(InputSpanFn fn, void* producer, float max_abs) {
-  impl_->quantize_input_spans(fn, producer, max_abs);
+void ConvInt16::quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs) {
+  impl_->quantize_input_spans(fn, producer, max_abs, plane_max_abs);
 }
-void ConvInt16::quantize_grad_output_with_max_abs(const float* dy, float max_abs) {
-  impl_->quantize_grad_output(dy, max_abs);
+void ConvInt16::quantize_grad_output_with_max_abs(const float* dy, float max_abs, const float* plane_max_abs) {
+  impl_->quantize_grad_output(dy, max_abs, plane_max_abs);
 }
-void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_output(dy, -1.f); }
+void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_output(dy, -1.f, nullptr); }
 void ConvInt16::forward(float* y) { impl_->forward(y); }
 size_t ConvInt16::workspace_bytes() const noexcept { return impl_->workspace_bytes(); }
 void ConvInt16::use_workspace(void* p) { impl_->use_workspace(p); }

@@ -490,15 +490,25 @@ struct ConvInt16::Impl {
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
                               float known_max, int16_t* row_max, bool unfolded_src = false,
                               const SpanSource* spans = nullptr, int pair_step = 1, const int* plane_exp = nullptr);
+  // Granularity::slice: src quantized for both of its slicings in one pass over it: into the
+  // padded dst [N][B][hb][wb][16] (border top, left) with plane exponents dst_exp and row maxima
+  // dst_row_max, and into the batch-pair copy [NP][B][h2][w2][16][2] with pair_exp (every
+  // pair_step-th row and pixel; row maxima pair_row_max over whole rows, as quantize_blocked's).
+  // The bits of quantize_blocked run once per slicing. Returns the two copies' figures.
+  std::pair<QuantStats, QuantStats> quantize_dual(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb,
+                                                  int top, int left, const int* dst_exp, int16_t* dst_row_max,
+                                                  int16_t* pair, int h2, int w2, int pair_step, const int* pair_exp,
+                                                  int16_t* pair_row_max, const QuantOptions& qo, float max_abs,
+                                                  const SpanSource* spans);
   __attribute__((noinline)) void quant_span_row(const SpanSource& spans, int n, int b, int y, int w, int16_t* d, int e,
                                                 const QuantOptions& qo, size_t index_base,
                                                 simd::QuantCounters& cnt) const;
   void quant_unfolded_row(const float* x, int n, int b, int y, int16_t* d, int e, const QuantOptions& qo,
                           size_t index_base, simd::QuantCounters& cnt) const;
-  void quantize_x(const float* x, float known_max, const SpanSource* spans);
-  void quantize_input(const float* x, float known_max);
-  void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs);
-  void quantize_grad_output(const float* dy, float known_max);
+  void quantize_x(const float* x, float known_max, const float* known_planes, const SpanSource* spans);
+  void quantize_input(const float* x, float known_max, const float* known_planes);
+  void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes);
+  void quantize_grad_output(const float* dy, float known_max, const float* known_planes);
 
   // ---- passes (pixel_pass.cpp, weight_grad.cpp) ---------------------------------------------
   // Runs call(args, item) for items [0, n) on the context's threads. Each range of items works on
@@ -551,9 +561,10 @@ struct ConvInt16::Impl {
   // A pass's scales: per image where `images` is given, per lane where `lane_scale` is.
   PassScales pass_scales(int src_exponent, int wei_exponent, const Slicing* images,
                          const std::vector<float>* lane_scale, const std::vector<int>& lane_exp, int lanes) const;
-  void quantize_x_slices(const float* x, const SpanSource* spans);
-  void quantize_dy_slices(const float* dy);
-  SliceExponents slice_exponents(const float* src, int B, size_t plane_len, const SpanSource* spans, bool per_block,
+  void quantize_x_slices(const float* x, const float* known_planes, const SpanSource* spans);
+  void quantize_dy_slices(const float* dy, const float* known_planes);
+  SliceExponents slice_exponents(const float* src, int B, size_t plane_len, const float* known_planes,
+                                 const SpanSource* spans, bool per_block,
                                  int headroom, Slicing& img, Slicing& blk);
   void quantize_w_in_channels(const float* w);
   void forward(float* y);

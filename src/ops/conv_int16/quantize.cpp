@@ -175,6 +175,104 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
   return st;
 }
 
+std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* src, int B, int h, int w, int16_t* dst,
+                                                                 int hb, int wb, int top, int left, const int* dst_exp,
+                                                                 int16_t* dst_row_max, int16_t* pair, int h2, int w2,
+                                                                 int pair_step, const int* pair_exp,
+                                                                 int16_t* pair_row_max, const QuantOptions& qo,
+                                                                 float max_abs, const SpanSource* spans) {
+  const auto quant2 = ctx.kernels().quantize2.fn;
+  const auto inter = ctx.kernels().interleave.fn;
+  std::atomic<uint64_t> saturated[2] = {0, 0}, nonfinite[2] = {0, 0};
+  std::atomic<int32_t> max_q[2] = {0, 0};
+  const size_t row_len = size_t(w) * 16;
+  constexpr int kPiecePixels = ConvInt16::kInputSpanPixels;  // a producer's span at most
+  constexpr size_t kPiece = size_t(kPiecePixels) * 16;
+  // Plane (image n, block b) of src: row y of it in both copies, a piece at a time, while the
+  // piece is in L1; both images of a batch pair go row by row, so that the pair copy's row is
+  // interleaved from two L1 tiles. The stochastic index of an element is the same in both copies,
+  // and its plane path's (quantize_blocked).
+  ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
+    simd::QuantCounters cnt[2];
+    alignas(64) float span_tile[kPiece];
+    alignas(64) int16_t tile[2][kPiece];
+    alignas(64) int16_t g[2][kPiece];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int p = static_cast<int>(t / B), b = static_cast<int>(t % B);
+      const int images = 2 * p + 1 < sh.N ? 2 : 1;
+      int16_t* plane[2];
+      for (int i = 0; i < images; ++i) {
+        plane[i] = dst + (size_t(2 * p + i) * B + b) * hb * wb * 16;
+        std::memset(plane[i], 0, size_t(top) * wb * 16 * sizeof(int16_t));
+      }
+      for (int y = 0; y < h; ++y) {
+        int32_t q_dst[2] = {0, 0}, q_pair[2] = {0, 0};
+        int16_t* prow = y % pair_step ? nullptr : pair + ((size_t(p) * B + b) * h2 + y / pair_step) * w2 * 32;
+        for (size_t o = 0; o < row_len; o += kPiece) {
+          const size_t len = std::min(kPiece, row_len - o);
+          for (int i = 0; i < images; ++i) {
+            const int n = 2 * p + i;
+            const size_t r = (size_t(n) * B + b) * h + y;  // the row's index in src
+            const float* from = src + r * row_len + o;
+            if (spans) {
+              spans->fn(spans->producer, n, b, y, static_cast<int>(o / 16), static_cast<int>(len / 16), span_tile);
+              from = span_tile;
+            }
+            int16_t* d = plane[i] + ((size_t(y) + top) * wb + left) * 16 + o;
+            const size_t e = size_t(n) * B + b;
+            // The piece's largest |q| in each copy, then the running maxima take them.
+            const int32_t before[2] = {cnt[0].max_abs_q, cnt[1].max_abs_q};
+            cnt[0].max_abs_q = cnt[1].max_abs_q = 0;
+            quant2(from, d, tile[i], len, dst_exp[e], pair_exp[e], qo.rounding, qo.seed, r * row_len + o, &cnt[0],
+                   &cnt[1]);
+            q_dst[i] = std::max(q_dst[i], cnt[0].max_abs_q);
+            q_pair[i] = std::max(q_pair[i], cnt[1].max_abs_q);
+            for (int k = 0; k < 2; ++k) cnt[k].max_abs_q = std::max(before[k], cnt[k].max_abs_q);
+          }
+          if (!prow) continue;
+          const int16_t* second = images == 2 ? tile[1] : nullptr;
+          if (pair_step == 1) {
+            inter(tile[0], second, prow + o * 2, len);
+            continue;
+          }
+          // Every pair_step-th pixel of the piece's: pair pixels [j0, j1).
+          const int px0 = static_cast<int>(o / 16), px1 = px0 + static_cast<int>(len / 16);
+          const int j0 = (px0 + pair_step - 1) / pair_step, j1 = std::min(w2, (px1 + pair_step - 1) / pair_step);
+          for (int j = j0; j < j1; ++j)
+            for (int i = 0; i < images; ++i)
+              std::memcpy(g[i] + (j - j0) * 16, tile[i] + (size_t(j) * pair_step - px0) * 16, 32);
+          if (j1 > j0) inter(g[0], second ? g[1] : nullptr, prow + size_t(j0) * 32, size_t(j1 - j0) * 16);
+        }
+        for (int i = 0; i < images; ++i) {
+          const size_t r = (size_t(2 * p + i) * B + b) * h + y;
+          if (dst_row_max) dst_row_max[r] = static_cast<int16_t>(q_dst[i]);
+          if (pair_row_max) pair_row_max[r] = static_cast<int16_t>(q_pair[i]);
+          int16_t* d = plane[i] + ((size_t(y) + top) * wb + left) * 16;
+          zero_pixels(d - size_t(left) * 16, left);
+          zero_pixels(d + row_len, wb - left - w);
+        }
+      }
+      for (int i = 0; i < images; ++i)
+        std::memset(plane[i] + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
+    }
+    for (int k = 0; k < 2; ++k) {
+      saturated[k].fetch_add(cnt[k].saturated);
+      nonfinite[k].fetch_add(cnt[k].nonfinite);
+      atomic_max(max_q[k], cnt[k].max_abs_q);
+    }
+  });
+  QuantStats st[2];
+  for (int k = 0; k < 2; ++k) {
+    st[k].max_abs = max_abs;
+    st[k].saturated = saturated[k].load();
+    st[k].nonfinite = nonfinite[k].load();
+    st[k].max_abs_int = max_q[k].load();
+  }
+  if (st[0].nonfinite && qo.nonfinite == NonFinitePolicy::error)
+    detail::fail_nonfinite(src, size_t(sh.N) * B * h * w * 16, st[0].nonfinite, detail::TensorName{qo.name, name});
+  return {st[0], st[1]};
+}
+
 // Quantizes block b of row y of image n of x (w pixels) into d, asking the producer for it a span
 // at a time into an L1 tile. index_base: the row's first element, for the stochastic stream.
 // Out of line: the per-row loop of the plain path stays small enough to inline.
@@ -232,10 +330,10 @@ void ConvInt16::Impl::quant_unfolded_row(const float* x, int n, int b, int y, in
 
 // x -> its padded forward copy xq and batch-pair copy xp: from the caller's tensor (gathered
 // into its column unfolding where the layer unfolds), or from a producer's spans.
-void ConvInt16::Impl::quantize_x(const float* x, float known_max, const SpanSource* spans) {
+void ConvInt16::Impl::quantize_x(const float* x, float known_max, const float* known_planes, const SpanSource* spans) {
   ensure_workspace();
   if (x_slices) {
-    quantize_x_slices(x, spans);
+    quantize_x_slices(x, known_planes, spans);
   } else {
     stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0,
                                step_x, known_max, x_row_max.data(), unfold && !spans, spans, xp_step);
@@ -247,16 +345,22 @@ void ConvInt16::Impl::quantize_x(const float* x, float known_max, const SpanSour
 
 // Granularity::slice: the exponents of every plane (image n, block b) of a tensor of B blocks,
 // for each of its two slicings: per image (into img, [N]; null: not wanted) and per block (into
-// blk, [B]), from the planes' max|src| (plane_len elements each, or the producer's spans).
+// blk, [B]), from the planes' max|src| (plane_len elements each, or the producer's spans; or
+// known_planes, [N][B], as the producer measured them: used where every one is finite and >= 0).
 // planes_img and planes_blk, [N][B], repeat them per plane for quantize_blocked. per_block false:
 // every block takes the tensor's exponent (an unfolded x, whose blocks gather columns). Returns
 // max|src| and the ranges of both sets of exponents.
 ConvInt16::Impl::SliceExponents ConvInt16::Impl::slice_exponents(const float* src, int B, size_t plane_len,
-                                                                 const SpanSource* spans, bool per_block, int headroom,
-                                                                 Slicing& img, Slicing& blk) {
+                                                                 const float* known_planes, const SpanSource* spans,
+                                                                 bool per_block, int headroom, Slicing& img,
+                                                                 Slicing& blk) {
   const auto max_fn = ctx.kernels().max_abs.fn;
   float* pm = plane_max.data();
-  if (!per_block) {  // an unfolded x: planes of x' are not planes of the caller's x; whole images
+  const size_t planes = size_t(sh.N) * B;
+  if (known_planes && per_block &&
+      std::all_of(known_planes, known_planes + planes, [](float m) { return m >= 0.f && std::isfinite(m); })) {
+    std::copy_n(known_planes, planes, pm);
+  } else if (!per_block) {  // an unfolded x: planes of x' are not planes of the caller's x; whole images
     const size_t img_len = blocked_size(1, user.C, user.H, user.W);
     ctx.parallel_for(sh.N, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
@@ -325,44 +429,54 @@ ConvInt16::Impl::SliceExponents ConvInt16::Impl::slice_exponents(const float* sr
 
 // Granularity::slice: x's forward copy xq with an exponent per image, and its batch-pair copy xp
 // (which the weight gradient reduces over images with) one per 16-channel block, each with its own
-// row maxima; the maxima are measured here (a producer knows only the tensor's).
-void ConvInt16::Impl::quantize_x_slices(const float* x, const SpanSource* spans) {
+// row maxima, in one pass over x (an unfolded x: one pass per copy, each gathering its columns).
+void ConvInt16::Impl::quantize_x_slices(const float* x, const float* known_planes, const SpanSource* spans) {
   const bool unfolded_src = unfold && !spans;
-  const SliceExponents r = slice_exponents(x, CB, size_t(sh.H) * sh.W * 16, spans, !unfolded_src, step_x.headroom,
-                                           x_img, x_blk);
-  x_pairs = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0, step_x,
-                             r.max_abs, x_row_max.data(), unfolded_src, spans, xp_step, x_blk.planes.data());
+  const SliceExponents r = slice_exponents(x, CB, size_t(sh.H) * sh.W * 16, known_planes, spans, !unfolded_src,
+                                           step_x.headroom, x_img, x_blk);
+  if (unfolded_src) {
+    x_pairs = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0, step_x,
+                               r.max_abs, x_row_max.data(), true, nullptr, xp_step, x_blk.planes.data());
+    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, nullptr, 0, 0, 0, 0, step_x,
+                               r.max_abs, x_fwd_row_max.data(), true, nullptr, 1, x_img.planes.data());
+  } else {
+    std::tie(stats.x, x_pairs) = quantize_dual(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, x_img.planes.data(),
+                                               x_fwd_row_max.data(), xp.data(), xp_h, xp_w, xp_step,
+                                               x_blk.planes.data(), x_row_max.data(), step_x, r.max_abs, spans);
+  }
   x_pairs.exponent = r.blk_hi;
   x_pairs.exponent_min = r.blk_lo;
-  stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, nullptr, 0, 0, 0, 0, step_x, r.max_abs,
-                             x_fwd_row_max.data(), unfolded_src, spans, 1, x_img.planes.data());
   stats.x.exponent = r.img_hi;
   stats.x.exponent_min = r.img_lo;
 }
 
 // Granularity::slice: dy's batch pairs dyp, which the weight gradient reads, with an exponent
 // per 16-channel block, and (with a backward-data pass) its padded copy dyq one per image, each
-// with its own row maxima.
-void ConvInt16::Impl::quantize_dy_slices(const float* dy) {
-  const SliceExponents r = slice_exponents(dy, KB, size_t(OH) * OW * 16, nullptr, true, step_dy.headroom, dy_img,
-                                           dy_blk);
-  dy_pairs = quantize_blocked(dy, KB, OH, OW, nullptr, 0, 0, 0, 0, dyp, OH, OW, 0, 0, step_dy, r.max_abs,
-                              dy_row_max.data(), false, nullptr, 1, dy_blk.planes.data());
+// with its own row maxima, in one pass over dy.
+void ConvInt16::Impl::quantize_dy_slices(const float* dy, const float* known_planes) {
+  const SliceExponents r = slice_exponents(dy, KB, size_t(OH) * OW * 16, known_planes, nullptr, true,
+                                           step_dy.headroom, dy_img, dy_blk);
+  if (!opt.input_gradient) {
+    dy_pairs = quantize_blocked(dy, KB, OH, OW, nullptr, 0, 0, 0, 0, dyp, OH, OW, 0, 0, step_dy, r.max_abs,
+                                dy_row_max.data(), false, nullptr, 1, dy_blk.planes.data());
+  } else {
+    std::tie(stats.dy, dy_pairs) =
+        quantize_dual(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, dy_img.planes.data(), dyq_row_max.data(), dyp, OH, OW, 1,
+                      dy_blk.planes.data(), dy_row_max.data(), step_dy, r.max_abs, nullptr);
+    stats.dy.exponent = r.img_hi;
+    stats.dy.exponent_min = r.img_lo;
+  }
   dy_pairs.exponent = r.blk_hi;
   dy_pairs.exponent_min = r.blk_lo;
-  if (!opt.input_gradient) {
-    stats.dy = dy_pairs;
-    return;
-  }
-  stats.dy = quantize_blocked(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, nullptr, 0, 0, 0, 0, step_dy, r.max_abs,
-                              dyq_row_max.data(), false, nullptr, 1, dy_img.planes.data());
-  stats.dy.exponent = r.img_hi;
-  stats.dy.exponent_min = r.img_lo;
+  if (!opt.input_gradient) stats.dy = dy_pairs;
 }
 
-void ConvInt16::Impl::quantize_input(const float* x, float known_max) { quantize_x(x, known_max, nullptr); }
+void ConvInt16::Impl::quantize_input(const float* x, float known_max, const float* known_planes) {
+  quantize_x(x, known_max, known_planes, nullptr);
+}
 
-void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs) {
+void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs,
+                                           const float* known_planes) {
   DFP_CHECK(!unfold, Status::invalid_argument,
             "convolution '" + name + "': quantize_input_spans() on a layer with unfolded columns (C = " +
                 std::to_string(user.C) + " < 16); use quantize_input()");
@@ -370,13 +484,13 @@ void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* prod
             "convolution '" + name + "': quantize_input_spans() needs a finite max_abs >= 0, got " +
                 std::to_string(max_abs));
   const SpanSource spans{fn, producer};
-  quantize_x(nullptr, max_abs, &spans);
+  quantize_x(nullptr, max_abs, known_planes, &spans);
 }
 
-void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max) {
+void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max, const float* known_planes) {
   ensure_workspace();
   if (dy_slices) {
-    quantize_dy_slices(dy);
+    quantize_dy_slices(dy, known_planes);
   } else {
     stats.dy = quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
                                 dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data());

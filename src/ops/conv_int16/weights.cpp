@@ -42,16 +42,19 @@ void ConvInt16::Impl::quantize_w_in_channels(const float* w) {
   const auto& kt = ctx.kernels();
   const int C = user.C;
   const size_t taps = size_t(user.R) * user.S;
-  ctx.parallel_for(C, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      float mc = 0.f;
-      for (int k = 0; k < user.K; ++k) {
-        uint64_t ignored = 0;  // non-finite weights: counted by the quantizer
-        mc = std::max(mc, kt.max_abs.fn(w + (size_t(k) * C + c) * taps, taps, &ignored));
+  // max|w| over finite weights per input channel (the max_abs kernel's result), in one pass in
+  // memory order: a kernel call per (k, c) run of R * S weights costs more than its work.
+  std::fill(w_in_max.begin(), w_in_max.begin() + C, 0.f);
+  for (int k = 0; k < user.K; ++k)
+    for (int c = 0; c < C; ++c) {
+      const float* run = w + (size_t(k) * C + c) * taps;
+      float m = w_in_max[size_t(c)];
+      for (size_t t = 0; t < taps; ++t) {
+        const float a = std::fabs(run[t]);
+        m = a > m && std::isfinite(a) ? a : m;  // non-finite weights: counted by the quantizer
       }
-      w_in_max[size_t(c)] = mc;
+      w_in_max[size_t(c)] = m;
     }
-  });
   int hi = std::numeric_limits<int>::min(), lo = std::numeric_limits<int>::max();
   float all = 0.f;
   std::vector<int>& e = w_in_exp;
@@ -71,10 +74,13 @@ void ConvInt16::Impl::quantize_w_in_channels(const float* w) {
   std::atomic<int32_t> max_q{0};
   ctx.parallel_for(user.K, [&](int64_t k0, int64_t k1) {
     simd::QuantCounters cnt;
+    // Neighbouring channels with one exponent go in one call (the same elements and indices).
     for (int64_t k = k0; k < k1; ++k)
-      for (int c = 0; c < C; ++c) {
+      for (int c = 0, c1; c < C; c = c1) {
+        const int e = w_user_exp[size_t(c)];
+        for (c1 = c + 1; c1 < C && w_user_exp[size_t(c1)] == e;) ++c1;
         const size_t off = (size_t(k) * C + c) * taps;
-        kt.quantize.fn(w + off, wq + off, taps, w_user_exp[size_t(c)], step_w.rounding, step_w.seed, off, &cnt);
+        kt.quantize.fn(w + off, wq + off, size_t(c1 - c) * taps, e, step_w.rounding, step_w.seed, off, &cnt);
       }
     saturated.fetch_add(cnt.saturated);
     bad.fetch_add(cnt.nonfinite);
