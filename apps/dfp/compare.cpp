@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dfp/dfp16.hpp"
 #include "dfp/loss_scale.hpp"
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
@@ -31,22 +32,41 @@ struct RunSpec {
   std::string device = "cpu";
   std::string precision;  // fp32 | int16 | bf16 | fp16
   std::string scaling;    // none | static | dynamic | adaptive
+  std::string granularity;  // int16: tensor | slice for every class (--granularity); "" = the flags'
 };
 
-// "<precision>[-<scaling>]"; fp16 alone means dynamic scaling (what torch.amp users run).
+// "<precision>[-<scaling>][-<granularity>]"; fp16 alone means dynamic scaling (what torch.amp
+// users run); int16-slice and int16-tensor compare DFP16 exponent granularities in one report.
 RunSpec parse_spec(const std::string& spec) {
   RunSpec r;
   r.label = spec;
+  const std::string origin = "flag --precisions item '" + spec + "'";
   std::string rest = spec;
   if (rest.rfind("cuda-", 0) == 0) {  // cuda-fp16, cuda-fp32: the GPU device
     r.device = "cuda";
     rest = rest.substr(5);
   }
-  const size_t dash = rest.find('-');
-  r.precision = rest.substr(0, dash);
-  dfp::parse_precision(r.precision, "flag --precisions item '" + spec + "'");
-  r.scaling = dash == std::string::npos ? (r.precision == "fp16" ? "dynamic" : "none") : rest.substr(dash + 1);
-  dfp::parse_loss_scale_mode(r.scaling, "flag --precisions item '" + spec + "'");
+  std::vector<std::string> parts(1);
+  for (char ch : rest) {
+    if (ch == '-') parts.emplace_back();
+    else parts.back() += ch;
+  }
+  r.precision = parts[0];
+  dfp::parse_precision(r.precision, origin);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    if (p == dfp::granularity_name(dfp::Granularity::tensor) || p == dfp::granularity_name(dfp::Granularity::slice)) {
+      DFP_CHECK(r.precision == "int16" && r.device == "cpu" && r.granularity.empty(), dfp::Status::invalid_argument,
+                origin + ": a granularity (-tensor, -slice) applies once to an int16 item, e.g. int16-slice");
+      r.granularity = p;
+    } else {
+      DFP_CHECK(r.scaling.empty(), dfp::Status::invalid_argument,
+                origin + ": expected PRECISION[-SCALING][-GRANULARITY], e.g. fp16-static or int16-slice");
+      r.scaling = p;
+      dfp::parse_loss_scale_mode(r.scaling, origin);
+    }
+  }
+  if (r.scaling.empty()) r.scaling = r.precision == "fp16" ? "dynamic" : "none";
   return r;
 }
 
@@ -126,6 +146,13 @@ int compare(CompareState& s) {
         DFP_CHECK(specs[i].label != item, dfp::Status::invalid_argument, "flag --precisions: '" + item + "' given twice");
     }
   DFP_CHECK(!specs.empty(), dfp::Status::invalid_argument, "flag --precisions: expected a list like fp32,bf16,fp16,int16");
+  for (const RunSpec& r : specs)
+    for (const auto& [flag, value] : s.flags.given()) {
+      const std::string a = FlagSet::canonical(*flag);
+      DFP_CHECK(r.granularity.empty() || a.find("granularity") == std::string::npos, dfp::Status::invalid_argument,
+                "dfp compare: flag " + a + " and the --precisions item '" + r.label +
+                    "' both set the granularity; give it in one place (e.g. --precisions int16-tensor,int16-slice)");
+    }
   // Each run is a child process of compare, which cannot join the launcher's job as a rank; a
   // data-parallel comparison starts each run under the launcher instead (--launcher).
   DFP_CHECK(dfp::job_ranks() == 1, dfp::Status::unsupported,
@@ -158,8 +185,10 @@ int compare(CompareState& s) {
     argv.insert(argv.end(), pass.begin(), pass.end());
     argv.insert(argv.end(), {"--device", r.device, "--precision", r.precision, "--loss-scaling", r.scaling, "--label", r.label,
                              "--out", dir});
-    std::printf("== %s: dfp train ... --precision %s --loss-scaling %s --out %s\n", r.label.c_str(), r.precision.c_str(),
-                r.scaling.c_str(), dir.c_str());
+    if (!r.granularity.empty()) argv.insert(argv.end(), {"--granularity", r.granularity});
+    const std::string granularity = r.granularity.empty() ? "" : " --granularity " + r.granularity;
+    std::printf("== %s: dfp train ... --precision %s --loss-scaling %s%s --out %s\n", r.label.c_str(), r.precision.c_str(),
+                r.scaling.c_str(), granularity.c_str(), dir.c_str());
     std::fflush(stdout);
     const int rc = run_logged(argv, dir + "/train.log", r.label);
     if (rc == 0) done.push_back(dir);
@@ -195,7 +224,8 @@ Run add_compare(CLI::App& root) {
   CompareState* p = s.get();
   p->flags.add({{"--precisions", "LIST",
                  "runs, e.g. fp32,bf16,fp16,int16: items PRECISION[-none|-static|-dynamic|-adaptive] (fp16 alone = "
-                 "fp16-dynamic; cuda-fp16, cuda-fp32 on the GPU)",
+                 "fp16-dynamic; cuda-fp16, cuda-fp32 on the GPU); int16-tensor, int16-slice: that DFP16 granularity "
+                 "(--granularity) for the run",
                  [p](const std::string&, const std::string& v) { p->specs_text = v; }, "Run"},
                 out_flag(p->out, "directory of the comparison: OUT/<item>/ per run, the report and plots"),
                 {"--launcher", "CMD",

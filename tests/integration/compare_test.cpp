@@ -144,6 +144,11 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
       // compare checks the shared settings once, before it starts any run or writes anything
       {"compare --precisions fp32,int16 --momentum -1 --out '" + dir.file("never") + "'",
        "flag --momentum: expected a finite number >= 0, got -1"},
+      {"compare --precisions fp32-slice --out '" + dir.file("never") + "'",
+       "flag --precisions item 'fp32-slice': a granularity (-tensor, -slice) applies once to an int16 item"},
+      {"compare --precisions int16-slice-tensor --out '" + dir.file("never") + "'", "applies once to an int16 item"},
+      {"compare --precisions int16-slice --weights-granularity tensor --out '" + dir.file("never") + "'",
+       "flag --weights-granularity and the --precisions item 'int16-slice' both set the granularity"},
   };
   for (const auto& [args, message] : cases) {
     const std::string log = dir.file("cli.log");
@@ -199,4 +204,35 @@ TEST(Compare, EarlierComparisonIsReplacedOnlyWithOverwrite) {
   EXPECT_EQ(slurp(dir.file("cmp/fp32/checkpoint.dfp")), first);
   ASSERT_EQ(std::system((base + " --seed 2 --overwrite > '" + log + "' 2>&1").c_str()), 0) << slurp(log);
   EXPECT_NE(slurp(dir.file("cmp/fp32/checkpoint.dfp")), first);
+}
+
+// int16-tensor and int16-slice items compare DFP16 granularities in one report: each run trains
+// with its own (recorded in its config.json), and the report names it.
+TEST(Compare, Int16GranularitiesSideBySide) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const dfp::test::TempDir dir("dfp_compare_granularity_");
+  const fs::path out = dir.path() / "cmp";
+  const std::string cmd = std::string("'") + DFP_CLI +
+                          "' compare --model lenet --epochs 1 --batch-size 32 --limit-train 128 --limit-test 32 "
+                          "--threads 2 --numerics-every 2 --precisions int16,int16-slice --out '" +
+                          out.string() + "' > '" + dir.file("compare.log") + "' 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir.file("compare.log"));
+  const std::string tensor_config = slurp(out / "int16" / "config.json"), slice_config = slurp(out / "int16-slice" / "config.json");
+  for (const char* g : {"weights{", "activations{", "gradients{"}) {
+    const size_t t = tensor_config.find(g), s = slice_config.find(g);
+    ASSERT_NE(t, std::string::npos) << tensor_config;
+    ASSERT_NE(s, std::string::npos) << slice_config;
+    EXPECT_NE(tensor_config.substr(t, tensor_config.find('}', t) - t).find("granularity=tensor"), std::string::npos) << g;
+    EXPECT_NE(slice_config.substr(s, slice_config.find('}', s) - s).find("granularity=slice"), std::string::npos) << g;
+  }
+  EXPECT_NE(slurp(dir.file("compare.log")).find("== int16-slice: dfp train ... --precision int16 --loss-scaling none "
+                                                "--granularity slice --out"),
+            std::string::npos);
+  const std::string sqnr = slurp(out / "plots" / "sqnr_layers_dy.gp");
+  EXPECT_NE(sqnr.find("title 'int16 (tensor)'"), std::string::npos) << sqnr;
+  EXPECT_NE(sqnr.find("title 'int16-slice (slice: w, x, dy)'"), std::string::npos) << sqnr;
+  const std::string csv = slurp(out / "summary.csv");
+  EXPECT_NE(csv.find(",tensor\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",\"slice: w, x, dy\"\n"), std::string::npos) << csv;
 }

@@ -682,3 +682,176 @@ TEST(Report, RunsWithOnlyTheRequiredFieldsStillPlot) {
   }
   EXPECT_NE(format_table(runs).find("minimal"), std::string::npos);
 }
+
+// ---- granularity (DFP16 exponents per tensor or per slice) -------------------------------------
+
+namespace {
+
+std::string policy(const std::string& precision, const char* w, const char* x, const char* dy) {
+  auto group = [](const char* name, const char* g) {
+    return std::string(" ") + name + "{headroom=2,rounding=nearest,granularity=" + g + "}";
+  };
+  return precision + group("weights", w) + group("activations", x) + group("gradients", dy);
+}
+
+// An INT16 metrics line of layers conv1 and layer1.0.conv1. `slices`: the smallest exponents of a
+// run with an exponent per slice, written where they differ from the largest (as the trainer
+// writes them): x never, w in conv1 from epoch 2 (spread 2), dy in both layers (spreads 3 + epoch
+// and 5).
+std::string granularity_line(int epoch, const std::string& policy_text, bool slices) {
+  std::ostringstream o;
+  o << "{\"epoch\":" << epoch << ",\"train_loss\":0.5,\"test_top1\":80,\"epoch_seconds\":10,\"precision_policy\":\""
+    << policy_text << "\",\"layers\":[";
+  for (int i = 0; i < 2; ++i) {
+    o << (i ? "," : "") << "{\"layer\":\"" << kLayerNames[i] << "\",\"format\":\"int16\",\"exp_x\":-10,\"exp_w\":-14,\"exp_dy\":"
+      << -20 - i;
+    if (slices && i == 0 && epoch >= 2) o << ",\"exp_w_min\":-16";
+    if (slices) o << ",\"exp_dy_min\":" << (i == 0 ? -23 - epoch : -26);
+    o << ",\"sqnr_x_db\":" << 70 + i << ",\"sqnr_w_db\":75,\"sqnr_dy_db\":" << (slices ? 66 : 55) + i << "}";
+  }
+  o << "]}\n";
+  return o.str();
+}
+
+// Under <root>/cmp/: int16 (tensor), int16-slice (slice in every class), int16-w (slice in the
+// weights; its policy only in the metrics lines), int16-old (a policy without granularity) and
+// fp32 (a policy that names a granularity but runs no INT16 layer).
+std::vector<std::string> write_granularity_runs(const TempDir& t) {
+  const std::string tensor = policy("precision=int16", "tensor", "tensor", "tensor");
+  const std::string slice = policy("precision=int16", "slice", "slice", "slice");
+  const std::string w_only = policy("precision=fp32 override[conv1]=int16 override[layer1*]=int16", "slice", "tensor", "tensor");
+  const std::vector<std::tuple<std::string, std::string, std::string, bool>> runs = {
+      {"int16", tensor, tensor, false},
+      {"int16-slice", slice, slice, true},
+      {"int16-w", "", w_only, false},
+      {"int16-old", "precision=int16", "precision=int16", false},
+      {"fp32", policy("precision=fp32", "slice", "slice", "slice"), "precision=fp32", false}};
+  std::vector<std::string> dirs;
+  for (const auto& [label, config_policy, metrics_policy, slices] : runs) {
+    const std::string dir = t.file("cmp/" + label);
+    write(dir + "/config.json", "{\"label\":\"" + label + "\",\"model\":\"resnet20\"" +
+                                    (config_policy.empty() ? "" : ",\"precision_policy\":\"" + config_policy + "\"") + "}\n");
+    std::string lines;
+    for (int e = 1; e <= 3; ++e)
+      lines += label == "fp32" ? "{\"epoch\":" + std::to_string(e) + ",\"train_loss\":0.5,\"test_top1\":80,\"epoch_seconds\":10}\n"
+                               : granularity_line(e, metrics_policy, slices);
+    write(dir + "/metrics.jsonl", lines);
+    dirs.push_back(dir);
+  }
+  return dirs;
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(Report, ReadRunTakesTheGranularityTheRunRecorded) {
+  TempDir t;
+  const auto dirs = write_granularity_runs(t);
+  std::vector<RunSummary> r;
+  for (const auto& d : dirs) r.push_back(read_run(d));
+  EXPECT_EQ(std::make_tuple(r[0].granularity_w, r[0].granularity_x, r[0].granularity_dy, r[0].int16),
+            std::make_tuple(std::string("tensor"), std::string("tensor"), std::string("tensor"), true));
+  EXPECT_EQ(std::make_tuple(r[1].granularity_w, r[1].granularity_x, r[1].granularity_dy),
+            std::make_tuple(std::string("slice"), std::string("slice"), std::string("slice")));
+  // No policy in config.json: the metrics lines'; INT16 through overrides.
+  EXPECT_EQ(std::make_tuple(r[2].granularity_w, r[2].granularity_x, r[2].int16),
+            std::make_tuple(std::string("slice"), std::string("tensor"), true));
+  EXPECT_EQ(r[3].granularity_w, "");
+  const std::vector<std::pair<std::string, std::string>> want = {{"tensor", "int16 (tensor)"},
+                                                                 {"slice: w, x, dy", "int16-slice (slice: w, x, dy)"},
+                                                                 {"slice: w; tensor: x, dy", "int16-w (slice: w; tensor: x, dy)"},
+                                                                 {"", "int16-old"},  // not recorded: not guessed
+                                                                 {"", "fp32"}};      // no INT16 layer
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(granularity_text(r[i]), want[i].first) << r[i].label;
+    EXPECT_EQ(run_title(r[i]), want[i].second) << r[i].label;
+  }
+  EXPECT_FALSE(r[4].int16);
+  // The slices' smallest exponents as logged (NaN where the line has none).
+  EXPECT_EQ(r[1].layers[0].points[2].exp_dy_min, -26);
+  EXPECT_EQ(r[1].layers[0].points[1].exp_w_min, -16);
+  EXPECT_TRUE(std::isnan(r[1].layers[0].points[0].exp_w_min));
+}
+
+TEST(Report, PlotsAndTablesNameTheGranularityAndShowTheSpread) {
+  TempDir t;
+  const auto dirs = write_granularity_runs(t);
+  std::vector<RunSummary> runs;
+  for (const auto& d : dirs) runs.push_back(read_run(d));
+  const std::string out = t.file("cmp");
+  const ReportFiles f = write_report(out, runs, nullptr);
+  const std::string plots = out + "/plots/";
+
+  // Every SQNR plot's legend, and the training curves', name each INT16 run's granularity.
+  for (const char* gp : {"sqnr_layers_x.gp", "sqnr_layers_w.gp", "sqnr_layers_dy.gp", "loss.gp"}) {
+    const std::string s = read(plots + gp);
+    for (const char* title : {"title 'int16 (tensor)'", "title 'int16-slice (slice: w, x, dy)'",
+                              "title 'int16-w (slice: w; tensor: x, dy)'", "title 'int16-old'"})
+      EXPECT_TRUE(has(s, title)) << gp << ": " << title << "\n" << s;
+  }
+  for (const char* gp : {"sqnr_epochs_x.gp", "sqnr_epochs_w.gp", "sqnr_epochs_dy.gp"}) {
+    const std::string s = read(plots + gp);
+    for (const char* title : {"title 'int16 (tensor) mean'", "title 'int16 (tensor) worst layer'",
+                              "title 'int16-slice (slice: w, x, dy) mean'", "title 'int16-slice (slice: w, x, dy) worst layer'"})
+      EXPECT_TRUE(has(s, title)) << gp << ": " << title;
+  }
+  EXPECT_TRUE(has(read(plots + "exp_int16_dy.gp"), "set title 'int16 (tensor): DFP16 exponent e of the gradients (exp_dy)"));
+  EXPECT_TRUE(has(read(plots + "exp_int16-slice_dy.gp"),
+                  "set title 'int16-slice (slice: w, x, dy): DFP16 exponent e of the gradients, the largest of the slices'' (exp_dy)"));
+
+  // Spread maps where a layer's slices differ: dy of int16-slice (every epoch), w of int16-slice
+  // (conv1 from epoch 2); none for its x (one exponent among the slices) nor for the other runs.
+  ASSERT_TRUE(fs::exists(plots + "exp_int16-slice_dy_spread.gp"));
+  EXPECT_EQ(read(plots + "exp_int16-slice_dy_spread.dat"),
+            "# int16-slice (slice: w, x, dy): spread of the slices' DFP16 exponents within each layer's gradients "
+            "(exp_dy - exp_dy_min, bits)\n# epoch layer_row spread_bits largest smallest\n"
+            "1 0 4 -20 -24\n1 1 5 -21 -26\n2 0 5 -20 -25\n2 1 5 -21 -26\n3 0 6 -20 -26\n3 1 5 -21 -26\n");
+  EXPECT_EQ(read(plots + "exp_int16-slice_w_spread.dat"),
+            "# int16-slice (slice: w, x, dy): spread of the slices' DFP16 exponents within each layer's weights "
+            "(exp_w - exp_w_min, bits)\n# epoch layer_row spread_bits largest smallest\n"
+            "1 0 0 -14 -14\n1 1 0 -14 -14\n2 0 2 -14 -16\n2 1 0 -14 -14\n3 0 2 -14 -16\n3 1 0 -14 -14\n");
+  const std::string spread_gp = read(plots + "exp_int16-slice_dy_spread.gp");
+  EXPECT_TRUE(has(spread_gp, "set cbrange [-0.5:6.5]")) << spread_gp;  // from 0 bits
+  EXPECT_TRUE(has(spread_gp, "plot 'exp_int16-slice_dy_spread.dat' using 1:2:(0.5):(0.5):3 with boxxyerror")) << spread_gp;
+  for (const char* none : {"exp_int16-slice_x_spread", "exp_int16_dy_spread", "exp_int16_w_spread", "exp_int16-w_w_spread",
+                           "exp_int16-old_dy_spread"})
+    EXPECT_FALSE(fs::exists(plots + none + ".gp")) << none;
+  const std::string md = read(f.markdown), html = read(f.html);
+  for (const std::string& report : {md, html}) {
+    EXPECT_TRUE(has(report, "int16-slice (slice: w, x, dy): spread of the exponents within the gradients"));
+    EXPECT_TRUE(has(report, "int16-slice (slice: w, x, dy): spread of the exponents within the weights"));
+    EXPECT_FALSE(has(report, "spread of the exponents within the activations"));
+    EXPECT_FALSE(has(report, "int16 (tensor): spread"));
+    EXPECT_TRUE(has(report, "legend names its DFP16 exponent granularity: tensor (one exponent per tensor)"));
+  }
+  if (!f.plots_skipped) {
+    EXPECT_EQ(f.plots_note, "");
+    const std::string ext = fs::path(f.plots.at(0)).extension().string();
+    EXPECT_TRUE(non_empty(plots + "exp_int16-slice_dy_spread" + ext));
+    EXPECT_TRUE(has(html, "<img src=\"plots/exp_int16-slice_dy_spread" + ext + "\""));
+  }
+
+  // The per-layer tables: the slices' exponent range where there is more than one.
+  EXPECT_TRUE(has(md, "\n### int16-slice (slice: w, x, dy)\n"));
+  EXPECT_TRUE(has(md, "| # | layer | format | exp x | exp w (min..max) | exp dy (min..max) |"));
+  EXPECT_TRUE(has(md, "| 0 | conv1 | int16 | -10 | -16..-14 | -26..-20 |"));
+  EXPECT_TRUE(has(md, "| 1 | layer1.0.conv1 | int16 | -10 | -14 | -26..-21 |"));
+  EXPECT_TRUE(has(md, "\n### int16 (tensor)\n"));
+  EXPECT_TRUE(has(md, "| 0 | conv1 | int16 | -10 | -14 | -20 |"));
+  EXPECT_TRUE(has(html, "<summary>int16-slice (slice: w, x, dy): 2 layers"));
+  EXPECT_TRUE(has(html, "<th>exp dy (min..max)</th>"));
+  EXPECT_TRUE(has(html, "<td class=\"n\">-26..-20</td>"));
+  EXPECT_TRUE(has(html, "<summary>int16 (tensor): 2 layers"));
+  // The summary: a granularity column; the terminal table names it after the label.
+  const std::string csv = read(f.csv);
+  EXPECT_TRUE(has(csv.substr(0, csv.find('\n')), ",final_loss_scale,granularity")) << csv;
+  EXPECT_TRUE(has(csv, "\nint16,cpu,resnet20,,,3,,80,,0.5,30,,,,,tensor\n")) << csv;
+  EXPECT_TRUE(has(csv, "\nint16-slice,cpu,resnet20,,,3,,80,,0.5,30,,,,,\"slice: w, x, dy\"\n")) << csv;
+  EXPECT_TRUE(has(csv, "\nfp32,cpu,resnet20,,,3,,80,,0.5,30,,,,,\n")) << csv;
+  EXPECT_TRUE(has(read(f.markdown_table), "| int16-w | cpu | resnet20 | - | - | 3 | - | 80 | - | 0.5 | 30 | - | - | - | - | slice: w; tensor: x, dy |"));
+  EXPECT_TRUE(has(html, "<td>slice: w; tensor: x, dy</td>"));
+  const std::string table = format_table(runs);
+  EXPECT_TRUE(has(table, "\nint16-slice (slice: w, x, dy)  ")) << table;
+  EXPECT_TRUE(has(table, "\nint16 (tensor)  ")) << table;
+}

@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 
+#include "apps/dfp/report/layers.hpp"
 #include "dfp/status.hpp"
 
 namespace fs = std::filesystem;
@@ -195,6 +196,7 @@ struct Ctx {
   std::vector<Plot>* plots;
   std::vector<std::string> gp;  // script file names (in plots_dir), in plot order
   std::vector<size_t> gp_plot;  // index into plots of each script
+  std::string script;           // the script heat_map wrote last
 };
 
 std::string preamble(const Ctx& c, const std::string& image, int w, int h) {
@@ -219,6 +221,15 @@ void add_plot(Ctx& c, const std::string& section, const std::string& stem, const
   c.plots->push_back(Plot{section, "plots/" + stem + "." + c.ext, title, how, false});
   c.gp.push_back(gp_name);
   c.gp_plot.push_back(c.plots->size() - 1);
+}
+
+// The width of a plot whose key, outside on the right, holds the runs' titles followed by `suffix`:
+// 900 pixels, wider by the titles' characters beyond 24, so that long titles ("int16-slice
+// (slice: w, x, dy) worst layer") leave the graph its width.
+int keyed_width(const std::vector<RunSummary>& runs, const std::string& suffix) {
+  size_t longest = 0;
+  for (const auto& r : runs) longest = std::max(longest, run_title(r).size() + suffix.size());
+  return 900 + 7 * int(std::max<size_t>(longest, 24) - 24);
 }
 
 int max_epoch(const std::vector<RunSummary>& runs) {
@@ -273,21 +284,15 @@ using LayerField = double LayerPoint::*;
 struct TensorClass {
   const char* key;     // file-name part
   const char* what;    // words
-  LayerField exp;      // nullptr: none
+  LayerField exp;      // the largest exponent (the tensor's, or its slices' largest)
+  LayerField exp_min;  // the smallest of the slices' exponents (logged where it differs)
   LayerField sqnr;
 };
 constexpr TensorClass kClasses[] = {
-    {"x", "activations", &LayerPoint::exp_x, &LayerPoint::sqnr_x_db},
-    {"w", "weights", &LayerPoint::exp_w, &LayerPoint::sqnr_w_db},
-    {"dy", "gradients", &LayerPoint::exp_dy, &LayerPoint::sqnr_dy_db},
+    {"x", "activations", &LayerPoint::exp_x, &LayerPoint::exp_x_min, &LayerPoint::sqnr_x_db},
+    {"w", "weights", &LayerPoint::exp_w, &LayerPoint::exp_w_min, &LayerPoint::sqnr_w_db},
+    {"dy", "gradients", &LayerPoint::exp_dy, &LayerPoint::exp_dy_min, &LayerPoint::sqnr_dy_db},
 };
-
-// The last finite value of a layer's series (NaN if none).
-double last_finite(const LayerSeries& l, LayerField f) {
-  for (size_t i = l.points.size(); i-- > 0;)
-    if (finite(l.points[i].*f)) return l.points[i].*f;
-  return kNotLogged;
-}
 
 bool any_finite(const LayerSeries& l, LayerField f) {
   for (const auto& p : l.points)
@@ -300,7 +305,7 @@ bool any_finite(const LayerSeries& l, LayerField f) {
 void epoch_data(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<std::string>& safe) {
   for (size_t r = 0; r < runs.size(); ++r) {
     Writer w(c.plots_dir, "epochs_" + safe[r] + ".dat", *c.written);
-    w << "# " << runs[r].label
+    w << "# " << run_title(runs[r])
       << ": one line per epoch\n# epoch lr train_loss train_top1 test_loss test_top1 test_top5 images_per_second "
          "epoch_seconds peak_rss_mib loss_scale skipped_steps\n";
     for (const auto& p : runs[r].epochs_series)
@@ -321,7 +326,7 @@ std::string epoch_lines(const std::vector<RunSummary>& runs, const std::vector<s
     for (const auto& p : runs[r].epochs_series) has |= finite(p.*field);
     if (!has) continue;
     o << (first ? "plot " : ", \\\n     ") << q("epochs_" + safe[r] + ".dat") << " using 1:" << col
-      << " with linespoints lw 2 pt 7 ps 0.9 lc rgb " << q(color(r)) << " title " << q(runs[r].label);
+      << " with linespoints lw 2 pt 7 ps 0.9 lc rgb " << q(color(r)) << " title " << q(run_title(runs[r]));
     first = false;
   }
   return first ? "" : o.str() + "\n";
@@ -334,13 +339,13 @@ void curve_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<
     add_plot(c, "curves", "loss", "Training loss per epoch",
              "Mean training loss over each epoch's batches, one line per precision; lower is better, and a "
              "reduced precision that trains like FP32 follows the FP32 line.",
-             preamble(c, "loss." + c.ext, 900, 500) + "set title 'Training loss per epoch (all precisions)'\n" +
+             preamble(c, "loss." + c.ext, keyed_width(runs, ""), 500) + "set title 'Training loss per epoch (all precisions)'\n" +
                  epoch_axis(me) + "set ylabel 'train loss'\n" + key + lines);
   if (std::string lines = epoch_lines(runs, safe, 6, &EpochPoint::test_top1); !lines.empty())
     add_plot(c, "curves", "test_top1", "Test top-1 accuracy per epoch",
              "Test-set top-1 accuracy (%) after each epoch, one line per precision; the gap to FP32 at the last "
              "epoch is the accuracy cost of that precision.",
-             preamble(c, "test_top1." + c.ext, 900, 500) + "set title 'Test top-1 accuracy per epoch (all precisions)'\n" +
+             preamble(c, "test_top1." + c.ext, keyed_width(runs, ""), 500) + "set title 'Test top-1 accuracy per epoch (all precisions)'\n" +
                  epoch_axis(me) + "set ylabel 'test top-1 (%)'\n" + key + lines);
 }
 
@@ -350,7 +355,7 @@ void performance_plot(Ctx& c, const std::vector<RunSummary>& runs) {
     Writer w(c.plots_dir, "summary.dat", *c.written);
     w << "# index label images_per_second peak_rss_mib colour(0xRRGGBB)\n";
     for (size_t r = 0; r < runs.size(); ++r) {
-      w << r << " " << ds(runs[r].label) << " " << d(runs[r].images_per_second) << " " << d(runs[r].peak_rss_mib) << " "
+      w << r << " " << ds(run_title(runs[r])) << " " << d(runs[r].images_per_second) << " " << d(runs[r].peak_rss_mib) << " "
         << kColors[r % (sizeof kColors / sizeof kColors[0])] << "\n";
       any_ips |= finite(runs[r].images_per_second);
       any_rss |= finite(runs[r].peak_rss_mib);
@@ -359,7 +364,7 @@ void performance_plot(Ctx& c, const std::vector<RunSummary>& runs) {
   if (!any_ips && !any_rss) return;
   const size_t n = runs.size();
   size_t label_chars = 0;  // tic labels side by side under one panel (half the width)
-  for (const auto& r : runs) label_chars += r.label.size() + 2;
+  for (const auto& r : runs) label_chars += run_title(r).size() + 2;
   std::ostringstream o;
   o << preamble(c, "performance." + c.ext, 900, 500) << "set multiplot layout 1," << (any_ips && any_rss ? 2 : 1)
     << " title 'Throughput and memory per precision'\n"
@@ -417,19 +422,25 @@ void loss_scale_plot(Ctx& c, const std::vector<RunSummary>& runs, const std::vec
            o.str());
 }
 
-// Blue (small exponents) to red (large): one flat colour per integer when there are few levels,
-// so that a colour is an exponent; a continuous ramp otherwise.
-std::string exponent_palette(int levels) {
-  static const double stops[5][3] = {{0x2c, 0x7b, 0xb6}, {0xab, 0xd9, 0xe9}, {0xff, 0xff, 0xbf}, {0xfd, 0xae, 0x61},
-                                     {0xd7, 0x19, 0x1c}};
+// A palette through five colour stops: one flat colour per integer when there are few levels, so
+// that a colour is a value; a continuous ramp otherwise.
+using Stops = unsigned[5];
+// Exponents: blue (small) to red (large).
+constexpr Stops kExponentStops = {0x2c7bb6, 0xabd9e9, 0xffffbf, 0xfdae61, 0xd7191c};
+// Spreads: near white (0 bits, one exponent) to dark purple (many bits).
+constexpr Stops kSpreadStops = {0xf7f4f9, 0xd4b9da, 0xc994c7, 0xdf65b0, 0x980043};
+
+std::string level_palette(int levels, const Stops& stops) {
+  auto channel = [&](int i, int shift) { return double((stops[i] >> shift) & 0xff); };
   auto at = [&](double t) {
     const double x = std::clamp(t, 0.0, 1.0) * 4;
     const int i = std::min(3, int(x));
     const double f = x - i;
+    int rgb[3];
+    for (int k = 0; k < 3; ++k)
+      rgb[k] = int(std::lround(channel(i, 16 - 8 * k) + f * (channel(i + 1, 16 - 8 * k) - channel(i, 16 - 8 * k))));
     char buf[16];
-    std::snprintf(buf, sizeof buf, "#%02x%02x%02x", int(std::lround(stops[i][0] + f * (stops[i + 1][0] - stops[i][0]))),
-                  int(std::lround(stops[i][1] + f * (stops[i + 1][1] - stops[i][1]))),
-                  int(std::lround(stops[i][2] + f * (stops[i + 1][2] - stops[i][2]))));
+    std::snprintf(buf, sizeof buf, "#%02x%02x%02x", rgb[0], rgb[1], rgb[2]);
     return std::string(buf);
   };
   std::ostringstream o;
@@ -445,66 +456,113 @@ std::string exponent_palette(int levels) {
   return o.str() + ")";
 }
 
+// One heat map of a run: a row per layer (network order, input at the top), a column per epoch.
+// `value` gives a cell's number (NaN: no cell) and the data file's further columns after it.
+struct HeatMap {
+  std::string stem, title, cblabel, header;  // header: the data file's column names
+  const Stops* stops;
+  bool from_zero = false;                    // the colour range starts at 0, and the darkest
+                                             // cells (the top of the range) get white numbers
+};
+
+void heat_map(Ctx& c, const RunSummary& run, const std::vector<const LayerSeries*>& layers, const HeatMap& m,
+              const std::function<std::pair<double, std::string>(const LayerPoint&)>& value) {
+  double lo = m.from_zero ? 0 : 1e300, hi = -1e300;
+  {
+    Writer w(c.plots_dir, m.stem + ".dat", *c.written);
+    w << "# " << run_title(run) << ": " << m.title << "\n# epoch layer_row " << m.header << "\n";
+    for (size_t e = 0; e < run.epochs_series.size(); ++e)
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const auto [v, rest] = value(layers[i]->points[e]);
+        if (!finite(v)) continue;
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+        w << run.epochs_series[e].epoch << " " << i << " " << d(v) << rest << "\n";
+      }
+  }
+  if (lo == hi) {
+    hi += 1;
+    if (!m.from_zero) lo -= 1;
+  }
+  const size_t n = layers.size();
+  const int ne = int(run.epochs_series.size());
+  std::vector<std::string> names;
+  std::vector<double> at;
+  for (size_t i = 0; i < n; ++i) {
+    names.push_back(layers[i]->name);
+    at.push_back(double(i));
+  }
+  std::ostringstream o;
+  o << preamble(c, m.stem + "." + c.ext, 900, std::max(500, int(n) * 11 + 130)) << "set title " << q(run_title(run) + ": " + m.title)
+    << "\nset xlabel 'epoch'\nset xrange [" << run.epochs_series.front().epoch - 0.5 << ":"
+    << run.epochs_series.back().epoch + 0.5 << "]\n"
+    << (ne <= 25 ? "set xtics 1\n" : "set xtics autofreq\n")
+    << "set yrange [" << double(n) - 0.5 << ":-0.5]\nset ytics " << name_tics(names, at) << "\nset ytics scale 0\n"
+    << "set ylabel 'layer (network order, input at the top)'\nset grid noxtics noytics\nunset key\n"
+    << "set cbrange [" << lo - 0.5 << ":" << hi + 0.5 << "]\nset cblabel " << q(m.cblabel) << "\n"
+    << "set palette " << level_palette(int(hi - lo + 1), *m.stops) << "\n";
+  if (hi - lo <= 12) o << "set cbtics 1\n";
+  o << "set rmargin at screen 0.86\n"
+    << "plot " << q(m.stem + ".dat") << " using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette";
+  // Numbers in the cells when they are large enough to hold them.
+  if (ne <= 16 && n <= 40) {
+    o << ", \\\n     '' using 1:2:(sprintf('%d', int($3)))";
+    if (m.from_zero) o << ":($3 > " << lo + 0.7 * (hi - lo) << " ? 0xffffff : 0x202020) with labels font ',8' tc rgb variable";
+    else o << " with labels font ',8' tc rgb '#202020'";
+  }
+  o << "\n";
+  c.script = o.str();
+}
+
+// Per run and class, the shared exponent per layer and epoch (the largest of the slices' where the
+// run has more than one exponent per tensor). Where some layer's slices differ, a second map shows
+// the spread max - min in bits: a colour needs one number per cell, a "min..max" label does not
+// fit the cells of more than a few epochs, and on a scale of its own the spread points at the
+// layers whose slices gain most from their own exponents; runs with one exponent per tensor draw
+// the first map alone.
 void exponent_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<std::string>& safe) {
   for (size_t r = 0; r < runs.size(); ++r) {
     const RunSummary& run = runs[r];
     for (const TensorClass& tc : kClasses) {
       std::vector<const LayerSeries*> layers;
+      bool spread = false;
       for (const auto& l : run.layers)
-        if (any_finite(l, tc.exp)) layers.push_back(&l);
+        if (any_finite(l, tc.exp)) {
+          layers.push_back(&l);
+          for (const auto& p : l.points) spread |= finite(p.*tc.exp) && finite(p.*tc.exp_min) && p.*tc.exp_min != p.*tc.exp;
+        }
       if (layers.empty()) continue;
-      const std::string stem = "exp_" + safe[r] + "_" + tc.key;
-      double lo = 1e300, hi = -1e300;
-      {
-        Writer w(c.plots_dir, stem + ".dat", *c.written);
-        w << "# " << run.label << ": DFP16 exponent of the " << tc.what << " (exp_" << tc.key
-          << ")\n# epoch layer_row exponent\n";
-        for (size_t e = 0; e < run.epochs_series.size(); ++e)
-          for (size_t i = 0; i < layers.size(); ++i) {
-            const double v = layers[i]->points[e].*tc.exp;
-            if (!finite(v)) continue;
-            lo = std::min(lo, v);
-            hi = std::max(hi, v);
-            w << run.epochs_series[e].epoch << " " << i << " " << d(v) << "\n";
-          }
-      }
-      if (lo == hi) {
-        lo -= 1;
-        hi += 1;
-      }
-      const size_t n = layers.size();
-      const int ne = int(run.epochs_series.size());
-      const int h = std::max(500, int(n) * 11 + 130);
-      std::vector<std::string> names;
-      std::vector<double> at;
-      for (size_t i = 0; i < n; ++i) {
-        names.push_back(layers[i]->name);
-        at.push_back(double(i));
-      }
-      std::ostringstream o;
-      o << preamble(c, stem + "." + c.ext, 900, h)
-        << "set title " << q(run.label + ": DFP16 exponent e of the " + tc.what + " (exp_" + tc.key + ") per layer and epoch")
-        << "\n"
-        << "set xlabel 'epoch'\nset xrange [" << run.epochs_series.front().epoch - 0.5 << ":"
-        << run.epochs_series.back().epoch + 0.5 << "]\n"
-        << (ne <= 25 ? "set xtics 1\n" : "set xtics autofreq\n")
-        << "set yrange [" << double(n) - 0.5 << ":-0.5]\nset ytics " << name_tics(names, at) << "\nset ytics scale 0\n"
-        << "set ylabel 'layer (network order, input at the top)'\nset grid noxtics noytics\nunset key\n"
-        << "set cbrange [" << lo - 0.5 << ":" << hi + 0.5 << "]\nset cblabel 'exponent e   (value = i * 2^e)'\n"
-        << "set palette " << exponent_palette(int(hi - lo + 1)) << "\n";
-      if (hi - lo <= 12) o << "set cbtics 1\n";
-      o << "set rmargin at screen 0.86\n"
-        << "plot " << q(stem + ".dat") << " using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette";
-      // Numbers in the cells when they are large enough to hold them.
-      if (ne <= 16 && n <= 40)
-        o << ", \\\n     '' using 1:2:(sprintf('%d', int($3))) with labels font ',8' tc rgb '#202020'";
-      o << "\n";
-      add_plot(c, "exponents", stem, run.label + ": exponents of the " + std::string(tc.what),
+      const std::string stem = "exp_" + safe[r] + "_" + tc.key, field = std::string("exp_") + tc.key;
+      heat_map(c, run, layers,
+               {stem,
+                std::string("DFP16 exponent e of the ") + tc.what + (spread ? ", the largest of the slices'" : "") + " (" +
+                    field + ") per layer and epoch",
+                "exponent e   (value = i * 2^e)", "exponent", &kExponentStops},
+               [&](const LayerPoint& p) { return std::make_pair(p.*tc.exp, std::string()); });
+      add_plot(c, "exponents", stem, run_title(run) + ": exponents of the " + std::string(tc.what),
                std::string("One row per INT16 layer (network order, input at the top), one column per epoch; colour "
                            "and number give the shared exponent e of the layer's ") +
-                   tc.what + " at the end of the epoch (a DFP16 value is i * 2^e, |i| <= 32767). e grows by 1 when the "
+                   tc.what + (spread ? " (the largest of its slices' exponents)" : "") +
+                   " at the end of the epoch (a DFP16 value is i * 2^e, |i| <= 32767). e grows by 1 when the "
                    "tensor's range doubles; a row that changes colour is a range that moves during training.",
-               o.str());
+               c.script);
+      if (!spread) continue;
+      heat_map(c, run, layers,
+               {stem + "_spread",
+                std::string("spread of the slices' DFP16 exponents within each layer's ") + tc.what + " (" + field + " - " +
+                    field + "_min, bits)",
+                "bits between the largest and the smallest slice exponent", "spread_bits largest smallest",
+                &kSpreadStops, true},
+               [&](const LayerPoint& p) {
+                 const double lo = finite(p.*tc.exp_min) ? p.*tc.exp_min : p.*tc.exp;
+                 return std::make_pair(p.*tc.exp - lo, " " + d(p.*tc.exp) + " " + d(lo));
+               });
+      add_plot(c, "exponents", stem + "_spread", run_title(run) + ": spread of the exponents within the " + tc.what,
+               std::string("Where a tensor has an exponent per slice (granularity slice), the bits between its largest "
+                           "and its smallest slice exponent, per layer (rows) and epoch (columns). 0: every slice shares "
+                           "the largest exponent, as one exponent per tensor would; k: the finest slice keeps k more "
+                           "bits than one exponent per tensor would give it.") ,
+               c.script);
     }
   }
 }
@@ -529,7 +587,9 @@ void sqnr_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<s
   // Per layer (global order), each run's last sampled SQNR of each class.
   {
     Writer w(c.plots_dir, "sqnr_layers.dat", *c.written);
-    w << "# SQNR (dB) against the FP32 shadow, each layer's last sampled value\n# layer_index";
+    w << "# SQNR (dB) against the FP32 shadow, each layer's last sampled value\n# runs:";
+    for (const auto& r : runs) w << " " << run_title(r) << ";";
+    w << "\n# layer_index";
     for (const auto& r : runs) w << " " << file_safe(r.label) << ":x " << file_safe(r.label) << ":w " << file_safe(r.label) << ":dy";
     w << "  layer_name\n";
     for (size_t i = 0; i < order.size(); ++i) {
@@ -547,7 +607,7 @@ void sqnr_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<s
   for (size_t r = 0; r < runs.size(); ++r) {
     if (!has[r][0] && !has[r][1] && !has[r][2]) continue;
     Writer w(c.plots_dir, "sqnr_epochs_" + safe[r] + ".dat", *c.written);
-    w << "# " << runs[r].label << ": SQNR (dB) over layers per epoch\n# epoch mean_x min_x mean_w min_w mean_dy min_dy\n";
+    w << "# " << run_title(runs[r]) << ": SQNR (dB) over layers per epoch\n# epoch mean_x min_x mean_w min_w mean_dy min_dy\n";
     for (size_t e = 0; e < runs[r].epochs_series.size(); ++e) {
       w << runs[r].epochs_series[e].epoch;
       for (const TensorClass& tc : kClasses) {
@@ -569,6 +629,11 @@ void sqnr_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<s
   std::vector<double> at;
   for (size_t i = 0; i < order.size(); ++i) at.push_back(double(i));
   const std::string key = "set key outside right top vertical Left reverse samplen 2 spacing 1.2\n";
+  std::string granularity_note;
+  for (const auto& r : runs)
+    if (!granularity_text(r).empty())
+      granularity_note = " An INT16 run's legend names its DFP16 exponent granularity: tensor (one exponent per tensor) "
+                         "or slice (an exponent per slice, for the classes listed).";
   for (int k = 0; k < 3; ++k) {
     const TensorClass& tc = kClasses[k];
     bool any_k = false;
@@ -578,7 +643,7 @@ void sqnr_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<s
     std::ostringstream o;
     size_t longest = 0;
     for (const auto& n : order) longest = std::max(longest, n.size());
-    o << preamble(c, std::string("sqnr_layers_") + tc.key + "." + c.ext, 900, 500)
+    o << preamble(c, std::string("sqnr_layers_") + tc.key + "." + c.ext, keyed_width(runs, ""), 500)
       << "set title " << q(std::string("SQNR of each layer's ") + tc.what + " vs the FP32 shadow (last sampled step; layers in network order)") << "\n"
       << "set ylabel 'SQNR (dB), higher is better'\nunset xlabel\n"
       << "set xrange [-0.5:" << double(order.size()) - 0.5 << "]\n"
@@ -589,18 +654,19 @@ void sqnr_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<s
     for (size_t r = 0; r < runs.size(); ++r) {
       if (!has[r][k]) continue;
       o << (first ? "plot " : ", \\\n     ") << "'sqnr_layers.dat' using 1:" << 2 + 3 * r + size_t(k)
-        << " with linespoints lw 2 pt 7 ps 0.9 lc rgb " << q(color(r)) << " title " << q(runs[r].label);
+        << " with linespoints lw 2 pt 7 ps 0.9 lc rgb " << q(color(r)) << " title " << q(run_title(runs[r]));
       first = false;
     }
     o << "\n";
     add_plot(c, "sqnr", std::string("sqnr_layers_") + tc.key, std::string("SQNR per layer: ") + tc.what,
              std::string("Signal-to-quantization-noise ratio 10*log10(sum ref^2 / sum (q - ref)^2) of each layer's ") +
                  tc.what + " in the run's precision against an FP32 shadow computation, from the last epoch that "
-                           "sampled the layer; one line per precision. Higher is better; 6 dB is about one bit.",
+                           "sampled the layer; one line per precision. Higher is better; 6 dB is about one bit." +
+                 granularity_note,
              o.str());
     // (2) over epochs: mean (solid) and worst layer (dashed).
     std::ostringstream p;
-    p << preamble(c, std::string("sqnr_epochs_") + tc.key + "." + c.ext, 900, 500)
+    p << preamble(c, std::string("sqnr_epochs_") + tc.key + "." + c.ext, keyed_width(runs, " worst layer"), 500)
       << "set title " << q(std::string("SQNR of the ") + tc.what + " over training (mean and worst layer)") << "\n"
       << "set ylabel 'SQNR (dB), higher is better'\n" << epoch_axis(max_epoch(runs)) << key;
     first = true;
@@ -608,15 +674,15 @@ void sqnr_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vector<s
       if (!has[r][k]) continue;
       const std::string f = q("sqnr_epochs_" + safe[r] + ".dat");
       p << (first ? "plot " : ", \\\n     ") << f << " using 1:" << 2 + 2 * k << " with linespoints lw 2 pt 7 ps 0.9 lc rgb "
-        << q(color(r)) << " title " << q(runs[r].label + " mean") << ", \\\n     " << f << " using 1:" << 3 + 2 * k
+        << q(color(r)) << " title " << q(run_title(runs[r]) + " mean") << ", \\\n     " << f << " using 1:" << 3 + 2 * k
         << " with linespoints lw 1.5 dt 2 pt 6 ps 0.9 lc rgb " << q(color(r)) << " title "
-        << q(runs[r].label + " worst layer");
+        << q(run_title(runs[r]) + " worst layer");
       first = false;
     }
     p << "\n";
     add_plot(c, "sqnr", std::string("sqnr_epochs_") + tc.key, std::string("SQNR over training: ") + tc.what,
              std::string("Per epoch, the mean over layers (solid) and the lowest layer (dashed) of the SQNR of the ") +
-                 tc.what + "; a falling worst-layer line points at a layer whose range the format stops covering.",
+                 tc.what + "; a falling worst-layer line points at a layer whose range the format stops covering." + granularity_note,
              p.str());
   }
 }

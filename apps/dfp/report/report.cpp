@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "dfp/status.hpp"
+#include "apps/dfp/report/layers.hpp"
 #include "apps/dfp/report/plots.hpp"
 #include "src/train/run_files.hpp"
 
@@ -19,8 +20,15 @@ namespace fs = std::filesystem;
 
 namespace dfp {
 
+using report_detail::add_counts;
+using report_detail::count_text;
 using report_detail::exact;
+using report_detail::has_counts;
+using report_detail::html_escape;
+using report_detail::kCountNames;
+using report_detail::md_cell;
 using report_detail::rounded;
+using report_detail::Totals;
 
 namespace {
 
@@ -105,21 +113,6 @@ LayerPoint layer_point(const run_files::LayerRecord& r) {
 
 std::string skipped_text(int64_t s) { return s < 0 ? "" : std::to_string(s); }
 
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&#39;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
-
 // A relative path as a URL: each byte outside the unreserved set (and '/') percent-encoded.
 std::string url(const std::string& rel) {
   std::string o;
@@ -145,42 +138,14 @@ std::string csv_field(const std::string& s) {
   return o + "\"";
 }
 
-std::string md_cell(const std::string& s) {
-  if (s.empty()) return "-";
-  std::string o;
-  for (char c : s) {
-    if (c == '|') o += "\\|";
-    else if (c == '\n' || c == '\r') o += ' ';
-    else o += c;
-  }
-  return o;
-}
+constexpr size_t kGranularityColumn = 15;
 
 // Human headings for the summary columns (same order as summary_columns()).
 const std::vector<std::string>& headings() {
   static const std::vector<std::string> h = {
       "precision", "device", "model", "dataset", "batch", "epochs", "planned", "test top-1 %", "test top-5 %",
-      "final train loss", "train time s", "images/s", "peak RSS MiB", "skipped steps", "final loss scale"};
+      "final train loss", "train time s", "images/s", "peak RSS MiB", "skipped steps", "final loss scale", "granularity"};
   return h;
-}
-
-// Numerics totals per run and layer class (sums over layers and the epochs' logged values).
-struct Totals {
-  int layers = 0;
-  double v[5] = {kNotLogged, kNotLogged, kNotLogged, kNotLogged, kNotLogged};  // saturated, overflow_events, overflow, underflow, nonzero
-};
-constexpr double LayerPoint::*kCountFields[5] = {&LayerPoint::saturated, &LayerPoint::overflow_events,
-                                                 &LayerPoint::overflow, &LayerPoint::underflow, &LayerPoint::nonzero};
-constexpr const char* kCountNames[5] = {"saturated", "overflow events (INT32)", "overflow", "underflow", "nonzero"};
-
-void add_counts(Totals& t, const LayerSeries& l) {
-  ++t.layers;
-  for (int k = 0; k < 5; ++k)
-    for (const auto& p : l.points) {
-      const double x = p.*kCountFields[k];
-      if (std::isnan(x)) continue;
-      t.v[k] = std::isnan(t.v[k]) ? x : t.v[k] + x;
-    }
 }
 
 std::vector<std::pair<std::string, Totals>> class_totals(const RunSummary& run) {
@@ -195,17 +160,6 @@ std::vector<std::pair<std::string, Totals>> class_totals(const RunSummary& run) 
     add_counts(it->second, l);
   }
   return out;
-}
-
-double last_finite(const LayerSeries& l, double LayerPoint::*f) {
-  for (size_t i = l.points.size(); i-- > 0;)
-    if (std::isfinite(l.points[i].*f)) return l.points[i].*f;
-  return kNotLogged;
-}
-
-std::string count_text(double v) {
-  if (std::isnan(v)) return "-";
-  return exact(v);
 }
 
 }  // namespace
@@ -252,6 +206,7 @@ RunSummary read_run(const std::string& dir) {
   std::vector<EpochPoint> epochs;
   std::vector<std::vector<RawLayer>> layers;  // per epoch
   std::vector<int> seconds_decimals;          // per epoch
+  std::string metrics_policy;                 // the last line's precision_policy
   size_t start = 0;
   int line_no = 0;
   while (start < text.size()) {
@@ -264,6 +219,7 @@ RunSummary read_run(const std::string& dir) {
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
     const run_files::EpochRecord r = run_files::parse_epoch_line(line, m_path, line_no);
     const EpochPoint e = epoch_point(r);
+    if (r.precision_policy) metrics_policy = *r.precision_policy;
     std::vector<RawLayer> ls;
     for (const run_files::LayerRecord& l : r.layers) ls.push_back({l.layer, l.format, layer_point(l)});
     // A resumed run may repeat epochs: the later lines replace them.
@@ -335,6 +291,16 @@ RunSummary read_run(const std::string& dir) {
       s.points[e] = l.p;
       if (!l.format.empty()) s.format = l.format;
     }
+
+  // The granularity the run recorded.
+  const std::string& policy = run.precision_policy.empty() ? metrics_policy : run.precision_policy;
+  run.granularity_w = report_detail::policy_granularity(policy, "weights");
+  run.granularity_x = report_detail::policy_granularity(policy, "activations");
+  run.granularity_dy = report_detail::policy_granularity(policy, "gradients");
+  run.int16 = report_detail::policy_runs_int16(policy);
+  for (const auto& l : run.layers)
+    for (const auto& pt : l.points)
+      run.int16 = run.int16 || std::isfinite(pt.exp_x) || std::isfinite(pt.exp_w) || std::isfinite(pt.exp_dy);
   return run;
 }
 
@@ -343,7 +309,8 @@ RunSummary read_run(const std::string& dir) {
 std::vector<std::string> summary_columns() {
   return {"label",           "device",           "model",          "dataset",           "batch_size",
           "epochs",          "epochs_planned",   "test_top1",      "test_top5",         "final_train_loss",
-          "train_seconds",   "images_per_second", "peak_rss_mib",  "skipped_steps",     "final_loss_scale"};
+          "train_seconds",   "images_per_second", "peak_rss_mib",  "skipped_steps",     "final_loss_scale",
+          "granularity"};
 }
 
 std::vector<std::string> summary_row(const RunSummary& r) {
@@ -361,7 +328,8 @@ std::vector<std::string> summary_row(const RunSummary& r) {
           exact(r.images_per_second),
           exact(r.peak_rss_mib),
           skipped_text(r.skipped_steps),
-          exact(r.final_loss_scale)};
+          exact(r.final_loss_scale),
+          granularity_text(r)};
 }
 
 namespace {
@@ -383,7 +351,8 @@ std::vector<std::string> human_row(const RunSummary& r) {
           rounded(r.images_per_second, 1),
           rounded(r.peak_rss_mib, 1),
           r.skipped_steps < 0 ? "-" : std::to_string(r.skipped_steps),
-          std::isnan(r.final_loss_scale) ? "-" : exact(r.final_loss_scale)};
+          std::isnan(r.final_loss_scale) ? "-" : exact(r.final_loss_scale),
+          granularity_text(r).empty() ? "-" : granularity_text(r)};
 }
 
 std::string align(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& left) {
@@ -435,6 +404,7 @@ std::string format_table(const std::vector<RunSummary>& runs) {
   }
   for (const auto& r : runs) {
     std::vector<std::string> full = human_row(r);
+    full[0] = run_title(r);  // the granularity follows the label rather than taking a column
     if (r.epochs_planned && r.epochs_planned != r.epochs) full[5].append(1, '/').append(std::to_string(r.epochs_planned));
     rows.emplace_back();
     for (size_t i : cols) rows.back().push_back(full[i]);
@@ -477,7 +447,7 @@ figure{margin:1.2em 0}figure img{max-width:100%;border:1px solid #e4e4e4}figcapt
 .note{background:#fff6d6;border:1px solid #e8d48a;padding:.6em .9em}.small{color:#666;font-size:.9em}code{font-size:.95em}
 details{margin:.8em 0}summary{cursor:pointer;font-weight:600})";
 
-bool numeric_column(size_t i) { return i >= 4; }
+bool numeric_column(size_t i) { return i >= 4 && i != kGranularityColumn; }
 
 std::string html_summary_table(const std::vector<RunSummary>& runs) {
   std::ostringstream o;
@@ -525,61 +495,6 @@ std::string csv_table(const std::vector<RunSummary>& runs) {
     o << "\n";
   }
   return o.str();
-}
-
-// One run's per-layer table: last logged exponents and chain lengths, last sampled SQNR, totals
-// over epochs; columns the run never logs are left out.
-std::string layer_details_html(const RunSummary& r) {
-  struct Column {
-    const char* heading;
-    std::vector<std::string> cells;
-    bool any = false;
-  };
-  std::vector<Column> cols;
-  auto add = [&](const char* heading, const std::function<std::string(const LayerSeries&)>& cell) {
-    Column c{heading, {}, false};
-    for (const auto& l : r.layers) {
-      c.cells.push_back(cell(l));
-      c.any |= c.cells.back() != "-";
-    }
-    if (c.any) cols.push_back(std::move(c));
-  };
-  const std::pair<const char*, double LayerPoint::*> last_fields[] = {
-      {"exp x", &LayerPoint::exp_x},         {"exp w", &LayerPoint::exp_w},         {"exp dy", &LayerPoint::exp_dy},
-      {"exp x min", &LayerPoint::exp_x_min}, {"exp w min", &LayerPoint::exp_w_min}, {"exp dy min", &LayerPoint::exp_dy_min},
-      {"chain fwd", &LayerPoint::chain_fwd}, {"chain bwd", &LayerPoint::chain_bwd}, {"chain wgrad", &LayerPoint::chain_wgrad}};
-  for (const auto& [heading, f] : last_fields) add(heading, [f = f](const LayerSeries& l) { return count_text(last_finite(l, f)); });
-  const std::pair<const char*, double LayerPoint::*> sqnr_fields[] = {
-      {"SQNR x dB", &LayerPoint::sqnr_x_db}, {"SQNR w dB", &LayerPoint::sqnr_w_db}, {"SQNR dy dB", &LayerPoint::sqnr_dy_db}};
-  for (const auto& [heading, f] : sqnr_fields) add(heading, [f = f](const LayerSeries& l) { return rounded(last_finite(l, f), 1); });
-  for (int k = 0; k < 5; ++k)
-    add(kCountNames[k], [k](const LayerSeries& l) {
-      Totals t;
-      add_counts(t, l);
-      return count_text(t.v[k]);
-    });
-  std::ostringstream h;
-  h << "<details><summary>" << html_escape(r.label) << ": " << r.layers.size()
-    << " layers (last logged exponents and chain lengths, last sampled SQNR, counts summed over epochs)</summary>\n"
-       "<table>\n<tr><th>#</th><th>layer</th><th>format</th>";
-  for (const auto& c : cols) h << "<th>" << html_escape(c.heading) << "</th>";
-  h << "</tr>\n";
-  for (size_t i = 0; i < r.layers.size(); ++i) {
-    h << "<tr><td class=\"n\">" << i << "</td><td>" << html_escape(r.layers[i].name) << "</td><td>"
-      << html_escape(r.layers[i].format.empty() ? "-" : r.layers[i].format) << "</td>";
-    for (const auto& c : cols) h << "<td class=\"n\">" << c.cells[i] << "</td>";
-    h << "</tr>\n";
-  }
-  h << "</table>\n</details>\n";
-  return h.str();
-}
-
-bool has_counts(const RunSummary& r) {
-  for (const auto& l : r.layers)
-    for (const auto& p : l.points)
-      for (auto f : kCountFields)
-        if (!std::isnan(p.*f)) return true;
-  return false;
 }
 
 std::string rel(const std::string& path, const std::string& out_dir) {
@@ -663,7 +578,7 @@ ReportFiles write_report(const std::string& out_dir, const std::vector<RunSummar
     << "</title>\n<style>\n" << kCss << "\n</style>\n</head>\n<body>\n<h1>" << html_escape(title) << "</h1>\n";
   m << "# " << title << "\n\n";
   std::string labels;
-  for (const auto& r : runs) labels += (labels.empty() ? "" : ", ") + r.label;
+  for (const auto& r : runs) labels += (labels.empty() ? "" : ", ") + run_title(r);
   h << "<p>" << runs.size() << " runs (" << html_escape(labels)
     << ") trained with the same seed, data and hyper-parameters; one precision each.</p>\n";
   m << runs.size() << " runs (" << labels << ") trained with the same seed, data and hyper-parameters; one precision each.\n\n";
@@ -724,9 +639,9 @@ ReportFiles write_report(const std::string& out_dir, const std::vector<RunSummar
     for (const auto& r : runs) {
       if (!has_counts(r)) continue;
       for (const auto& [cls, t] : class_totals(r)) {
-        h << "<tr><td>" << html_escape(r.label) << "</td><td>" << html_escape(cls) << "</td><td class=\"n\">" << t.layers
+        h << "<tr><td>" << html_escape(run_title(r)) << "</td><td>" << html_escape(cls) << "</td><td class=\"n\">" << t.layers
           << "</td>";
-        m << "| " << md_cell(r.label) << " | " << md_cell(cls) << " | " << t.layers << " |";
+        m << "| " << md_cell(run_title(r)) << " | " << md_cell(cls) << " | " << t.layers << " |";
         for (double v : t.v) {
           h << "<td class=\"n\">" << count_text(v) << "</td>";
           m << " " << count_text(v) << " |";
@@ -743,8 +658,12 @@ ReportFiles write_report(const std::string& out_dir, const std::vector<RunSummar
   for (const auto& r : runs) any_layers |= !r.layers.empty();
   if (any_layers) {
     h << "<h2>Per-layer numerics</h2>\n";
+    m << "\n## Per-layer numerics\n";
     for (const auto& r : runs)
-      if (!r.layers.empty()) h << layer_details_html(r);
+      if (!r.layers.empty()) {
+        h << report_detail::layer_table_html(r);
+        m << report_detail::layer_table_markdown(r);
+      }
   }
 
   // Configurations.

@@ -23,6 +23,8 @@
 //   peak_rss_mib      the largest peak_rss_kib of any epoch, / 1024
 //   skipped_steps     the last epoch's skipped_steps (cumulative in the file)
 //   final_loss_scale  the last epoch's loss_scale
+//   granularity       granularity_text(): an INT16 run's DFP16 exponent granularity as its policy
+//                     records it ("tensor", "slice: w, x, dy", ...; empty for other runs)
 // Optional figures the file lacks are NaN (skipped_steps: -1) and print as empty CSV fields and
 // "-" in tables. A line whose epoch is not greater than the previous line's (a run resumed from an
 // earlier checkpoint) replaces that epoch and everything after it.
@@ -86,6 +88,13 @@ struct RunSummary {
   std::vector<std::pair<std::string, std::string>> config;  // every config.json member, as text
   std::vector<EpochPoint> epochs_series;                    // in epoch order
   std::vector<LayerSeries> layers;                          // in network order
+  // DFP16 exponent granularity ("tensor" or "slice") of the weights, activations and gradients as
+  // the run recorded it: the "granularity=" of its precision policy's weights{...},
+  // activations{...} and gradients{...} (config.json's precision_policy, else the last metrics
+  // line's); "" where the policy does not say (runs of earlier versions). int16: the policy runs
+  // a layer in INT16 (its precision or an override), or a layer logs a DFP16 exponent.
+  std::string granularity_w, granularity_x, granularity_dy;
+  bool int16 = false;
   // A data-parallel run's gradient allreduce per training step, from <dir>/profile.json (written
   // with --profile; absent for one process or without --profile).
   struct Communication {
@@ -96,6 +105,14 @@ struct RunSummary {
   };
   std::optional<Communication> communication;
 };
+
+// An INT16 run's recorded granularity in words: "tensor" (every class), "slice: w, x, dy", or
+// "slice: w; tensor: x, dy" when the classes differ; "" for a run without INT16 layers or without
+// a recorded granularity.
+std::string granularity_text(const RunSummary& run);
+// How the report names a run in legends and tables: its label, followed by its granularity in
+// parentheses where granularity_text() has one ("int16 (tensor)", "int16-slice (slice: w, x, dy)").
+std::string run_title(const RunSummary& run);
 
 // Reads <dir>/config.json and <dir>/metrics.jsonl. Throws dfp::Error naming the file and line
 // (and what was expected) on unreadable files, malformed JSON, missing required fields
