@@ -220,34 +220,81 @@ void quantize_with(const float* src, int16_t* dst, size_t n, int exponent, Round
   }
 }
 
-// The draws of a stream made beforehand, read back in the order the stream would give them.
-struct StoredStream {
-  const __m512* u;
-  __m512 next_unit() { return *u++; }
-};
+// quantize_unchecked for two exponents at once: each 32 elements are loaded, and their stochastic
+// draws made, once for both outputs. Returns false (the caller then takes the checked path for
+// each output) when either would have counted something.
+template <Rounding R, class Stream>
+bool quantize2_unchecked(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, const Scale& sa, const Scale& sb,
+                         Stream stream, int32_t& max_a, int32_t& max_b) {
+  const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);  // undoes VPACKSSDW's lane interleave
+  __m512i peak_a = _mm512_setzero_si512(), peak_b = _mm512_setzero_si512();
+  auto two = [&](__m512 x0, __m512 x1, __m512 u0, __m512 u1, __m512i& qa, __m512i& qb) {
+    qa = _mm512_permutexvar_epi64(order, _mm512_packs_epi32(round16<R>(x0, sa, u0), round16<R>(x1, sa, u1)));
+    qb = _mm512_permutexvar_epi64(order, _mm512_packs_epi32(round16<R>(x0, sb, u0), round16<R>(x1, sb, u1)));
+    peak_a = _mm512_max_epu16(peak_a, _mm512_abs_epi16(qa));
+    peak_b = _mm512_max_epu16(peak_b, _mm512_abs_epi16(qb));
+  };
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 u0 = stream.next_unit(), u1 = stream.next_unit();
+    __m512i qa, qb;
+    two(_mm512_loadu_ps(src + i), _mm512_loadu_ps(src + i + 16), u0, u1, qa, qb);
+    _mm512_storeu_si512(dst_a + i, qa);
+    _mm512_storeu_si512(dst_b + i, qb);
+  }
+  if (i < n) {
+    const size_t left = n - i;
+    const __mmask16 m0 = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    const __mmask16 m1 = left > 16 ? static_cast<__mmask16>((1u << (left - 16)) - 1) : __mmask16(0);
+    const __m512 u0 = stream.next_unit(), u1 = left > 16 ? stream.next_unit() : _mm512_setzero_ps();
+    __m512i qa, qb;  // masked-off lanes read 0, which rounds to 0 in every mode
+    two(_mm512_maskz_loadu_ps(m0, src + i), _mm512_maskz_loadu_ps(m1, src + i + 16), u0, u1, qa, qb);
+    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << left) - 1);
+    _mm512_mask_storeu_epi16(dst_a + i, m, qa);
+    _mm512_mask_storeu_epi16(dst_b + i, m, qb);
+  }
+  auto reduce = [](__m512i peak) {
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(peak));
+    const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(peak, 1));
+    return static_cast<int32_t>(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi)));
+  };
+  max_a = reduce(peak_a);
+  max_b = reduce(peak_b);
+  return max_a < 32767 && max_b < 32767;
+}
 
-// Quantize2Fn: stochastic draws made once per piece of kPiece elements into an L1 buffer, then
-// both quantizations read them (each as quantize_impl, so with the same unchecked and checked
-// paths). The stream is counter-based, so a piece's stream starting at index_base + o gives
-// element o + j the draw of index_base + o + j, as one stream over the call would.
+template <Rounding R, class MakeStream>
+void quantize2_impl(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a, int exponent_b,
+                    MakeStream make_stream, QuantCounters* counters_a, QuantCounters* counters_b) {
+  const Scale sa(exponent_a), sb(exponent_b);
+  int32_t ma = 0, mb = 0;
+  if (quantize2_unchecked<R>(src, dst_a, dst_b, n, sa, sb, make_stream(), ma, mb)) {
+    if (counters_a && ma > counters_a->max_abs_q) counters_a->max_abs_q = ma;
+    if (counters_b && mb > counters_b->max_abs_q) counters_b->max_abs_q = mb;
+    return;
+  }
+  quantize_checked<R>(src, dst_a, n, sa, make_stream(), counters_a);
+  quantize_checked<R>(src, dst_b, n, sb, make_stream(), counters_b);
+}
+
+// Quantize2Fn: one pass for nearest-even and stochastic rounding (biased: one quantize_with each,
+// as it has no unchecked path).
 template <class Gen>
 void quantize2_with(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a, int exponent_b,
                     Rounding rounding, uint64_t seed, uint64_t index_base, QuantCounters* counters_a,
                     QuantCounters* counters_b) {
-  if (rounding != Rounding::stochastic) {
-    quantize_with<Gen>(src, dst_a, n, exponent_a, rounding, seed, index_base, counters_a);
-    quantize_with<Gen>(src, dst_b, n, exponent_b, rounding, seed, index_base, counters_b);
-    return;
-  }
-  constexpr size_t kPiece = 1024;
-  alignas(64) __m512 u[kPiece / 16];
-  for (size_t o = 0; o < n; o += kPiece) {
-    const size_t len = std::min(kPiece, n - o);
-    RoundingStream<Gen> stream(seed, index_base + o);
-    for (size_t k = 0; k < (len + 15) / 16; ++k) u[k] = stream.next_unit();
-    const auto stored = [&] { return StoredStream{u}; };
-    quantize_impl<Rounding::stochastic>(src + o, dst_a + o, len, exponent_a, stored, counters_a);
-    quantize_impl<Rounding::stochastic>(src + o, dst_b + o, len, exponent_b, stored, counters_b);
+  switch (rounding) {
+    case Rounding::nearest_even:
+      return quantize2_impl<Rounding::nearest_even>(src, dst_a, dst_b, n, exponent_a, exponent_b,
+                                                    [] { return NoStream{}; }, counters_a, counters_b);
+    case Rounding::stochastic:
+      return quantize2_impl<Rounding::stochastic>(src, dst_a, dst_b, n, exponent_a, exponent_b,
+                                                  [&] { return RoundingStream<Gen>(seed, index_base); }, counters_a,
+                                                  counters_b);
+    case Rounding::biased:
+      quantize_with<Gen>(src, dst_a, n, exponent_a, rounding, seed, index_base, counters_a);
+      quantize_with<Gen>(src, dst_b, n, exponent_b, rounding, seed, index_base, counters_b);
+      return;
   }
 }
 
