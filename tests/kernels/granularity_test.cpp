@@ -261,3 +261,32 @@ TEST(Granularity, PolicyTextForms) {
   test::expect_error([&] { PrecisionPolicy::from_fields(bad, "ck.dfp"); }, Status::invalid_argument,
                      {"ck.dfp field granularity", "row"});
 }
+
+// The exponents a layer reports for dy are those of the copy its passes read: per image with a
+// backward-data pass, and without one (a first layer) the weight gradient's, per 16-channel block
+// (one per plane of the blocked dy), which are what stats().dy then describes.
+TEST(Granularity, GradientExponentsAreThoseOfTheCopyRead) {
+  const ConvShape s{.N = 3, .C = 16, .H = 5, .W = 5, .K = 32, .R = 3, .S = 3, .pad_h = 1, .pad_w = 1};
+  const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 52, -0.3f, 0.3f);
+  const auto dy = scale_blocks(random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 53, -1e-3f, 1e-3f), s, s.K);
+  std::vector<float> dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
+  to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
+  for (bool input_gradient : {true, false}) {
+    DfpConvOptions o = slices();
+    o.input_gradient = input_gradient;
+    ConvInt16 conv(ref_ctx(), s, o, "first");
+    conv.set_weights(w.data());
+    conv.quantize_grad_output(dyb.data());
+    const std::vector<int>& e = conv.grad_output_exponents();
+    if (input_gradient) {
+      ASSERT_EQ(e.size(), size_t(s.N));
+      continue;
+    }
+    ASSERT_EQ(e.size(), size_t(s.N) * 2);  // [n][block]
+    for (int n = 1; n < s.N; ++n)
+      for (int b = 0; b < 2; ++b) EXPECT_EQ(e[size_t(n) * 2 + b], e[size_t(b)]);
+    EXPECT_EQ(e[0] - e[1], block_shift(1) - block_shift(0));  // 2^-5 apart, the magnitudes' steps
+    EXPECT_EQ(std::max(e[0], e[1]), conv.stats().dy.exponent);
+    EXPECT_EQ(std::min(e[0], e[1]), conv.stats().dy.exponent_min);
+  }
+}

@@ -24,7 +24,9 @@ const char* ConvInt16::weight_gradient_kernel_name() const noexcept {
 }
 const std::vector<int>& ConvInt16::input_exponents() const noexcept { return impl_->x_img.exp; }
 const std::vector<int>& ConvInt16::weight_exponents() const noexcept { return impl_->w_out_exp; }
-const std::vector<int>& ConvInt16::grad_output_exponents() const noexcept { return impl_->dy_img.exp; }
+const std::vector<int>& ConvInt16::grad_output_exponents() const noexcept {
+  return impl_->opt.input_gradient ? impl_->dy_img.exp : impl_->dy_blk.planes;
+}
 void ConvInt16::set_step(uint64_t step) { impl_->set_step(step); }
 void ConvInt16::set_weights(const float* w) { impl_->set_weights(w, -1.f); }
 void ConvInt16::set_weights_with_max_abs(const float* w, float max_abs) { impl_->set_weights(w, max_abs); }
