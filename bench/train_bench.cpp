@@ -116,6 +116,11 @@ int main(int argc, char** argv) {
     ratio("train_granularity", c, int16, sliced(true, true, true), "slice:tensor");
     ratio("train_granularity", c, int16, sliced(true, false, true), "w+dy_slice:tensor");
     ratio("train_granularity", c, int16, sliced(true, false, false), "w_slice:tensor");
+    // Every class per slice with headroom 1 (14 magnitude bits: what activation SQNR at FP16's
+    // level takes), against today's default.
+    dfp::PrecisionPolicy h1 = sliced(true, true, true);
+    h1.dfp.weights.headroom = h1.dfp.activations.headroom = h1.dfp.gradients.headroom = 1;
+    ratio("train_granularity", c, int16, h1, "slice_headroom1:tensor");
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
