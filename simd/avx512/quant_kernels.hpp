@@ -161,34 +161,48 @@ inline __m512i round16(__m512 x, const Scale& sc, __m512 u) {
 // up as |q| >= 32767: a saturating value packs to +-32767 or -32768, a NaN or Inf to -32768
 // (INT32_MIN), and |-32768| is 32768 unsigned. Then it returns false and the caller redoes the
 // call on the checked path; with the default headroom no element comes near 32767. The output
-// is the checked path's bit for bit whenever it returns true.
-template <Rounding R, class Stream>
-bool quantize_unchecked(const float* src, int16_t* dst, size_t n, const Scale& sc, Stream stream, int32_t& max_q) {
+// is the checked path's bit for bit whenever it returns true. K outputs at K exponents (sc[k]
+// into dst[k], max|q| into max_q[k]): each 32 elements are loaded, and their stochastic draws
+// made, once for all of them; false when any output would have counted something.
+template <Rounding R, int K, class Stream>
+bool quantize_unchecked(const float* src, int16_t* const (&dst)[K], size_t n, const Scale* const (&sc)[K],
+                        Stream stream, int32_t (&max_q)[K]) {
   const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);  // undoes VPACKSSDW's lane interleave
-  __m512i peak = _mm512_setzero_si512();
+  __m512i peak[K];
+  for (int k = 0; k < K; ++k) peak[k] = _mm512_setzero_si512();
+  // Rounds x0, x1 (draws u0, u1) at every exponent; store(k, q) writes output k's 32 values.
+  auto round_all = [&](__m512 x0, __m512 x1, __m512 u0, __m512 u1, auto&& store) {
+    for (int k = 0; k < K; ++k) {
+      const __m512i q =
+          _mm512_permutexvar_epi64(order, _mm512_packs_epi32(round16<R>(x0, *sc[k], u0), round16<R>(x1, *sc[k], u1)));
+      peak[k] = _mm512_max_epu16(peak[k], _mm512_abs_epi16(q));
+      store(k, q);
+    }
+  };
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512i a = round16<R>(_mm512_loadu_ps(src + i), sc, stream.next_unit());
-    const __m512i b = round16<R>(_mm512_loadu_ps(src + i + 16), sc, stream.next_unit());
-    const __m512i q = _mm512_permutexvar_epi64(order, _mm512_packs_epi32(a, b));
-    peak = _mm512_max_epu16(peak, _mm512_abs_epi16(q));
-    _mm512_storeu_si512(dst + i, q);
+    const __m512 u0 = stream.next_unit(), u1 = stream.next_unit();
+    round_all(_mm512_loadu_ps(src + i), _mm512_loadu_ps(src + i + 16), u0, u1,
+              [&](int k, __m512i q) { _mm512_storeu_si512(dst[k] + i, q); });
   }
   if (i < n) {
     const size_t left = n - i;
     const __mmask16 m0 = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
     const __mmask16 m1 = left > 16 ? static_cast<__mmask16>((1u << (left - 16)) - 1) : __mmask16(0);
+    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << left) - 1);
     // Masked-off lanes read 0, which rounds to 0 in every mode.
-    const __m512i a = round16<R>(_mm512_maskz_loadu_ps(m0, src + i), sc, stream.next_unit());
-    const __m512i b = round16<R>(_mm512_maskz_loadu_ps(m1, src + i + 16), sc, left > 16 ? stream.next_unit() : _mm512_setzero_ps());
-    const __m512i q = _mm512_permutexvar_epi64(order, _mm512_packs_epi32(a, b));
-    peak = _mm512_max_epu16(peak, _mm512_abs_epi16(q));
-    _mm512_mask_storeu_epi16(dst + i, static_cast<__mmask32>((uint64_t{1} << left) - 1), q);
+    const __m512 u0 = stream.next_unit(), u1 = left > 16 ? stream.next_unit() : _mm512_setzero_ps();
+    round_all(_mm512_maskz_loadu_ps(m0, src + i), _mm512_maskz_loadu_ps(m1, src + i + 16), u0, u1,
+              [&](int k, __m512i q) { _mm512_mask_storeu_epi16(dst[k] + i, m, q); });
   }
-  const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(peak));
-  const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(peak, 1));
-  max_q = static_cast<int32_t>(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi)));
-  return max_q < 32767;
+  bool clean = true;
+  for (int k = 0; k < K; ++k) {
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(peak[k]));
+    const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(peak[k], 1));
+    max_q[k] = static_cast<int32_t>(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi)));
+    clean &= max_q[k] < 32767;
+  }
+  return clean;
 }
 
 template <Rounding R, class MakeStream>
@@ -196,9 +210,9 @@ void quantize_impl(const float* src, int16_t* dst, size_t n, int exponent, MakeS
                    QuantCounters* counters) {
   const Scale sc(exponent);
   if constexpr (R != Rounding::biased) {
-    int32_t mq = 0;
-    if (quantize_unchecked<R>(src, dst, n, sc, make_stream(), mq)) {
-      if (counters && mq > counters->max_abs_q) counters->max_abs_q = mq;
+    int32_t mq[1] = {0};
+    if (quantize_unchecked<R, 1>(src, {dst}, n, {&sc}, make_stream(), mq)) {
+      if (counters && mq[0] > counters->max_abs_q) counters->max_abs_q = mq[0];
       return;
     }
   }
@@ -220,57 +234,15 @@ void quantize_with(const float* src, int16_t* dst, size_t n, int exponent, Round
   }
 }
 
-// quantize_unchecked for two exponents at once: each 32 elements are loaded, and their stochastic
-// draws made, once for both outputs. Returns false (the caller then takes the checked path for
-// each output) when either would have counted something.
-template <Rounding R, class Stream>
-bool quantize2_unchecked(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, const Scale& sa, const Scale& sb,
-                         Stream stream, int32_t& max_a, int32_t& max_b) {
-  const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);  // undoes VPACKSSDW's lane interleave
-  __m512i peak_a = _mm512_setzero_si512(), peak_b = _mm512_setzero_si512();
-  auto two = [&](__m512 x0, __m512 x1, __m512 u0, __m512 u1, __m512i& qa, __m512i& qb) {
-    qa = _mm512_permutexvar_epi64(order, _mm512_packs_epi32(round16<R>(x0, sa, u0), round16<R>(x1, sa, u1)));
-    qb = _mm512_permutexvar_epi64(order, _mm512_packs_epi32(round16<R>(x0, sb, u0), round16<R>(x1, sb, u1)));
-    peak_a = _mm512_max_epu16(peak_a, _mm512_abs_epi16(qa));
-    peak_b = _mm512_max_epu16(peak_b, _mm512_abs_epi16(qb));
-  };
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512 u0 = stream.next_unit(), u1 = stream.next_unit();
-    __m512i qa, qb;
-    two(_mm512_loadu_ps(src + i), _mm512_loadu_ps(src + i + 16), u0, u1, qa, qb);
-    _mm512_storeu_si512(dst_a + i, qa);
-    _mm512_storeu_si512(dst_b + i, qb);
-  }
-  if (i < n) {
-    const size_t left = n - i;
-    const __mmask16 m0 = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-    const __mmask16 m1 = left > 16 ? static_cast<__mmask16>((1u << (left - 16)) - 1) : __mmask16(0);
-    const __m512 u0 = stream.next_unit(), u1 = left > 16 ? stream.next_unit() : _mm512_setzero_ps();
-    __m512i qa, qb;  // masked-off lanes read 0, which rounds to 0 in every mode
-    two(_mm512_maskz_loadu_ps(m0, src + i), _mm512_maskz_loadu_ps(m1, src + i + 16), u0, u1, qa, qb);
-    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << left) - 1);
-    _mm512_mask_storeu_epi16(dst_a + i, m, qa);
-    _mm512_mask_storeu_epi16(dst_b + i, m, qb);
-  }
-  auto reduce = [](__m512i peak) {
-    const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(peak));
-    const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(peak, 1));
-    return static_cast<int32_t>(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi)));
-  };
-  max_a = reduce(peak_a);
-  max_b = reduce(peak_b);
-  return max_a < 32767 && max_b < 32767;
-}
-
+// quantize_impl at two exponents: one unchecked pass for both, else the checked path for each.
 template <Rounding R, class MakeStream>
 void quantize2_impl(const float* src, int16_t* dst_a, int16_t* dst_b, size_t n, int exponent_a, int exponent_b,
                     MakeStream make_stream, QuantCounters* counters_a, QuantCounters* counters_b) {
   const Scale sa(exponent_a), sb(exponent_b);
-  int32_t ma = 0, mb = 0;
-  if (quantize2_unchecked<R>(src, dst_a, dst_b, n, sa, sb, make_stream(), ma, mb)) {
-    if (counters_a && ma > counters_a->max_abs_q) counters_a->max_abs_q = ma;
-    if (counters_b && mb > counters_b->max_abs_q) counters_b->max_abs_q = mb;
+  int32_t mq[2] = {0, 0};
+  if (quantize_unchecked<R, 2>(src, {dst_a, dst_b}, n, {&sa, &sb}, make_stream(), mq)) {
+    if (counters_a && mq[0] > counters_a->max_abs_q) counters_a->max_abs_q = mq[0];
+    if (counters_b && mq[1] > counters_b->max_abs_q) counters_b->max_abs_q = mq[1];
     return;
   }
   quantize_checked<R>(src, dst_a, n, sa, make_stream(), counters_a);

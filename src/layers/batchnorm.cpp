@@ -149,8 +149,9 @@ class BatchNorm final : public Layer {
     }
     span_ = {x[0], save_q, step_seed(xq_opts_.seed, st.step), &ctx};
     if (consumer_ && st.train && !st.sample) {
-      // Fused into the consumer: max|y| from each channel's extremes, through the same kernels as
-      // the values themselves, then the spans on request.
+      // Fused into the consumer: max|y| of each plane from its extremes, through the same kernels
+      // as the values themselves, and the tensor's as the largest (the channel's extremes are the
+      // planes', and y is monotonic in x); then the spans on request.
       const auto scale_shift = ctx.kernels().bn_scale_shift.fn;
       // max|y| over the 16 lanes whose extremes of x are lo and hi.
       auto extreme = [&](int blk, const float* lo, const float* hi) {
@@ -167,14 +168,11 @@ class BatchNorm final : public Layer {
         return m;
       };
       float mx = 0.f;
-      for (int blk = 0; blk < CB; ++blk) {
-        const float m = extreme(blk, lo_.data() + blk * 16, hi_.data() + blk * 16);
-        mx = m > mx ? m : mx;
-      }
       for (int n = 0; n < s_.n; ++n)
         for (int blk = 0; blk < CB; ++blk) {
           const size_t i = size_t(n) * CB + blk;
           out_planes_[i] = extreme(blk, plane_lo_.data() + i * 16, plane_hi_.data() + i * 16);
+          mx = out_planes_[i] > mx ? out_planes_[i] : mx;
         }
       out_max_ = relu_ ? mx : -1.f;
       consumer_->take_input_spans(consumer_slot_, &BatchNorm::produce_span, this, mx, out_planes_.data(), st);

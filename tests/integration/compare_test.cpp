@@ -39,17 +39,22 @@ std::string last_field(const fs::path& metrics, const std::string& key) {
   const size_t b = p + key.size() + 3, e = l.find_first_of(",}", b);
   return l.substr(b, e - b);
 }
+bool have_fashion_mnist() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
+// The shell command running `dfp ARGS` with its output into `log`.
+std::string dfp_command(const std::string& args, const std::string& log) {
+  return std::string("'") + DFP_CLI + "' " + args + " > '" + log + "' 2>&1";
+}
 }  // namespace
 
 TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
-  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+  if (!have_fashion_mnist())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const dfp::test::TempDir dir("dfp_compare_");
   const fs::path out = dir.path() / "cmp";
-  const std::string cmd = std::string("'") + DFP_CLI +
-                          "' compare --model lenet --epochs 2 --batch-size 32 --limit-train 256 --limit-test 64 "
-                          "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16 --out '" +
-                          out.string() + "' > '" + dir.file("compare.log") + "' 2>&1";
+  const std::string cmd = dfp_command("compare --model lenet --epochs 2 --batch-size 32 --limit-train 256 --limit-test 64 "
+                                      "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16 --out '" +
+                                          out.string() + "'",
+                                      dir.file("compare.log"));
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir.file("compare.log"));
   const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16"};
   for (const std::string& l : labels) {
@@ -152,7 +157,7 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
   };
   for (const auto& [args, message] : cases) {
     const std::string log = dir.file("cli.log");
-    const std::string cmd = std::string("'") + DFP_CLI + "' " + args + " > '" + log + "' 2>&1";
+    const std::string cmd = dfp_command(args, log);
     EXPECT_NE(std::system(cmd.c_str()), 0) << args;
     EXPECT_NE(slurp(log).find(message), std::string::npos) << args << ": " << slurp(log);
   }
@@ -177,7 +182,7 @@ TEST(Cli, HostileValuesAreNamedClearly) {
   };
   for (const auto& [args, message] : cases) {
     const std::string log = dir.file("cli.log");
-    const std::string cmd = std::string("'") + DFP_CLI + "' " + args + " > '" + log + "' 2>&1";
+    const std::string cmd = dfp_command(args, log);
     EXPECT_NE(std::system(cmd.c_str()), 0) << args;
     const std::string out = slurp(log);
     EXPECT_NE(out.find(message), std::string::npos) << args << ": " << out;
@@ -189,7 +194,7 @@ TEST(Cli, HostileValuesAreNamedClearly) {
 // A comparison into a directory of an earlier one is refused before any training, and replaces it
 // with --overwrite (as scripts/run.sh passes).
 TEST(Compare, EarlierComparisonIsReplacedOnlyWithOverwrite) {
-  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+  if (!have_fashion_mnist())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const dfp::test::TempDir dir("dfp_compare_again_");
   const std::string base = std::string("'") + DFP_CLI +
@@ -209,14 +214,14 @@ TEST(Compare, EarlierComparisonIsReplacedOnlyWithOverwrite) {
 // int16-tensor and int16-slice items compare DFP16 granularities in one report: each run trains
 // with its own (recorded in its config.json), and the report names it.
 TEST(Compare, Int16GranularitiesSideBySide) {
-  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+  if (!have_fashion_mnist())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const dfp::test::TempDir dir("dfp_compare_granularity_");
   const fs::path out = dir.path() / "cmp";
-  const std::string cmd = std::string("'") + DFP_CLI +
-                          "' compare --model lenet --epochs 1 --batch-size 32 --limit-train 128 --limit-test 32 "
-                          "--threads 2 --numerics-every 2 --precisions int16,int16-slice --out '" +
-                          out.string() + "' > '" + dir.file("compare.log") + "' 2>&1";
+  const std::string cmd = dfp_command("compare --model lenet --epochs 1 --batch-size 32 --limit-train 128 --limit-test 32 "
+                                      "--threads 2 --numerics-every 2 --precisions int16,int16-slice --out '" +
+                                          out.string() + "'",
+                                      dir.file("compare.log"));
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir.file("compare.log"));
   const std::string tensor_config = slurp(out / "int16" / "config.json"), slice_config = slurp(out / "int16-slice" / "config.json");
   for (const char* g : {"weights{", "activations{", "gradients{"}) {

@@ -196,7 +196,6 @@ struct Ctx {
   std::vector<Plot>* plots;
   std::vector<std::string> gp;  // script file names (in plots_dir), in plot order
   std::vector<size_t> gp_plot;  // index into plots of each script
-  std::string script;           // the script heat_map wrote last
 };
 
 std::string preamble(const Ctx& c, const std::string& image, int w, int h) {
@@ -465,7 +464,8 @@ struct HeatMap {
                                              // cells (the top of the range) get white numbers
 };
 
-void heat_map(Ctx& c, const RunSummary& run, const std::vector<const LayerSeries*>& layers, const HeatMap& m,
+// Returns the gnuplot script (for add_plot).
+std::string heat_map(Ctx& c, const RunSummary& run, const std::vector<const LayerSeries*>& layers, const HeatMap& m,
               const std::function<std::pair<double, std::string>(const LayerPoint&)>& value) {
   double lo = m.from_zero ? 0 : 1e300, hi = -1e300;
   {
@@ -511,7 +511,7 @@ void heat_map(Ctx& c, const RunSummary& run, const std::vector<const LayerSeries
     else o << " with labels font ',8' tc rgb '#202020'";
   }
   o << "\n";
-  c.script = o.str();
+  return o.str();
 }
 
 // Per run and class, the shared exponent per layer and epoch (the largest of the slices' where the
@@ -533,7 +533,7 @@ void exponent_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vect
         }
       if (layers.empty()) continue;
       const std::string stem = "exp_" + safe[r] + "_" + tc.key, field = std::string("exp_") + tc.key;
-      heat_map(c, run, layers,
+      const std::string script = heat_map(c, run, layers,
                {stem,
                 std::string("DFP16 exponent e of the ") + tc.what + (spread ? ", the largest of the slices'" : "") + " (" +
                     field + ") per layer and epoch",
@@ -545,9 +545,9 @@ void exponent_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vect
                    tc.what + (spread ? " (the largest of its slices' exponents)" : "") +
                    " at the end of the epoch (a DFP16 value is i * 2^e, |i| <= 32767). e grows by 1 when the "
                    "tensor's range doubles; a row that changes colour is a range that moves during training.",
-               c.script);
+               script);
       if (!spread) continue;
-      heat_map(c, run, layers,
+      const std::string spread_script = heat_map(c, run, layers,
                {stem + "_spread",
                 std::string("spread of the slices' DFP16 exponents within each layer's ") + tc.what + " (" + field + " - " +
                     field + "_min, bits)",
@@ -561,8 +561,8 @@ void exponent_plots(Ctx& c, const std::vector<RunSummary>& runs, const std::vect
                std::string("Where a tensor has an exponent per slice (granularity slice), the bits between its largest "
                            "and its smallest slice exponent, per layer (rows) and epoch (columns). 0: every slice shares "
                            "the largest exponent, as one exponent per tensor would; k: the finest slice keeps k more "
-                           "bits than one exponent per tensor would give it.") ,
-               c.script);
+                           "bits than one exponent per tensor would give it."),
+               spread_script);
     }
   }
 }
