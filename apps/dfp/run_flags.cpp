@@ -78,16 +78,20 @@ std::vector<Flag> policy_flags(RunFlags& s) {
       {"--activations-rounding,--round-activations", "R", "rounding of the activations", rounding(p.dfp.activations), g},
       {"--gradients-rounding,--round-gradients", "R", "rounding of the gradients", rounding(p.dfp.gradients), g},
       {"--granularity", "G", "tensor|slice: DFP16 shared exponents per tensor, or per slice that a pass keeps "
-                             "apart (image, channel), for every tensor class (before the per-class flags)",
+                             "apart (image, channel, image pair), for every tensor class (before the per-class flags)",
        [all_classes](const std::string& f, const std::string& v) {
          const Granularity gr = parse_granularity(v, f);
          all_classes([gr](QuantOptions& q) { q.granularity = gr; });
        }, g},
       {"--weights-granularity", "G", "DFP16 exponents of the weights: tensor, or per output/input channel",
        granularity(p.dfp.weights), g},
-      {"--activations-granularity", "G", "DFP16 exponents of the activations: tensor, or per image/channel",
+      {"--activations-granularity", "G",
+       "DFP16 exponents of the activations: tensor, or per image (forward) and per image pair x 16 channels "
+       "(weight gradient)",
        granularity(p.dfp.activations), g},
-      {"--gradients-granularity", "G", "DFP16 exponents of the gradients: tensor, or per image/channel",
+      {"--gradients-granularity", "G",
+       "DFP16 exponents of the gradients: tensor, or per image (backward-data) and per image pair x 16 channels "
+       "(weight gradient)",
        granularity(p.dfp.gradients), g},
       {"--weights-format", "FMT", "fp32|bf16|fp16 storage of the weights (float precisions)", format(p.weights_format), g},
       {"--activations-format", "FMT", "fp32|bf16|fp16 storage of the activations", format(p.activations_format), g},

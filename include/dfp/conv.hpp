@@ -97,7 +97,8 @@ class ConvInt16 {
   // The exponents per slice with Granularity::slice, from the last quantization: x's per image
   // and w's per output channel (forward), dy's per image (backward-data; without that pass,
   // options.input_gradient false, the weight gradient's, one per plane of the blocked dy [N][K
-  // blocks of 16], as stats().dy then describes). Empty for a class with one exponent
+  // blocks of 16], the two images of a pair alike, as stats().dy then describes). Empty for a
+  // class with one exponent
   // (stats().x/.w/.dy.exponent).
   const std::vector<int>& input_exponents() const noexcept;
   const std::vector<int>& weight_exponents() const noexcept;

@@ -39,10 +39,12 @@ Rounding parse_rounding(const std::string& text, const std::string& origin);
 //   tensor: one exponent per tensor (Das et al.).
 //   slice:  one exponent per slice the pass keeps apart: in the forward pass, activations per
 //           image and weights per output channel; in backward-data, gradients per image and
-//           weights per input channel; in the weight gradient, activations per input channel and
-//           gradients per output channel. A tensor two passes read with different slices is
-//           quantized once per slicing. The flat quantizers below (quantize_dfp16...) always use
-//           one exponent.
+//           weights per input channel; in the weight gradient, activations and gradients per
+//           image pair and 16-channel block (its kernel reads one pair of images and one block
+//           of each at a time, and flushes with their scale; a fully connected layer, which
+//           reduces over all images in one call, per 16-channel block over the batch). A tensor
+//           two passes read with different slices is quantized once per slicing. The flat
+//           quantizers below (quantize_dfp16...) always use one exponent.
 enum class Granularity { tensor, slice };
 const char* granularity_name(Granularity g) noexcept;
 Granularity parse_granularity(const std::string& text, const std::string& origin);

@@ -1,8 +1,8 @@
 // DFP16 exponents below the tensor level (Granularity::slice): the pixel kernel's per-lane and
 // per-pixel scales bit for bit against the scalar model at every level; all three passes exact
-// under power-of-two scaling of whole images, channels and channel blocks (what one exponent per
-// tensor cannot be); every level against the scalar model; the overflow guarantee with every
-// slice at full range; and the policy's text forms.
+// under power-of-two scaling of whole images, channels, channel blocks and image pairs (what one
+// exponent per tensor cannot be); every level against the scalar model; the overflow guarantee
+// with every slice at full range; and the policy's text forms.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,6 +43,13 @@ int in_shift(size_t c) { return int(2 * c % 9); }
 std::vector<float> scale_images(std::vector<float> x, const ConvShape& s) {
   const size_t img = x.size() / s.N;
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], -image_shift(i / img));
+  return x;
+}
+// Image pair q (images 2q, 2q + 1) of x or dy times 2^(sign * pair_shift(q)).
+int pair_shift(size_t q) { return int(7 * q % 12) + 1; }
+std::vector<float> scale_pairs(std::vector<float> x, const ConvShape& s, int sign) {
+  const size_t img = x.size() / s.N;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], sign * pair_shift(i / img / 2));
   return x;
 }
 // Channel block b (16 channels) of x (NCHW, C channels) or dy (NKHW, K) times 2^-block_shift(b).
@@ -146,6 +153,11 @@ TEST(Granularity, PassesAreExactUnderPowerOfTwoScalingOfSlices) {
       const Outputs fwd = run_int16(ctx, s, xs, w_out, dy, slices());
       const Outputs bwd = run_int16(ctx, s, x, w_in, dys, slices());
       const Outputs wgrad = run_int16(ctx, s, scale_blocks(x, s, s.C), w, scale_blocks(dy, s, s.K), slices());
+      // Image pair q of x times 2^-pair_shift(q), of dy times 2^pair_shift(q): each pair's products
+      // are the same, so a weight gradient with exponents per image pair keeps every bit. A fully
+      // connected layer reduces over all pairs in one call: one exponent over the batch, not this.
+      const bool pairs = !(s.H == 1 && s.W == 1 && s.R == 1 && s.S == 1);
+      const Outputs paired = run_int16(ctx, s, scale_pairs(x, s, -1), w, scale_pairs(dy, s, 1), slices());
       const size_t plane = size_t(s.OH()) * s.OW(), in_plane = size_t(s.H) * s.W;
       for (size_t i = 0; i < plain.y.size(); ++i) {
         const size_t n = i / (plane * s.K), k = i / plane % s.K;
@@ -162,6 +174,9 @@ TEST(Granularity, PassesAreExactUnderPowerOfTwoScalingOfSlices) {
         const size_t k = i / (taps * s.C), c = i / taps % s.C;
         const float want = std::ldexp(plain.dw[i], -block_shift(c / 16) - block_shift(k / 16));
         ASSERT_EQ(0, std::memcmp(&want, &wgrad.dw[i], 4)) << "dw " << i << ": " << wgrad.dw[i] << " vs " << want;
+        if (pairs) {
+          ASSERT_EQ(0, std::memcmp(&plain.dw[i], &paired.dw[i], 4)) << "dw " << i << " with pairs scaled";
+        }
       }
       EXPECT_EQ(fwd.stats.x.exponent, plain.stats.x.exponent);
       if (s.N > 1) {
@@ -263,12 +278,16 @@ TEST(Granularity, PolicyTextForms) {
 }
 
 // The exponents a layer reports for dy are those of the copy its passes read: per image with a
-// backward-data pass, and without one (a first layer) the weight gradient's, per 16-channel block
-// (one per plane of the blocked dy), which are what stats().dy then describes.
+// backward-data pass, and without one (a first layer) the weight gradient's, per image pair and
+// 16-channel block (repeated for each plane of the blocked dy), which are what stats().dy then
+// describes.
 TEST(Granularity, GradientExponentsAreThoseOfTheCopyRead) {
   const ConvShape s{.N = 3, .C = 16, .H = 5, .W = 5, .K = 32, .R = 3, .S = 3, .pad_h = 1, .pad_w = 1};
   const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 52, -0.3f, 0.3f);
-  const auto dy = scale_blocks(random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 53, -1e-3f, 1e-3f), s, s.K);
+  // |dy| = 2^-10 * 2^-image_shift(n) * 2^-block_shift(b): a pair's largest is its first image's.
+  const auto dy = scale_blocks(
+      scale_images(constant_magnitude(size_t(s.N) * s.K * s.OH() * s.OW(), std::ldexp(1.f, -10), 53, true), s), s,
+      s.K);
   std::vector<float> dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
   to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
   for (bool input_gradient : {true, false}) {
@@ -283,10 +302,11 @@ TEST(Granularity, GradientExponentsAreThoseOfTheCopyRead) {
       continue;
     }
     ASSERT_EQ(e.size(), size_t(s.N) * 2);  // [n][block]
-    for (int n = 1; n < s.N; ++n)
-      for (int b = 0; b < 2; ++b) EXPECT_EQ(e[size_t(n) * 2 + b], e[size_t(b)]);
-    EXPECT_EQ(e[0] - e[1], block_shift(1) - block_shift(0));  // 2^-5 apart, the magnitudes' steps
-    EXPECT_EQ(std::max(e[0], e[1]), conv.stats().dy.exponent);
-    EXPECT_EQ(std::min(e[0], e[1]), conv.stats().dy.exponent_min);
+    for (int n = 0; n < s.N; ++n)
+      for (int b = 0; b < 2; ++b)
+        EXPECT_EQ(e[size_t(n) * 2 + b] - e[0], -image_shift(size_t(n / 2 * 2)) - block_shift(size_t(b)))
+            << "image " << n << ", block " << b;
+    EXPECT_EQ(e[0], conv.stats().dy.exponent);
+    EXPECT_EQ(e[size_t(s.N - 1) * 2 + 1], conv.stats().dy.exponent_min);
   }
 }

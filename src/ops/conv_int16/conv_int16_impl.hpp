@@ -340,15 +340,18 @@ struct ConvInt16::Impl {
   // stats.x and stats.w are the forward operands' quantizations; x_pairs and w_bwd those of xp and
   // wb (the same with one exponent).
   // Backward-data: dy per image (dyq) and w per input channel (wb, lanes of the kernels'
-  // channels: an unfolded layer's c' = s * C + c takes channel c's). Weight gradient: x per input
-  // and dy per output channel block of 16 (xp, dyp, which dy then always has): a call reads one
-  // block of each, and its partial sums take the block pair's scale where they are summed into
-  // dW (an unfolded x keeps one exponent for its blocks).
+  // channels: an unfolded layer's c' = s * C + c takes channel c's). Weight gradient: x per
+  // image pair and input channel block of 16, dy per image pair and output channel block (xp,
+  // dyp, which dy then always has): a call reads one image pair and one block of each, so it
+  // flushes its INT32 sums with that pair's scale. A fully connected layer reduces over all its
+  // pairs in one call, so its blocks keep one exponent over the batch (wgrad_pairs false), and
+  // its partial sums take the block pair's scale where they are summed into dW. An unfolded x's
+  // blocks gather columns of one image: its pairs' exponents are its images'.
   // stats.x, stats.w and stats.dy are the quantizations the pixel passes read; x_pairs, dy_pairs
   // those of xp and dyp (the same with one exponent), w_bwd wb's.
   bool x_slices = false, w_slices = false, dy_slices = false;
   struct Slicing {
-    std::vector<int> exp;       // per slice
+    std::vector<int> exp;       // per slice (the weight gradient's: [pairs][blocks])
     std::vector<float> scale;   // 2^exp (per image only)
     std::vector<int> planes;    // exp of plane (n, b): [N][blocks]
   };
@@ -358,7 +361,8 @@ struct ConvInt16::Impl {
     int img_hi = 0, img_lo = 0, blk_hi = 0, blk_lo = 0;
   };
   std::vector<float> plane_max;                 // max|x| or max|dy| per plane, [N][blocks]
-  std::vector<float> wgrad_scale;               // backward_weights's per (kb, cb) block pair, [KB][CB]
+  bool wgrad_pairs = false;                     // x_blk, dy_blk per image pair (else one pair: the batch)
+  std::vector<float> wgrad_scale;               // a fully connected backward_weights's per block pair, [KB][CB]
   std::vector<int> w_out_exp, w_in_exp;         // [K], [kernel C]
   std::vector<float> w_out_scale, w_in_scale;   // 2^e; lanes: [blocks * 16], 1 past
   std::vector<int16_t> x_fwd_row_max, dyq_row_max;  // xq's and dyq's row maxima with per-image exponents

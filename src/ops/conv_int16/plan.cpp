@@ -160,19 +160,21 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
     if (scales) sl.scale.assign(size_t(count), 1.f);
     sl.planes.assign(size_t(sh.N) * blocks, 0);
   };
+  wgrad_pairs = !gemm;
+  const int wgrad_slices = wgrad_pairs ? NP : 1;
   if (x_slices) {
     slicing(x_img, sh.N, CB, true);
-    slicing(x_blk, CB, CB, false);
+    slicing(x_blk, wgrad_slices * CB, CB, false);
     x_fwd_row_max.assign(x_row_max.size(), 0);
   }
   if (dy_slices) {
     if (opt.input_gradient) slicing(dy_img, sh.N, KB, true);
-    slicing(dy_blk, KB, KB, false);
+    slicing(dy_blk, wgrad_slices * KB, KB, false);
     dyq_row_max.assign(dy_row_max.size(), 0);
   }
   if (x_slices || dy_slices) {
     plane_max.assign(size_t(sh.N) * std::max(CB, KB), 0.f);
-    wgrad_scale.assign(size_t(KB) * CB, 1.f);
+    if (gemm) wgrad_scale.assign(size_t(KB) * CB, 1.f);
   }
   if (w_slices) {
     w_out_exp.assign(size_t(sh.K), 0);

@@ -181,6 +181,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
                                                                  int pair_step, const int* pair_exp,
                                                                  int16_t* pair_row_max, const QuantOptions& qo,
                                                                  float max_abs, const SpanSource* spans) {
+  const auto quant = ctx.kernels().quantize.fn;
   const auto quant2 = ctx.kernels().quantize2.fn;
   const auto inter = ctx.kernels().interleave.fn;
   std::atomic<uint64_t> saturated[2] = {0, 0}, nonfinite[2] = {0, 0};
@@ -210,6 +211,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
         int16_t* prow = y % pair_step ? nullptr : pair + ((size_t(p) * B + b) * h2 + y / pair_step) * w2 * 32;
         for (size_t o = 0; o < row_len; o += kPiece) {
           const size_t len = std::min(kPiece, row_len - o);
+          const int16_t* paired[2] = {tile[0], tile[1]};  // each image's piece in the pair copy's units
           for (int i = 0; i < images; ++i) {
             const int n = 2 * p + i;
             const size_t r = (size_t(n) * B + b) * h + y;  // the row's index in src
@@ -223,16 +225,27 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
             // The piece's largest |q| in each copy, then the running maxima take them.
             const int32_t before[2] = {cnt[0].max_abs_q, cnt[1].max_abs_q};
             cnt[0].max_abs_q = cnt[1].max_abs_q = 0;
-            quant2(from, d, tile[i], len, dst_exp[e], pair_exp[e], qo.rounding, qo.seed, r * row_len + o, &cnt[0],
-                   &cnt[1]);
+            if (dst_exp[e] == pair_exp[e]) {
+              // Both copies round at one exponent (a pair's larger image, often): one rounding
+              // serves both, the bits of quant2's second output, and its counts go to both.
+              const uint64_t sat = cnt[0].saturated, nonfin = cnt[0].nonfinite;
+              quant(from, d, len, dst_exp[e], qo.rounding, qo.seed, r * row_len + o, &cnt[0]);
+              cnt[1].saturated += cnt[0].saturated - sat;
+              cnt[1].nonfinite += cnt[0].nonfinite - nonfin;
+              cnt[1].max_abs_q = cnt[0].max_abs_q;
+              paired[i] = d;
+            } else {
+              quant2(from, d, tile[i], len, dst_exp[e], pair_exp[e], qo.rounding, qo.seed, r * row_len + o,
+                     &cnt[0], &cnt[1]);
+            }
             q_dst[i] = std::max(q_dst[i], cnt[0].max_abs_q);
             q_pair[i] = std::max(q_pair[i], cnt[1].max_abs_q);
             for (int k = 0; k < 2; ++k) cnt[k].max_abs_q = std::max(before[k], cnt[k].max_abs_q);
           }
           if (!prow) continue;
-          const int16_t* second = images == 2 ? tile[1] : nullptr;
+          const int16_t* second = images == 2 ? paired[1] : nullptr;
           if (pair_step == 1) {
-            inter(tile[0], second, prow + o * 2, len);
+            inter(paired[0], second, prow + o * 2, len);
             continue;
           }
           // Every pair_step-th pixel of the piece's: pair pixels [j0, j1).
@@ -240,7 +253,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
           const int j0 = (px0 + pair_step - 1) / pair_step, j1 = std::min(w2, (px1 + pair_step - 1) / pair_step);
           for (int j = j0; j < j1; ++j)
             for (int i = 0; i < images; ++i)
-              std::memcpy(g[i] + (j - j0) * 16, tile[i] + (size_t(j) * pair_step - px0) * 16, 32);
+              std::memcpy(g[i] + (j - j0) * 16, paired[i] + (size_t(j) * pair_step - px0) * 16, 32);
           if (j1 > j0) inter(g[0], second ? g[1] : nullptr, prow + size_t(j0) * 32, size_t(j1 - j0) * 16);
         }
         for (int i = 0; i < images; ++i) {
@@ -344,12 +357,13 @@ void ConvInt16::Impl::quantize_x(const float* x, float known_max, const float* k
 }
 
 // Granularity::slice: the exponents of every plane (image n, block b) of a tensor of B blocks,
-// for each of its two slicings: per image (into img, [N]; null: not wanted) and per block (into
-// blk, [B]), from the planes' max|src| (plane_len elements each, or the producer's spans; or
-// known_planes, [N][B], as the producer measured them: used where every one is finite and >= 0).
-// planes_img and planes_blk, [N][B], repeat them per plane for quantize_blocked. per_block false:
-// every block takes the tensor's exponent (an unfolded x, whose blocks gather columns). Returns
-// max|src| and the ranges of both sets of exponents.
+// for each of its two slicings: per image (into img, [N]; null: not wanted) and per image pair
+// and block (into blk, [NP][B]; with wgrad_pairs false one pair, the batch: [B]), from the
+// planes' max|src| (plane_len elements each, or the producer's spans; or known_planes, [N][B], as
+// the producer measured them: used where every one is finite and >= 0). img.planes and
+// blk.planes, [N][B], repeat them per plane for quantize_blocked. per_block false: the planes'
+// maxima are their images' (an unfolded x, whose blocks gather columns). Returns max|src| and
+// the ranges of both sets of exponents.
 ConvInt16::Impl::SliceExponents ConvInt16::Impl::slice_exponents(const float* src, int B, size_t plane_len,
                                                                  const float* known_planes, const SpanSource* spans,
                                                                  bool per_block, int headroom, Slicing& img,
@@ -394,13 +408,12 @@ ConvInt16::Impl::SliceExponents ConvInt16::Impl::slice_exponents(const float* sr
   float all = 0.f;
   for (size_t t = 0; t < size_t(sh.N) * B; ++t) all = std::max(all, pm[t]);
   r.max_abs = all;
-  const int e_all = dfp16_exponent(all, headroom);
   // One slicing from the maxima m(i) of its slices: exponents, scales, and their range.
   auto slicing = [&](Slicing& sl, int count, auto&& m) {
     int hi = std::numeric_limits<int>::min(), lo = std::numeric_limits<int>::max();
     for (int i = 0; i < count; ++i) {
       const float mi = m(i);
-      const int x = per_block || &sl == &img ? dfp16_exponent(mi, headroom) : e_all;
+      const int x = dfp16_exponent(mi, headroom);
       sl.exp[size_t(i)] = x;
       if (!sl.scale.empty()) sl.scale[size_t(i)] = std::ldexp(1.f, x);
       hi = std::max(hi, x);
@@ -417,19 +430,24 @@ ConvInt16::Impl::SliceExponents ConvInt16::Impl::slice_exponents(const float* sr
     for (int n = 0; n < sh.N; ++n)
       for (int b = 0; b < B; ++b) img.planes[size_t(n) * B + b] = img.exp[size_t(n)];
   }
-  std::tie(r.blk_hi, r.blk_lo) = slicing(blk, B, [&](int b) {
+  // Slice (p, b) of blk: block b of images [2p, 2p + 2), or of the batch.
+  const int images = wgrad_pairs ? 2 : sh.N;
+  std::tie(r.blk_hi, r.blk_lo) = slicing(blk, int(blk.exp.size()), [&](int i) {
+    const int p = i / B, b = i % B;
     float m = 0.f;
-    for (int n = 0; n < sh.N; ++n) m = std::max(m, pm[size_t(n) * B + b]);
+    for (int n = p * images; n < std::min(sh.N, p * images + images); ++n)
+      m = std::max(m, pm[size_t(n) * B + b]);
     return m;
   });
   for (int n = 0; n < sh.N; ++n)
-    for (int b = 0; b < B; ++b) blk.planes[size_t(n) * B + b] = blk.exp[size_t(b)];
+    for (int b = 0; b < B; ++b) blk.planes[size_t(n) * B + b] = blk.exp[size_t(n / images) * B + b];
   return r;
 }
 
 // Granularity::slice: x's forward copy xq with an exponent per image, and its batch-pair copy xp
-// (which the weight gradient reduces over images with) one per 16-channel block, each with its own
-// row maxima, in one pass over x (an unfolded x: one pass per copy, each gathering its columns).
+// (which the weight gradient reads a pair at a time) one per image pair and 16-channel block, each
+// with its own row maxima, in one pass over x (an unfolded x: one pass per copy, each gathering
+// its columns).
 void ConvInt16::Impl::quantize_x_slices(const float* x, const float* known_planes, const SpanSource* spans) {
   const bool unfolded_src = unfold && !spans;
   const SliceExponents r = slice_exponents(x, CB, size_t(sh.H) * sh.W * 16, known_planes, spans, !unfolded_src,
@@ -451,8 +469,8 @@ void ConvInt16::Impl::quantize_x_slices(const float* x, const float* known_plane
 }
 
 // Granularity::slice: dy's batch pairs dyp, which the weight gradient reads, with an exponent
-// per 16-channel block, and (with a backward-data pass) its padded copy dyq one per image, each
-// with its own row maxima, in one pass over dy.
+// per image pair and 16-channel block, and (with a backward-data pass) its padded copy dyq one
+// per image, each with its own row maxima, in one pass over dy.
 void ConvInt16::Impl::quantize_dy_slices(const float* dy, const float* known_planes) {
   const SliceExponents r = slice_exponents(dy, KB, size_t(OH) * OW * 16, known_planes, nullptr, true,
                                            step_dy.headroom, dy_img, dy_blk);

@@ -2,6 +2,7 @@
 // positions, in tiles with dy interleaved (or read in place) and fetched ahead, into FP32 partials
 // per output block or per fixed slice of the batch, summed in a fixed order into dW.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -57,18 +58,39 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   const int chain = opt.chain_override ? opt.chain_override : pair_chain(x_pairs.max_abs_int, dy_pairs.max_abs_int);
   stats.chain_wgrad = chain;
   const float scale = pow2(x_pairs.exponent + dy_pairs.exponent, name, "backward_weights");
-  // Granularity::slice: block pair (kb, cb) takes 2^(e_x(cb) + e_dy(kb)). A call reads one block
-  // of each, so its partial sums are in one block pair's units, and the scale applies where they
-  // are summed into dW (or, in place, in the call).
+  // Granularity::slice: the sums of image pair p, block pair (kb, cb) are in units of
+  // 2^(e_x(p, cb) + e_dy(p, kb)). A call reads one image pair and one block of each, so it
+  // flushes with that scale, into partials that hold dW's values. A fully connected layer's
+  // call reduces over all pairs, which share their blocks' exponents (wgrad_pairs false): its
+  // partial sums are in one block pair's units, and the scale applies where they are summed
+  // into dW (or, in place, in the call).
   const bool block_scales = x_slices || dy_slices;
-  if (block_scales)
+  auto x_exp = [&](int p, int cb) {
+    return x_slices ? x_blk.exp[size_t(wgrad_pairs ? p : 0) * CB + cb] : x_pairs.exponent;
+  };
+  auto dy_exp = [&](int p, int kb) {
+    return dy_slices ? dy_blk.exp[size_t(wgrad_pairs ? p : 0) * KB + kb] : dy_pairs.exponent;
+  };
+  const bool call_scales = block_scales && wgrad_pairs;
+  if (call_scales) {
+    // A pair's calls' scales are normal powers of two when its extreme sums are.
+    for (int p = 0; p < NP; ++p) {
+      int x_lo = x_exp(p, 0), x_hi = x_lo, dy_lo = dy_exp(p, 0), dy_hi = dy_lo;
+      for (int cb = 1; cb < CB; ++cb) x_lo = std::min(x_lo, x_exp(p, cb)), x_hi = std::max(x_hi, x_exp(p, cb));
+      for (int kb = 1; kb < KB; ++kb) dy_lo = std::min(dy_lo, dy_exp(p, kb)), dy_hi = std::max(dy_hi, dy_exp(p, kb));
+      pow2(x_lo + dy_lo, name, "backward_weights");
+      pow2(x_hi + dy_hi, name, "backward_weights");
+    }
+  } else if (block_scales) {
     for (int kb = 0; kb < KB; ++kb)
       for (int cb = 0; cb < CB; ++cb)
-        wgrad_scale[size_t(kb) * CB + cb] = pow2((x_slices ? x_blk.exp[size_t(cb)] : x_pairs.exponent) +
-                                                     (dy_slices ? dy_blk.exp[size_t(kb)] : dy_pairs.exponent),
-                                                 name, "backward_weights");
+        wgrad_scale[size_t(kb) * CB + cb] = pow2(x_exp(0, cb) + dy_exp(0, kb), name, "backward_weights");
+  }
+  auto call_scale = [&](int p, int cb, int kb) {
+    return call_scales ? std::ldexp(1.f, x_exp(p, cb) + dy_exp(p, kb)) : 1.f;
+  };
   auto scale_of = [&](int64_t k, int c) {
-    return block_scales ? wgrad_scale[size_t(k / 16) * CB + size_t(c / 16)] : scale;
+    return call_scales ? 1.f : block_scales ? wgrad_scale[size_t(k / 16) * CB + size_t(c / 16)] : scale;
   };
   const auto fn = pair_fn();
   const int ns = wgrad_partials();
@@ -94,7 +116,8 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   // then an add (scale 1), which leaves VPDPWSSD's pipes free, where an FMA would take them. The
   // same bits: every partial is an integer, and scaling by a power of two commutes with
   // rounding in the normal range (multiples of scale >= 2^-126). The direct (in-place) calls
-  // scale themselves.
+  // scale themselves, and so do Granularity::slice's calls of one image pair (an FMA each flush:
+  // their pairs' units differ).
   base.scale = direct ? scale : 1.f;
   // All reduction work for image pairs [p0, p1) and output blocks [kb0, kb1), into acc.
   auto reduce = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
@@ -245,6 +268,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
               b.dy_col = a.x_col;
               b.nk = std::min(16, sh.C - cb * 16);
               b.chain = chains[kb - kg];
+              b.scale = call_scale(p, cb, kb);
               b.dw = acc + size_t(cb) * 16 * dw_k + size_t(t) * KB * 16 + size_t(kb) * 16;
               ahead.issue(share);
               fn(b);
@@ -252,6 +276,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
             }
             a.dy = g;
             a.chain = chains[kb - kg];
+            a.scale = call_scale(p, cb, kb);
             a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
             ahead.issue(share);
             fn(a);
