@@ -344,7 +344,7 @@ struct ConvInt16::Impl {
   // image pair and input channel block of 16, dy per image pair and output channel block (xp,
   // dyp, which dy then always has): a call reads one image pair and one block of each, so it
   // flushes its INT32 sums with that pair's scale. A fully connected layer reduces over all its
-  // pairs in one call, so its blocks keep one exponent over the batch (wgrad_pairs false), and
+  // pairs in one call, so its blocks keep one exponent over the batch (wgrad_pairs() false), and
   // its partial sums take the block pair's scale where they are summed into dW. An unfolded x's
   // blocks gather columns of one image: its pairs' exponents are its images'.
   // stats.x, stats.w and stats.dy are the quantizations the pixel passes read; x_pairs, dy_pairs
@@ -361,7 +361,6 @@ struct ConvInt16::Impl {
     int img_hi = 0, img_lo = 0, blk_hi = 0, blk_lo = 0;
   };
   std::vector<float> plane_max;                 // max|x| or max|dy| per plane, [N][blocks]
-  bool wgrad_pairs = false;                     // x_blk, dy_blk per image pair (else one pair: the batch)
   std::vector<float> wgrad_scale;               // a fully connected backward_weights's per block pair, [KB][CB]
   std::vector<int> w_out_exp, w_in_exp;         // [K], [kernel C]
   std::vector<float> w_out_scale, w_in_scale;   // 2^e; lanes: [blocks * 16], 1 past
@@ -431,6 +430,9 @@ struct ConvInt16::Impl {
   bool by_output_block() const { return KB >= 4; }
   // FP32 partial buffers of dW: one per slice, or one shared by the output blocks.
   int wgrad_partials() const { return by_output_block() ? 1 : slices(); }
+  // Granularity::slice: the weight gradient's exponents (x_blk, dy_blk) per image pair, as each
+  // call reads one pair; a fully connected layer's call reduces over all pairs: one over the batch.
+  bool wgrad_pairs() const { return !gemm; }
 
   simd::PixelKernelFn pixel_fn() const {
     return opt.verify ? &simd::ref::conv_s16_pixel : ctx.kernels().conv_s16_pixel.fn;

@@ -160,8 +160,7 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
     if (scales) sl.scale.assign(size_t(count), 1.f);
     sl.planes.assign(size_t(sh.N) * blocks, 0);
   };
-  wgrad_pairs = !gemm;
-  const int wgrad_slices = wgrad_pairs ? NP : 1;
+  const int wgrad_slices = wgrad_pairs() ? NP : 1;
   if (x_slices) {
     slicing(x_img, sh.N, CB, true);
     slicing(x_blk, wgrad_slices * CB, CB, false);

@@ -358,7 +358,7 @@ void ConvInt16::Impl::quantize_x(const float* x, float known_max, const float* k
 
 // Granularity::slice: the exponents of every plane (image n, block b) of a tensor of B blocks,
 // for each of its two slicings: per image (into img, [N]; null: not wanted) and per image pair
-// and block (into blk, [NP][B]; with wgrad_pairs false one pair, the batch: [B]), from the
+// and block (into blk, [NP][B]; with wgrad_pairs() false one pair, the batch: [B]), from the
 // planes' max|src| (plane_len elements each, or the producer's spans; or known_planes, [N][B], as
 // the producer measured them: used where every one is finite and >= 0). img.planes and
 // blk.planes, [N][B], repeat them per plane for quantize_blocked. per_block false: the planes'
@@ -431,7 +431,7 @@ ConvInt16::Impl::SliceExponents ConvInt16::Impl::slice_exponents(const float* sr
       for (int b = 0; b < B; ++b) img.planes[size_t(n) * B + b] = img.exp[size_t(n)];
   }
   // Slice (p, b) of blk: block b of images [2p, 2p + 2), or of the batch.
-  const int images = wgrad_pairs ? 2 : sh.N;
+  const int images = wgrad_pairs() ? 2 : sh.N;
   std::tie(r.blk_hi, r.blk_lo) = slicing(blk, int(blk.exp.size()), [&](int i) {
     const int p = i / B, b = i % B;
     float m = 0.f;

@@ -61,17 +61,13 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   // Granularity::slice: the sums of image pair p, block pair (kb, cb) are in units of
   // 2^(e_x(p, cb) + e_dy(p, kb)). A call reads one image pair and one block of each, so it
   // flushes with that scale, into partials that hold dW's values. A fully connected layer's
-  // call reduces over all pairs, which share their blocks' exponents (wgrad_pairs false): its
+  // call reduces over all pairs, which share their blocks' exponents (wgrad_pairs() false): its
   // partial sums are in one block pair's units, and the scale applies where they are summed
   // into dW (or, in place, in the call).
   const bool block_scales = x_slices || dy_slices;
-  auto x_exp = [&](int p, int cb) {
-    return x_slices ? x_blk.exp[size_t(wgrad_pairs ? p : 0) * CB + cb] : x_pairs.exponent;
-  };
-  auto dy_exp = [&](int p, int kb) {
-    return dy_slices ? dy_blk.exp[size_t(wgrad_pairs ? p : 0) * KB + kb] : dy_pairs.exponent;
-  };
-  const bool call_scales = block_scales && wgrad_pairs;
+  auto x_exp = [&](int p, int cb) { return x_slices ? x_blk.exp[size_t(p) * CB + cb] : x_pairs.exponent; };
+  auto dy_exp = [&](int p, int kb) { return dy_slices ? dy_blk.exp[size_t(p) * KB + kb] : dy_pairs.exponent; };
+  const bool call_scales = block_scales && wgrad_pairs();
   if (call_scales) {
     // A pair's calls' scales are normal powers of two when its extreme sums are.
     for (int p = 0; p < NP; ++p) {
