@@ -15,6 +15,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
   t.interleave = {&ref::interleave, "interleave_s16__ref"};
   t.conv_s16_pixel = {&ref::conv_s16_pixel, "conv_s16s16f32_pixel__ref"};
   t.conv_s16_pair = {&ref::conv_s16_pair, "conv_s16s16f32_pair__ref"};
+  t.pair_row_l1 = {&ref::pair_row_l1, "pair_row_l1_s16__ref"};
   t.relu_fwd = {&ref::relu_fwd, "relu_fwd_f32__ref"};
   t.relu_bwd = {&ref::relu_bwd, "relu_bwd_f32__ref"};
   t.add = {&ref::add, "add_f32__ref"};
@@ -55,6 +56,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
     }
     t.dequantize = {&avx2::dequantize, "dequantize_dfp16_f32__avx2"};
     t.interleave = {&avx2::interleave, "interleave_s16__avx2"};
+    t.pair_row_l1 = {&avx2::pair_row_l1, "pair_row_l1_s16__avx2"};
     t.relu_fwd = {&avx2::relu_fwd, "relu_fwd_f32__avx2"};
     t.relu_bwd = {&avx2::relu_bwd, "relu_bwd_f32__avx2"};
     t.add = {&avx2::add, "add_f32__avx2"};
@@ -96,6 +98,7 @@ KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu) {
     }
     t.dequantize = {&avx512::dequantize, "dequantize_dfp16_f32__avx512"};
     t.interleave = {&avx512::interleave, "interleave_s16__avx512"};
+    t.pair_row_l1 = {&avx512::pair_row_l1, "pair_row_l1_s16__avx512bw"};
     t.relu_fwd = {&avx512::relu_fwd, "relu_fwd_f32__avx512"};
     t.relu_bwd = {&avx512::relu_bwd, "relu_bwd_f32__avx512"};
     t.add = {&avx512::add, "add_f32__avx512"};

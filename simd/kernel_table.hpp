@@ -238,6 +238,16 @@ struct PairKernelArgs {
   const char* prefetch_end = nullptr;
 };
 
+// Per-row L1 norms of a pair-layout operand, for the weight gradient's chain bounds. For each of
+// `rows` rows of `cols` positions (position c of row r at pairs + r * row_stride + c * 32; 16
+// lanes of 2 INT16 values each):
+//   l1[r] = max over lanes l of  sum over c of |p[2l]| + |p[2l + 1]|
+// exactly, for every INT16 value (|-32768| is 32768). cols <= 32767, so the sums fit INT32. A
+// pair-kernel sum over any run of these positions, with the other operand at most a in
+// magnitude, is at most a times the runs' l1: a tighter bound than a * max|p| * positions where
+// a row's values are mostly far below its largest (gradients are).
+using PairRowL1Fn = void (*)(const int16_t* pairs, int rows, int cols, int64_t row_stride, int32_t* l1);
+
 // ---- element-wise FP32 (ReLU, residual add) ---------------------------------------------------
 // ReLU keeps one bit per element for its backward pass (bit i % 16 of mask[i / 16] is x[i] > 0)
 // instead of its FP32 output: 1/32 of the memory, and backward reads 1/32 of the bytes.
@@ -391,6 +401,7 @@ struct KernelTable {
   Entry<InterleaveFn> interleave;
   Entry<PixelKernelFn> conv_s16_pixel;
   Entry<PairKernelFn> conv_s16_pair;
+  Entry<PairRowL1Fn> pair_row_l1;
   Entry<ReluFwdFn> relu_fwd;
   Entry<ReluBwdFn> relu_bwd;
   Entry<AddFn> add;
@@ -436,6 +447,7 @@ Signature<DequantizeFn> dequantize;
 Signature<InterleaveFn> interleave;
 Signature<PixelKernelFn> conv_s16_pixel;
 Signature<PairKernelFn> conv_s16_pair;
+Signature<PairRowL1Fn> pair_row_l1;
 Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
@@ -466,6 +478,7 @@ Signature<DequantizeFn> dequantize;
 Signature<InterleaveFn> interleave;
 Signature<PixelKernelFn> conv_s16_pixel_bw;
 Signature<PairKernelFn> conv_s16_pair_bw;
+Signature<PairRowL1Fn> pair_row_l1;
 Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;
@@ -493,6 +506,7 @@ Signature<DequantizeFn> dequantize;
 Signature<InterleaveFn> interleave;
 Signature<PixelKernelFn> conv_s16_pixel;
 Signature<PairKernelFn> conv_s16_pair;
+Signature<PairRowL1Fn> pair_row_l1;
 Signature<ReluFwdFn> relu_fwd;
 Signature<ReluBwdFn> relu_bwd;
 Signature<AddFn> add;

@@ -7,8 +7,10 @@
 //
 // Verification: when overflow_events is non-null, an INT64 shadow of every accumulator counts
 // the steps at which the true sum leaves the INT32 range (the hardware sum would have wrapped).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 #include "simd/kernel_table.hpp"
@@ -113,6 +115,21 @@ void conv_s16_pair(const PairKernelArgs& a) {
       }
       out.finish(lane, steps);
     }
+  }
+}
+
+void pair_row_l1(const int16_t* pairs, int rows, int cols, int64_t row_stride, int32_t* l1) {
+  for (int r = 0; r < rows; ++r) {
+    int32_t largest = 0;
+    for (int l = 0; l < 16; ++l) {
+      int32_t sum = 0;
+      for (int c = 0; c < cols; ++c) {
+        const int16_t* p = pairs + r * row_stride + c * 32 + 2 * l;
+        sum += std::abs(int32_t{p[0]}) + std::abs(int32_t{p[1]});
+      }
+      largest = std::max(largest, sum);
+    }
+    l1[r] = largest;
   }
 }
 

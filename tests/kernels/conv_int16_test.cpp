@@ -4,7 +4,9 @@
 // (~870 lines) because every suite shares its shape tables and the scalar model it compares with.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -617,6 +619,84 @@ TEST(ConvInt16, BackwardDataAccumulatesOntoDx) {
           if (i % 16 + 16 * (i / (16 * size_t(s.H) * s.W) % channel_blocks(s.C)) >= size_t(s.C)) {
             ASSERT_EQ(dxb[i], 0.f) << "padding lane " << i;
           }
+      }
+    }
+  }
+}
+
+// The weight gradient's chain from dy's row L1 norms: x constant at its largest integer (8191 at
+// headroom 2) and each dy row one image's largest value (8191) then 31 values of 1500, in both
+// images. A row's L1 norm is 2 * (8191 + 31 * 1500) = 109382 in every lane; two rows times 8191
+// fit INT32 and three do not, so every call of 4 rows (128 positions of 32) flushes after each 2
+// rows, where the bound from the maxima alone allows 16 positions. The window sums are above 2^24,
+// so the flush points show in dW's bits: the test fails if the chain is longer (overflow, counted
+// by the verification mode), or shorter (other roundings). Both granularities: the dy tile
+// interleaved from the padded copy (tensor) and the whole batch-pair copy (slice).
+TEST(ConvInt16, WeightGradientChainsFromDyRowNorms) {
+  const ConvShape s = make(2, 16, 8, 32, 16, 1, 1, 1, 0);  // one image pair; tiles of 4 rows
+  const float xv = 8191.f / 4096.f;                         // q = 8191 at exponent -12
+  std::vector<float> x(size_t(s.N) * s.C * s.H * s.W, xv), w(size_t(s.K) * s.C, 0.5f), dy(size_t(s.N) * s.K * s.H * s.W);
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = (i % s.W == 0 ? 8191.f : 1500.f) / 4096.f;
+  // FP32 partials as the kernels flush them into zeroed partials, one add per window, then the
+  // scale 2^-24 (exact): windows of 2 rows, and of 16 positions for contrast.
+  auto flushed = [](const std::vector<int64_t>& windows) {
+    float p = 0.f;
+    for (int64_t v : windows) p += static_cast<float>(v);
+    return p * 0x1p-24f;
+  };
+  std::vector<int64_t> two_rows(4, int64_t{8191} * 2 * 2 * (8191 + 31 * 1500)), half_rows;
+  for (int r = 0; r < 8; ++r) {
+    half_rows.push_back(int64_t{8191} * 2 * (8191 + 15 * 1500));
+    half_rows.push_back(int64_t{8191} * 2 * 16 * 1500);
+  }
+  const float want = flushed(two_rows);
+  ASSERT_NE(want, flushed(half_rows));  // the data tells the chains apart
+  Context ctx(ContextOptions{.threads = 2});
+  for (Granularity g : {Granularity::tensor, Granularity::slice}) {
+    for (bool verify : {false, true}) {
+      SCOPED_TRACE(std::string(granularity_name(g)) + (verify ? ", verified" : ""));
+      DfpConvOptions o;
+      o.weights.granularity = o.activations.granularity = o.gradients.granularity = g;
+      o.verify = verify;
+      const Outputs r = run_int16(ctx, s, x, w, dy, o);
+      EXPECT_EQ(r.stats.overflow_events, 0);
+      EXPECT_EQ(r.stats.chain_wgrad, 16);  // the bound from the maxima, which the rows' norms extend
+      for (size_t i = 0; i < r.dw.size(); ++i) ASSERT_EQ(r.dw[i], want) << "dw " << i;
+    }
+  }
+}
+
+// The row L1 kernel at every level this CPU runs, against the reference, which the test checks
+// against its definition (INT16's -32768 counts 32768): random words, all extremes, and
+// 1 to 130 positions (vector tails), with row strides past the row.
+TEST(ConvInt16, PairRowL1AtEveryLevelMatchesTheReference) {
+  const CpuFeatures cpu = detect_cpu_features();
+  uint32_t seed = 300;
+  for (int cols : {1, 2, 3, 7, 32, 128, 130}) {
+    for (int extreme = 0; extreme < 3; ++extreme) {
+      const int rows = 3;
+      const int64_t stride = int64_t(cols) * 32 + 48;
+      std::vector<int16_t> v(size_t(rows * stride));
+      const auto r = random_ints(v.size(), seed++, -32768, 32767);
+      for (size_t i = 0; i < v.size(); ++i)
+        v[i] = static_cast<int16_t>(extreme == 0 ? r[i] : extreme == 1 ? -32768 : (int(r[i]) % 2 ? 32767 : -32768));
+      std::vector<int32_t> want(rows), got(rows);
+      simd::ref::pair_row_l1(v.data(), rows, cols, stride, want.data());
+      for (int row = 0; row < rows; ++row) {
+        int64_t largest = 0;
+        for (int l = 0; l < 16; ++l) {
+          int64_t sum = 0;
+          for (int c = 0; c < cols; ++c)
+            for (int i = 0; i < 2; ++i) sum += std::abs(int64_t{v[size_t(row * stride + c * 32 + 2 * l + i)]});
+          largest = std::max(largest, sum);
+        }
+        ASSERT_EQ(want[size_t(row)], largest) << "ref, cols " << cols << " row " << row;
+      }
+      for (Isa isa : {Isa::avx2, Isa::avx512bw, Isa::avx512vnni}) {
+        if (!cpu.supports(isa)) continue;
+        const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+        t.pair_row_l1.fn(v.data(), rows, cols, stride, got.data());
+        ASSERT_EQ(want, got) << t.pair_row_l1.name << ", cols " << cols << " extreme " << extreme;
       }
     }
   }

@@ -20,6 +20,27 @@ int pair_chain(int64_t a, int64_t b) {
   return static_cast<int>(std::min<int64_t>(kInt32Max / (2 * a * b), kMaxChain));
 }
 
+// The most rows m such that every run of m consecutive rows of l1[0, n) sums to at most limit
+// (0 where one row alone exceeds it; n where all of them fit). In O(n): ext(r), the longest
+// run from row r within the limit, comes from two pointers (l1 >= 0), and m holds where
+// ext(r) >= m for every r <= n - m, which is checked from m = n down as r's range grows.
+int rows_within(const int32_t* l1, int n, int64_t limit) {
+  int ext[kPairTile];
+  int64_t sum = 0;
+  for (int r = 0, j = 0; r < n; ++r) {
+    if (j < r) j = r, sum = 0;
+    while (j < n && sum + l1[j] <= limit) sum += l1[j++];
+    ext[r] = j - r;
+    if (j > r) sum -= l1[r];
+  }
+  int least = ext[0];  // min of ext(r) over r <= n - m
+  for (int m = n; m >= 1; --m) {
+    least = std::min(least, ext[n - m]);
+    if (least >= m) return m;
+  }
+  return 0;
+}
+
 // Cache lines to fetch into L2 ahead of use, a few at a time: up to kRuns contiguous byte runs
 // (images x blocks x rows). Narrow layers have more rows per tile than fit; their later rows
 // are not fetched ahead, and those layers' dy is small enough to sit in cache anyway.
@@ -82,9 +103,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
       for (int cb = 0; cb < CB; ++cb)
         wgrad_scale[size_t(kb) * CB + cb] = pow2(x_exp(0, cb) + dy_exp(0, kb), name, "backward_weights");
   }
-  auto call_scale = [&](int p, int cb, int kb) {
-    return call_scales ? std::ldexp(1.f, x_exp(p, cb) + dy_exp(p, kb)) : 1.f;
-  };
+  auto call_scale = [&](int p, int cb, int kb) { return call_scales ? exp2i(x_exp(p, cb) + dy_exp(p, kb)) : 1.f; };
   auto scale_of = [&](int64_t k, int c) {
     return call_scales ? 1.f : block_scales ? wgrad_scale[size_t(k / 16) * CB + size_t(c / 16)] : scale;
   };
@@ -97,6 +116,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   const int chunk_cols = std::min(OW, kPairTile);
   const int chunk_rows = std::max(1, std::min(OH, kPairTile / chunk_cols));
   const auto inter = ctx.kernels().interleave.fn;
+  const auto row_l1 = ctx.kernels().pair_row_l1.fn;
   // A fully connected layer with whole channel blocks whose tasks own whole dW rows writes dW
   // [K][C] in place: no partials to zero, and none to copy (for a large layer those are most of
   // the pass; docs/design/kernels.md).
@@ -208,17 +228,45 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           dy_bound[kb - kg] = std::max(dy_bound[kb - kg],
                                        span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, oh0, oh1, OH));
       }
+      // Longer chains from dy's L1 norms (not with a forced chain): a kernel call's INT32 sum over
+      // any of its positions is at most its x bound times the L1 norm, over those positions, of
+      // its dy lanes, which is at most the sum of the tile rows' l1 they lie in (both images,
+      // the largest lane). A chain of m whole call rows then holds where every m consecutive tile
+      // rows' l1 sum to at most INT32_MAX / x_bound: the kernel flushes every `chain` positions
+      // from the call's first, so at the ends of rows. A row of gradients mostly lies far below
+      // its largest value, so this allows several rows where the bound from the largest |q|
+      // (pair_chain) allows a few positions: at headroom 1 with exponents per image pair, 4.
+      // The norms are measured for a block only once some call would take a chain shorter than
+      // the tile (with one exponent per tensor, the bound from the maxima mostly covers it).
+      const int nrows = oh1 - oh0;
+      int32_t dy_l1[kWgradKbGroup][kPairTile];
+      bool have_l1[kWgradKbGroup] = {};
       // x_row_max counts x's own rows even where xp keeps every xp_step-th one (strided 1x1): the
       // bound over all rows the window spans is conservative and leaves the chains, so the bits,
       // as they were; the gradient loop below indexes xp's rows (x_row_step, xp_h) instead.
       const int ih0 = oh0 * sh.stride_h - sh.pad_h, ih1 = (oh1 - 1) * sh.stride_h - sh.pad_h + sh.R;
-      int chains[kWgradKbGroup];
+      int chains[kWgradKbGroup], l1_rows[kWgradKbGroup];
+      // A call's chain: l1_rows whole rows where that is longer than the bound from the maxima.
+      auto call_chain = [&](int i, int rows, int cols_read) {
+        const int m = l1_rows[i];
+        return m >= rows ? kMaxChain : std::max(chains[i], m * cols_read);
+      };
       for (int cb = 0; cb < CB; ++cb) {
         int32_t x_bound = 0;
         for (int n = 2 * p; n < n1; ++n)
           x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
-        for (int kb = kg; kb < kg1; ++kb)
+        for (int kb = kg; kb < kg1; ++kb) {
           chains[kb - kg] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[kb - kg]));
+          const int i = kb - kg;
+          l1_rows[i] = 0;
+          if (opt.chain_override || chains[i] >= nrows * cols) continue;
+          if (!have_l1[i]) {
+            row_l1(dy_whole_pairs ? dyp_at(p, kb, oh0, ow0) : tile[i], nrows, cols,
+                   int64_t(dy_whole_pairs ? OW : cols) * 32, dy_l1[i]);
+            have_l1[i] = true;
+          }
+          l1_rows[i] = rows_within(dy_l1[i], nrows, kInt32Max / x_bound);  // x_bound > 0: chains[i] is finite
+        }
         // The next input block's rows of this tile are a plane away: a new stream that the
         // hardware prefetcher finds only after a few misses, from L3 or memory where the layer
         // has many channels or large planes. The kernel calls of this block fetch it while they
@@ -263,7 +311,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
               b.dy_row = a.x_row;
               b.dy_col = a.x_col;
               b.nk = std::min(16, sh.C - cb * 16);
-              b.chain = chains[kb - kg];
+              b.chain = call_chain(kb - kg, a.rows, a.cols);
               b.scale = call_scale(p, cb, kb);
               b.dw = acc + size_t(cb) * 16 * dw_k + size_t(t) * KB * 16 + size_t(kb) * 16;
               ahead.issue(share);
@@ -271,7 +319,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
               continue;
             }
             a.dy = g;
-            a.chain = chains[kb - kg];
+            a.chain = call_chain(kb - kg, a.rows, a.cols);
             a.scale = call_scale(p, cb, kb);
             a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
             ahead.issue(share);
