@@ -47,6 +47,9 @@ std::vector<Flag> policy_flags(RunFlags& s) {
   auto rounding = [](QuantOptions& q) {
     return [&q](const std::string& f, const std::string& v) { q.rounding = parse_rounding(v, f); };
   };
+  auto headroom = [](QuantOptions& q) {
+    return [&q](const std::string& f, const std::string& v) { q.headroom = to_int(f, v); };
+  };
   auto granularity = [](QuantOptions& q) {
     return [&q](const std::string& f, const std::string& v) { q.granularity = parse_granularity(v, f); };
   };
@@ -64,11 +67,14 @@ std::vector<Flag> policy_flags(RunFlags& s) {
          const auto more = PrecisionPolicy::parse_overrides(v, "flag " + f);
          p.overrides.insert(p.overrides.end(), more.begin(), more.end());
        }, g},
-      {"--headroom", "N", "DFP16 exponent headroom of every tensor class",
+      {"--headroom", "N", "DFP16 exponent headroom of every tensor class (before the per-class flags)",
        [&, all_classes](const std::string& f, const std::string& v) {
          const int h = to_int(f, v);
          all_classes([h](QuantOptions& q) { q.headroom = h; });
        }, g},
+      {"--weights-headroom", "N", "DFP16 exponent headroom of the weights", headroom(p.dfp.weights), g},
+      {"--activations-headroom", "N", "DFP16 exponent headroom of the activations", headroom(p.dfp.activations), g},
+      {"--gradients-headroom", "N", "DFP16 exponent headroom of the gradients", headroom(p.dfp.gradients), g},
       {"--rounding", "R", "nearest|stochastic|biased for every tensor class (before the per-class flags)",
        [all_classes](const std::string& f, const std::string& v) {
          const Rounding r = parse_rounding(v, f);
@@ -268,8 +274,13 @@ std::string run_toml(const TrainConfig& c) {
   for (const auto& [pattern, precision] : p.overrides)
     overrides.append(overrides.empty() ? "" : ",").append(pattern).append("=").append(precision_name(precision));
   if (!overrides.empty()) str("override", overrides);
-  if (p.dfp.weights.headroom == p.dfp.activations.headroom && p.dfp.weights.headroom == p.dfp.gradients.headroom)
+  if (p.dfp.weights.headroom == p.dfp.activations.headroom && p.dfp.weights.headroom == p.dfp.gradients.headroom) {
     num("headroom", std::to_string(p.dfp.weights.headroom));
+  } else {
+    num("weights-headroom", std::to_string(p.dfp.weights.headroom));
+    num("activations-headroom", std::to_string(p.dfp.activations.headroom));
+    num("gradients-headroom", std::to_string(p.dfp.gradients.headroom));
+  }
   str("weights-rounding", rounding_name(p.dfp.weights.rounding));
   str("activations-rounding", rounding_name(p.dfp.activations.rounding));
   str("gradients-rounding", rounding_name(p.dfp.gradients.rounding));

@@ -107,10 +107,35 @@ TEST(CliFlags, ValuesTakeEffectInOrder) {
   EXPECT_EQ(c.policy.overrides[1].first, "fc");
   EXPECT_EQ(c.policy.overrides[2].first, "conv1");
   EXPECT_EQ(c.milestones, (std::vector<int>{3, 5}));
+  c = parse_train({"--headroom", "1", "--weights-headroom", "2"});
+  EXPECT_EQ(c.policy.dfp.weights.headroom, 2);
+  EXPECT_EQ(c.policy.dfp.activations.headroom, 1);
+  EXPECT_EQ(c.policy.dfp.gradients.headroom, 1);
+  c = parse_train({"--gradients-headroom", "3", "--headroom", "1"});
+  EXPECT_EQ(c.policy.dfp.gradients.headroom, 1);
   c = parse_train({"--loss-scale", "8", "--nesterov", "--no-augment"});
   EXPECT_EQ(c.loss_scale.mode, dfp::LossScaleMode::fixed);
   EXPECT_TRUE(c.nesterov);
   EXPECT_FALSE(c.augment);
+}
+
+// Headrooms that differ by class are written one per class, and read back; equal ones as one.
+TEST(CliFlags, PerClassHeadroomReadsBack) {
+  const dfp::test::TempDir dir("dfp_cli_headroom_");
+  const dfp::TrainConfig a = parse_train({"--precision", "int16", "--granularity", "slice", "--headroom", "1",
+                                          "--weights-headroom", "2", "--out", dir.file("run")});
+  fs::create_directories(dir.file("run"));
+  dfp::cli::write_run_toml(a.out, dfp::cli::run_toml(a));
+  const std::string toml = slurp(dir.file("run/run.toml"));
+  for (const char* line : {"weights-headroom = 2\n", "activations-headroom = 1\n", "gradients-headroom = 1\n"})
+    EXPECT_NE(toml.find(line), std::string::npos) << toml;
+  EXPECT_EQ(toml.find("\nheadroom ="), std::string::npos) << toml;
+  const dfp::TrainConfig b = parse_train({}, dir.file("run/run.toml"));
+  EXPECT_EQ(b.policy.describe(), a.policy.describe());
+  EXPECT_EQ(b.policy.dfp.weights.headroom, 2);
+  EXPECT_EQ(b.policy.dfp.activations.headroom, 1);
+  EXPECT_EQ(dfp::cli::run_toml(parse_train({"--headroom", "3"})).find("weights-headroom"), std::string::npos);
+  EXPECT_NE(dfp::cli::run_toml(parse_train({"--headroom", "3"})).find("\nheadroom = 3\n"), std::string::npos);
 }
 
 // run.toml read back gives the same settings; the command line overrides the file.
