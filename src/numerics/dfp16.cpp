@@ -78,8 +78,8 @@ QuantStats quantize_slices(const Context& ctx, const float* src, int16_t* dst, s
       m_bits = std::max(m_bits, std::bit_cast<uint32_t>(m));
       k.quantize.fn(src + off, dst + off, slice_len, x, o.rounding, o.seed, off, &cnt);
     }
-    saturated.fetch_add(cnt.saturated);
-    bad.fetch_add(cnt.nonfinite);
+    atomic_add_nonzero(saturated, cnt.saturated);
+    atomic_add_nonzero(bad, cnt.nonfinite);
     atomic_max(max_q, cnt.max_abs_q);
     atomic_max(e_max, hi);
     atomic_max(e_min_neg, lo_neg);
@@ -159,8 +159,8 @@ QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, in
       const size_t off = size_t(c) * kChunk;
       fn(src + off, dst + off, std::min(kChunk, n - off), exponent, o.rounding, o.seed, index_base + off, &cnt);
     }
-    saturated.fetch_add(cnt.saturated);
-    bad.fetch_add(cnt.nonfinite);
+    atomic_add_nonzero(saturated, cnt.saturated);
+    atomic_add_nonzero(bad, cnt.nonfinite);
     atomic_max(max_q, cnt.max_abs_q);
   });
   QuantStats st;

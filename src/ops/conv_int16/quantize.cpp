@@ -81,8 +81,8 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
     std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
   };
   auto count = [&](const simd::QuantCounters& cnt) {
-    saturated.fetch_add(cnt.saturated);
-    nonfinite.fetch_add(cnt.nonfinite);
+    atomic_add_nonzero(saturated, cnt.saturated);
+    atomic_add_nonzero(nonfinite, cnt.nonfinite);
     atomic_max(max_q, cnt.max_abs_q);
   };
   if (!dst) {
@@ -269,8 +269,8 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
         std::memset(plane[i] + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
     }
     for (int k = 0; k < 2; ++k) {
-      saturated[k].fetch_add(cnt[k].saturated);
-      nonfinite[k].fetch_add(cnt[k].nonfinite);
+      atomic_add_nonzero(saturated[k], cnt[k].saturated);
+      atomic_add_nonzero(nonfinite[k], cnt[k].nonfinite);
       atomic_max(max_q[k], cnt[k].max_abs_q);
     }
   });

@@ -82,8 +82,8 @@ void ConvInt16::Impl::quantize_w_in_channels(const float* w) {
         const size_t off = (size_t(k) * C + c) * taps;
         kt.quantize.fn(w + off, wq + off, size_t(c1 - c) * taps, e, step_w.rounding, step_w.seed, off, &cnt);
       }
-    saturated.fetch_add(cnt.saturated);
-    bad.fetch_add(cnt.nonfinite);
+    atomic_add_nonzero(saturated, cnt.saturated);
+    atomic_add_nonzero(bad, cnt.nonfinite);
     atomic_max(max_q, cnt.max_abs_q);
   });
   w_bwd = QuantStats{};
