@@ -76,7 +76,9 @@ struct ConvStats {
   // Last quantization of each operand as the forward pass (x, w) and backward-data (dy) read it;
   // with Granularity::slice the exponent is the largest slice's and exponent_min the smallest's.
   QuantStats x, w, dy;
-  int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;  // VPDPWSSD steps per INT32 chain
+  // VPDPWSSD steps per INT32 chain for the operands' largest values; a kernel call whose own
+  // operands allow more runs longer (its rows' maxima, and in the weight gradient dy's row norms).
+  int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;
   int64_t overflow_events = 0;   // verification mode only
 };
 
