@@ -84,7 +84,7 @@ struct TrainConfig {
 };
 
 // The command-line flags that make up TrainConfig::policy, as errors about the policy name them.
-inline constexpr const char* kPolicyFlags = "flags --precision/--override/--headroom/--*-rounding/--*-format";
+inline constexpr const char* kPolicyFlags = "flags --precision/--override/--headroom/--*-headroom/--*-rounding/--*-format";
 
 // Checks every setting a `dfp train` flag sets, before anything is loaded or written: a value out
 // of range throws dfp::Error(invalid_argument) naming the flag, the value and what was expected
