@@ -140,7 +140,7 @@ float max_abs(const Context& ctx, const float* x, size_t n, uint64_t* nonfinite)
       uint64_t local_bad = 0;
       const uint32_t m = std::bit_cast<uint32_t>(fn(x + off, std::min(kChunk, n - off), &local_bad));
       atomic_max(best, m);  // non-negative floats order as their bit patterns
-      if (local_bad) bad.fetch_add(local_bad, std::memory_order_relaxed);
+      atomic_add_nonzero(bad, local_bad);
     }
   });
   if (nonfinite) *nonfinite += bad.load();

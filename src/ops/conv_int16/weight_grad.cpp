@@ -207,6 +207,10 @@ void ConvInt16::Impl::backward_weights(float* dw) {
       const int cols = ow1 - ow0;
       const int kg1 = std::min(kb1, kg + kWgradKbGroup);
       a.dy_row = int64_t(dy_whole_pairs ? OW : cols) * 32;
+      // dy pairs of output block kb at (oh, ow) of this step: in place in dyp, or in its tile.
+      auto dy_at = [&](int kb, int oh, int ow) -> const int16_t* {
+        return dy_whole_pairs ? dyp_at(p, kb, oh, ow) : tile[kb - kg] + (size_t(oh - oh0) * cols + (ow - ow0)) * 32;
+      };
       // Images 2p and 2p+1 (absent for odd N: zeros), interleaved once for all cb and taps
       // (unless quantization wrote them so, whole, into dyp).
       if (!dy_whole_pairs)
@@ -256,13 +260,12 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         for (int n = 2 * p; n < n1; ++n)
           x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
         for (int kb = kg; kb < kg1; ++kb) {
-          chains[kb - kg] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[kb - kg]));
           const int i = kb - kg;
+          chains[i] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[i]));
           l1_rows[i] = 0;
           if (opt.chain_override || chains[i] >= nrows * cols) continue;
           if (!have_l1[i]) {
-            row_l1(dy_whole_pairs ? dyp_at(p, kb, oh0, ow0) : tile[i], nrows, cols,
-                   int64_t(dy_whole_pairs ? OW : cols) * 32, dy_l1[i]);
+            row_l1(dy_at(kb, oh0, ow0), nrows, cols, a.dy_row, dy_l1[i]);
             have_l1[i] = true;
           }
           l1_rows[i] = rows_within(dy_l1[i], nrows, kInt32Max / x_bound);  // x_bound > 0: chains[i] is finite
@@ -298,8 +301,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           a.x = xp.data() + (((size_t(p) * CB + cb) * xp_h + size_t(lo_r) * x_row_step + r - sh.pad_h) * xp_w +
                              size_t(lo_c) * x_col_step + s2 - sh.pad_w) * 32;
           for (int kb = kg; kb < kg1; ++kb) {
-            const int16_t* g = dy_whole_pairs ? dyp_at(p, kb, lo_r, lo_c)
-                                              : tile[kb - kg] + (size_t(lo_r - oh0) * cols + (lo_c - ow0)) * 32;
+            const int16_t* g = dy_at(kb, lo_r, lo_c);
             a.prefetch = next_x ? next_x + (size_t(t) * (kg1 - kg) + kb - kg) * x_share : nullptr;
             a.prefetch_end = next_x ? std::min(x_end, a.prefetch + x_share) : nullptr;
             if (lanes_k) {  // lanes over k from the dy tile, x's channel pairs broadcast
