@@ -630,8 +630,9 @@ TEST(ConvInt16, BackwardDataAccumulatesOntoDx) {
 // fit INT32 and three do not, so every call of 4 rows (128 positions of 32) flushes after each 2
 // rows, where the bound from the maxima alone allows 16 positions. The window sums are above 2^24,
 // so the flush points show in dW's bits: the test fails if the chain is longer (overflow, counted
-// by the verification mode), or shorter (other roundings). Both granularities: the dy tile
-// interleaved from the padded copy (tensor) and the whole batch-pair copy (slice).
+// by the verification mode), or shorter (other roundings). Both granularities, with and without a
+// backward-data pass: the dy tile interleaved from the padded copy (tensor), and the whole
+// batch-pair copy with the norms that quantization wrote (slice, or no backward-data pass).
 TEST(ConvInt16, WeightGradientChainsFromDyRowNorms) {
   const ConvShape s = make(2, 16, 8, 32, 16, 1, 1, 1, 0);  // one image pair; tiles of 4 rows
   const float xv = 8191.f / 4096.f;                         // q = 8191 at exponent -12
@@ -652,16 +653,28 @@ TEST(ConvInt16, WeightGradientChainsFromDyRowNorms) {
   const float want = flushed(two_rows);
   ASSERT_NE(want, flushed(half_rows));  // the data tells the chains apart
   Context ctx(ContextOptions{.threads = 2});
+  std::vector<float> xb(blocked_size(s.N, s.C, s.H, s.W)), dyb(blocked_size(s.N, s.K, s.H, s.W));
+  to_blocked(x.data(), xb.data(), s.N, s.C, s.H, s.W);
+  to_blocked(dy.data(), dyb.data(), s.N, s.K, s.H, s.W);
   for (Granularity g : {Granularity::tensor, Granularity::slice}) {
-    for (bool verify : {false, true}) {
-      SCOPED_TRACE(std::string(granularity_name(g)) + (verify ? ", verified" : ""));
-      DfpConvOptions o;
-      o.weights.granularity = o.activations.granularity = o.gradients.granularity = g;
-      o.verify = verify;
-      const Outputs r = run_int16(ctx, s, x, w, dy, o);
-      EXPECT_EQ(r.stats.overflow_events, 0);
-      EXPECT_EQ(r.stats.chain_wgrad, 16);  // the bound from the maxima, which the rows' norms extend
-      for (size_t i = 0; i < r.dw.size(); ++i) ASSERT_EQ(r.dw[i], want) << "dw " << i;
+    for (bool input_gradient : {true, false}) {
+      for (bool verify : {false, true}) {
+        SCOPED_TRACE(std::string(granularity_name(g)) + (input_gradient ? "" : ", no backward-data pass") +
+                     (verify ? ", verified" : ""));
+        DfpConvOptions o;
+        o.weights.granularity = o.activations.granularity = o.gradients.granularity = g;
+        o.verify = verify;
+        o.input_gradient = input_gradient;
+        ConvInt16 conv(ctx, s, o, "c");
+        conv.set_weights(w.data());
+        conv.quantize_input(xb.data());
+        conv.quantize_grad_output(dyb.data());
+        std::vector<float> dw(w.size(), -1.f);
+        conv.backward_weights(dw.data());
+        EXPECT_EQ(conv.stats().overflow_events, 0);
+        EXPECT_EQ(conv.stats().chain_wgrad, 16);  // the bound from the maxima, which the rows' norms extend
+        for (size_t i = 0; i < dw.size(); ++i) ASSERT_EQ(dw[i], want) << "dw " << i;
+      }
     }
   }
 }

@@ -337,6 +337,11 @@ struct ConvInt16::Impl {
   const int16_t* dyp_at(int p, int kb, int oh, int ow) const {
     return dyp + (((size_t(p) * KB + kb) * OH + oh) * OW + ow) * 32;
   }
+  // The L1 norm (pair_row_l1) of each dyp row, [NP][KB][OH], for the weight gradient's chains:
+  // written with dyp while its rows are in L1, where quantization writes dyp whole (not for a
+  // fully connected layer, whose chains do not take them).
+  std::vector<int32_t> dyp_row_l1;
+  int32_t* dyp_row_l1_out() { return dyp_row_l1.empty() ? nullptr : dyp_row_l1.data(); }
   std::vector<int16_t> x_row_max, dy_row_max;  // max|q| of each quantized row: [N][CB][H], [N][KB][OH]
   // Granularity::slice (DfpConvOptions): an exponent may vary along what a pass does not reduce
   // over, and its kernels' flush takes per-lane or per-image scales. Forward: x per image (xq,
@@ -496,26 +501,36 @@ struct ConvInt16::Impl {
       std::memset(p, 0, size_t(pixels) * 16 * sizeof(int16_t));
   }
   // plane_exp: an exponent per plane (image n, block b: [N][B]) instead of the tensor's; the two
-  // images of a batch pair share it.
+  // images of a batch pair share it. pair_row_l1 (the pair-only form, dst null): the L1 norm of
+  // each row of the pair copy, [NP][B][h2], from pair_row_l1 of the kernel table.
   QuantStats quantize_blocked(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb, int top, int left,
                               int16_t* pair, int h2, int w2, int top2, int left2, const QuantOptions& qo,
                               float known_max, int16_t* row_max, bool unfolded_src = false,
-                              const SpanSource* spans = nullptr, int pair_step = 1, const int* plane_exp = nullptr);
+                              const SpanSource* spans = nullptr, int pair_step = 1, const int* plane_exp = nullptr,
+                              int32_t* pair_row_l1 = nullptr);
   // Granularity::slice: src quantized for both of its slicings in one pass over it: into the
   // padded dst [N][B][hb][wb][16] (border top, left) with plane exponents dst_exp and row maxima
   // dst_row_max, and into the batch-pair copy [NP][B][h2][w2][16][2] with pair_exp (every
   // pair_step-th row and pixel; row maxima pair_row_max over whole rows, as quantize_blocked's).
-  // The bits of quantize_blocked run once per slicing. Returns the two copies' figures.
+  // The rows come from src, from src's column unfolding (unfolded_src: gathered once for both
+  // copies) or from a producer (spans). The bits of quantize_blocked run once per slicing.
+  // pair_row_l1 (pair_step 1): the pair copy's row norms, as quantize_blocked's. Returns the two
+  // copies' figures.
   std::pair<QuantStats, QuantStats> quantize_dual(const float* src, int B, int h, int w, int16_t* dst, int hb, int wb,
                                                   int top, int left, const int* dst_exp, int16_t* dst_row_max,
                                                   int16_t* pair, int h2, int w2, int pair_step, const int* pair_exp,
                                                   int16_t* pair_row_max, const QuantOptions& qo, float max_abs,
-                                                  const SpanSource* spans);
+                                                  bool unfolded_src, const SpanSource* spans,
+                                                  int32_t* pair_row_l1 = nullptr);
   __attribute__((noinline)) void quant_span_row(const SpanSource& spans, int n, int b, int y, int w, int16_t* d, int e,
                                                 const QuantOptions& qo, size_t index_base,
                                                 simd::QuantCounters& cnt) const;
   void quant_unfolded_row(const float* x, int n, int b, int y, int16_t* d, int e, const QuantOptions& qo,
                           size_t index_base, simd::QuantCounters& cnt) const;
+  // Block b of pixels [ow0, ow0 + np) of row y of image n of x' (see unfold), np <= kUnfoldPixels,
+  // gathered from the caller's x through `wide`; returns where they lie (wide or block).
+  const float* gather_unfolded(const float* x, int n, int b, int y, int ow0, int np, float* wide, float* block) const;
+  static constexpr size_t kUnfoldWide = size_t(kUnfoldPixels) * kUnfoldBlocks * 16 + 16;  // wide's floats
   void quantize_x(const float* x, float known_max, const float* known_planes, const SpanSource* spans);
   void quantize_input(const float* x, float known_max, const float* known_planes);
   void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes);

@@ -27,7 +27,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
                                              int top, int left, int16_t* pair, int h2, int w2, int top2, int left2,
                                              const QuantOptions& qo, float known_max, int16_t* row_max,
                                              bool unfolded_src, const SpanSource* spans, int pair_step,
-                                             const int* plane_exp) {
+                                             const int* plane_exp, int32_t* pair_row_l1) {
   // pair_step > 1: the batch-pair copy takes every pair_step-th row and pixel (from row and
   // pixel 0) of the plane copy dst; h2, w2 are then its subsampled sizes.
   // src is the tensor as the caller holds it: with unfolded_src, the caller's x, whose x' rows
@@ -40,6 +40,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
   auto plane_e = [&](int n, int b) { return plane_exp ? plane_exp[size_t(n) * B + b] : e; };
   const auto quant = ctx.kernels().quantize.fn;
   const auto inter = ctx.kernels().interleave.fn;
+  const auto row_l1 = ctx.kernels().pair_row_l1.fn;
   std::atomic<uint64_t> saturated{0}, nonfinite{0};
   std::atomic<int32_t> max_q{0};
   const size_t row_len = size_t(w) * 16;
@@ -112,6 +113,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
             }
             inter(tile[0], images == 2 ? tile[1] : nullptr, d + o * 2, len);
           }
+          if (pair_row_l1) row_l1(d, 1, w, 0, pair_row_l1 + (size_t(p) * B + b) * h2 + y + top2);
           if (row_max)
             for (int i = 0; i < images; ++i) row_max[(size_t(2 * p + i) * B + b) * h + y] = static_cast<int16_t>(row_q[i]);
         }
@@ -180,24 +182,31 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
                                                                  int16_t* dst_row_max, int16_t* pair, int h2, int w2,
                                                                  int pair_step, const int* pair_exp,
                                                                  int16_t* pair_row_max, const QuantOptions& qo,
-                                                                 float max_abs, const SpanSource* spans) {
+                                                                 float max_abs, bool unfolded_src,
+                                                                 const SpanSource* spans, int32_t* pair_row_l1) {
+  DFP_CHECK(!pair_row_l1 || pair_step == 1, Status::internal,
+            "convolution '" + name + "': row norms of a subsampled pair copy");
   const auto quant = ctx.kernels().quantize.fn;
   const auto quant2 = ctx.kernels().quantize2.fn;
   const auto inter = ctx.kernels().interleave.fn;
+  const auto row_l1 = ctx.kernels().pair_row_l1.fn;
   std::atomic<uint64_t> saturated[2] = {0, 0}, nonfinite[2] = {0, 0};
   std::atomic<int32_t> max_q[2] = {0, 0};
   const size_t row_len = size_t(w) * 16;
-  constexpr int kPiecePixels = ConvInt16::kInputSpanPixels;  // a producer's span at most
-  constexpr size_t kPiece = size_t(kPiecePixels) * 16;
+  // A producer's span at most; a gather tile of x' where src is x and the rows are its unfolding.
+  const size_t kPiece = size_t(unfolded_src ? kUnfoldPixels : ConvInt16::kInputSpanPixels) * 16;
   // Plane (image n, block b) of src: row y of it in both copies, a piece at a time, while the
   // piece is in L1; both images of a batch pair go row by row, so that the pair copy's row is
   // interleaved from two L1 tiles. The stochastic index of an element is the same in both copies,
   // and its plane path's (quantize_blocked).
   ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
     simd::QuantCounters cnt[2];
-    alignas(64) float span_tile[kPiece];
-    alignas(64) int16_t tile[2][kPiece];
-    alignas(64) int16_t g[2][kPiece];
+    constexpr size_t kTile = size_t(ConvInt16::kInputSpanPixels) * 16;
+    static_assert(kUnfoldPixels <= ConvInt16::kInputSpanPixels);
+    alignas(64) float span_tile[kTile];
+    alignas(64) float wide[kUnfoldWide];
+    alignas(64) int16_t tile[2][kTile];
+    alignas(64) int16_t g[2][kTile];
     for (int64_t t = t0; t < t1; ++t) {
       const int p = static_cast<int>(t / B), b = static_cast<int>(t % B);
       const int images = 2 * p + 1 < sh.N ? 2 : 1;
@@ -215,11 +224,14 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
           for (int i = 0; i < images; ++i) {
             const int n = 2 * p + i;
             const size_t r = (size_t(n) * B + b) * h + y;  // the row's index in src
-            const float* from = src + r * row_len + o;
-            if (spans) {
+            const float* from = span_tile;
+            if (unfolded_src)
+              from = gather_unfolded(src, n, b, y, static_cast<int>(o / 16), static_cast<int>(len / 16), wide,
+                                     span_tile);
+            else if (spans)
               spans->fn(spans->producer, n, b, y, static_cast<int>(o / 16), static_cast<int>(len / 16), span_tile);
-              from = span_tile;
-            }
+            else
+              from = src + r * row_len + o;
             int16_t* d = plane[i] + ((size_t(y) + top) * wb + left) * 16 + o;
             const size_t e = size_t(n) * B + b;
             // The piece's largest |q| in each copy, then the running maxima take them.
@@ -256,6 +268,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
               std::memcpy(g[i] + (j - j0) * 16, paired[i] + (size_t(j) * pair_step - px0) * 16, 32);
           if (j1 > j0) inter(g[0], second ? g[1] : nullptr, prow + size_t(j0) * 32, size_t(j1 - j0) * 16);
         }
+        if (pair_row_l1) row_l1(prow, 1, w2, 0, pair_row_l1 + (size_t(p) * B + b) * h2 + y);
         for (int i = 0; i < images; ++i) {
           const size_t r = (size_t(2 * p + i) * B + b) * h + y;
           if (dst_row_max) dst_row_max[r] = static_cast<int16_t>(q_dst[i]);
@@ -282,7 +295,8 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
     st[k].max_abs_int = max_q[k].load();
   }
   if (st[0].nonfinite && qo.nonfinite == NonFinitePolicy::error)
-    detail::fail_nonfinite(src, size_t(sh.N) * B * h * w * 16, st[0].nonfinite, detail::TensorName{qo.name, name});
+    detail::fail_nonfinite(src, unfolded_src ? blocked_size(user.N, user.C, user.H, user.W) : size_t(sh.N) * B * h * w * 16,
+                           st[0].nonfinite, detail::TensorName{qo.name, name});
   return {st[0], st[1]};
 }
 
@@ -308,37 +322,40 @@ __attribute__((noinline)) void ConvInt16::Impl::quant_span_row(const SpanSource&
 void ConvInt16::Impl::quant_unfolded_row(const float* x, int n, int b, int y, int16_t* d, int e,
                                          const QuantOptions& qo, size_t index_base,
                                          simd::QuantCounters& cnt) const {
-  static constexpr float kZeros[16] = {};
-  const int C = user.C, S = user.S, WD = CB * 16;  // WD: x' pixel width
-  // Pixel-major x' (16 lanes of slack: the last copy runs past its pixel), and block b of it.
-  alignas(64) float wide[kUnfoldPixels * kUnfoldBlocks * 16 + 16];
+  alignas(64) float wide[kUnfoldWide];
   alignas(64) float block[kUnfoldPixels * 16];
-  // The columns s whose channels [s * C, s * C + C) meet block b's lanes [16 b, 16 b + 16).
-  const int s_lo = 16 * b / C, s_hi = std::min(S, (16 * b + 16 + C - 1) / C);
-  const float* xrow = x + (size_t(n) * user.H + y) * user.W * 16;
   const auto quant = ctx.kernels().quantize.fn;
   for (int ow0 = 0; ow0 < sh.W; ow0 += kUnfoldPixels) {
     const int np = std::min(kUnfoldPixels, sh.W - ow0);
-    for (int i = 0; i < np; ++i) {
-      float* px = wide + size_t(i) * WD;
-      const int w0 = (ow0 + i) * user.stride_w - user.pad_w;
-      // 16 lanes from lane s * C: those past C (x's zero padding) are overwritten by the next
-      // column's copy, and past S * C cleared below. Only the columns whose channels fall in
-      // block b are copied: the lanes of the others are not read (a 7x7 stem's 21 channels: 6
-      // and 2 copies for its two blocks instead of 7 and 7).
-      for (int s = s_lo; s < s_hi; ++s) {
-        const int w = w0 + s;
-        std::memcpy(px + s * C, w >= 0 && w < user.W ? xrow + size_t(w) * 16 : kZeros, 16 * sizeof(float));
-      }
-      std::fill(px + S * C, px + WD, 0.f);
-    }
-    const float* src = wide;
-    if (WD > 16) {
-      for (int i = 0; i < np; ++i) std::memcpy(block + i * 16, wide + size_t(i) * WD + b * 16, 16 * sizeof(float));
-      src = block;
-    }
+    const float* src = gather_unfolded(x, n, b, y, ow0, np, wide, block);
     quant(src, d + size_t(ow0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, index_base + size_t(ow0) * 16, &cnt);
   }
+}
+
+const float* ConvInt16::Impl::gather_unfolded(const float* x, int n, int b, int y, int ow0, int np, float* wide,
+                                              float* block) const {
+  static constexpr float kZeros[16] = {};
+  const int C = user.C, S = user.S, WD = CB * 16;  // WD: x' pixel width
+  // Pixel-major x' in wide (16 lanes of slack: the last copy runs past its pixel).
+  // The columns s whose channels [s * C, s * C + C) meet block b's lanes [16 b, 16 b + 16).
+  const int s_lo = 16 * b / C, s_hi = std::min(S, (16 * b + 16 + C - 1) / C);
+  const float* xrow = x + (size_t(n) * user.H + y) * user.W * 16;
+  for (int i = 0; i < np; ++i) {
+    float* px = wide + size_t(i) * WD;
+    const int w0 = (ow0 + i) * user.stride_w - user.pad_w;
+    // 16 lanes from lane s * C: those past C (x's zero padding) are overwritten by the next
+    // column's copy, and past S * C cleared below. Only the columns whose channels fall in
+    // block b are copied: the lanes of the others are not read (a 7x7 stem's 21 channels: 6
+    // and 2 copies for its two blocks instead of 7 and 7).
+    for (int s = s_lo; s < s_hi; ++s) {
+      const int w = w0 + s;
+      std::memcpy(px + s * C, w >= 0 && w < user.W ? xrow + size_t(w) * 16 : kZeros, 16 * sizeof(float));
+    }
+    std::fill(px + S * C, px + WD, 0.f);
+  }
+  if (WD == 16) return wide;
+  for (int i = 0; i < np; ++i) std::memcpy(block + i * 16, wide + size_t(i) * WD + b * 16, 16 * sizeof(float));
+  return block;
 }
 
 // x -> its padded forward copy xq and batch-pair copy xp: from the caller's tensor (gathered
@@ -446,22 +463,14 @@ ConvInt16::Impl::SliceExponents ConvInt16::Impl::slice_exponents(const float* sr
 
 // Granularity::slice: x's forward copy xq with an exponent per image, and its batch-pair copy xp
 // (which the weight gradient reads a pair at a time) one per image pair and 16-channel block, each
-// with its own row maxima, in one pass over x (an unfolded x: one pass per copy, each gathering
-// its columns).
+// with its own row maxima, in one pass over x (an unfolded x: over its columns, gathered once).
 void ConvInt16::Impl::quantize_x_slices(const float* x, const float* known_planes, const SpanSource* spans) {
   const bool unfolded_src = unfold && !spans;
   const SliceExponents r = slice_exponents(x, CB, size_t(sh.H) * sh.W * 16, known_planes, spans, !unfolded_src,
                                            step_x.headroom, x_img, x_blk);
-  if (unfolded_src) {
-    x_pairs = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0, step_x,
-                               r.max_abs, x_row_max.data(), true, nullptr, xp_step, x_blk.planes.data());
-    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, nullptr, 0, 0, 0, 0, step_x,
-                               r.max_abs, x_fwd_row_max.data(), true, nullptr, 1, x_img.planes.data());
-  } else {
-    std::tie(stats.x, x_pairs) = quantize_dual(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, x_img.planes.data(),
-                                               x_fwd_row_max.data(), xp.data(), xp_h, xp_w, xp_step,
-                                               x_blk.planes.data(), x_row_max.data(), step_x, r.max_abs, spans);
-  }
+  std::tie(stats.x, x_pairs) = quantize_dual(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, x_img.planes.data(),
+                                             x_fwd_row_max.data(), xp.data(), xp_h, xp_w, xp_step, x_blk.planes.data(),
+                                             x_row_max.data(), step_x, r.max_abs, unfolded_src, spans);
   x_pairs.exponent = r.blk_hi;
   x_pairs.exponent_min = r.blk_lo;
   stats.x.exponent = r.img_hi;
@@ -476,11 +485,12 @@ void ConvInt16::Impl::quantize_dy_slices(const float* dy, const float* known_pla
                                            step_dy.headroom, dy_img, dy_blk);
   if (!opt.input_gradient) {
     dy_pairs = quantize_blocked(dy, KB, OH, OW, nullptr, 0, 0, 0, 0, dyp, OH, OW, 0, 0, step_dy, r.max_abs,
-                                dy_row_max.data(), false, nullptr, 1, dy_blk.planes.data());
+                                dy_row_max.data(), false, nullptr, 1, dy_blk.planes.data(), dyp_row_l1_out());
   } else {
     std::tie(stats.dy, dy_pairs) =
         quantize_dual(dy, KB, OH, OW, dyq, OHb, OWb, pt, pl, dy_img.planes.data(), dyq_row_max.data(), dyp, OH, OW, 1,
-                      dy_blk.planes.data(), dy_row_max.data(), step_dy, r.max_abs, nullptr);
+                      dy_blk.planes.data(), dy_row_max.data(), step_dy, r.max_abs, false, nullptr,
+                      dyp_row_l1_out());
     stats.dy.exponent = r.img_hi;
     stats.dy.exponent_min = r.img_lo;
   }
@@ -511,7 +521,8 @@ void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max, con
     quantize_dy_slices(dy, known_planes);
   } else {
     stats.dy = quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
-                                dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data());
+                                dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data(),
+                                false, nullptr, 1, nullptr, opt.input_gradient ? nullptr : dyp_row_l1_out());
     dy_pairs = stats.dy;
   }
   have_dy = true;

@@ -242,9 +242,11 @@ void ConvInt16::Impl::backward_weights(float* dw) {
       // (pair_chain) allows a few positions: at headroom 1 with exponents per image pair, 4.
       // The norms are measured for a block only once some call would take a chain shorter than
       // the tile (with one exponent per tensor, the bound from the maxima mostly covers it).
+      // Where the tile's rows are dyp's whole rows, quantization wrote their norms with dyp.
       const int nrows = oh1 - oh0;
-      int32_t dy_l1[kWgradKbGroup][kPairTile];
-      bool have_l1[kWgradKbGroup] = {};
+      const bool stored_l1 = dy_whole_pairs && cols == OW;
+      int32_t dy_l1_tile[kWgradKbGroup][kPairTile];
+      const int32_t* dy_l1[kWgradKbGroup] = {};
       // x_row_max counts x's own rows even where xp keeps every xp_step-th one (strided 1x1): the
       // bound over all rows the window spans is conservative and leaves the chains, so the bits,
       // as they were; the gradient loop below indexes xp's rows (x_row_step, xp_h) instead.
@@ -264,9 +266,13 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           chains[i] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[i]));
           l1_rows[i] = 0;
           if (opt.chain_override || chains[i] >= nrows * cols) continue;
-          if (!have_l1[i]) {
-            row_l1(dy_at(kb, oh0, ow0), nrows, cols, a.dy_row, dy_l1[i]);
-            have_l1[i] = true;
+          if (!dy_l1[i]) {
+            if (stored_l1) {
+              dy_l1[i] = dyp_row_l1.data() + (size_t(p) * KB + kb) * OH + oh0;
+            } else {
+              row_l1(dy_at(kb, oh0, ow0), nrows, cols, a.dy_row, dy_l1_tile[i]);
+              dy_l1[i] = dy_l1_tile[i];
+            }
           }
           l1_rows[i] = rows_within(dy_l1[i], nrows, kInt32Max / x_bound);  // x_bound > 0: chains[i] is finite
         }
