@@ -194,7 +194,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
   std::atomic<int32_t> max_q[2] = {0, 0};
   const size_t row_len = size_t(w) * 16;
   // A producer's span at most; a gather tile of x' where src is x and the rows are its unfolding.
-  const size_t kPiece = size_t(unfolded_src ? kUnfoldPixels : ConvInt16::kInputSpanPixels) * 16;
+  const size_t piece = size_t(unfolded_src ? kUnfoldPixels : ConvInt16::kInputSpanPixels) * 16;
   // Plane (image n, block b) of src: row y of it in both copies, a piece at a time, while the
   // piece is in L1; both images of a batch pair go row by row, so that the pair copy's row is
   // interleaved from two L1 tiles. The stochastic index of an element is the same in both copies,
@@ -218,8 +218,8 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
       for (int y = 0; y < h; ++y) {
         int32_t q_dst[2] = {0, 0}, q_pair[2] = {0, 0};
         int16_t* prow = y % pair_step ? nullptr : pair + ((size_t(p) * B + b) * h2 + y / pair_step) * w2 * 32;
-        for (size_t o = 0; o < row_len; o += kPiece) {
-          const size_t len = std::min(kPiece, row_len - o);
+        for (size_t o = 0; o < row_len; o += piece) {
+          const size_t len = std::min(piece, row_len - o);
           const int16_t* paired[2] = {tile[0], tile[1]};  // each image's piece in the pair copy's units
           for (int i = 0; i < images; ++i) {
             const int n = 2 * p + i;
