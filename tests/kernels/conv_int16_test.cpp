@@ -653,9 +653,6 @@ TEST(ConvInt16, WeightGradientChainsFromDyRowNorms) {
   const float want = flushed(two_rows);
   ASSERT_NE(want, flushed(half_rows));  // the data tells the chains apart
   Context ctx(ContextOptions{.threads = 2});
-  std::vector<float> xb(blocked_size(s.N, s.C, s.H, s.W)), dyb(blocked_size(s.N, s.K, s.H, s.W));
-  to_blocked(x.data(), xb.data(), s.N, s.C, s.H, s.W);
-  to_blocked(dy.data(), dyb.data(), s.N, s.K, s.H, s.W);
   for (Granularity g : {Granularity::tensor, Granularity::slice}) {
     for (bool input_gradient : {true, false}) {
       for (bool verify : {false, true}) {
@@ -665,15 +662,10 @@ TEST(ConvInt16, WeightGradientChainsFromDyRowNorms) {
         o.weights.granularity = o.activations.granularity = o.gradients.granularity = g;
         o.verify = verify;
         o.input_gradient = input_gradient;
-        ConvInt16 conv(ctx, s, o, "c");
-        conv.set_weights(w.data());
-        conv.quantize_input(xb.data());
-        conv.quantize_grad_output(dyb.data());
-        std::vector<float> dw(w.size(), -1.f);
-        conv.backward_weights(dw.data());
-        EXPECT_EQ(conv.stats().overflow_events, 0);
-        EXPECT_EQ(conv.stats().chain_wgrad, 16);  // the bound from the maxima, which the rows' norms extend
-        for (size_t i = 0; i < dw.size(); ++i) ASSERT_EQ(dw[i], want) << "dw " << i;
+        const Outputs r = run_int16(ctx, s, x, w, dy, o);
+        EXPECT_EQ(r.stats.overflow_events, 0);
+        EXPECT_EQ(r.stats.chain_wgrad, 16);  // the bound from the maxima, which the rows' norms extend
+        for (size_t i = 0; i < r.dw.size(); ++i) ASSERT_EQ(r.dw[i], want) << "dw " << i;
       }
     }
   }
