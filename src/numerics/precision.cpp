@@ -155,15 +155,20 @@ std::vector<std::pair<std::string, Precision>> PrecisionPolicy::parse_overrides(
 
 namespace {
 // Where each pass's DFP16 exponents vary (Granularity), e.g. "w per output channel (forward) and
-// per input channel (backward-data), x per image (forward), dy per tensor; the weight gradient
-// per tensor".
+// per input channel (backward-data), x per image (forward), dy per tensor; in the weight gradient
+// x per image pair and 16-channel block, dy per tensor". A fully connected layer's weight gradient
+// reduces over every pair in one call, so its sliced operands take one exponent per block there.
 std::string int16_exponents_note(const DfpConvOptions& o) {
   const bool w = o.weights.granularity == Granularity::slice, x = o.activations.granularity == Granularity::slice,
              dy = o.gradients.granularity == Granularity::slice;
+  const char* pairs = " per image pair and 16-channel block";
   std::string s = w ? "w per output channel (forward) and per input channel (backward-data)" : "w per tensor";
   s += x ? ", x per image (forward)" : ", x per tensor";
   s += dy ? ", dy per image (backward-data)" : ", dy per tensor";
-  if (x || dy) s += "; the weight gradient per tensor";
+  if (x || dy) {
+    s += std::string("; in the weight gradient x") + (x ? pairs : " per tensor") + ", dy" + (dy ? pairs : " per tensor");
+    s += " (fully connected layers: per 16-channel block)";
+  }
   return s;
 }
 }  // namespace

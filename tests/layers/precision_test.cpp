@@ -145,3 +145,27 @@ TEST(Precision, ConvBf16IsAKernelTableEntry) {
   EXPECT_TRUE(saw_conv);
   EXPECT_TRUE(saw_fc);
 }
+
+// The run's note names where each pass's exponents vary, the weight gradient's included (its
+// operands are sliced per image pair and block whenever their class is `slice`).
+TEST(Precision, NotesNameEachPassesExponents) {
+  auto note = [](Granularity w, Granularity x, Granularity dy) {
+    PrecisionPolicy p;
+    p.precision = Precision::int16;
+    p.dfp.weights.granularity = w;
+    p.dfp.activations.granularity = x;
+    p.dfp.gradients.granularity = dy;
+    for (const std::string& line : precision_notes(p, test::ctx2()))
+      if (line.rfind("int16: shared exponents ", 0) == 0) return line.substr(24);
+    return std::string("(no exponents note)");
+  };
+  const Granularity t = Granularity::tensor, s = Granularity::slice;
+  EXPECT_EQ(note(t, t, t), "w per tensor, x per tensor, dy per tensor");
+  EXPECT_EQ(note(s, t, t), "w per output channel (forward) and per input channel (backward-data), x per tensor, "
+                           "dy per tensor");
+  EXPECT_EQ(note(t, s, s), "w per tensor, x per image (forward), dy per image (backward-data); in the weight "
+                           "gradient x per image pair and 16-channel block, dy per image pair and 16-channel block "
+                           "(fully connected layers: per 16-channel block)");
+  EXPECT_EQ(note(t, s, t), "w per tensor, x per image (forward), dy per tensor; in the weight gradient x per image "
+                           "pair and 16-channel block, dy per tensor (fully connected layers: per 16-channel block)");
+}
