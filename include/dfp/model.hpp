@@ -65,6 +65,10 @@ struct LayerNumerics {
   bool sampled = false;
   double sqnr_x_db = 0, sqnr_w_db = 0, sqnr_dy_db = 0;
   uint64_t overflow = 0, underflow = 0, nonzero = 0;  // summed over x, w, dy of the sample
+  // The same counts per operand: which class loses its small values (a gradient's, an
+  // activation's or a weight's) is what a format comparison asks.
+  uint64_t underflow_x = 0, underflow_w = 0, underflow_dy = 0;
+  uint64_t nonzero_x = 0, nonzero_w = 0, nonzero_dy = 0;
 };
 
 // A read-only description of one graph node, so that another back end (the CUDA device) can run

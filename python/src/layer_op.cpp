@@ -113,6 +113,12 @@ py::dict numerics_record(const LayerNumerics& n) {
     d["overflow"] = n.overflow;
     d["underflow"] = n.underflow;
     d["nonzero"] = n.nonzero;
+    d["underflow_x"] = n.underflow_x;
+    d["underflow_w"] = n.underflow_w;
+    d["underflow_dy"] = n.underflow_dy;
+    d["nonzero_x"] = n.nonzero_x;
+    d["nonzero_w"] = n.nonzero_w;
+    d["nonzero_dy"] = n.nonzero_dy;
   }
   return d;
 }

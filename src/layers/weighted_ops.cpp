@@ -22,6 +22,8 @@ void report_sample(const SampledNumerics& s, LayerNumerics& n) {
   n.overflow = s.x.overflow + s.w.overflow + s.dy.overflow;
   n.underflow = s.x.underflow + s.w.underflow + s.dy.underflow;
   n.nonzero = s.x.nonzero + s.w.nonzero + s.dy.nonzero;
+  n.underflow_x = s.x.underflow; n.underflow_w = s.w.underflow; n.underflow_dy = s.dy.underflow;
+  n.nonzero_x = s.x.nonzero; n.nonzero_w = s.w.nonzero; n.nonzero_dy = s.dy.nonzero;
 }
 
 void report_numerics(const ConvStats& s, const std::string& name, LayerNumerics& n) {

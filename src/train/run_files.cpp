@@ -264,6 +264,12 @@ void to_json(Json& j, const LayerRecord& r) {
   put(j, "overflow", r.overflow);
   put(j, "underflow", r.underflow);
   put(j, "nonzero", r.nonzero);
+  put(j, "underflow_x", r.underflow_x);
+  put(j, "underflow_w", r.underflow_w);
+  put(j, "underflow_dy", r.underflow_dy);
+  put(j, "nonzero_x", r.nonzero_x);
+  put(j, "nonzero_w", r.nonzero_w);
+  put(j, "nonzero_dy", r.nonzero_dy);
 }
 
 void from_json(const Json& j, LayerRecord& r) {
@@ -290,6 +296,12 @@ void from_json(const Json& j, LayerRecord& r) {
   r.overflow = f.integer("overflow");
   r.underflow = f.integer("underflow");
   r.nonzero = f.integer("nonzero");
+  r.underflow_x = f.integer("underflow_x");
+  r.underflow_w = f.integer("underflow_w");
+  r.underflow_dy = f.integer("underflow_dy");
+  r.nonzero_x = f.integer("nonzero_x");
+  r.nonzero_w = f.integer("nonzero_w");
+  r.nonzero_dy = f.integer("nonzero_dy");
 }
 
 void to_json(Json& j, const EpochRecord& r) {

@@ -56,6 +56,8 @@ struct LayerRecord {
   // The last sampled step: SQNR against FP32 in dB (NaN when unmeasurable), and the counts.
   std::optional<double> sqnr_x_db, sqnr_w_db, sqnr_dy_db;
   std::optional<int64_t> overflow, underflow, nonzero;
+  // underflow and nonzero per operand (they sum to the two above); absent in earlier files.
+  std::optional<int64_t> underflow_x, underflow_w, underflow_dy, nonzero_x, nonzero_w, nonzero_dy;
 };
 
 // One line of metrics.jsonl. Required: "epoch" (an integer >= 1), "train_loss", "test_top1" and

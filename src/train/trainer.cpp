@@ -432,6 +432,12 @@ std::string metrics_line(const EpochMetrics& em, const std::string& policy_text,
       l.overflow = int64_t(n.overflow);
       l.underflow = int64_t(n.underflow);
       l.nonzero = int64_t(n.nonzero);
+      l.underflow_x = int64_t(n.underflow_x);
+      l.underflow_w = int64_t(n.underflow_w);
+      l.underflow_dy = int64_t(n.underflow_dy);
+      l.nonzero_x = int64_t(n.nonzero_x);
+      l.nonzero_w = int64_t(n.nonzero_w);
+      l.nonzero_dy = int64_t(n.nonzero_dy);
     }
     r.layers.push_back(std::move(l));
   }

@@ -100,7 +100,8 @@ std::string fp16_line(int epoch, double scale, int skipped, const std::string& t
   for (int i = 0; i < 5; ++i)
     o << (i ? "," : "") << "{\"layer\":\"" << kLayerNames[i] << "\",\"format\":\"fp16\",\"sqnr_x_db\":" << 55 - i
       << ",\"sqnr_w_db\":null,\"sqnr_dy_db\":" << 40 - 3 * i + epoch << ",\"overflow\":" << (i == 4 ? 2 : 0)
-      << ",\"underflow\":" << 100 * i << ",\"nonzero\":5000}";
+      << ",\"underflow\":" << 100 * i << ",\"nonzero\":5000,\"underflow_x\":0,\"underflow_w\":0,\"underflow_dy\":"
+      << 100 * i << ",\"nonzero_x\":2000,\"nonzero_w\":1000,\"nonzero_dy\":" << (epoch == 1 ? 4000 : 2000) << "}";
   o << "]}\n";
   return o.str();
 }
@@ -241,10 +242,23 @@ TEST(RunFiles, TheTrainersMetricsLineIsTheRecordsLine) {
   conv.sampled = true;
   conv.sqnr_x_db = 77.5, conv.sqnr_w_db = INFINITY, conv.sqnr_dy_db = 71.25;
   conv.underflow = 21, conv.nonzero = 97365;
+  conv.underflow_x = 1, conv.underflow_w = 0, conv.underflow_dy = 20;
+  conv.nonzero_x = 50000, conv.nonzero_w = 432, conv.nonzero_dy = 46933;
   LayerNumerics fc;
   fc.layer = "fc";
   fc.format = "fp32";
-  EXPECT_EQ(metrics_line(em, "precision=int16 \"q\"", {conv, fc}), kPreviousMetricsLine);
+  // The previous line, and each operand's counts after the sums.
+  std::string want = kPreviousMetricsLine;
+  const std::string sums = "\"nonzero\":97365";
+  want.insert(want.find(sums) + sums.size(), ",\"underflow_x\":1,\"underflow_w\":0,\"underflow_dy\":20,"
+                                           "\"nonzero_x\":50000,\"nonzero_w\":432,\"nonzero_dy\":46933");
+  const std::string with_operands = metrics_line(em, "precision=int16 \"q\"", {conv, fc});
+  EXPECT_EQ(with_operands, want);
+  const rf::LayerRecord operands = rf::parse_epoch_line(with_operands, "m.jsonl", 1).layers.at(0);
+  EXPECT_EQ(std::make_tuple(operands.underflow_x, operands.underflow_w, operands.underflow_dy),
+            std::make_tuple(std::optional<int64_t>(1), std::optional<int64_t>(0), std::optional<int64_t>(20)));
+  EXPECT_EQ(std::make_tuple(operands.nonzero_x, operands.nonzero_w, operands.nonzero_dy),
+            std::make_tuple(std::optional<int64_t>(50000), std::optional<int64_t>(432), std::optional<int64_t>(46933)));
   // Exponents per slice (Granularity::slice) add the smallest, after the largest, and read back.
   conv.exp_x_min = -15, conv.exp_dy_min = -31;
   const std::string line = metrics_line(em, "p", {conv});
@@ -605,6 +619,14 @@ TEST(Report, WritesEveryArtifactWithTheMetricsFigures) {
   EXPECT_NE(html.find("<table>"), std::string::npos);
   EXPECT_NE(html.find("layer1.0.conv2"), std::string::npos);  // per-layer details
   EXPECT_NE(html.find("Overflow, saturation and underflow"), std::string::npos);
+  // Each operand's underflow at the last sample, where the run logs it (fp16's lines, not int16's).
+  EXPECT_NE(mdr.find("| underflow x % | underflow w % | underflow dy % |"), std::string::npos) << mdr;
+  EXPECT_NE(mdr.find("| 1 | layer1.0.conv1 | fp16 | 54.0 | 40.0 | 0 | 300 | 15000 | 0.00 | 0.00 | 5.00 |"),
+            std::string::npos) << mdr;
+  const size_t int16_layers = mdr.find("\n### int16");
+  ASSERT_NE(int16_layers, std::string::npos) << mdr;
+  EXPECT_EQ(mdr.substr(int16_layers, mdr.find("\n###", int16_layers + 1) - int16_layers).find("underflow dy %"),
+            std::string::npos) << mdr;
   EXPECT_NE(html.find("<th>loss_scaling</th><td>dynamic</td>"), std::string::npos);  // the runs' configuration
   if (!f.plots_skipped) {
     EXPECT_TRUE(f.plots_note.empty()) << f.plots_note;

@@ -492,9 +492,11 @@ TEST(Layers, GroupedConvLowPrecisionTracksFp32) {
 
 // A case built to underflow: a classifier with tiny weights makes the gradient reaching the conv
 // ~1e-9, below FP16's smallest subnormal (6e-8). Without loss scaling FP16 loses it entirely;
-// with GradScaler's initial scale 2^16 it is representable and matches FP32.
+// with GradScaler's initial scale 2^16 it is representable and matches FP32. The sampled
+// numerics name the operand that lost it: every nonzero dy value, no x value.
 TEST(LossScaling, Fp16UnderflowLosesTheGradientUnlessScaled) {
-  auto run = [](Precision p, double scale) {
+  LayerNumerics c1_numerics;
+  auto run = [&](Precision p, double scale) {
     Model m(ctx2(), "u");
     auto x = m.input(3, 8, 8);
     x = m.conv(x, 16, 3, 1, 1, false, "c1");
@@ -508,22 +510,36 @@ TEST(LossScaling, Fp16UnderflowLosesTheGradientUnlessScaled) {
         for (size_t i = 0; i < q.size; ++i) q.value[i] = 1e-7f * float(int(i % 7) - 3);
     m.weights_updated();
     m.set_loss_scale(scale);
+    m.set_numerics_interval(1);
     const auto xs = batch_images(m, 3);
     const std::vector<int32_t> y = {0, 1, 2, 3, 4, 5, 6, 7};
     m.forward(xs.data(), y.data(), 8, true);
     EXPECT_TRUE(m.backward());
+    for (const LayerNumerics& n : m.numerics())
+      if (n.layer == "c1") c1_numerics = n;
     for (Parameter& q : m.parameters())
       if (q.name == "c1.weight") return std::vector<float>(q.grad, q.grad + q.size);
     return std::vector<float>{};
   };
   const std::vector<float> ref = run(Precision::fp32, 1);
   const std::vector<float> lost = run(Precision::fp16, 1);
+  const LayerNumerics unscaled = c1_numerics;
   const std::vector<float> scaled = run(Precision::fp16, LossScaleOptions{}.initial_scale());
   double ref_norm = 0;
   for (float v : ref) ref_norm += double(v) * v;
   ASSERT_GT(ref_norm, 0);
   for (float v : lost) ASSERT_EQ(v, 0.f) << "the FP16 gradient was expected to underflow to zero";
   EXPECT_LT(test::rel_l2(scaled, ref), test::kFp16GradRelL2Smooth);
+
+  ASSERT_TRUE(unscaled.sampled);
+  EXPECT_GT(unscaled.nonzero_dy, 0u);
+  EXPECT_EQ(unscaled.underflow_dy, unscaled.nonzero_dy);
+  EXPECT_GT(unscaled.nonzero_x, 0u);
+  EXPECT_EQ(unscaled.underflow_x, 0u);
+  EXPECT_EQ(unscaled.underflow, unscaled.underflow_x + unscaled.underflow_w + unscaled.underflow_dy);
+  EXPECT_EQ(unscaled.nonzero, unscaled.nonzero_x + unscaled.nonzero_w + unscaled.nonzero_dy);
+  ASSERT_TRUE(c1_numerics.sampled);  // scaled: most of the gradient is representable
+  EXPECT_LT(c1_numerics.underflow_dy, unscaled.underflow_dy / 10);
 }
 
 // Gradients that overflow FP16 under too large a scale are reported, never applied silently.

@@ -297,8 +297,12 @@ def test_numerics_per_layer_as_metrics_jsonl_has_them():
     r = n["2"]
     assert r["layer"] == "2" and r["format"] == "int16"
     for key in ("exp_x", "exp_w", "exp_dy", "chain_fwd", "chain_bwd", "chain_wgrad", "saturated",
-                "overflow_events", "sqnr_x_db", "sqnr_w_db", "sqnr_dy_db", "overflow", "underflow", "nonzero"):
+                "overflow_events", "sqnr_x_db", "sqnr_w_db", "sqnr_dy_db", "overflow", "underflow", "nonzero",
+                "underflow_x", "underflow_w", "underflow_dy", "nonzero_x", "nonzero_w", "nonzero_dy"):
         assert key in r, key
+    assert r["underflow"] == r["underflow_x"] + r["underflow_w"] + r["underflow_dy"]
+    assert r["nonzero"] == r["nonzero_x"] + r["nonzero_w"] + r["nonzero_dy"]
+    assert r["nonzero_x"] > 0 and r["nonzero_w"] > 0 and r["nonzero_dy"] > 0
     # DFP16 at headroom 2 keeps ~13 bits of the largest magnitude: far above 40 dB on Gaussian data.
     assert r["sqnr_x_db"] > 40 and r["sqnr_w_db"] > 40 and r["sqnr_dy_db"] > 40
     assert r["overflow_events"] == 0 and r["nonzero"] > 0

@@ -151,6 +151,17 @@ std::string exponent_cell(const LayerSeries& l, LayerField max, LayerField min) 
   return "-";
 }
 
+// 100 underflow / nonzero of the last epoch that logs both with nonzero > 0, to two decimals; "-"
+// when none does.
+std::string underflow_percent(const LayerSeries& l, LayerField underflow, LayerField nonzero) {
+  for (size_t i = l.points.size(); i-- > 0;) {
+    const LayerPoint& p = l.points[i];
+    if (std::isfinite(p.*underflow) && std::isfinite(p.*nonzero) && p.*nonzero > 0)
+      return rounded(100 * p.*underflow / p.*nonzero, 2);
+  }
+  return "-";
+}
+
 struct LayerTable {
   std::vector<std::string> headings;           // after "#", "layer", "format"
   std::vector<std::vector<std::string>> cells;  // per layer, one per heading
@@ -195,12 +206,21 @@ LayerTable layer_table(const RunSummary& r) {
       add_counts(totals, l);
       return count_text(totals.v[k]);
     });
+  // Each operand's share of its nonzero values lost to underflow at the last sample: the per-layer
+  // figure a format comparison (and a gradient's "at most 1 %") reads.
+  const std::tuple<const char*, LayerField, LayerField> lost[] = {
+      {"underflow x %", &LayerPoint::underflow_x, &LayerPoint::nonzero_x},
+      {"underflow w %", &LayerPoint::underflow_w, &LayerPoint::nonzero_w},
+      {"underflow dy %", &LayerPoint::underflow_dy, &LayerPoint::nonzero_dy}};
+  for (const auto& [heading, u, n] : lost)
+    add(heading, [u = u, n = n](const LayerSeries& l) { return underflow_percent(l, u, n); });
   return t;
 }
 
 std::string what_it_holds(const RunSummary& r, const LayerTable& t) {
   std::string s = std::to_string(r.layers.size()) +
-                  " layers (last logged exponents and chain lengths, last sampled SQNR, counts summed over epochs)";
+                  " layers (last logged exponents and chain lengths, last sampled SQNR and underflow %, counts summed over "
+                  "epochs)";
   const std::string g = granularity_text(r);
   if (!g.empty()) s += "; DFP16 granularity " + g;
   if (t.ranges) s += "; min..max: the smallest and largest of the slices' exponents";

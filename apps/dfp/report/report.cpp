@@ -100,7 +100,9 @@ LayerPoint layer_point(const run_files::LayerRecord& r) {
       {&R::exp_x_min, &P::exp_x_min}, {&R::exp_w_min, &P::exp_w_min}, {&R::exp_dy_min, &P::exp_dy_min},
       {&R::chain_fwd, &P::chain_fwd}, {&R::chain_bwd, &P::chain_bwd}, {&R::chain_wgrad, &P::chain_wgrad},
       {&R::saturated, &P::saturated}, {&R::overflow_events, &P::overflow_events}, {&R::overflow, &P::overflow},
-      {&R::underflow, &P::underflow}, {&R::nonzero, &P::nonzero}};
+      {&R::underflow, &P::underflow}, {&R::nonzero, &P::nonzero}, {&R::underflow_x, &P::underflow_x},
+      {&R::underflow_w, &P::underflow_w}, {&R::underflow_dy, &P::underflow_dy}, {&R::nonzero_x, &P::nonzero_x},
+      {&R::nonzero_w, &P::nonzero_w}, {&R::nonzero_dy, &P::nonzero_dy}};
   static constexpr std::pair<std::optional<double> R::*, double P::*> reals[] = {
       {&R::sqnr_x_db, &P::sqnr_x_db}, {&R::sqnr_w_db, &P::sqnr_w_db}, {&R::sqnr_dy_db, &P::sqnr_dy_db}};
   LayerPoint p;

@@ -59,6 +59,9 @@ struct LayerPoint {
   double chain_fwd = kNotLogged, chain_bwd = kNotLogged, chain_wgrad = kNotLogged;  // INT32 chain lengths
   double saturated = kNotLogged, overflow_events = kNotLogged;
   double overflow = kNotLogged, underflow = kNotLogged, nonzero = kNotLogged;
+  // underflow and nonzero per operand (files before these fields lack them).
+  double underflow_x = kNotLogged, underflow_w = kNotLogged, underflow_dy = kNotLogged;
+  double nonzero_x = kNotLogged, nonzero_w = kNotLogged, nonzero_dy = kNotLogged;
   // Signal-to-quantization-noise ratio (dB) against the FP32 shadow, on sampled steps.
   double sqnr_x_db = kNotLogged, sqnr_w_db = kNotLogged, sqnr_dy_db = kNotLogged;
 };

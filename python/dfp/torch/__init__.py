@@ -27,7 +27,8 @@ def numerics(model):
     the DFP16 exponents 'exp_x', 'exp_w', 'exp_dy', the INT32 chain lengths 'chain_fwd',
     'chain_bwd', 'chain_wgrad', 'saturated' and 'overflow_events'; once sampled (sample_numerics,
     set_numerics_interval) 'sqnr_x_db', 'sqnr_w_db', 'sqnr_dy_db', 'overflow', 'underflow',
-    'nonzero' of the last sampled step. FP32 layers have none."""
+    'nonzero' of the last sampled step, and 'underflow' and 'nonzero' per operand ('underflow_x',
+    'underflow_w', 'underflow_dy', 'nonzero_x', ...). FP32 layers have none."""
     out = {}
     for name, m in dfp_layers(model):
         rec = m.dfp_numerics()
