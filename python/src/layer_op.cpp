@@ -91,6 +91,8 @@ std::vector<py::ssize_t> weight_shape(const LayerOp& op) {
   return {s.out_channels, s.in_channels / s.groups, s.kernel, s.kernel};
 }
 
+}  // namespace
+
 // As a line of metrics.jsonl has it: the DFP16 fields for an int16 layer, the sample's once sampled.
 py::dict numerics_record(const LayerNumerics& n) {
   py::dict d;
@@ -122,8 +124,6 @@ py::dict numerics_record(const LayerNumerics& n) {
   }
   return d;
 }
-
-}  // namespace
 
 void bind_layer_op(py::module_& mod) {
   py::class_<LayerOp>(mod, "LayerOp",

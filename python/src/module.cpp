@@ -34,6 +34,7 @@ using namespace dfp;
 
 void bind_torch_state(py::module_& mod);  // torch_state.cpp: Model.load_torch_state_dict and the like
 void bind_layer_op(py::module_& mod);  // layer_op.cpp
+py::dict numerics_record(const LayerNumerics& n);  // layer_op.cpp: as a line of metrics.jsonl has it
 
 namespace {
 
@@ -610,14 +611,10 @@ PYBIND11_MODULE(_dfp, mod) {
       .def("set_numerics_interval", &Model::set_numerics_interval, py::arg("interval"))
       .def("numerics", [](const Model& m) {
         py::list out;
-        for (const LayerNumerics& n : m.numerics())
-          out.append(record({{"layer", py::str(n.layer)}, {"format", py::str(n.format)}, {"exp_x", py::int_(n.exp_x)},
-                             {"exp_w", py::int_(n.exp_w)}, {"exp_dy", py::int_(n.exp_dy)},
-                             {"saturated", py::int_(n.saturated)}, {"sampled", py::bool_(n.sampled)},
-                             {"sqnr_x_db", py::float_(n.sqnr_x_db)}, {"sqnr_w_db", py::float_(n.sqnr_w_db)},
-                             {"sqnr_dy_db", py::float_(n.sqnr_dy_db)}}));
+        for (const LayerNumerics& n : m.numerics()) out.append(numerics_record(n));
         return out;
-      }, "Per-layer numerics of the reduced-precision layers, as dicts.")
+      }, "Per-layer numerics of the reduced-precision layers, one dict each as a layer of metrics.jsonl has it "
+         "(the DFP16 fields for int16 layers; SQNR and counts once a step was sampled).")
       .def("summary", &Model::summary)
       .def("__repr__", [](const Model& m) { return "dfp.Model('" + m.name() + "')"; });
   bind_torch_state(mod);

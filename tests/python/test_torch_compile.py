@@ -126,9 +126,18 @@ def test_reduced_precisions_track_float64(ctx, precision):
     lref = F.cross_entropy(ref(x.double()), y)
     lref.backward()
     low = dt.compile(copy.deepcopy(tm), x, precision=precision, ctx=ctx)
+    low.dfp_model.set_numerics_interval(1)
     llow = F.cross_entropy(low(x), y)
     assert abs(float(llow) - float(lref)) <= 1e-3 * float(lref)
     llow.backward()
+    # numerics(): every reduced-precision layer as a layer of metrics.jsonl has it, sampled.
+    records = low.numerics()
+    assert len(records) == 4 and all(r["format"] == precision for r in records), records
+    for r in records:
+        assert ("exp_x" in r) == (precision == "int16"), r
+        assert r["sqnr_dy_db"] > 20 and r["nonzero_dy"] > 0, r
+        assert r["underflow"] == r["underflow_x"] + r["underflow_w"] + r["underflow_dy"], r
+        assert r["nonzero"] == r["nonzero_x"] + r["nonzero_w"] + r["nonzero_dy"], r
     g = torch.cat([p.grad.flatten() for p in low.parameters()]).double()
     gref = torch.cat([p.grad.flatten() for p in ref.parameters()])
     cos = float(torch.dot(g, gref) / (g.norm() * gref.norm()))
