@@ -167,7 +167,7 @@ std::string int16_exponents_note(const DfpConvOptions& o) {
   s += dy ? ", dy per image (backward-data)" : ", dy per tensor";
   if (x || dy) {
     s += std::string("; in the weight gradient x") + (x ? pairs : " per tensor") + ", dy" + (dy ? pairs : " per tensor");
-    s += " (fully connected layers: per 16-channel block)";
+    s += " (fully connected layers: per 16-channel block over the batch)";
   }
   return s;
 }

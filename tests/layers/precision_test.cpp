@@ -165,7 +165,8 @@ TEST(Precision, NotesNameEachPassesExponents) {
                            "dy per tensor");
   EXPECT_EQ(note(t, s, s), "w per tensor, x per image (forward), dy per image (backward-data); in the weight "
                            "gradient x per image pair and 16-channel block, dy per image pair and 16-channel block "
-                           "(fully connected layers: per 16-channel block)");
+                           "(fully connected layers: per 16-channel block over the batch)");
   EXPECT_EQ(note(t, s, t), "w per tensor, x per image (forward), dy per tensor; in the weight gradient x per image "
-                           "pair and 16-channel block, dy per tensor (fully connected layers: per 16-channel block)");
+                           "pair and 16-channel block, dy per tensor (fully connected layers: per 16-channel block "
+                           "over the batch)");
 }
