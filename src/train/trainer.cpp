@@ -16,7 +16,9 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 #include "dfp/context.hpp"
 #include "dfp/cuda.hpp"
@@ -429,15 +431,15 @@ std::string metrics_line(const EpochMetrics& em, const std::string& policy_text,
       l.sqnr_x_db = n.sqnr_x_db;
       l.sqnr_w_db = n.sqnr_w_db;
       l.sqnr_dy_db = n.sqnr_dy_db;
-      l.overflow = int64_t(n.overflow);
-      l.underflow = int64_t(n.underflow);
-      l.nonzero = int64_t(n.nonzero);
-      l.underflow_x = int64_t(n.underflow_x);
-      l.underflow_w = int64_t(n.underflow_w);
-      l.underflow_dy = int64_t(n.underflow_dy);
-      l.nonzero_x = int64_t(n.nonzero_x);
-      l.nonzero_w = int64_t(n.nonzero_w);
-      l.nonzero_dy = int64_t(n.nonzero_dy);
+      using N = LayerNumerics;
+      using R = run_files::LayerRecord;
+      static constexpr std::pair<uint64_t N::*, std::optional<int64_t> R::*> counts[] = {
+          {&N::overflow, &R::overflow},         {&N::underflow, &R::underflow},
+          {&N::nonzero, &R::nonzero},           {&N::underflow_x, &R::underflow_x},
+          {&N::underflow_w, &R::underflow_w},   {&N::underflow_dy, &R::underflow_dy},
+          {&N::nonzero_x, &R::nonzero_x},       {&N::nonzero_w, &R::nonzero_w},
+          {&N::nonzero_dy, &R::nonzero_dy}};
+      for (const auto& [from, to] : counts) l.*to = int64_t(n.*from);
     }
     r.layers.push_back(std::move(l));
   }
