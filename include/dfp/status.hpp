@@ -18,6 +18,7 @@ enum class Status {
   unsupported,       // valid request this build or CPU cannot serve
   numerical_error,   // NaN/Inf or an overflow that the numerics policy does not allow
   internal,          // a broken invariant inside dfp (a bug)
+  out_of_memory,     // an allocation failed; the message says what was being allocated
 };
 
 const char* status_name(Status s) noexcept;

@@ -361,6 +361,9 @@ ConvPrimitives::ConvPrimitives(int threads, const ConvShape& s, const std::strin
     });
     build(t, fpd, bdpd, bwpd, user_src, user_src_out, user_dst, user_dst_out, user_wei);
   } catch (const dnnl::error& e) {
+    if (e.status == dnnl_out_of_memory)
+      fail(Status::out_of_memory, name + ": out of memory creating the oneDNN " + (bf16_operands ? "BF16" : "FP32") +
+                                      " convolution for " + conv_shape_text(s) + " (its buffers do not fit)");
     fail(Status::unsupported, name + ": oneDNN cannot create the " + (bf16_operands ? "BF16" : "FP32") +
                                   " convolution primitives for " +
                                   conv_shape_text(s) + ": " + e.what());
@@ -428,6 +431,10 @@ InnerProductPrimitives::InnerProductPrimitives(int threads, int batch, int in_fe
     });
     build(t, fpd, bdpd, bwpd, user_src, user_dst, user_wei);
   } catch (const dnnl::error& e) {
+    if (e.status == dnnl_out_of_memory)
+      fail(Status::out_of_memory, name + ": out of memory creating the oneDNN FP32 inner product for batch=" +
+                                      std::to_string(batch) + " in_features=" + std::to_string(in_features) +
+                                      " out_features=" + std::to_string(out_features));
     fail(Status::unsupported, name + ": oneDNN cannot create the FP32 inner-product primitives for batch=" +
                                   std::to_string(batch) + " in_features=" + std::to_string(in_features) +
                                   " out_features=" + std::to_string(out_features) + ": " + e.what());

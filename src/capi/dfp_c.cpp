@@ -78,6 +78,7 @@ dfp_status status_of(Status s) noexcept {
     case Status::unsupported: return DFP_ERR_UNSUPPORTED;
     case Status::numerical_error: return DFP_ERR_NUMERICAL;
     case Status::internal: return DFP_ERR_INTERNAL;
+    case Status::out_of_memory: return DFP_ERR_OUT_OF_MEMORY;
   }
   return DFP_ERR_INTERNAL;
 }

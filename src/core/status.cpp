@@ -10,6 +10,7 @@ const char* status_name(Status s) noexcept {
     case Status::unsupported: return "unsupported";
     case Status::numerical_error: return "numerical error";
     case Status::internal: return "internal error";
+    case Status::out_of_memory: return "out of memory";
   }
   return "error";
 }

@@ -6,6 +6,7 @@
 // ones write into that node's own accumulation buffer, which is then added in. Nodes with one
 // consumer need no extra buffer or pass.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -94,6 +95,30 @@ struct Model::Impl {
 
   Impl(const Context& c, std::string n) : ctx(c), name(std::move(n)) {}
 
+  // A builder argument outside what the layer kind accepts: refused before the layer exists, so
+  // that a zero stride or a negative size never reaches a division or an allocation.
+  void need(bool ok, const char* kind, const std::string& lname, const char* field, const std::string& expected,
+            const std::string& got) const {
+    if (ok) return;
+    const std::string layer = lname.empty() ? std::string(kind) : std::string(kind) + " '" + lname + "'";
+    fail(Status::invalid_argument,
+         "model '" + name + "': " + layer + ": " + field + " expected " + expected + ", got " + got);
+  }
+  void need_int(bool ok, const char* kind, const std::string& lname, const char* field, const char* expected,
+                long long got) const {
+    need(ok, kind, lname, field, expected, std::to_string(got));
+  }
+  // The window, stride and padding of a convolution or pooling layer (PyTorch's rules: padding at
+  // most half the window for pooling, whose padded positions never win a max or are averaged).
+  void need_window(const char* kind, const std::string& lname, int kernel, int stride, int pad, bool pool) const {
+    need_int(kernel >= 1, kind, lname, "kernel", ">= 1", kernel);
+    need_int(stride >= 1, kind, lname, "stride", ">= 1", stride);
+    need_int(pad >= 0, kind, lname, "padding", ">= 0", pad);
+    if (pool)
+      need(pad <= kernel / 2, kind, lname, "padding", "at most half the window (" + std::to_string(kernel / 2) + ")",
+           std::to_string(pad));
+  }
+
   Node add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname, const char* kind,
            LayerSpec spec = {}) {
     DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': layers cannot be added after build()");
@@ -172,7 +197,22 @@ struct Model::Impl {
       if (n.layer) {
         n.layer->needs_input_grad.clear();
         for (int j : n.inputs) n.layer->needs_input_grad.push_back(j != 0 || input_grad);
-        n.layer->build(ctx, in_shapes(n), n.shape, policy.for_layer(n.layer->name), rng);
+        // Out of memory says which layer at which batch, whichever allocator ran out.
+        const auto out_of_memory = [&](const std::string& detail) {
+          fail(Status::out_of_memory, "model '" + name + "': out of memory building " + n.spec.kind + " layer '" +
+                                          n.layer->name + "' (output " + std::to_string(b) + "x" +
+                                          std::to_string(n.shape.c) + "x" + std::to_string(n.shape.h) + "x" +
+                                          std::to_string(n.shape.w) + ", batch " + std::to_string(b) + "): " + detail +
+                                          "; a smaller batch needs less");
+        };
+        try {
+          n.layer->build(ctx, in_shapes(n), n.shape, policy.for_layer(n.layer->name), rng);
+        } catch (const std::bad_alloc&) {
+          out_of_memory("its weights, operators and buffers do not fit");
+        } catch (const Error& e) {
+          if (e.status() != Status::out_of_memory) throw;
+          out_of_memory(e.what());
+        }
         n.param_begin = params.size();
         n.layer->parameters(params);
         n.param_end = params.size();
@@ -394,13 +434,20 @@ struct Model::Impl {
       m.end = std::max(m.end, lt[g].end);
     }
     const size_t total = place(merged);
-    arena = AlignedBuffer<float>(total / sizeof(float));
-    for (size_t g = 0; g < lt.size(); ++g)
-      *lt[g].view = arena.data() + merged[merged_of[root(int(g))]].offset / sizeof(float);
     size_t ws = 0;
     for (NodeInfo& n : nodes)
       if (n.layer) ws = std::max(ws, n.layer->workspace_bytes());
-    workspace = AlignedBuffer<std::byte>((ws + 63) / 64 * 64);
+    try {
+      arena = AlignedBuffer<float>(total / sizeof(float));
+      workspace = AlignedBuffer<std::byte>((ws + 63) / 64 * 64);
+    } catch (const std::bad_alloc&) {
+      fail(Status::out_of_memory, "model '" + name + "': out of memory allocating the activations and gradients (" +
+                                      std::to_string(total >> 20) + " MiB planned for batch " + std::to_string(batch) +
+                                      ") and the layers' workspace (" + std::to_string(ws >> 20) +
+                                      " MiB); a smaller batch needs less");
+    }
+    for (size_t g = 0; g < lt.size(); ++g)
+      *lt[g].view = arena.data() + merged[merged_of[root(int(g))]].offset / sizeof(float);
     for (NodeInfo& n : nodes)
       if (n.layer && n.layer->workspace_bytes()) n.layer->use_workspace(workspace.data());
     plan.arena_bytes = total;
@@ -440,10 +487,29 @@ struct Model::Impl {
     const TensorShape& is = nodes[0].shape;
     const size_t per_image = is.blocked_elements() / size_t(batch);
     const size_t given = per_image * count;  // the rest of the planned batch: zeros
+    // A NaN or Inf pixel is refused here, in every precision: a ReLU or a max pool would map it
+    // to a finite value, so the logits would look plausible where torch's are NaN.
+    std::atomic<size_t> first_bad{given};
     model::for_chunks(ctx, per_image * batch, [&](size_t b, size_t e) {
-      if (b < given) std::memcpy(nodes[0].act + b, images + b, (std::min(e, given) - b) * sizeof(float));
+      if (b < given) {
+        const size_t end = std::min(e, given);
+        std::memcpy(nodes[0].act + b, images + b, (end - b) * sizeof(float));
+        bool bad = false;
+        for (size_t i = b; i < end; ++i) bad |= !(std::fabs(images[i]) <= std::numeric_limits<float>::max());
+        if (bad) {
+          size_t i = b;
+          while (std::fabs(images[i]) <= std::numeric_limits<float>::max()) ++i;
+          for (size_t seen = first_bad.load(); i < seen && !first_bad.compare_exchange_weak(seen, i);) {
+          }
+        }
+      }
       if (e > given) std::memset(nodes[0].act + std::max(b, given), 0, (e - std::max(b, given)) * sizeof(float));
     });
+    if (const size_t i = first_bad.load(); i < given)
+      fail(Status::numerical_error,
+           "model '" + name + "': input image " + std::to_string(i / per_image) + " of " + std::to_string(count) +
+               " holds a non-finite value (" + std::to_string(images[i]) + " at element " +
+               std::to_string(i % per_image) + " of the image); expected finite values");
     model::StepInfo st{count, train, step, train && sample_step()};
     if (train && statistics_sum) st.statistics_sum = &statistics_sum;
     st.first_image = batch_offset;
@@ -691,6 +757,8 @@ Model::Node Model::input(int c, int h, int w) {
   return 0;
 }
 Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string n, int groups) {
+  impl_->need_int(k >= 1, "conv", n, "output channels", ">= 1", k);
+  impl_->need_window("conv", n, r, s, p, false);
   LayerSpec sp;
   sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b; sp.groups = groups;
   return impl_->add(model::make_conv(k, r, s, p, b, groups), {x}, std::move(n), "conv", sp);
@@ -704,11 +772,13 @@ Model::Node Model::batchnorm(Node x, std::string n, double eps) {
 }
 Model::Node Model::relu(Node x, std::string n) { return impl_->add(model::make_relu(), {x}, std::move(n), "relu"); }
 Model::Node Model::maxpool(Node x, int k, int s, int p, bool c, std::string n) {
+  impl_->need_window("maxpool", n, k, s, p, true);
   LayerSpec sp;
   sp.kernel = k; sp.stride = s; sp.pad = p; sp.ceil_mode = c;
   return impl_->add(model::make_pool(true, k, s, p, c), {x}, std::move(n), "maxpool", sp);
 }
 Model::Node Model::avgpool(Node x, int k, int s, int p, std::string n) {
+  impl_->need_window("avgpool", n, k, s, p, true);
   LayerSpec sp;
   sp.kernel = k; sp.stride = s; sp.pad = p;
   return impl_->add(model::make_pool(false, k, s, p, false), {x}, std::move(n), "avgpool", sp);
@@ -718,31 +788,49 @@ Model::Node Model::global_avgpool(Node x, std::string n) {
 }
 Model::Node Model::flatten(Node x, std::string n) { return impl_->add(model::make_flatten(), {x}, std::move(n), "flatten"); }
 Model::Node Model::linear(Node x, int k, bool b, std::string n) {
+  impl_->need_int(k >= 1, "fc", n, "output features", ">= 1", k);
   LayerSpec sp;
   sp.out_channels = k; sp.bias = b;
   return impl_->add(model::make_linear(k, b), {x}, std::move(n), "fc", sp);
 }
 Model::Node Model::add(Node a, Node b, std::string n) { return impl_->add(model::make_add(), {a, b}, std::move(n), "add"); }
 Model::Node Model::concat(const std::vector<Node>& xs, std::string n) {
+  impl_->need(!xs.empty(), "concat", n, "inputs", "at least one node", "none");
   return impl_->add(model::make_concat(), xs, std::move(n), "concat");
 }
 Model::Node Model::dropout(Node x, float p, std::string n) {
+  impl_->need(p >= 0.f && p < 1.f, "dropout", n, "probability", "in [0, 1)", std::to_string(p));
   LayerSpec sp;
   sp.p = p;
   return impl_->add(model::make_dropout(p), {x}, std::move(n), "dropout", sp);
 }
 Model::Node Model::lrn(Node x, int size, float a, float b, float k, std::string n) {
+  impl_->need_int(size >= 1, "lrn", n, "size", ">= 1", size);
+  impl_->need(std::isfinite(a), "lrn", n, "alpha", "a finite number", std::to_string(a));
+  impl_->need(std::isfinite(b), "lrn", n, "beta", "a finite number", std::to_string(b));
+  // k > 0 keeps the base of the power positive (k + alpha/size * sum of squares, sum >= 0).
+  impl_->need(std::isfinite(k) && k > 0.f && a >= 0.f, "lrn", n, "k and alpha", "k > 0 and alpha >= 0, finite",
+              "k " + std::to_string(k) + ", alpha " + std::to_string(a));
   LayerSpec sp;
   sp.lrn_size = size; sp.lrn_alpha = a; sp.lrn_beta = b; sp.lrn_k = k;
   return impl_->add(model::make_lrn(size, a, b, k), {x}, std::move(n), "lrn", sp);
 }
 Model::Node Model::shortcut_pad(Node x, int c, int s, std::string n) {
+  impl_->need_int(c >= 1, "shortcut", n, "output channels", ">= 1", c);
+  impl_->need_int(s >= 1, "shortcut", n, "stride", ">= 1", s);
   LayerSpec sp;
   sp.out_channels = c; sp.stride = s;
   return impl_->add(model::make_shortcut_pad(c, s), {x}, std::move(n), "shortcut", sp);
 }
 void Model::softmax_cross_entropy(Node x, float smoothing) {
-  DFP_CHECK(x > 0 && x < int(impl_->nodes.size()), Status::invalid_argument, "model '" + impl_->name + "': bad loss node");
+  DFP_CHECK(x > 0 && x < int(impl_->nodes.size()), Status::invalid_argument,
+            "model '" + impl_->name + "': softmax_cross_entropy: node " + std::to_string(x) +
+                " is not a layer of this model (expected a node returned by a layer call)");
+  // Declaring the loss again on its node only sets the smoothing; another node would silently
+  // replace the loss the model was trained with.
+  DFP_CHECK(impl_->loss_node < 0 || impl_->loss_node == x, Status::invalid_argument,
+            "model '" + impl_->name + "': softmax_cross_entropy on node " + std::to_string(x) +
+                ", but the loss already reads node " + std::to_string(impl_->loss_node) + "; a model has one loss");
   const TensorShape& s = impl_->nodes[x].shape;
   DFP_CHECK(s.h == 1 && s.w == 1, Status::invalid_argument,
             "model '" + impl_->name + "': the loss needs N x classes x 1 x 1 logits");

@@ -267,6 +267,15 @@ TEST(CApi, WrongShapesAreRefused) {
   expect_failure(dfp_model_conv(b, 7, 8, 3, 1, 1, 0, 1, "c", &node), DFP_ERR_INVALID_ARGUMENT, {"dfp_model_conv"});
   const int none[1] = {0};
   expect_failure(dfp_model_concat(b, none, 0, nullptr, &node), DFP_ERR_INVALID_ARGUMENT, {"dfp_model_concat", "count"});
+  // A zero stride is refused as a status (it used to reach a division: SIGFPE).
+  expect_failure(dfp_model_conv(b, in, 8, 3, 0, 1, 0, 1, "c0", &node), DFP_ERR_INVALID_ARGUMENT,
+                 {"dfp_model_conv", "conv 'c0': stride expected >= 1, got 0"});
+  expect_failure(dfp_model_maxpool(b, in, 2, 0, 0, 0, "p0", &node), DFP_ERR_INVALID_ARGUMENT,
+                 {"dfp_model_maxpool", "stride expected >= 1, got 0"});
+  expect_failure(dfp_model_avgpool(b, in, 2, 0, 0, "p1", &node), DFP_ERR_INVALID_ARGUMENT,
+                 {"dfp_model_avgpool", "stride expected >= 1, got 0"});
+  expect_failure(dfp_model_shortcut_pad(b, in, 8, 0, "s0", &node), DFP_ERR_INVALID_ARGUMENT,
+                 {"dfp_model_shortcut_pad", "stride expected >= 1, got 0"});
   EXPECT_EQ(node, -1);
   expect_failure(dfp_context_create(-1, 1, nullptr), DFP_ERR_INVALID_ARGUMENT, {"dfp_context_create"});
   dfp_context* c2 = nullptr;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -111,6 +112,105 @@ TEST(Api, PredictGivesTheLogitsOfForwardsLoss) {
           EXPECT_EQ(zs[i], z[i]) << i;
       }
     }
+  }
+}
+
+// A NaN or Inf pixel is refused in every precision, naming the image: a ReLU or max pool would
+// turn it into finite logits (torch's are NaN), and the model's state stays usable.
+TEST(Api, NonFiniteInputsAreRefusedInEveryPrecision) {
+  for (Precision p : kAll) {
+    SCOPED_TRACE(precision_name(p));
+    auto [owned, x, y] = small_case(p, 4, 2);
+    Model& m = *owned;
+    std::vector<float> z(4 * 10);
+    const size_t per_image = x.size() / 4;
+    for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> xb = x;
+      xb[2 * per_image + 5] = bad;
+      test::expect_error([&] { m.predict(xb.data(), 4, z.data()); }, Status::numerical_error,
+                         {"model 'small'", "input image 2 of 4", "non-finite", "element 5"});
+      test::expect_error([&] { m.forward(xb.data(), y.data(), 4, true); }, Status::numerical_error,
+                         {"input image 2 of 4"});
+    }
+    // Outside the images given (count 2), the rest of the planned batch is not read.
+    std::vector<float> xb = x;
+    xb[3 * per_image] = std::nanf("");
+    m.predict(xb.data(), 2, z.data());
+    for (int i = 0; i < 20; ++i) EXPECT_TRUE(std::isfinite(z[i])) << i;
+    m.predict(x.data(), 4, z.data());
+    for (float v : z) EXPECT_TRUE(std::isfinite(v));
+  }
+}
+
+// Builder arguments outside what a layer kind accepts are refused by name before the layer
+// exists (a zero stride used to reach a division: SIGFPE).
+TEST(Api, BuilderRefusesArgumentsOutsideEachLayersRange) {
+  auto fresh = [] {
+    auto m = std::make_unique<Model>(ctx2(), "b");
+    m->input(3, 8, 8);
+    return m;
+  };
+  const Status bad = Status::invalid_argument;
+  auto refused = [&](auto&& call, std::vector<std::string> parts) {
+    auto m = fresh();
+    test::expect_error([&] { call(*m); }, bad, parts);
+  };
+  refused([](Model& m) { m.conv(0, 8, 3, 0, 1, false, "c"); }, {"model 'b': conv 'c': stride expected >= 1, got 0"});
+  refused([](Model& m) { m.conv(0, 8, 3, -1, 1); }, {"conv: stride expected >= 1, got -1"});
+  refused([](Model& m) { m.conv(0, 8, 0, 1, 0); }, {"conv: kernel expected >= 1, got 0"});
+  refused([](Model& m) { m.conv(0, 8, 3, 1, -1); }, {"conv: padding expected >= 0, got -1"});
+  refused([](Model& m) { m.conv(0, -8, 3, 1, 1); }, {"conv: output channels expected >= 1, got -8"});
+  refused([](Model& m) { m.maxpool(0, 2, 0, 0); }, {"maxpool: stride expected >= 1, got 0"});
+  refused([](Model& m) { m.avgpool(0, 2, 0, 0); }, {"avgpool: stride expected >= 1, got 0"});
+  refused([](Model& m) { m.avgpool(0, 0, 1, 0); }, {"avgpool: kernel expected >= 1, got 0"});
+  refused([](Model& m) { m.avgpool(0, 2, 2, -1, "p"); }, {"avgpool 'p': padding expected >= 0, got -1"});
+  refused([](Model& m) { m.maxpool(0, 3, 1, 2); }, {"maxpool: padding expected at most half the window (1), got 2"});
+  refused([](Model& m) { m.avgpool(0, 2, 2, 2); }, {"avgpool: padding expected at most half the window (1), got 2"});
+  refused([](Model& m) { m.shortcut_pad(0, 8, 0); }, {"shortcut: stride expected >= 1, got 0"});
+  refused([](Model& m) { m.shortcut_pad(0, -2, 1); }, {"shortcut: output channels expected >= 1, got -2"});
+  refused([](Model& m) { m.linear(m.flatten(0), -3, true, "fc"); }, {"fc 'fc': output features expected >= 1, got -3"});
+  refused([](Model& m) { m.concat({}, "cat"); }, {"concat 'cat': inputs expected at least one node, got none"});
+  refused([](Model& m) { m.dropout(0, 1.5f); }, {"dropout: probability expected in [0, 1)"});
+  refused([](Model& m) { m.dropout(0, std::nanf("")); }, {"dropout: probability expected in [0, 1)", "nan"});
+  refused([](Model& m) { m.lrn(0, 0, 1e-4f, 0.75f, 2.f); }, {"lrn: size expected >= 1, got 0"});
+  refused([](Model& m) { m.lrn(0, -5, 1e-4f, 0.75f, 2.f); }, {"lrn: size expected >= 1, got -5"});
+  refused([](Model& m) { m.lrn(0, 5, std::nanf(""), 0.75f, 2.f); }, {"lrn: alpha expected a finite number, got nan"});
+  refused([](Model& m) { m.lrn(0, 5, 1e-4f, std::numeric_limits<float>::infinity(), 2.f); },
+          {"lrn: beta expected a finite number, got inf"});
+  refused([](Model& m) { m.lrn(0, 5, 1e-4f, 0.75f, 0.f); }, {"lrn: k and alpha expected k > 0 and alpha >= 0"});
+  // A second loss used to replace the first without a word.
+  refused(
+      [](Model& m) {
+        auto z = m.linear(m.global_avgpool(0), 10);
+        m.softmax_cross_entropy(z);
+        m.softmax_cross_entropy(m.linear(m.global_avgpool(0), 5));
+      },
+      {"softmax_cross_entropy on node", "but the loss already reads node", "a model has one loss"});
+  refused([](Model& m) { m.softmax_cross_entropy(7); }, {"softmax_cross_entropy: node 7 is not a layer of this model"});
+  // What the ranges allow still builds: padding of half the window, a one-input concat.
+  // Declaring the loss again on its own node sets the smoothing only.
+  auto m = fresh();
+  auto x = m->maxpool(m->concat({0}), 3, 1, 1);
+  x = m->avgpool(x, 2, 2, 1);
+  const auto z = m->linear(m->global_avgpool(x), 10);
+  m->softmax_cross_entropy(z);
+  m->softmax_cross_entropy(z, 0.1f);
+  EXPECT_EQ(m->loss_node(), z);
+  m->build(2, PrecisionPolicy{});
+  EXPECT_EQ(m->shape(x).h, 5);
+}
+
+// A batch whose buffers cannot be allocated is an out-of-memory error that says what was being
+// built, not a bare std::bad_alloc (the sizes are petabytes: no machine has them).
+TEST(Api, OutOfMemoryNamesWhatWasBeingAllocated) {
+  for (Precision p : kAll) {
+    SCOPED_TRACE(precision_name(p));
+    Model m(ctx2(), "huge");
+    auto x = m.input(3, 224, 224);
+    m.softmax_cross_entropy(m.linear(m.global_avgpool(m.conv(x, 64, 3, 1, 1, false, "conv1")), 10));
+    test::expect_error([&] { m.build(1 << 20, policy_of(p)); }, Status::out_of_memory,
+                       {"model 'huge'", "out of memory", "batch 1048576", "a smaller batch needs less"});
   }
 }
 
