@@ -19,6 +19,7 @@
 #include "src/train/run_files.hpp"
 #include "src/train/torch_file.hpp"
 #include "tests/common/torch_hostile.hpp"
+#include "tests/common/torch_shapes.hpp"
 
 namespace fs = std::filesystem;
 using Bytes = std::string;
@@ -123,6 +124,21 @@ int main(int argc, char** argv) {
   put(root / "fuzz_checkpoint", "small", dfp::checkpoint_bytes(ck));
   ck.tensors.clear();
   put(root / "fuzz_checkpoint", "meta-only", dfp::checkpoint_bytes(ck));
+  // Meta bytes above 127 (UTF-8 names), as 128..255 and as older files hold them, -128..-1.
+  ck.meta = {{"data", "/tmp/d\xc3\xa4t\xc3\xa4"}, {"class_names", dfp::join_names({"caf\xc3\xa9", "\xf0\x9f\x90\x88"})}};
+  Bytes utf8 = dfp::checkpoint_bytes(ck);
+  put(root / "fuzz_checkpoint", "meta-utf8", utf8);
+  uint64_t meta_count;
+  std::memcpy(&meta_count, utf8.data() + 16, 8);
+  for (uint64_t i = 0; i < meta_count; ++i) {
+    float v;
+    std::memcpy(&v, utf8.data() + 24 + 4 * i, 4);
+    if (v > 127.f) v -= 256.f;
+    std::memcpy(utf8.data() + 24 + 4 * i, &v, 4);
+  }
+  const uint32_t crc = uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(utf8.data()), utf8.size() - 4));
+  std::memcpy(utf8.data() + utf8.size() - 4, &crc, 4);
+  put(root / "fuzz_checkpoint", "meta-signed-bytes", utf8);
 
   {
     using dfp::torch_format::OutTensor;
@@ -131,6 +147,11 @@ int main(int argc, char** argv) {
         dfp::torch_format::torch_file_bytes({{"conv1.weight", {2, 1, 1, 3}, w, 0}, {"bn1.num_batches_tracked", {}, nullptr, 7}}));
     put(root / "fuzz_torch", "zip64", dfp::torch_format::torch_file_bytes({{"fc.bias", {6}, w, 0}}, true));
     put(root / "fuzz_torch", "empty-dict", dfp::torch_format::torch_file_bytes({}));
+    // The shapes whose cost must not grow with the tensor count: views of one shared storage
+    // (read once), many entries (found by name), and the same deflated.
+    put(root / "fuzz_torch", "shared-storage", dfp::test::shared_storage_file(8, 4));
+    put(root / "fuzz_torch", "shared-storage-deflated", dfp::test::deflated(dfp::test::shared_storage_file(8, 4)));
+    put(root / "fuzz_torch", "many-entries", dfp::test::many_entries_file(120));
     for (const auto& h : dfp::test::hostile_torch_files())
       if (!h.bytes.empty()) put(root / "fuzz_torch", "hostile-" + h.name, h.bytes);
   }

@@ -35,6 +35,12 @@ struct WeightsOptions {
   // The classifier (the Linear layer the loss reads) keeps its values when its shape differs from
   // the file's: fine-tuning to another number of classes. Reported in WeightsReport::skipped.
   bool skip_mismatched_classifier = false;
+  // The first convolution (the one reading the model's input) takes a file weight made for another
+  // number of input channels as fine-tuning tools do (timm's adapt_input_conv): an RGB weight is
+  // summed over its channels for a one-channel model (Fashion-MNIST from ImageNet weights);
+  // otherwise the file's channels repeat up to the model's and are scaled by file / model
+  // channels. Reported in WeightsReport::adapted.
+  bool adapt_input_channels = false;
   // The zoo architecture whose name table applies; "" = model.name() (the zoo name when the
   // model comes from build_model, the trainer or dfp.Model.from_zoo).
   std::string architecture;
@@ -50,6 +56,7 @@ struct WeightsReport {
   std::vector<std::string> unexpected;  // strict=false: file tensors the model has no place for
   std::vector<std::string> mismatched;  // strict=false: "name: file AxB, model CxD"
   std::vector<std::string> ignored;     // torchvision tensors dfp has no counterpart of
+  std::vector<std::string> adapted;     // adapt_input_channels: "name: file AxB, model CxD (how)"
   // A few lines for a log: what was loaded, and each non-empty list (long lists shortened).
   std::vector<std::string> lines() const;
 };

@@ -12,8 +12,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <chrono>
 
 #include "dfp/status.hpp"
@@ -55,6 +53,29 @@ std::string write_all(int fd, std::string_view buf) {
   return "";
 }
 
+// What a file that is not a regular file is, for messages ("a FIFO").
+const char* file_kind(mode_t mode) {
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+// Reads n bytes at offset from fd; "" or what failed.
+std::string read_exactly(int fd, uint64_t offset, char* dst, size_t n) {
+  const size_t want = n;
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, dst, n, off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return std::string("read failed: ") + std::strerror(errno);
+    if (r == 0) return "the file ended after " + std::to_string(want - n) + " of " + std::to_string(want) +
+                       " bytes (it shrank while being read?)";
+    dst += r, offset += uint64_t(r), n -= size_t(r);
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string checkpoint_bytes(const Checkpoint& ck) {
@@ -74,7 +95,10 @@ std::string checkpoint_bytes(const Checkpoint& ck) {
     put(buf, &n, 8);
     put(buf, data, n * sizeof(float));
   };
-  std::vector<float> meta_f(meta.begin(), meta.end());
+  // Each byte as its value 0..255 (through unsigned char: a plain char is signed on x86, and
+  // UTF-8 text has bytes above 127).
+  std::vector<float> meta_f(meta.size());
+  for (size_t i = 0; i < meta.size(); ++i) meta_f[i] = float(static_cast<unsigned char>(meta[i]));
   record("meta", meta_f.data(), meta_f.size());
   for (const auto& [name, v] : ck.tensors) record(name, v.data(), v.size());
   const uint32_t crc = uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(buf.data()), buf.size()));
@@ -198,10 +222,14 @@ Checkpoint parse_checkpoint(std::string_view buf, const std::string& path) {
       std::string text;
       text.reserve(v.size());
       for (size_t i = 0; i < v.size(); ++i) {
-        DFP_CHECK(v[i] >= 0.f && v[i] <= 255.f && v[i] == std::floor(v[i]), Status::corrupt_data,
+        // Files written before bytes were stored as 0..255 hold a byte above 127 as its signed
+        // char value -128..-1: the same byte.
+        DFP_CHECK(v[i] >= -128.f && v[i] <= 255.f && v[i] == std::floor(v[i]), Status::corrupt_data,
                   "checkpoint '" + path + "': meta record value " + std::to_string(i) + " (0-based) is " +
-                      std::to_string(v[i]) + "; expected a byte (an integer 0..255)");
-        text.push_back(char(static_cast<unsigned char>(v[i])));
+                      std::to_string(v[i]) + "; expected a byte (an integer 0..255, or -128..-1 as older files "
+                      "hold bytes above 127)");
+        const int byte = int(v[i]);
+        text.push_back(char(static_cast<unsigned char>(byte < 0 ? byte + 256 : byte)));
       }
       size_t start = 0;
       while (start < text.size()) {
@@ -224,13 +252,33 @@ Checkpoint parse_checkpoint(std::string_view buf, const std::string& path) {
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
-  std::error_code dir_ec;
-  DFP_CHECK(!fs::is_directory(path, dir_ec), Status::io_error,
+  // Opened without blocking (a FIFO would wait for a writer) and checked to be a regular file
+  // before anything is read: a device such as /dev/zero never ends.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  DFP_CHECK(fd >= 0, Status::io_error, "checkpoint '" + path + "': cannot open: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  DFP_CHECK(::fstat(fd, &st) == 0, Status::io_error, "checkpoint '" + path + "': cannot stat: " + std::strerror(errno));
+  DFP_CHECK(!S_ISDIR(st.st_mode), Status::io_error,
             "checkpoint '" + path + "': is a directory; expected a checkpoint file (checkpoint.dfp in a run's --out)");
-  std::ifstream f(path, std::ios::binary);
-  DFP_CHECK(f.good(), Status::io_error, "checkpoint '" + path + "': cannot open: " + std::strerror(errno));
-  const std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  DFP_CHECK(!f.bad(), Status::io_error, "checkpoint '" + path + "': read failed");
+  DFP_CHECK(S_ISREG(st.st_mode), Status::io_error,
+            "checkpoint '" + path + "': is " + file_kind(st.st_mode) +
+                ", not a regular file; expected a checkpoint file (checkpoint.dfp in a run's --out)");
+  const uint64_t size = uint64_t(st.st_size);
+  // The magic first, so that a large file of something else is refused without reading it.
+  std::string buf(std::min<uint64_t>(size, 8), '\0');
+  std::string failed = read_exactly(fd, 0, buf.data(), buf.size());
+  DFP_CHECK(failed.empty(), Status::io_error, "checkpoint '" + path + "': " + failed);
+  DFP_CHECK(buf.size() == 8 && std::memcmp(buf.data(), kCheckpointMagic, 8) == 0, Status::corrupt_data,
+            "checkpoint '" + path + "': not a dfp checkpoint (expected magic DFPCKPT1 at offset 0)");
+  DFP_CHECK(size <= buf.max_size(), Status::io_error,
+            "checkpoint '" + path + "': " + std::to_string(size) + " bytes, more than this machine can hold");
+  buf.resize(size_t(size));
+  failed = read_exactly(fd, 8, buf.data() + 8, buf.size() - 8);
+  DFP_CHECK(failed.empty(), Status::io_error, "checkpoint '" + path + "': " + failed);
   return parse_checkpoint(buf, path);
 }
 

@@ -3,7 +3,7 @@
 //
 // Layout: "DFPCKPT1", then records [u32 name length][name][u64 float count][floats] (host byte
 // order), the first record being "meta" (its floats encode the meta text's bytes one per float:
-// lines "key=value"), and finally a u32 CRC-32 of everything before it.
+// lines "key=value"; files of older versions hold a byte above 127 as -128..-1), and finally a u32 CRC-32 of everything before it.
 #pragma once
 
 #include <map>
@@ -40,7 +40,9 @@ void remove_checkpoint_temporaries(const std::string& path);
 // Error(corrupt_data) "truncated" naming the record it ends in; a wrong CRC, a meta record that does
 // not hold bytes, or a meta line without '=' is Error(corrupt_data) too.
 Checkpoint parse_checkpoint(std::string_view bytes, const std::string& path);
-// Reads and parses the file (a directory or unreadable file is Error(io_error)).
+// Reads and parses the file. Anything but a regular file (a directory, a device, a FIFO) is
+// Error(io_error) before a byte is read, and so is an unreadable file; a file that does not start
+// with the magic is refused after its first 8 bytes; then exactly the file's size is read.
 Checkpoint read_checkpoint(const std::string& path);
 
 // A list of names as one meta value: comma-separated, with '%', ',', CR and LF written as %25,

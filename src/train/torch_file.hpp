@@ -5,6 +5,7 @@
 // values only when asked, tensor by tensor. Format: docs/design/torch-format.md.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,8 +17,8 @@ namespace dfp::torch_format {
 
 class TorchFile {
  public:
-  // Opens a file written by torch.save(state_dict, path). Errors name the file: Error(io_error)
-  // when it cannot be read, Error(corrupt_data) for a damaged archive or pickle, Error(unsupported)
+  // Opens a file written by torch.save(state_dict, path). Errors name the file ("torch file
+  // '<path>'"): Error(io_error) when it cannot be read or is not a regular file, Error(corrupt_data) for a damaged archive or pickle, Error(unsupported)
   // for a well-formed file that is not a state_dict of float16/bfloat16/float32/int64 tensors
   // (the pre-1.6 format, a TorchScript archive, a checkpoint dict, another dtype).
   static TorchFile open(const std::string& path);
@@ -27,15 +28,26 @@ class TorchFile {
   const std::vector<TensorRecord>& tensors() const noexcept { return sd_.tensors; }
   Dtype dtype(const TensorRecord& t) const { return sd_.storages[t.storage].dtype; }
   // The tensor's values as FP32 in row-major order of its shape (float16/bfloat16 widened
-  // exactly, int64 converted), into out[t.numel]. Reads (and CRC-checks) its storage's entry.
+  // exactly, int64 converted), into out[t.numel]. Reads (inflates and CRC-checks) its storage's
+  // entry once for all the tensors of tensors() that view it: the bytes are kept until each of
+  // them has been read. Not for concurrent calls.
   void read(const TensorRecord& t, float* out) const;
   const std::string& name() const noexcept { return zip_.name(); }
+  // The bytes of storage entries read (inflated) so far: each storage's once, when every tensor
+  // is read once.
+  uint64_t storage_bytes_read() const noexcept { return storage_bytes_read_; }
 
  private:
   TorchFile(ZipReader zip);
+  std::shared_ptr<const std::string> storage_bytes(const TensorRecord& t) const;  // from the cache, or read
   ZipReader zip_;
   std::string prefix_;  // the archive's folder, e.g. "archive/"
   StateDict sd_;
+  // Per storage: its bytes while tensors viewing it remain unread, and how many remain.
+  mutable std::vector<std::shared_ptr<const std::string>> storage_cache_;
+  mutable std::vector<size_t> unread_views_;
+  mutable std::vector<bool> tensor_read_;  // per tensor of sd_.tensors
+  mutable uint64_t storage_bytes_read_ = 0;
 };
 
 // One tensor to write: FP32 values (float32) or one integer (an int64 scalar, e.g. BatchNorm's

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "dfp/status.hpp"
+#include "src/train/torch_zip.hpp"
 
 namespace dfp::torch_format {
 
@@ -50,7 +51,8 @@ constexpr uint64_t kMaxElements = uint64_t{1} << 62;
 
 struct Obj {
   enum Kind : uint8_t { none, boolean, integer, text, tuple, dict, global, storage, tensor } kind = none;
-  int64_t i = 0;          // boolean, integer; global: index into kGlobals; storage, tensor: index
+  int64_t i = 0;          // boolean, integer; global: index into kGlobals; storage, tensor: index;
+                          // dict: 1 for a plain dict (EMPTY_DICT), 0 for an OrderedDict
   std::string s;          // text
   std::vector<uint32_t> items;  // tuple; dict: key, value, key, value, ...
 };
@@ -84,7 +86,7 @@ class Reader {
     char op[48];
     if (op_ >= 0x20 && op_ < 0x7f) std::snprintf(op, sizeof op, "opcode 0x%02x ('%c')", op_, op_);
     else std::snprintf(op, sizeof op, "opcode 0x%02x", op_);
-    return "'" + what_ + "': pickle byte " + std::to_string(op_at_) + ", " + op + ": ";
+    return "torch file '" + what_ + "': pickle byte " + std::to_string(op_at_) + ", " + op + ": ";
   }
   void need(uint64_t n) const {
     if (n > p_.size() - pos_)
@@ -166,9 +168,10 @@ class Reader {
   void global(const std::string& module, const std::string& name) {
     for (size_t g = 0; g < std::size(kGlobals); ++g)
       if (module == kGlobals[g].module && name == kGlobals[g].name) return push(Obj{Obj::global, int64_t(g), {}, {}});
-    bad("global '" + module + "." + name + "' is not one a state_dict names (allowed: collections.OrderedDict, "
-        "torch._utils._rebuild_tensor_v2, torch._utils._rebuild_parameter, torch.FloatStorage, torch.HalfStorage, "
-        "torch.BFloat16Storage, torch.LongStorage); a state_dict file calls nothing else",
+    bad("global '" + printable(module + "." + name) + "' is not one a state_dict names (allowed: "
+        "collections.OrderedDict, torch._utils._rebuild_tensor_v2, torch._utils._rebuild_parameter, torch.FloatStorage, "
+        "torch.HalfStorage, torch.BFloat16Storage, torch.LongStorage); a state_dict file calls nothing else" +
+            checkpoint_hint(),
         Status::unsupported);
   }
   void set_items(uint32_t d, const std::vector<uint32_t>& kv) {
@@ -210,7 +213,7 @@ class Reader {
       case 0x88: return push(Obj{Obj::boolean, 1, {}, {}});
       case 0x89: return push(Obj{Obj::boolean, 0, {}, {}});
       case ')': return push(Obj{Obj::tuple, 0, {}, {}});
-      case '}': return push(Obj{Obj::dict, 0, {}, {}});
+      case '}': return push(Obj{Obj::dict, 1, {}, {}});
       case '(':
         if (marks_.size() >= kMaxMarks) bad("more than " + std::to_string(kMaxMarks) + " nested marks");
         marks_.push_back(stack_.size());
@@ -246,7 +249,8 @@ class Reader {
         return push(reduce(as(pop(), Obj::global, "REDUCE's callable"), as(args, Obj::tuple, "REDUCE's arguments")));
       }
       default:
-        bad("not an opcode torch.save writes for a state_dict; refused (only plain data and the allowed globals are read)",
+        bad("not an opcode torch.save writes for a state_dict; refused (only plain data and the allowed globals are "
+            "read)" + checkpoint_hint(),
             Status::unsupported);
     }
   }
@@ -263,7 +267,7 @@ class Reader {
     const int64_t numel = integer(t.items[4], "the storage size", 0);
     if (key.empty() || key.size() > 64 ||
         key.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != std::string::npos)
-      bad("storage key '" + key.substr(0, 64) + "'; expected letters, digits or '_'");
+      bad("storage key '" + printable(key, 64) + "'; expected letters, digits or '_'");
     if (uint64_t(numel) > kMaxElements) bad("storage of " + std::to_string(numel) + " elements; too many");
     const Dtype dtype = kGlobals[type.i].dtype;
     const auto [it, added] = storage_index_.emplace(key, sd_.storages.size());
@@ -327,6 +331,39 @@ class Reader {
     return make(Obj{Obj::tensor, int64_t(sd_.tensors.size() - 1), {}, {}});
   }
 
+  // Where the pickle holds a dict that is no state_dict: its keys (those read so far, when it is
+  // still being built) and what to save instead. `root`: the finished dict; by default the first
+  // object on the stack when it is a plain dict (a state_dict is an OrderedDict), else "".
+  std::string checkpoint_hint(uint32_t root = UINT32_MAX) const {
+    std::vector<uint32_t> items;  // key, value, key, value, ... (the last value may be missing)
+    if (root == UINT32_MAX) {
+      if (stack_.empty() || objs_[stack_[0]].kind != Obj::dict || objs_[stack_[0]].i != 1) return "";
+      root = stack_[0];
+      items = objs_[root].items;
+      // Items not yet set: on the stack above the dict, up to the next mark.
+      const size_t from = marks_.empty() ? 1 : marks_[0];
+      const size_t to = marks_.size() > 1 ? marks_[1] : stack_.size();
+      if (from >= 1) items.insert(items.end(), stack_.begin() + std::ptrdiff_t(std::min(from, to)),
+                                  stack_.begin() + std::ptrdiff_t(to));
+    } else {
+      items = objs_[root].items;
+    }
+    std::string keys, inner;
+    size_t shown = 0;
+    for (size_t k = 0; k < items.size(); k += 2) {
+      const Obj& key = objs_[items[k]];
+      if (key.kind != Obj::text) continue;
+      if (shown++ < 20) keys += (keys.empty() ? "'" : ", '") + printable(key.s, 64) + "'";
+      if (inner.empty() && k + 1 < items.size() && objs_[items[k + 1]].kind == Obj::dict) inner = printable(key.s, 64);
+    }
+    if (shown > 20) keys += ", ... (" + std::to_string(shown) + " keys)";
+    if (keys.empty()) return "";
+    return "; the file holds a dict with the keys " + keys +
+           " (a training checkpoint?): dfp reads a file of torch.save(model.state_dict(), path), so save the "
+           "model's state_dict alone" +
+           (inner.empty() ? std::string() : ", e.g. torch.save(checkpoint['" + inner + "'], path)");
+  }
+
   StateDict result(uint32_t root) {
     op_at_ = pos_ - 1;
     const Obj& d = objs_[root];
@@ -341,11 +378,14 @@ class Reader {
       const Obj& value = objs_[d.items[k + 1]];
       if (key.kind != Obj::text) bad("a state_dict key is " + std::string(kind_name(key.kind)) + "; expected a str",
                                      Status::unsupported);
+      // Python writes a str as UTF-8: other bytes are damage (and no name a caller could match).
+      if (!valid_utf8(key.s))
+        bad("state_dict key '" + printable(key.s) + "' is not valid UTF-8; expected a str as Python writes it");
       if (value.kind != Obj::tensor)
-        bad("state_dict entry '" + key.s + "' is " + kind_name(value.kind) +
-                " (a training checkpoint rather than model.state_dict()?); expected a tensor",
+        bad("state_dict entry '" + printable(key.s) + "' is " + kind_name(value.kind) + " (a training checkpoint rather than " +
+                "model.state_dict()?); expected a tensor" + checkpoint_hint(root),
             Status::unsupported);
-      if (!names.emplace(key.s, k).second) bad("state_dict key '" + key.s + "' appears twice");
+      if (!names.emplace(key.s, k).second) bad("state_dict key '" + printable(key.s) + "' appears twice");
       out.tensors.push_back(sd_.tensors[size_t(value.i)]);
       out.tensors.back().name = key.s;
     }

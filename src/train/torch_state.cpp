@@ -1,10 +1,14 @@
 // Weights to and from PyTorch state_dict files, and `--init-from` (see include/dfp/torch_state.hpp).
 #include "dfp/torch_state.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <unordered_map>
@@ -70,6 +74,11 @@ struct Source {
   std::function<void(float*)> read;  // its numel values as FP32
 };
 
+// The file as messages name it, by its format.
+std::string file_label(const WeightsReport& r) {
+  return (r.format == "torch" ? "torch file '" : "dfp checkpoint '") + r.file + "'";
+}
+
 // Matches the file's tensors to the model's state, checks everything, then copies.
 WeightsReport load_sources(Model& m, std::vector<Source>& sources, const WeightsOptions& o, WeightsReport r,
                            const NameTable* table) {
@@ -80,7 +89,13 @@ WeightsReport load_sources(Model& m, std::vector<Source>& sources, const Weights
   std::unordered_map<std::string, Source*> by_name;
   for (Source& s : sources) by_name.emplace(s.dfp_name, &s);
   std::vector<std::pair<const TensorView*, Source*>> plan;
+  std::unordered_map<const TensorView*, int64_t> adapt;  // view -> the file's input channels
   std::unordered_map<const Source*, bool> used;
+  // The layer that reads the model's input, when it is a convolution: the one whose weight
+  // adapt_input_channels may adapt.
+  std::string first_conv;
+  for (const LayerSpec& l : m.graph())
+    if (l.kind == "conv" && l.inputs == std::vector<int>{0}) first_conv = l.name;
   for (const TensorView& v : views) {
     if (skipped_by(o.skip, v.name)) {
       r.skipped.push_back(v.name + " (skip pattern)");
@@ -98,8 +113,20 @@ WeightsReport load_sources(Model& m, std::vector<Source>& sources, const Weights
     const std::string both = (s.name != v.name ? " ('" + s.name + "' in the file)" : std::string()) + ": file " +
                              (s.shape_known ? shape_text(s.shape) : std::to_string(s.numel) + " values") + ", model " +
                              shape_text(want);
-    if (same) plan.emplace_back(&v, &s);
-    else if (o.skip_mismatched_classifier && layer_of(v.name) == classifier)
+    // [K][C][R][S] against [K][C'][R][S]: only the input channels differ.
+    const bool channels_only = s.shape_known && s.shape.size() == 4 && want.size() == 4 && s.shape[0] == want[0] &&
+                               s.shape[2] == want[2] && s.shape[3] == want[3] && s.shape[1] >= 1 &&
+                               uint64_t(s.shape[0] * s.shape[1] * s.shape[2] * s.shape[3]) == s.numel;
+    if (same) {
+      plan.emplace_back(&v, &s);
+    } else if (o.adapt_input_channels && channels_only && !first_conv.empty() && v.name == first_conv + ".weight") {
+      plan.emplace_back(&v, &s);
+      adapt[&v] = s.shape[1];
+      r.adapted.push_back(v.name + both +
+                          (want[1] == 1 ? " (summed over the file's " + std::to_string(s.shape[1]) + " input channels)"
+                                        : " (the file's input channels repeated and scaled by " +
+                                              std::to_string(s.shape[1]) + "/" + std::to_string(want[1]) + ")"));
+    } else if (o.skip_mismatched_classifier && layer_of(v.name) == classifier)
       r.skipped.push_back(v.name + both + " (the classifier: keeps its initial values)");
     else
       r.mismatched.push_back(v.name + both);
@@ -113,12 +140,18 @@ WeightsReport load_sources(Model& m, std::vector<Source>& sources, const Weights
       r.unexpected.push_back(s.name);
   }
   if (o.strict && (!r.missing.empty() || !r.unexpected.empty() || !r.mismatched.empty())) {
-    std::string msg = "'" + r.file + "' does not fit model '" + m.name() + "'";
+    std::string msg = file_label(r) + " does not fit model '" + m.name() + "'";
     if (table && table->to_torch) msg += std::string(" (torchvision names by the ") + table->family + " table)";
     msg += ":";
     if (!r.missing.empty()) msg += " missing from the file: " + listed(r.missing) + ";";
     if (!r.unexpected.empty()) msg += " in the file but not in the model: " + listed(r.unexpected) + ";";
     if (!r.mismatched.empty()) msg += " shapes differ: " + listed(r.mismatched) + ";";
+    if (!first_conv.empty() && std::any_of(r.mismatched.begin(), r.mismatched.end(), [&](const std::string& t) {
+          return t.rfind(first_conv + ".weight", 0) == 0;
+        }))
+      msg += " the first convolution '" + first_conv + "' reads another number of input channels than the file's (" +
+             "dfp train --init-from adapts it as fine-tuning tools do; --init-skip " + first_conv +
+             " keeps it as initialised; API: WeightsOptions::adapt_input_channels, or skip);";
     if (table && *table->hint) msg += std::string(" ") + table->hint + ";";
     msg += " (strict=false loads the tensors that fit; skip patterns leave tensors out)";
     fail(Status::invalid_argument, msg);
@@ -127,7 +160,36 @@ WeightsReport load_sources(Model& m, std::vector<Source>& sources, const Weights
   std::vector<std::vector<float>> values(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
     values[i].resize(plan[i].first->size);
-    plan[i].second->read(values[i].data());
+    if (const auto a = adapt.find(plan[i].first); a != adapt.end()) {
+      // timm's adapt_input_conv: out[k][c] = sum over the file's channels (one model channel),
+      // else file[k][c mod C'] * C' / C.
+      const Source& s = *plan[i].second;
+      std::vector<float> file(s.numel);
+      s.read(file.data());
+      const int64_t K = s.shape[0], Cf = a->second, C = plan[i].first->shape[1], RS = s.shape[2] * s.shape[3];
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t j = 0; j < RS; ++j) {
+            float v = 0;
+            if (C == 1)
+              for (int64_t f = 0; f < Cf; ++f) v += file[size_t((k * Cf + f) * RS + j)];
+            else
+              v = file[size_t((k * Cf + c % Cf) * RS + j)] * (float(Cf) / float(C));
+            values[i][size_t((k * C + c) * RS + j)] = v;
+          }
+    } else {
+      plan[i].second->read(values[i].data());
+    }
+    // A NaN or Inf would only show later, as a diverged loss.
+    const auto bad = std::find_if(values[i].begin(), values[i].end(), [](float v) { return !std::isfinite(v); });
+    if (bad != values[i].end()) {
+      const Source& s = *plan[i].second;
+      fail(Status::numerical_error,
+           file_label(r) + ": tensor '" + s.name + "'" + (s.name != s.dfp_name ? " (model tensor '" + s.dfp_name + "')" : "") +
+               " holds " + (std::isnan(*bad) ? "NaN" : *bad > 0 ? "+Inf" : "-Inf") + " at index " +
+               std::to_string(bad - values[i].begin()) + " (its first non-finite value, of " +
+               std::to_string(values[i].size()) + "); expected finite weights");
+    }
   }
   for (size_t i = 0; i < plan.size(); ++i) {
     std::memcpy(plan[i].first->data, values[i].data(), values[i].size() * sizeof(float));
@@ -138,15 +200,31 @@ WeightsReport load_sources(Model& m, std::vector<Source>& sources, const Weights
 }
 
 // The format of a weights file by its first bytes: "torch" (a zip archive, or the legacy bare
-// pickle, which the torch reader names), "dfp" (a state file or checkpoint), or "" (neither, or
-// unreadable: the dfp reader then says why).
+// pickle, which the torch reader names) or "dfp" (a state file or checkpoint). A file that cannot
+// be opened, is not a regular file (opened without blocking: a FIFO waits for a writer) or is
+// neither is refused, naming the file and both formats.
 std::string weights_format(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  char head[8] = {};
-  f.read(head, 8);
-  if (f.gcount() >= 2 && (std::memcmp(head, "PK", 2) == 0 || static_cast<unsigned char>(head[0]) == 0x80)) return "torch";
-  if (f.gcount() == 8 && std::memcmp(head, kCheckpointMagic, 8) == 0) return "dfp";
-  return "";
+  const std::string file = "weights file '" + path + "'";
+  const std::string expected = "expected a torch.save state_dict file or a dfp state file or checkpoint";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  DFP_CHECK(fd >= 0, Status::io_error, file + ": cannot open: " + std::strerror(errno) + "; " + expected);
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  unsigned char head[8] = {};
+  ssize_t got = -1;
+  if (stat_ok && S_ISREG(st.st_mode))
+    while ((got = ::pread(fd, head, sizeof head, 0)) < 0 && errno == EINTR) {
+    }
+  const int read_errno = errno;
+  ::close(fd);
+  DFP_CHECK(stat_ok && S_ISREG(st.st_mode), Status::io_error,
+            file + (stat_ok && S_ISDIR(st.st_mode) ? ": is a directory; " : ": not a regular file; ") + expected);
+  DFP_CHECK(got >= 0, Status::io_error, file + ": read failed: " + std::strerror(read_errno));
+  if (got >= 2 && (std::memcmp(head, "PK", 2) == 0 || head[0] == 0x80)) return "torch";
+  DFP_CHECK(got == 8 && std::memcmp(head, kCheckpointMagic, 8) == 0, Status::corrupt_data,
+            file + ": neither a torch.save file (a zip archive) nor a dfp state file or checkpoint (magic DFPCKPT1); " +
+                expected);
+  return "dfp";
 }
 
 // A state tensor's dfp name, shape and values, in the order torch's modules list them: each
@@ -197,6 +275,7 @@ std::vector<std::string> WeightsReport::lines() const {
   add(mismatched, "shapes differ, kept as initialised");
   add(unexpected, "in the file, not in the model, ignored");
   add(ignored, "torchvision tensors dfp has no counterpart of, ignored");
+  add(adapted, "adapted to the model's input channels");
   return o;
 }
 
@@ -220,11 +299,7 @@ WeightsReport load_torch_state_dict(Model& model, const std::string& path, const
 }
 
 WeightsReport load_weights(Model& model, const std::string& path, const WeightsOptions& options) {
-  const std::string format = weights_format(path);
-  if (format == "torch") return load_torch_state_dict(model, path, options);
-  DFP_CHECK(format == "dfp" || !std::filesystem::is_regular_file(path), Status::corrupt_data,
-            "'" + path + "': neither a torch.save file (a zip archive) nor a dfp state file or checkpoint (magic "
-            "DFPCKPT1); expected one of them");
+  if (weights_format(path) == "torch") return load_torch_state_dict(model, path, options);
   const Checkpoint ck = read_checkpoint(path);
   std::vector<Source> sources;
   for (const auto& [name, values] : ck.tensors) {

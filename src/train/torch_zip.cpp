@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <unordered_set>
+#include <cstdio>
 
 #include "dfp/status.hpp"
 
@@ -36,7 +36,55 @@ uint32_t crc_of(const char* p, size_t n) {
   return uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(p), n));
 }
 
+// The file as messages name it.
+std::string file_of(const std::string& name) { return "torch file '" + name + "'"; }
+
 }  // namespace
+
+namespace {
+
+// The length of the well-formed UTF-8 sequence at p[i] (p has n bytes): 1 to 4, or 0 for none
+// (a stray or missing continuation byte, an overlong form, a surrogate, a value past U+10FFFF).
+size_t utf8_at(const unsigned char* p, size_t i, size_t n) {
+  const unsigned char c = p[i];
+  if (c < 0x80) return 1;
+  const size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (len == 0 || len > n - i) return 0;
+  for (size_t k = 1; k < len; ++k)
+    if ((p[i + k] & 0xc0) != 0x80) return 0;
+  if ((c == 0xe0 && p[i + 1] < 0xa0) || (c == 0xed && p[i + 1] >= 0xa0) || (c == 0xf0 && p[i + 1] < 0x90) ||
+      (c == 0xf4 && p[i + 1] >= 0x90))
+    return 0;
+  return len;
+}
+
+}  // namespace
+
+std::string printable(std::string_view text, size_t max) {
+  std::string o;
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = std::min(text.size(), max);
+  for (size_t i = 0; i < n;) {
+    const size_t len = utf8_at(p, i, n);
+    if (len == 0 || (len == 1 && (p[i] < 0x20 || p[i] == 0x7f))) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", p[i]);
+      o += hex;
+      ++i;
+    } else {
+      o.append(text.data() + i, len);
+      i += len;
+    }
+  }
+  return text.size() > max ? o + "... (" + std::to_string(text.size()) + " bytes)" : o;
+}
+
+bool valid_utf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  for (size_t i = 0, len; i < text.size(); i += len)
+    if ((len = utf8_at(p, i, text.size())) == 0) return false;
+  return true;
+}
 
 struct ZipReader::Source {
   virtual ~Source() = default;
@@ -81,11 +129,11 @@ ZipReader::ZipReader(std::shared_ptr<const Source> src, std::string name) : src_
 
 ZipReader ZipReader::open_file(const std::string& path) {
   auto src = std::make_shared<FileSource>();
-  src->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  DFP_CHECK(src->fd >= 0, Status::io_error, "'" + path + "': cannot open: " + std::strerror(errno));
+  src->fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO's open does not wait
+  DFP_CHECK(src->fd >= 0, Status::io_error, file_of(path) + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   DFP_CHECK(::fstat(src->fd, &st) == 0 && S_ISREG(st.st_mode), Status::io_error,
-            "'" + path + "': not a regular file; expected a file written by torch.save");
+            file_of(path) + ": not a regular file; expected a file written by torch.save");
   src->size = uint64_t(st.st_size);
   return ZipReader(std::move(src), path);
 }
@@ -99,15 +147,15 @@ ZipReader ZipReader::open_bytes(std::string_view bytes, const std::string& name)
 
 void ZipReader::read_at(uint64_t offset, void* dst, size_t n, const std::string& what) const {
   DFP_CHECK(offset <= src_->size && n <= src_->size - offset, Status::corrupt_data,
-            "'" + name_ + "': " + what + " at byte " + std::to_string(offset) + " needs " + std::to_string(n) +
+            file_of(name_) + ": " + what + " at byte " + std::to_string(offset) + " needs " + std::to_string(n) +
                 " bytes, but the file has " + std::to_string(src_->size) + " (truncated, or a corrupt offset)");
   const std::string failed = src_->read(offset, dst, n);
-  DFP_CHECK(failed.empty(), Status::io_error, "'" + name_ + "': " + what + ": " + failed);
+  DFP_CHECK(failed.empty(), Status::io_error, file_of(name_) + ": " + what + ": " + failed);
 }
 
 void ZipReader::read_directory() {
   const uint64_t size = src_->size;
-  const std::string file = "'" + name_ + "'";
+  const std::string file = file_of(name_);
   DFP_CHECK(size >= kEndSize, Status::corrupt_data,
             file + ": " + std::to_string(size) + " bytes, too short for a zip archive (torch.save writes zip archives)");
   // The end record is in the last 22 + 65535 (the longest comment) bytes.
@@ -157,7 +205,6 @@ void ZipReader::read_directory() {
   read_at(dir_offset, dir.data(), dir_size, "central directory");
   const auto* d = reinterpret_cast<const unsigned char*>(dir.data());
   size_t pos = 0;
-  std::unordered_set<std::string> seen;
   for (uint64_t i = 0; i < count; ++i) {
     const std::string at = file + ": central directory entry " + std::to_string(i + 1) + " of " + std::to_string(count);
     DFP_CHECK(dir_size - pos >= kCentralSize && u32(d + pos) == kCentralSig, Status::corrupt_data,
@@ -168,7 +215,7 @@ void ZipReader::read_directory() {
               at + ": its name, extra field and comment run past the directory's end");
     Entry en;
     en.name.assign(reinterpret_cast<const char*>(h + kCentralSize), name_len);
-    DFP_CHECK((u16(h + 8) & 1) == 0, Status::unsupported, at + " ('" + en.name + "'): encrypted; expected a plain entry");
+    DFP_CHECK((u16(h + 8) & 1) == 0, Status::unsupported, at + " ('" + printable(en.name) + "'): encrypted; expected a plain entry");
     en.method = u16(h + 10);
     en.crc = u32(h + 16);
     en.compressed = u32(h + 20);
@@ -181,7 +228,7 @@ void ZipReader::read_directory() {
     bool found[3] = {!need[0], !need[1], !need[2]};
     for (size_t xp = 0; xp + 4 <= extra_len;) {
       const size_t id = u16(x + xp), len = u16(x + xp + 2);
-      DFP_CHECK(len <= extra_len - xp - 4, Status::corrupt_data, at + " ('" + en.name + "'): extra field runs past its end");
+      DFP_CHECK(len <= extra_len - xp - 4, Status::corrupt_data, at + " ('" + printable(en.name) + "'): extra field runs past its end");
       if (id == 1) {
         size_t v = xp + 4;
         for (int f = 0; f < 3; ++f)
@@ -190,22 +237,23 @@ void ZipReader::read_directory() {
       xp += 4 + len;
     }
     DFP_CHECK(found[0] && found[1] && found[2], Status::corrupt_data,
-              at + " ('" + en.name + "'): sizes marked ZIP64 without a ZIP64 extra field holding them");
-    DFP_CHECK(seen.insert(en.name).second, Status::corrupt_data,
-              file + ": entry '" + en.name + "' appears twice; expected each name once");
+              at + " ('" + printable(en.name) + "'): sizes marked ZIP64 without a ZIP64 extra field holding them");
     entries_.push_back(std::move(en));
     pos += kCentralSize + name_len + extra_len + comment_len;
   }
+  index_.reserve(entries_.size());
+  for (size_t i = 0; i < entries_.size(); ++i)
+    DFP_CHECK(index_.emplace(entries_[i].name, i).second, Status::corrupt_data,
+              file + ": entry '" + printable(entries_[i].name) + "' appears twice; expected each name once");
 }
 
-const ZipReader::Entry* ZipReader::find(std::string_view name) const noexcept {
-  for (const Entry& e : entries_)
-    if (e.name == name) return &e;
-  return nullptr;
+const ZipReader::Entry* ZipReader::find(std::string_view name) const {
+  const auto it = index_.find(std::string(name));
+  return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
 std::string ZipReader::read(const Entry& e, uint64_t limit) const {
-  const std::string what = "'" + name_ + "': entry '" + e.name + "'";
+  const std::string what = file_of(name_) + ": entry '" + printable(e.name) + "'";
   DFP_CHECK(e.size <= limit, Status::corrupt_data,
             what + " declares " + std::to_string(e.size) + " bytes; expected at most " + std::to_string(limit));
   DFP_CHECK(e.method == 0 || e.method == 8, Status::unsupported,
@@ -217,11 +265,11 @@ std::string ZipReader::read(const Entry& e, uint64_t limit) const {
             what + ": declares " + std::to_string(e.size) + " bytes from " + std::to_string(e.compressed) +
                 " deflated ones; deflate cannot expand that much");
   unsigned char h[kLocalSize];
-  read_at(e.header_offset, h, kLocalSize, "local header of entry '" + e.name + "'");
+  read_at(e.header_offset, h, kLocalSize, "local header of entry '" + printable(e.name) + "'");
   DFP_CHECK(u32(h) == kLocalSig, Status::corrupt_data,
             what + ": no local header at byte " + std::to_string(e.header_offset) + " (the directory points there)");
   std::string local_name(u16(h + 26), '\0');
-  read_at(e.header_offset + kLocalSize, local_name.data(), local_name.size(), "local header of entry '" + e.name + "'");
+  read_at(e.header_offset + kLocalSize, local_name.data(), local_name.size(), "local header of entry '" + printable(e.name) + "'");
   DFP_CHECK(local_name == e.name && u16(h + 8) == e.method, Status::corrupt_data,
             what + ": its local header (name, method) differs from its central directory entry");
   const uint64_t data = e.header_offset + kLocalSize + u16(h + 26) + u16(h + 28);
@@ -231,7 +279,7 @@ std::string ZipReader::read(const Entry& e, uint64_t limit) const {
   std::string out;
   if (e.method == 0) {
     out.resize(e.size);
-    read_at(data, out.data(), e.size, "entry '" + e.name + "'");
+    read_at(data, out.data(), e.size, "entry '" + printable(e.name) + "'");
   } else {
     out.resize(e.size);
     z_stream z{};
@@ -246,7 +294,7 @@ std::string ZipReader::read(const Entry& e, uint64_t limit) const {
       if (z.avail_in == 0 && in_done < e.compressed) {
         const size_t n = size_t(std::min<uint64_t>(chunk.size(), e.compressed - in_done));
         try {
-          read_at(data + in_done, chunk.data(), n, "entry '" + e.name + "'");
+          read_at(data + in_done, chunk.data(), n, "entry '" + printable(e.name) + "'");
         } catch (...) {
           inflateEnd(&z);
           throw;

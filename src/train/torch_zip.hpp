@@ -7,9 +7,18 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace dfp::torch_format {
+
+// `text` (a name from a file) as messages show it: valid UTF-8 as it is, control characters and
+// bytes that are not UTF-8 as \xNN, at most `max` bytes of it (then its length).
+std::string printable(std::string_view text, size_t max = 256);
+// Whether `text` is well-formed UTF-8 (as Python's str encodes).
+bool valid_utf8(std::string_view text);
+
+// Messages of the reader name the file as "torch file '<name>'".
 
 // A zip archive's central directory, over a file or over bytes in memory.
 class ZipReader {
@@ -22,13 +31,14 @@ class ZipReader {
     uint64_t header_offset = 0;  // of the local header
   };
 
-  // Reads the central directory of the file at `path`; `path` names it in every error.
+  // Reads the central directory of the file at `path`; `path` names it in every error. Anything but
+  // a regular file is refused without blocking (a FIFO) or reading (a device).
   static ZipReader open_file(const std::string& path);
   // The same over `bytes`, which must outlive the reader; `name` names it in errors.
   static ZipReader open_bytes(std::string_view bytes, const std::string& name);
 
   const std::vector<Entry>& entries() const noexcept { return entries_; }
-  const Entry* find(std::string_view name) const noexcept;
+  const Entry* find(std::string_view name) const;  // null when absent; a hash lookup
   // The entry's bytes, inflated if deflated, its size and CRC-32 checked. Refuses an entry larger
   // than `limit` bytes before allocating anything.
   std::string read(const Entry& e, uint64_t limit) const;
@@ -44,6 +54,7 @@ class ZipReader {
   std::shared_ptr<const Source> src_;
   std::string name_;
   std::vector<Entry> entries_;
+  std::unordered_map<std::string, size_t> index_;  // name -> position in entries_
 };
 
 // Builds an archive of stored entries in memory. Each entry's data starts at a multiple of 64

@@ -11,6 +11,7 @@
 #include "dfp/status.hpp"
 #include "src/train/torch_file.hpp"
 #include "src/train/torch_zip.hpp"
+#include "tests/common/torch_shapes.hpp"
 
 namespace dfp::test {
 
@@ -117,6 +118,13 @@ inline std::vector<HostileTorchFile> hostile_torch_files() {
     zip.add("archive/version", "3\n");
     c.push_back({"no-pickle", zip.finish(), S::unsupported, {"no record 'archive/data.pkl'"}});
   }
+  // A deflate stream of 1 MiB in an entry that declares the 24 bytes the pickle declares: the
+  // inflation stops at 24 bytes.
+  c.push_back({"deflate-bomb-small-size",
+               deflated_zip({{"archive/data.pkl", torch_pickle()}, {"archive/data/0", std::string(1 << 20, '\0')},
+                             {"archive/version", "3\n"}},
+                            {torch_pickle().size(), 24, 2}),
+               S::corrupt_data, {"entry 'archive/data/0'", "inflates past its declared size"}});
   return c;
 }
 

@@ -134,3 +134,47 @@ def test_files_that_are_not_state_dicts_are_refused(ctx, tmp_path):
     with pytest.raises(dfp.Error, match="TorchScript"):
         m.load_torch_state_dict(tmp_path / "script.pt")
 
+
+
+def test_training_checkpoints_are_refused_with_the_hint(ctx, tmp_path):
+    m = dfp.Model.from_zoo("lenet", 1, 28, 28, CLASSES, ctx)
+    m.build(1, precision="fp32")
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(4, 2)).sum().backward()
+    opt.step()
+    torch.save({"epoch": 3, "model": net.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "train.pt")
+    torch.save({"state_dict": net.state_dict(), "best_acc1": 0.5, "arch": "x"}, tmp_path / "best.pt")
+    for name, keys, inner in [("train.pt", "'epoch', 'model', 'optimizer'", "model"),
+                              ("best.pt", "'state_dict', 'best_acc1'", "state_dict")]:
+        for load in (m.load_torch_state_dict, m.load_weights):
+            with pytest.raises(dfp.Error) as info:
+                load(tmp_path / name)
+            msg = str(info.value)
+            assert f"torch file '{tmp_path / name}'" in msg, msg
+            assert f"the keys {keys}" in msg, msg
+            assert "torch.save(model.state_dict(), path)" in msg, msg
+            assert f"torch.save(checkpoint['{inner}'], path)" in msg, msg
+            assert info.value.status == "unsupported"
+
+
+def test_a_key_that_is_not_utf8_is_a_dfp_error(ctx, tmp_path):
+    """A state_dict key of bytes that are not UTF-8 (a damaged file: Python writes str as UTF-8)
+    raises dfp.Error naming the file and the key escaped, not UnicodeDecodeError."""
+    import zipfile
+    m = dfp.Model.from_zoo("lenet", 1, 28, 28, CLASSES, ctx)
+    m.build(1, precision="fp32")
+    sd = collections.OrderedDict((k, torch.from_numpy(v.copy())) for k, v in m.state_dict().items())
+    sd["fc.biaZ"] = sd.pop("fc.bias")
+    torch.save(sd, tmp_path / "good.pt")
+    with zipfile.ZipFile(tmp_path / "good.pt") as src, zipfile.ZipFile(tmp_path / "bad.pt", "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                assert data.count(b"fc.biaZ") == 1
+                data = data.replace(b"fc.biaZ", b"fc.bia\xff")
+            dst.writestr(info, data)
+    for load in (m.load_torch_state_dict, m.load_weights):
+        with pytest.raises(dfp.Error, match=r"bad\.pt.*state_dict key 'fc\.bia\\xff' is not valid UTF-8") as info:
+            load(tmp_path / "bad.pt", strict=False)
+        assert info.value.status == "corrupt_data"

@@ -11,8 +11,10 @@
 #include <sys/wait.h>
 #include <turbojpeg.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <csignal>
@@ -25,7 +27,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dfp/context.hpp"
+#include "dfp/models.hpp"
+#include "dfp/state.hpp"
 #include "dfp/status.hpp"
+#include "dfp/torch_state.hpp"
 #include "dfp/trainer.hpp"
 #include "apps/dfp/report/report.hpp"
 #include "src/train/checkpoint.hpp"
@@ -475,4 +481,116 @@ TEST(Hostile, ThreadCountIsCapped) {
   c.threads = 100000000;
   test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument,
                      {"flag --threads", "at most 1024", "100000000"});
+}
+
+// Checkpoint meta values hold any bytes: a data path, class name or layer name in UTF-8 (bytes
+// above 127) round-trips, and files written when such bytes were stored as -128..-1 read back as
+// the same text. Other values are refused, naming the value.
+TEST(Hostile, CheckpointMetaHoldsBytesAbove127) {
+  Checkpoint ck;
+  ck.meta["data"] = "/tmp/d\xc3\xa4t\xc3\xa4";
+  ck.meta["class_names"] = join_names({"caf\xc3\xa9", "\xf0\x9f\x90\x88"});
+  ck.meta["all"] = std::string("\x01\x7f\x80\xfe\xff", 5);
+  ck.tensors["\xc3\xbcn\xc3\xaf.weight"] = {1.f, 2.f};
+  const Checkpoint back = parse_checkpoint(checkpoint_bytes(ck), "utf8.dfp");
+  EXPECT_EQ(back.meta, ck.meta);
+  EXPECT_EQ(back.tensors, ck.tensors);
+  // The meta record as older files hold it: each byte through a signed char.
+  auto file_of_meta = [](const std::vector<float>& values) {
+    std::string b(kCheckpointMagic, 8);
+    const uint32_t len = 4;
+    const uint64_t n = values.size();
+    b.append(reinterpret_cast<const char*>(&len), 4).append("meta").append(reinterpret_cast<const char*>(&n), 8);
+    b.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    const uint32_t crc = uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(b.data()), b.size()));
+    return b.append(reinterpret_cast<const char*>(&crc), 4);
+  };
+  const std::string text = "data=/tmp/d\xc3\xa4t\xc3\xa4\n";
+  std::vector<float> old;
+  for (const char c : text) old.push_back(float(static_cast<signed char>(c)));
+  ASSERT_LT(*std::min_element(old.begin(), old.end()), 0.f);
+  EXPECT_EQ(parse_checkpoint(file_of_meta(old), "old.dfp").meta.at("data"), "/tmp/d\xc3\xa4t\xc3\xa4");
+  for (const float bad : {-129.f, 256.f, 65.5f}) {
+    std::vector<float> v = old;
+    v[2] = bad;
+    test::expect_error([&] { parse_checkpoint(file_of_meta(v), "bad.dfp"); }, Status::corrupt_data,
+                       {"bad.dfp", "meta record value 2 (0-based)", "expected a byte"});
+  }
+}
+
+// A run on data under a non-ASCII path evaluates from its checkpoint (which names the data).
+TEST(Hostile, RunWithANonAsciiDataPathReadsItsCheckpoint) {
+  TempDir dir;
+  const std::string data = dir.file("d\xc3\xa4t\xc3\xa4");
+  write_mnist(data, 64, 32, 28);
+  TrainConfig c = mnist_config(data, 1);
+  c.out = dir.file("run");
+  train(c, nullptr);
+  EXPECT_EQ(read_checkpoint(c.out + "/checkpoint.dfp").meta.at("data"), data);
+  EXPECT_NO_THROW(evaluate_checkpoint(c.out + "/checkpoint.dfp", "", 2, nullptr));
+}
+
+// A checkpoint path that is no regular file is refused before anything is read from it: a
+// device that never ends, a FIFO without a writer (no hang), a directory.
+TEST(Hostile, CheckpointPathsThatAreNotFilesAreRefused) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/dev/zero", "is a character device, not a regular file"},
+      {dir.file("fifo"), "is a FIFO (named pipe), not a regular file"},
+      {dir.str(), "is a directory"},
+  };
+  for (const auto& [path, says] : cases) {
+    SCOPED_TRACE(path);
+    test::expect_error([&] { read_checkpoint(path); }, Status::io_error,
+                       {"checkpoint '" + path + "'", says, "expected a checkpoint file"});
+    test::expect_error([&] { evaluate_checkpoint(path, "", 2, nullptr); }, Status::io_error, {path, says});
+  }
+  // A large file of something else is refused by its first bytes.
+  std::ofstream(dir.file("big.bin"), std::ios::binary) << std::string(1 << 20, 'x');
+  test::expect_error([&] { read_checkpoint(dir.file("big.bin")); }, Status::corrupt_data,
+                     {"big.bin", "not a dfp checkpoint (expected magic DFPCKPT1 at offset 0)"});
+}
+
+// --init-from errors say the flag and what kind of file failed: a weights file that cannot be
+// opened or is not a file, a damaged torch file, a damaged dfp checkpoint, and weights that are
+// not finite (refused at load, with the tensor and the index, not later as a diverged loss).
+// Nothing is written for a refused run.
+TEST(Hostile, InitFromErrorsNameTheFlagAndTheFile) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 1);
+  c.out = dir.file("run");
+  Context ctx(ContextOptions{.threads = 2});
+  Model lenet(ctx, "lenet");
+  build_model(lenet, "lenet", 1, 28, 28, 10);
+  lenet.build(16, PrecisionPolicy{});
+  save_torch_state_dict(lenet, dir.file("good.pt"));
+  save_state(lenet, dir.file("good.dfp"));
+  std::ofstream(dir.file("cut.pt"), std::ios::binary) << slurp(dir.file("good.pt")).substr(0, 200);
+  std::ofstream(dir.file("cut.dfp"), std::ios::binary) << slurp(dir.file("good.dfp")).substr(0, 100);
+  // A NaN in the torch file's conv2.weight at index 7, a -Inf in the dfp file's fc.bias at 3.
+  lenet.tensor("conv2.weight").data[7] = std::nanf("");
+  save_torch_state_dict(lenet, dir.file("nan.pt"));
+  lenet.tensor("conv2.weight").data[7] = 0.f;
+  lenet.tensor("fc.bias").data[3] = -INFINITY;
+  save_state(lenet, dir.file("inf.dfp"));
+  const std::vector<std::tuple<std::string, Status, std::vector<std::string>>> cases = {
+      {"absent.pt", Status::io_error, {"flag --init-from: weights file '", "absent.pt': cannot open", "torch.save"}},
+      {"", Status::io_error, {"flag --init-from: weights file '", "is a directory"}},
+      {"cut.pt", Status::corrupt_data, {"flag --init-from: torch file '", "cut.pt'"}},
+      {"cut.dfp", Status::corrupt_data, {"flag --init-from: checkpoint '", "cut.dfp': truncated"}},
+      {"nan.pt", Status::numerical_error,
+       {"flag --init-from: torch file '", "nan.pt': tensor 'conv2.weight' holds NaN at index 7", "expected finite"}},
+      {"inf.dfp", Status::numerical_error,
+       {"flag --init-from: dfp checkpoint '", "inf.dfp': tensor 'fc.bias' holds -Inf at index 3"}},
+  };
+  for (const auto& [file, status, says] : cases) {
+    SCOPED_TRACE(file);
+    c.init_from = file.empty() ? dir.str() : dir.file(file);
+    test::expect_error([&] { train(c, nullptr); }, status, says);
+    EXPECT_FALSE(fs::exists(c.out));
+  }
+  c.init_from = dir.file("good.pt");
+  EXPECT_NO_THROW(train(c, nullptr));
 }

@@ -3,6 +3,7 @@
 // their values; files dfp writes load in PyTorch; hostile files are refused with errors that name
 // the file and the fault, and no truncation or corrupted byte crashes the reader.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "tests/common/python_torch.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/common/torch_hostile.hpp"
+#include "tests/common/torch_shapes.hpp"
 
 namespace dfp {
 namespace {
@@ -102,6 +104,88 @@ TEST(TorchFormat, FilesThatCannotBeReadAreNamed) {
   const test::TempDir dir("dfp_torch_format_");
   test::expect_error([&] { TorchFile::open(dir.file("absent.pt")); }, Status::io_error, {"absent.pt", "cannot open"});
   test::expect_error([&] { TorchFile::open(dir.str()); }, Status::io_error, {dir.str(), "not a regular file"});
+  // A device is refused before a byte is read, and a FIFO without a writer does not block.
+  test::expect_error([&] { TorchFile::open("/dev/zero"); }, Status::io_error,
+                     {"torch file '/dev/zero'", "not a regular file"});
+  ASSERT_EQ(::mkfifo(dir.file("fifo.pt").c_str(), 0600), 0);
+  test::expect_error([&] { TorchFile::open(dir.file("fifo.pt")); }, Status::io_error,
+                     {"torch file '" + dir.file("fifo.pt") + "'", "not a regular file"});
+}
+
+// Tensors that view one storage (as torch.save writes views of one flat buffer) read the
+// storage's entry once: the bytes read are the storage's, not the storage's per tensor. Stored
+// and deflated alike; the values are the views'.
+TEST(TorchFormat, SharedStorageIsReadOnce) {
+  const size_t tensors = 64;
+  const uint64_t numel = 256;
+  const std::string stored = test::shared_storage_file(tensors, numel);
+  for (const std::string& bytes : {stored, test::deflated(stored)}) {
+    const TorchFile f = TorchFile::parse(bytes, "shared");
+    ASSERT_EQ(f.tensors().size(), tensors);
+    auto c = contents(f);
+    EXPECT_EQ(f.storage_bytes_read(), tensors * numel * sizeof(float));
+    for (size_t i = 0; i < tensors; ++i) {
+      const auto& v = c["t" + std::to_string(i)].second;
+      ASSERT_EQ(v.size(), numel);
+      EXPECT_EQ(v.front(), float(i * numel) * 0.5f);
+      EXPECT_EQ(v.back(), float(i * numel + numel - 1) * 0.5f);
+    }
+    // Read again, the tensors read the storage again (its bytes are not held past their last view).
+    contents(f);
+    EXPECT_EQ(f.storage_bytes_read(), 2 * tensors * numel * sizeof(float));
+  }
+}
+
+// An archive of 20,000 entries: every storage is found by name (a hash lookup: a walk of the
+// directory per storage would take 20,000 x 20,000 name comparisons) and reads its own value.
+TEST(TorchFormat, ManyEntriesAreFoundByName) {
+  const size_t n = 20000;
+  const std::string bytes = test::many_entries_file(n);
+  const TorchFile f = TorchFile::parse(bytes, "many");
+  ASSERT_EQ(f.tensors().size(), n);
+  float v = -1.f;
+  for (size_t i = 0; i < n; ++i) {
+    const TensorRecord& t = f.tensors()[i];
+    ASSERT_EQ(t.name, "s" + std::to_string(i));
+    f.read(t, &v);
+    ASSERT_EQ(v, float(i));
+  }
+  EXPECT_EQ(f.storage_bytes_read(), n * sizeof(float));
+}
+
+// Names from the file appear in messages as valid UTF-8: other bytes as \xNN. A state_dict key
+// that is not UTF-8 (Python writes every str as UTF-8) is refused, naming the file and the key.
+TEST(TorchFormat, KeysThatAreNotUtf8AreRefusedEscaped) {
+  using namespace std::string_literals;
+  test::expect_error([&] { TorchFile::parse(test::torch_archive(test::torch_pickle("X\x02\0\0\0w\xff"s + test::torch_tensor_pickle())), "bad-key"); },
+                     Status::corrupt_data, {"torch file 'bad-key'", "state_dict key 'w\\xff' is not valid UTF-8"});
+  // A valid UTF-8 key reads as it is.
+  const std::string utf8 = test::torch_archive(test::torch_pickle("X\x03\0\0\0\xc3\xbcw"s + test::torch_tensor_pickle()));
+  const TorchFile f = TorchFile::parse(utf8, "utf8");
+  EXPECT_EQ(f.tensors().at(0).name, "\xc3\xbcw");
+  EXPECT_EQ(torch_format::printable("a\xc3\xbc\xff\n\xed\xa0\x80"), "a\xc3\xbc\\xff\\x0a\\xed\\xa0\\x80");
+  EXPECT_TRUE(torch_format::valid_utf8("\xf0\x9f\x98\x80"));
+  EXPECT_FALSE(torch_format::valid_utf8("\xc0\x80"));  // overlong
+}
+
+// A training checkpoint (a dict of the state_dict and other things) is refused with the keys it
+// holds and what to save instead, both where its other things are data dfp reads (ints, dicts)
+// and where they are not (a list, a float: refused at their opcode).
+TEST(TorchFormat, TrainingCheckpointsAreRefusedWithTheHint) {
+  using namespace std::string_literals;
+  auto text = [](const std::string& s) { return "X"s + char(s.size()) + "\0\0\0"s + s; };
+  const std::string sd = "ccollections\nOrderedDict\n)R(" + text("w") + test::torch_tensor_pickle() + "u";
+  // {'epoch': 3, 'model': state_dict}
+  const std::string dict_only = "\x80\x02}(" + text("epoch") + "K\x03" + text("model") + sd + "u.";
+  test::expect_error([&] { contents(TorchFile::parse(test::torch_archive(dict_only), "ck.pt")); }, Status::unsupported,
+                     {"torch file 'ck.pt'", "'epoch' is an int (a training checkpoint", "the keys 'epoch', 'model'",
+                      "torch.save(model.state_dict(), path)", "torch.save(checkpoint['model'], path)"});
+  // {'model': state_dict, 'optimizer': {'param_groups': [...]}}: refused at the list's opcode.
+  const std::string with_list = "\x80\x02}(" + text("model") + sd + text("optimizer") + "}(" + text("param_groups") + "]";
+  test::expect_error([&] { contents(TorchFile::parse(test::torch_archive(with_list + "u.u."), "opt.pt")); },
+                     Status::unsupported,
+                     {"torch file 'opt.pt'", "opcode 0x5d", "the keys 'model', 'optimizer'",
+                      "torch.save(model.state_dict(), path)", "torch.save(checkpoint['model'], path)"});
 }
 
 // PyTorch reads dfp's files (plain and ZIP64), and dfp reads PyTorch's: float32, float16,

@@ -5,6 +5,7 @@
 // ResNet-18's logits in dfp, and dfp's file loaded by torchvision with strict=True and back.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -239,6 +240,45 @@ TEST(TorchState, DfpFilesLoadAndExport) {
                      {"not built"});
 }
 
+// Weights that are not finite are refused when loaded, naming the file, the tensor (the file's
+// name and the model's) and the index of the first NaN or Inf; the model keeps its values. A
+// weights file that cannot be opened, or is no file, is named as a weights file, not a checkpoint.
+TEST(TorchState, NonFiniteWeightsAreRefusedAtLoad) {
+  const test::TempDir dir("dfp_torch_state_");
+  auto a = small_net(ctx2());
+  const std::string nan_pt = write_edited(*a, dir.file("nan.pt"), [](auto& t) {
+    t["conv2.weight"].second[5] = std::nanf("");
+    t["conv2.weight"].second[9] = INFINITY;
+  });
+  Context other(ContextOptions{.threads = 2, .seed = 9});
+  auto b = small_net(other);
+  const auto before = values_of(*b);
+  for (const bool strict : {true, false}) {
+    WeightsOptions o;
+    o.strict = strict;
+    test::expect_error([&] { load_torch_state_dict(*b, nan_pt, o); }, Status::numerical_error,
+                       {"torch file '" + nan_pt + "': tensor 'conv2.weight' holds NaN at index 5 (its first non-finite "
+                        "value, of 1728); expected finite weights"});
+    test::expect_error([&] { load_weights(*b, nan_pt, o); }, Status::numerical_error, {"nan.pt", "NaN at index 5"});
+  }
+  EXPECT_EQ(values_of(*b), before);
+  save_state(*a, dir.file("inf.dfp"));
+  Checkpoint ck = read_checkpoint(dir.file("inf.dfp"));
+  ck.tensors.at("bn1.running_var")[2] = INFINITY;
+  write_checkpoint(dir.file("inf.dfp"), ck);
+  test::expect_error([&] { load_weights(*b, dir.file("inf.dfp")); }, Status::numerical_error,
+                     {"dfp checkpoint '" + dir.file("inf.dfp") + "': tensor 'bn1.running_var' holds +Inf at index 2"});
+  // A file skipped by pattern is not read, so its values do not matter.
+  WeightsOptions skip;
+  skip.skip = {"conv2"};
+  EXPECT_NO_THROW(load_torch_state_dict(*b, nan_pt, skip));
+  test::expect_error([&] { load_weights(*b, dir.file("absent.pt")); }, Status::io_error,
+                     {"weights file '" + dir.file("absent.pt") + "': cannot open", "expected a torch.save state_dict"});
+  test::expect_error([&] { load_weights(*b, dir.str()); }, Status::io_error, {"weights file '", "is a directory"});
+  test::expect_error([&] { load_weights(*b, "/dev/zero"); }, Status::io_error,
+                     {"weights file '/dev/zero': not a regular file"});
+}
+
 // A torchvision ResNet-18 (random init, seeded, running statistics from two training batches) in
 // dfp's resnet18 gives torchvision's FP32 logits within 1e-4 of their largest; dfp's weights after
 // a training step load into torchvision with strict=True, give dfp's logits there, and come back
@@ -309,6 +349,62 @@ torch.save(m.state_dict(), f'{d}/back.pt')
 // --init-from: a LeNet of 5 classes starts a 10-class run on Fashion-MNIST; its classifier keeps
 // its initial values (said in the log), the rest is loaded; another layer of another shape is
 // refused before anything is written, unless --init-skip names it.
+// A first convolution made for other input channels: refused by a strict load with what to do,
+// adapted on request as timm's adapt_input_conv does (summed for one channel, else the file's
+// channels repeated and scaled by file / model channels); no other layer is adapted.
+TEST(TorchState, FirstConvolutionAdaptsToTheInputChannels) {
+  const test::TempDir dir("dfp_torch_state_");
+  Model rgb(ctx2(), "lenet");
+  build_model(rgb, "lenet", 3, 28, 28, 10);
+  rgb.build(4, fp32());
+  save_torch_state_dict(rgb, dir.file("rgb.pt"));
+  const std::vector<TensorView> rgb_state = rgb.state();
+  const TensorView w3 = *std::find_if(rgb_state.begin(), rgb_state.end(), [](auto& v) { return v.name == "conv1.weight"; });
+  const std::vector<float> file(w3.data, w3.data + w3.size);  // [6][3][5][5]
+  for (int channels : {1, 2, 4}) {
+    SCOPED_TRACE(channels);
+    Model m(ctx2(), "lenet");
+    build_model(m, "lenet", channels, 28, 28, 10);
+    m.build(4, fp32());
+    test::expect_error([&] { load_torch_state_dict(m, dir.file("rgb.pt")); }, Status::invalid_argument,
+                       {"conv1.weight: file 6x3x5x5", "the first convolution 'conv1' reads another number of input "
+                        "channels", "--init-skip conv1"});
+    WeightsOptions o;
+    o.adapt_input_channels = true;
+    const WeightsReport r = load_torch_state_dict(m, dir.file("rgb.pt"), o);
+    ASSERT_EQ(r.adapted.size(), 1u);
+    EXPECT_EQ(r.adapted[0].rfind("conv1.weight: file 6x3x5x5, model 6x" + std::to_string(channels) + "x5x5", 0), 0u)
+        << r.adapted[0];
+    EXPECT_TRUE(r.mismatched.empty());
+    std::vector<TensorView> state = m.state();
+    const TensorView w = *std::find_if(state.begin(), state.end(), [](auto& v) { return v.name == "conv1.weight"; });
+    for (int k = 0; k < 6; ++k)
+      for (int c = 0; c < channels; ++c)
+        for (int j = 0; j < 25; ++j) {
+          float want = 0;
+          if (channels == 1)
+            for (int f = 0; f < 3; ++f) want += file[size_t((k * 3 + f) * 25 + j)];
+          else
+            want = file[size_t((k * 3 + c % 3) * 25 + j)] * (3.f / float(channels));
+          ASSERT_EQ(w.data[(k * channels + c) * 25 + j], want) << k << " " << c << " " << j;
+        }
+  }
+  // Only the first convolution: a file whose conv2 differs still fails on it.
+  Model narrow(ctx2(), "m");
+  auto x = narrow.input(3, 8, 8);
+  narrow.softmax_cross_entropy(narrow.linear(narrow.flatten(narrow.conv(narrow.conv(x, 4, 3, 1, 1, false, "conv1"), 4, 3, 1, 1, false, "conv2")), 10, true, "fc"));
+  narrow.build(2, fp32());
+  save_torch_state_dict(narrow, dir.file("narrow.pt"));
+  Model other(ctx2(), "m");
+  auto y = other.input(3, 8, 8);
+  other.softmax_cross_entropy(other.linear(other.flatten(other.conv(other.conv(y, 8, 3, 1, 1, false, "conv1"), 4, 3, 1, 1, false, "conv2")), 10, true, "fc"));
+  other.build(2, fp32());
+  WeightsOptions o;
+  o.adapt_input_channels = true;
+  test::expect_error([&] { load_torch_state_dict(other, dir.file("narrow.pt"), o); }, Status::invalid_argument,
+                     {"conv1.weight: file 4x3x3x3, model 8x3x3x3", "conv2.weight: file 4x4x3x3, model 4x8x3x3"});
+}
+
 TEST(TorchState, InitFromFineTunes) {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
@@ -335,10 +431,18 @@ TEST(TorchState, InitFromFineTunes) {
   build_model(wide, "lenet", 3, 28, 28, 10);  // conv1 takes 3 channels
   wide.build(8, fp32());
   save_torch_state_dict(wide, dir.file("rgb.pt"));
+  // RGB weights into a one-channel model: the first convolution is adapted (summed over the
+  // file's channels, as timm's adapt_input_conv), and the log says so.
   c.init_from = dir.file("rgb.pt");
-  c.out = dir.file("refused");
-  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument, {"rgb.pt", "conv1.weight: file 6x3x5x5"});
-  EXPECT_FALSE(std::filesystem::exists(dir.file("refused")));
+  c.out = dir.file("adapted");
+  log.clear();
+  train(c, [&](const std::string& s) { log += s + "\n"; });
+  EXPECT_NE(log.find("init: loaded 10 tensors"), std::string::npos) << log;
+  EXPECT_NE(log.find("adapted to the model's input channels (1): conv1.weight: file 6x3x5x5, model 6x1x5x5 "
+                     "(summed over the file's 3 input channels)"),
+            std::string::npos)
+      << log;
+  c.out = dir.file("skipped");
   c.init_skip = {"conv1"};
   log.clear();
   train(c, [&](const std::string& s) { log += s + "\n"; });
