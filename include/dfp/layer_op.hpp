@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "dfp/model.hpp"
@@ -92,6 +93,20 @@ class LayerOp {
   // without bias) overwritten with the weight and bias gradients. Throws invalid_argument if the
   // state is not held (holds(ticket) is false).
   void backward(uint64_t ticket, const float* dy, float* dx, float* gw, float* gb);
+
+  // forward and backward with every buffer's size (in floats) checked against the shapes of the
+  // call (backward: of the forward `ticket`) before anything is read or written: a size that
+  // differs throws invalid_argument naming the layer, the argument (x, weights, bias, y; dy, dx,
+  // grad_weights, grad_bias) and both sizes. An empty span stands for a null pointer (no bias, dx
+  // not wanted).
+  uint64_t forward(std::span<const float> x, int n, int h, int w, std::span<const float> weights,
+                   std::span<const float> bias, uint64_t weights_version, std::span<float> y, bool train,
+                   bool input_grad);
+  void backward(uint64_t ticket, std::span<const float> dy, std::span<float> dx, std::span<float> gw,
+                std::span<float> gb);
+  // The input shape {n, C, h, w} of the training forward `ticket` (a Linear's: {n, in, 1, 1}).
+  // Throws invalid_argument as backward does when its state is not held.
+  std::array<int, 4> input_shape(uint64_t ticket) const;
 
   // Sample the rounding statistics (LayerNumerics' SQNR and counts) in the next training step.
   void sample_next_step();

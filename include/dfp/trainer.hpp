@@ -122,10 +122,17 @@ int job_ranks() noexcept;
 // Receives each epoch's metrics once the epoch is done (its metrics line and checkpoint written).
 using EpochCallback = std::function<void(const EpochMetrics&)>;
 
+// Asked after every training step of a lone process (data-parallel ranks do not ask it): true
+// ends the run there. The epoch in progress is dropped, so the run directory keeps the metrics
+// and checkpoint of the epochs done and resumes from that checkpoint (the Python binding stops on
+// Ctrl-C this way).
+using StopCheck = std::function<bool()>;
+
 // Trains as configured; returns the metrics of every epoch run. `log` receives progress text
-// (nullptr: silent); `on_epoch`, when set, each epoch's metrics as they come.
+// (nullptr: silent); `on_epoch`, when set, each epoch's metrics as they come; `should_stop`, when
+// set, may end the run between steps.
 std::vector<EpochMetrics> train(const TrainConfig& config, const std::function<void(const std::string&)>& log,
-                                const EpochCallback& on_epoch = {});
+                                const EpochCallback& on_epoch = {}, const StopCheck& should_stop = {});
 
 struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;

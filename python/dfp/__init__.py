@@ -16,6 +16,7 @@ from ._dfp import (
     Context,
     Error,
     InvalidArgumentError,
+    LayerOp,
     LossScaleOptions,
     Model,
     Parameter,
@@ -30,7 +31,7 @@ from ._dfp import (
 from . import models
 
 __all__ = [
-    "Context", "Error", "InvalidArgumentError", "LossScaleOptions", "Model", "Parameter",
+    "Context", "Error", "InvalidArgumentError", "LayerOp", "LossScaleOptions", "Model", "Parameter",
     "PrecisionPolicy", "Sgd", "StepResult", "Tensor", "TrainConfig", "EpochMetrics", "EvalResult",
     "DEFAULT_HEADROOM", "MAX_HEADROOM", "STATE_VERSION", "default_context", "quantize", "dequantize",
     "exponent_for", "save_state", "load_state", "read_state_policy", "train", "evaluate", "models",
@@ -119,13 +120,24 @@ def train(config=None, callback=None, log=None, **kwargs):
     config: a TrainConfig, or None to make one from the keyword arguments (its field names, and
     the policy's: precision=, overrides=, headroom=, ...). The C++ validator checks it first
     (dfp.InvalidArgumentError names the flag). callback(EpochMetrics) is called after each epoch,
-    log(str) with each progress line. Runs with the GIL released; callbacks take it."""
+    log(str) with each progress line. Runs with the GIL released; callbacks take it.
+
+    Ctrl-C (SIGINT) stops the run after the step in progress and raises KeyboardInterrupt, whose
+    `epochs` attribute lists the finished epochs' metrics; the run directory keeps their
+    metrics.jsonl lines and checkpoint, so `resume=<out>/checkpoint.dfp` continues the run."""
     if config is None:
         config = TrainConfig(**kwargs)
     elif kwargs:
         raise TypeError("dfp.train: pass either a TrainConfig or keyword arguments, not both")
     on_epoch = None if callback is None else (lambda d: callback(EpochMetrics(**d)))
-    return [EpochMetrics(**d) for d in _dfp._train(config, on_epoch, log)]
+    done, interrupt = _dfp._train(config, on_epoch, log)
+    epochs = [EpochMetrics(**d) for d in done]
+    if interrupt is not None:
+        # Ctrl-C (or another signal handler's exception) between steps: the run stopped there;
+        # the exception carries the finished epochs' metrics.
+        interrupt.epochs = epochs
+        raise interrupt
+    return epochs
 
 
 def evaluate(checkpoint, data="", threads=0, log=None):

@@ -4,11 +4,13 @@
 // Arrays are taken as they are, never converted or copied: each must be a C-contiguous float32
 // NumPy array of exactly the size the layer expects (a torch tensor's .numpy() view), and an output
 // must be writable, so that the results land in the caller's tensor. The GIL is released while a
-// pass runs.
+// pass runs; the LayerOp's own lock serialises the calls on one LayerOp from several threads, and
+// the sized calls check every buffer against the forward's shapes once more in C++.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <span>
 #include <string>
 
 #include "dfp/context.hpp"
@@ -22,15 +24,17 @@ using namespace dfp;
 
 namespace {
 
-std::string shape_text(const py::array& a) {
+std::string shape_text(const std::vector<py::ssize_t>& shape) {
   std::string s = "(";
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
 }
+std::string shape_text(const py::array& a) { return shape_text(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim())); }
 
-// The data of `a`, checked: float32, C-contiguous, the expected shape (and writable for an output).
+// The data of `a`, checked: float32, C-contiguous, the expected shape (and writable for an output),
+// as a span of its floats.
 template <class Ptr>
-Ptr data_of(const LayerOp& op, const py::array& a, const std::vector<py::ssize_t>& shape, const char* what) {
+auto data_of(const LayerOp& op, const py::array& a, const std::vector<py::ssize_t>& shape, const char* what) {
   const std::string who = "layer '" + op.spec().name + "': " + what;
   DFP_CHECK(a.dtype().is(py::dtype::of<float>()), Status::invalid_argument,
             who + " must be float32, got " + std::string(py::str(a.dtype())));
@@ -40,11 +44,12 @@ Ptr data_of(const LayerOp& op, const py::array& a, const std::vector<py::ssize_t
   std::string expected = "(";
   for (size_t i = 0; i < shape.size(); ++i) expected += (i ? ", " : "") + std::to_string(shape[i]);
   DFP_CHECK(same, Status::invalid_argument, who + " must have shape " + expected + "), got " + shape_text(a));
+  const size_t n = size_t(a.size());
   if constexpr (std::is_same_v<Ptr, float*>) {
     DFP_CHECK(a.writeable(), Status::invalid_argument, who + " must be writable");
-    return static_cast<float*>(py::array(a).mutable_data());
+    return std::span<float>(static_cast<float*>(py::array(a).mutable_data()), n);
   } else {
-    return static_cast<const float*>(a.data());
+    return std::span<const float>(static_cast<const float*>(a.data()), n);
   }
 }
 
@@ -158,6 +163,10 @@ void bind_layer_op(py::module_& mod) {
             DFP_CHECK(in.size() == (linear ? 2u : 4u), Status::invalid_argument,
                       "layer '" + op.spec().name + "': output_shape takes the input's shape, (batch, " +
                           (linear ? "in_features)" : "channels, height, width)"));
+            DFP_CHECK(in[1] == op.spec().in_channels, Status::invalid_argument,
+                      "layer '" + op.spec().name + "': output_shape: the input has " + std::to_string(in[1]) +
+                          (linear ? " features" : " channels") + ", the layer takes " +
+                          std::to_string(op.spec().in_channels));
             const auto s = linear ? op.output_shape(in[0], 1, 1) : op.output_shape(in[0], in[2], in[3]);
             return py::tuple(py::cast(plain_shape(op, s)));
           },
@@ -167,12 +176,12 @@ void bind_layer_op(py::module_& mod) {
           [](LayerOp& op, const py::array& x, const py::array& weight, const py::object& bias, uint64_t version,
              const py::array& y, bool train, bool input_grad) {
             const InputShape in = input_shape(op, x);
-            const float* xp = data_of<const float*>(op, x, std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()), "x");
-            const float* wp = data_of<const float*>(op, weight, weight_shape(op), "weight");
-            const float* bp = nullptr;
+            const auto xp = data_of<const float*>(op, x, std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()), "x");
+            const auto wp = data_of<const float*>(op, weight, weight_shape(op), "weight");
+            std::span<const float> bp;
             if (!optional_array(op, bias, "bias").is_none())
               bp = data_of<const float*>(op, py::reinterpret_borrow<py::array>(bias), {op.spec().out_channels}, "bias");
-            float* yp = data_of<float*>(op, y, plain_shape(op, op.output_shape(in.n, in.h, in.w)), "y");
+            const auto yp = data_of<float*>(op, y, plain_shape(op, op.output_shape(in.n, in.h, in.w)), "y");
             py::gil_scoped_release unlocked;
             return op.forward(xp, in.n, in.h, in.w, wp, bp, version, yp, train, input_grad);
           },
@@ -185,17 +194,20 @@ void bind_layer_op(py::module_& mod) {
           "backward",
           [](LayerOp& op, uint64_t ticket, const py::array& dy, const py::object& dx, const py::array& gw,
              const py::object& gb, const std::vector<int>& x_shape) {
-            const bool linear = op.spec().kind == LayerOpSpec::Kind::linear;
-            DFP_CHECK(x_shape.size() == (linear ? 2u : 4u), Status::invalid_argument,
-                      "layer '" + op.spec().name + "': backward's x_shape has the wrong rank");
-            const auto out = linear ? op.output_shape(x_shape[0], 1, 1) : op.output_shape(x_shape[0], x_shape[2], x_shape[3]);
-            const float* dyp = data_of<const float*>(op, dy, plain_shape(op, out), "dy");
-            float* dxp = nullptr;
+            // x_shape must be the forward's input shape: the arrays are checked against it.
+            const std::vector<py::ssize_t> held = plain_shape(op, op.input_shape(ticket));
+            const std::vector<py::ssize_t> given(x_shape.begin(), x_shape.end());
+            DFP_CHECK(given == held, Status::invalid_argument,
+                      "layer '" + op.spec().name + "': backward's x_shape " + shape_text(given) +
+                          " is not the shape of that forward's input, " + shape_text(held));
+            const auto out = op.output_shape(int(held[0]), held.size() == 4 ? int(held[2]) : 1,
+                                             held.size() == 4 ? int(held[3]) : 1);
+            const auto dyp = data_of<const float*>(op, dy, plain_shape(op, out), "dy");
+            std::span<float> dxp;
             if (!optional_array(op, dx, "dx").is_none())
-              dxp = data_of<float*>(op, py::reinterpret_borrow<py::array>(dx),
-                                    std::vector<py::ssize_t>(x_shape.begin(), x_shape.end()), "dx");
-            float* gwp = data_of<float*>(op, gw, weight_shape(op), "weight gradient");
-            float* gbp = nullptr;
+              dxp = data_of<float*>(op, py::reinterpret_borrow<py::array>(dx), held, "dx");
+            const auto gwp = data_of<float*>(op, gw, weight_shape(op), "weight gradient");
+            std::span<float> gbp;
             if (!optional_array(op, gb, "bias gradient").is_none())
               gbp = data_of<float*>(op, py::reinterpret_borrow<py::array>(gb), {op.spec().out_channels}, "bias gradient");
             py::gil_scoped_release unlocked;

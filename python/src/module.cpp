@@ -6,16 +6,23 @@
 // that no C++ reference outlives what it refers to, whatever order Python drops its names in.
 // Threads: the GIL is released around every call that computes (quantization, forward, logits,
 // backward, the optimizer step, state files, training, evaluation) and taken again in Python
-// callbacks.
+// callbacks. A Model is not thread-safe in C++, so every method that reaches one (and an Sgd's
+// step, which updates its model) holds that model's lock (model_lock): calls on one model from
+// several Python threads run one at a time, calls on different models in parallel.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dfp/context.hpp"
@@ -36,7 +43,66 @@ void bind_torch_state(py::module_& mod);  // torch_state.cpp: Model.load_torch_s
 void bind_layer_op(py::module_& mod);  // layer_op.cpp
 py::dict numerics_record(const LayerNumerics& n);  // layer_op.cpp: as a line of metrics.jsonl has it
 
+// The lock of one Python-owned model (made on first use, dropped with the model): taken without
+// the GIL, so that a thread waiting for it never blocks the thread that holds it.
+std::mutex& model_mutex(const Model& m);
+std::unique_lock<std::mutex> model_lock(const Model& m);
+
 namespace {
+
+std::mutex g_model_mutexes_mutex;
+std::unordered_map<const Model*, std::unique_ptr<std::mutex>> g_model_mutexes;
+
+// What Python's Model objects hold: deleting one drops its lock too.
+struct ModelDeleter {
+  void operator()(Model* m) const noexcept {
+    {
+      std::lock_guard<std::mutex> lock(g_model_mutexes_mutex);
+      g_model_mutexes.erase(m);
+    }
+    delete m;
+  }
+};
+using ModelHolder = std::unique_ptr<Model, ModelDeleter>;
+
+}  // namespace
+
+std::mutex& model_mutex(const Model& m) {
+  std::lock_guard<std::mutex> lock(g_model_mutexes_mutex);
+  std::unique_ptr<std::mutex>& mu = g_model_mutexes[&m];
+  if (!mu) mu = std::make_unique<std::mutex>();
+  return *mu;
+}
+
+std::unique_lock<std::mutex> model_lock(const Model& m) {
+  py::gil_scoped_release unlocked;
+  return std::unique_lock<std::mutex>(model_mutex(m));
+}
+
+namespace {
+
+// A Model method bound with the model's lock held (and the GIL, for its arguments and result).
+template <class R, class... A>
+auto locked(R (Model::*f)(A...)) {
+  return [f](Model& m, A... a) -> R {
+    const auto lock = model_lock(m);
+    return (m.*f)(std::forward<A>(a)...);
+  };
+}
+template <class R, class... A>
+auto locked(R (Model::*f)(A...) const) {
+  return [f](const Model& m, A... a) -> R {
+    const auto lock = model_lock(m);
+    return (m.*f)(std::forward<A>(a)...);
+  };
+}
+
+// An Sgd that remembers its model: a step updates the model's weights, so it takes the model's lock.
+struct BoundSgd {
+  BoundSgd(const Context& ctx, Model& m, const SgdOptions& o) : model(m), sgd(ctx, m, o) {}
+  Model& model;
+  Sgd sgd;
+};
 
 // dfp.Error (a RuntimeError) and dfp.InvalidArgumentError (also a ValueError), made at import and
 // kept for the interpreter's life.
@@ -52,6 +118,7 @@ const char* status_id(Status s) noexcept {
     case Status::unsupported: return "unsupported";
     case Status::numerical_error: return "numerical_error";
     case Status::internal: return "internal";
+    case Status::out_of_memory: return "out_of_memory";
   }
   return "internal";
 }
@@ -64,12 +131,15 @@ void translate_error(std::exception_ptr p) {
     py::object exc = py::reinterpret_borrow<py::object>(cls)(e.what());
     exc.attr("status") = status_id(e.status());
     PyErr_SetObject(cls, exc.ptr());
+  } catch (const py::cast_error& e) {
+    // A value pybind cannot convert inside a binding (an int beyond the C++ type's range): the
+    // caller's argument, so a TypeError as for the arguments pybind checks itself.
+    PyErr_SetString(PyExc_TypeError, (std::string("dfp: an argument of the wrong type or beyond its range: ") + e.what()).c_str());
   }
 }
 
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using Int16Array = py::array_t<int16_t, py::array::c_style>;
-using LabelArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
 
@@ -82,7 +152,17 @@ py::tuple quantize(const Context& ctx, const FloatArray& x, const py::object& ex
   o.name = "array";
   o.validate("dfp.quantize");
   const bool measure = exponent.is_none();
-  const int e = measure ? 0 : exponent.cast<int>();
+  int e = 0;
+  if (!measure) {
+    // An int that fits: pybind's cast would raise a bare RuntimeError for one beyond int's range.
+    int overflow = 0;
+    const long long v = py::isinstance<py::int_>(exponent) ? PyLong_AsLongLongAndOverflow(exponent.ptr(), &overflow) : 0;
+    DFP_CHECK(py::isinstance<py::int_>(exponent) && !overflow && v >= std::numeric_limits<int>::min() &&
+                  v <= std::numeric_limits<int>::max(),
+              Status::invalid_argument,
+              "dfp.quantize: exponent: expected None or an int in int32's range, got " + std::string(py::repr(exponent)));
+    e = int(v);
+  }
   Int16Array q(shape_of(x));
   const float* src = x.data();
   int16_t* dst = q.mutable_data();
@@ -225,6 +305,7 @@ struct ParameterView {
 
 py::list parameter_views(const py::object& self) {
   Model& m = self.cast<Model&>();
+  const auto lock = model_lock(m);
   check_built(m, "Model.parameters()");
   py::list out;
   for (const Parameter& p : m.parameters()) {
@@ -260,6 +341,7 @@ std::string shape_text(const std::vector<py::ssize_t>& shape) {
 // checked before anything is written, then re-quantizes the weights. strict: the names must be
 // exactly the model's (as torch's load_state_dict(strict=True)).
 void load_state_dict(Model& m, const py::dict& tensors, bool strict) {
+  const auto lock = model_lock(m);
   check_built(m, "Model.load_state_dict");
   const std::vector<TensorView> state = m.state();
   std::vector<std::pair<const TensorView*, FloatArray>> copies;
@@ -315,18 +397,47 @@ std::vector<float> blocked_images(const Model& m, const float* nchw, int count) 
   return blocked;
 }
 
-StepResult forward(Model& m, const FloatArray& images, const LabelArray& labels, bool train) {
+// The labels as int32 class indices, each checked to be in [0, classes): an integer array (or a
+// sequence NumPy makes one of) only, so that no label is rounded or wrapped on the way to int32.
+std::vector<int32_t> class_labels(const Model& m, const py::object& labels, int count, const char* what) {
+  const py::array a = py::array::ensure(labels);
+  DFP_CHECK(a, Status::invalid_argument, std::string(what) + ": labels: not convertible to an array");
+  const char kind = a.dtype().kind();
+  DFP_CHECK(kind == 'i' || kind == 'u', Status::invalid_argument,
+            std::string(what) + ": labels: expected integer class indices, got dtype " + std::string(py::str(a.dtype())) +
+                " (convert with .astype(int) where the values are whole numbers)");
+  DFP_CHECK(a.ndim() == 1 && a.shape(0) == count, Status::invalid_argument,
+            std::string(what) + ": labels: expected " + std::to_string(count) + " labels (one per image), got shape " +
+                std::string(py::str(a.attr("shape"))));
+  const int classes = m.classes();
+  std::vector<int32_t> out(static_cast<size_t>(count));
+  auto take = [&](auto values) {
+    for (int i = 0; i < count; ++i) {
+      const auto v = values.at(i);
+      bool ok = uint64_t(v) < uint64_t(classes);
+      if constexpr (std::is_signed_v<decltype(v)>) ok = ok && v >= 0;
+      DFP_CHECK(ok, Status::invalid_argument,
+                std::string(what) + ": labels: label " + std::to_string(v) + " of image " + std::to_string(i) +
+                    " outside [0, " + std::to_string(classes) + ")");
+      out[size_t(i)] = int32_t(v);
+    }
+  };
+  if (kind == 'u') take(py::array_t<uint64_t, py::array::forcecast>::ensure(a));
+  else take(py::array_t<int64_t, py::array::forcecast>::ensure(a));
+  return out;
+}
+
+StepResult forward(Model& m, const FloatArray& images, const py::object& labels, bool train) {
+  const auto lock = model_lock(m);
   const int count = image_count(m, images, "Model.forward");
-  DFP_CHECK(labels.ndim() == 1 && labels.shape(0) == count, Status::invalid_argument,
-            "Model.forward: labels: expected " + std::to_string(count) + " labels (one per image), got shape " +
-                std::string(py::str(labels.attr("shape"))));
+  const std::vector<int32_t> y = class_labels(m, labels, count, "Model.forward");
   const float* x = images.data();
-  const int32_t* y = labels.data();
   py::gil_scoped_release unlocked;
-  return m.forward(blocked_images(m, x, count).data(), y, count, train);
+  return m.forward(blocked_images(m, x, count).data(), y.data(), count, train);
 }
 
 py::array_t<float> logits(Model& m, const FloatArray& images, bool train, const char* what) {
+  const auto lock = model_lock(m);
   const int count = image_count(m, images, what);
   py::array_t<float> out({py::ssize_t(count), py::ssize_t(m.classes())});
   const float* x = images.data();
@@ -339,6 +450,7 @@ py::array_t<float> logits(Model& m, const FloatArray& images, bool train, const 
 }
 
 bool backward(Model& m, const py::object& logits_grad) {
+  const auto lock = model_lock(m);
   if (logits_grad.is_none()) {
     py::gil_scoped_release unlocked;
     return m.backward();
@@ -356,6 +468,7 @@ bool backward(Model& m, const py::object& logits_grad) {
 }
 
 py::array_t<float> input_grad(const Model& m) {
+  const auto lock = model_lock(m);
   check_built(m, "Model.input_grad");
   const TensorShape in = m.shape(0);
   py::array_t<float> out({py::ssize_t(m.batch()), py::ssize_t(in.c), py::ssize_t(in.h), py::ssize_t(in.w)});
@@ -495,48 +608,57 @@ PYBIND11_MODULE(_dfp, mod) {
                (t.trainable ? ", trainable)" : ", buffer)");
       });
 
-  py::class_<Model>(mod, "Model", "A graph of layers, built layer by layer or from the zoo, then build() once.")
-      .def(py::init([](const Context& ctx, const std::string& name) { return std::make_unique<Model>(ctx, name); }),
+  py::class_<Model, ModelHolder>(mod, "Model", "A graph of layers, built layer by layer or from the zoo, then build() once.")
+      .def(py::init([](const Context& ctx, const std::string& name) { return ModelHolder(new Model(ctx, name)); }),
            py::arg("ctx"), py::arg("name") = "model", py::keep_alive<1, 2>())
       .def_static(
           "from_zoo",
           [](const std::string& name, int channels, int height, int width, int classes, const Context& ctx) {
-            auto m = std::make_unique<Model>(ctx, name);
+            ModelHolder m(new Model(ctx, name));
             build_model(*m, name, channels, height, width, classes);
             return m;
           },
           py::arg("name"), py::arg("channels"), py::arg("height"), py::arg("width"), py::arg("classes"), py::arg("ctx"),
           py::keep_alive<0, 6>(), "The zoo's architecture `name` (dfp.models.names()) with its input and loss.")
-      .def("input", &Model::input, py::arg("channels"), py::arg("height"), py::arg("width"))
-      .def("conv", &Model::conv, py::arg("x"), py::arg("out_channels"), py::arg("kernel"), py::arg("stride") = 1,
+      .def("input", locked(&Model::input), py::arg("channels"), py::arg("height"), py::arg("width"))
+      .def("conv", locked(&Model::conv), py::arg("x"), py::arg("out_channels"), py::arg("kernel"), py::arg("stride") = 1,
            py::arg("pad") = 0, py::arg("bias") = false, py::arg("name") = "", py::arg("groups") = 1)
-      .def("batchnorm", &Model::batchnorm, py::arg("x"), py::arg("name") = "", py::arg("eps") = 1e-5)
-      .def("relu", &Model::relu, py::arg("x"), py::arg("name") = "")
-      .def("maxpool", &Model::maxpool, py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
+      .def("batchnorm", locked(&Model::batchnorm), py::arg("x"), py::arg("name") = "", py::arg("eps") = 1e-5)
+      .def("relu", locked(&Model::relu), py::arg("x"), py::arg("name") = "")
+      .def("maxpool", locked(&Model::maxpool), py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
            py::arg("ceil_mode") = false, py::arg("name") = "")
-      .def("avgpool", &Model::avgpool, py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
+      .def("avgpool", locked(&Model::avgpool), py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
            py::arg("name") = "")
-      .def("global_avgpool", &Model::global_avgpool, py::arg("x"), py::arg("name") = "")
-      .def("flatten", &Model::flatten, py::arg("x"), py::arg("name") = "")
-      .def("linear", &Model::linear, py::arg("x"), py::arg("out_features"), py::arg("bias") = true, py::arg("name") = "")
-      .def("add", &Model::add, py::arg("a"), py::arg("b"), py::arg("name") = "")
-      .def("concat", &Model::concat, py::arg("xs"), py::arg("name") = "")
-      .def("dropout", &Model::dropout, py::arg("x"), py::arg("p"), py::arg("name") = "")
-      .def("lrn", &Model::lrn, py::arg("x"), py::arg("size"), py::arg("alpha"), py::arg("beta"), py::arg("k"),
+      .def("global_avgpool", locked(&Model::global_avgpool), py::arg("x"), py::arg("name") = "")
+      .def("flatten", locked(&Model::flatten), py::arg("x"), py::arg("name") = "")
+      .def("linear", locked(&Model::linear), py::arg("x"), py::arg("out_features"), py::arg("bias") = true, py::arg("name") = "")
+      .def("add", locked(&Model::add), py::arg("a"), py::arg("b"), py::arg("name") = "")
+      .def(
+          "concat",
+          [](Model& m, const std::vector<Model::Node>& xs, const std::string& name) {
+            const auto lock = model_lock(m);
+            DFP_CHECK(!xs.empty(), Status::invalid_argument,
+                      "Model.concat: xs: expected a list of at least one node, got an empty list");
+            return m.concat(xs, name);
+          },
+          py::arg("xs"), py::arg("name") = "")
+      .def("dropout", locked(&Model::dropout), py::arg("x"), py::arg("p"), py::arg("name") = "")
+      .def("lrn", locked(&Model::lrn), py::arg("x"), py::arg("size"), py::arg("alpha"), py::arg("beta"), py::arg("k"),
            py::arg("name") = "")
-      .def("shortcut_pad", &Model::shortcut_pad, py::arg("x"), py::arg("out_channels"), py::arg("stride"),
+      .def("shortcut_pad", locked(&Model::shortcut_pad), py::arg("x"), py::arg("out_channels"), py::arg("stride"),
            py::arg("name") = "")
-      .def("softmax_cross_entropy", &Model::softmax_cross_entropy, py::arg("x"), py::arg("label_smoothing") = 0.f)
-      .def_property("label_smoothing", &Model::label_smoothing, &Model::set_label_smoothing)
+      .def("softmax_cross_entropy", locked(&Model::softmax_cross_entropy), py::arg("x"), py::arg("label_smoothing") = 0.f)
+      .def_property("label_smoothing", locked(&Model::label_smoothing), locked(&Model::set_label_smoothing))
       .def("shape", [](const Model& m, int node) {
-        const TensorShape s = m.shape(node);
+        const TensorShape s = locked(&Model::shape)(m, node);
         return py::make_tuple(s.n, s.c, s.h, s.w);
       }, py::arg("node"), "(n, c, h, w) of a node's output; n is the batch once built, else 0.")
-      .def_property_readonly("name", &Model::name)
+      .def_property_readonly("name", locked(&Model::name))
       .def(
           "build",
           [](Model& m, int batch, const py::object& policy, bool input_grad, const py::kwargs& kwargs) {
             const PrecisionPolicy p = policy_from(policy, kwargs);
+            const auto lock = model_lock(m);
             if (input_grad) m.set_input_grad(true);
             py::gil_scoped_release unlocked;
             m.build(batch, p);
@@ -545,12 +667,12 @@ PYBIND11_MODULE(_dfp, mod) {
           "Plans every buffer for batches of up to `batch` images. policy: a PrecisionPolicy, a precision name, or "
           "None; keyword arguments (precision=, overrides=, headroom=, rounding=, *_format=, ...) set policy fields. "
           "input_grad=True: as set_input_grad(True).")
-      .def_property_readonly("built", &Model::built)
-      .def_property_readonly("batch", &Model::batch)
+      .def_property_readonly("built", locked(&Model::built))
+      .def_property_readonly("batch", locked(&Model::batch))
       .def("forward", &forward, py::arg("images"), py::arg("labels"), py::arg("train") = true,
            "One forward pass and the loss: images float32 (count, C, H, W) NCHW, labels int (count,).")
-      .def_property_readonly("classes", &Model::classes, "The logits' count per image.")
-      .def_property_readonly("policy", [](const Model& m) { return m.policy(); },
+      .def_property_readonly("classes", locked(&Model::classes), "The logits' count per image.")
+      .def_property_readonly("policy", [](const Model& m) { return locked(&Model::policy)(m); },
                              "The precision policy build() resolved (a copy).")
       .def(
           "logits", [](Model& m, const FloatArray& images, bool train) { return logits(m, images, train, "Model.logits"); },
@@ -564,12 +686,13 @@ PYBIND11_MODULE(_dfp, mod) {
            "Gradients of the last training forward into every parameter's grad; False when one is not finite. "
            "logits_grad: d(loss)/d(logits) float32 (batch, classes) for a caller's loss; None: the built-in "
            "softmax cross-entropy of the labelled forward().")
-      .def("set_input_grad", &Model::set_input_grad, py::arg("on"),
+      .def("set_input_grad", locked(&Model::set_input_grad), py::arg("on"),
            "Before build(): also compute the gradient with respect to the input images (input_grad()).")
       .def("input_grad", &input_grad,
            "d(loss)/d(images) of the last training batch as float32 (batch, C, H, W) NCHW (a copy); needs "
            "set_input_grad(True) before build() and a backward since the last forward.")
       .def("weights_updated", [](Model& m) {
+        const auto lock = model_lock(m);
         py::gil_scoped_release unlocked;
         m.weights_updated();
       }, "Re-quantizes and re-packs the weights after their values were changed (through the NumPy views).")
@@ -578,6 +701,7 @@ PYBIND11_MODULE(_dfp, mod) {
           "state",
           [](const py::object& self) {
             Model& m = self.cast<Model&>();
+            const auto lock = model_lock(m);
             check_built(m, "Model.state()");
             py::dict out;
             for (const TensorView& v : m.state()) out[py::str(v.name)] = state_tensor(self, v);
@@ -588,6 +712,7 @@ PYBIND11_MODULE(_dfp, mod) {
           "state_dict",
           [](const py::object& self) {
             Model& m = self.cast<Model&>();
+            const auto lock = model_lock(m);
             check_built(m, "Model.state_dict()");
             py::dict out;
             for (const TensorView& v : m.state()) out[py::str(v.name)] = view_of(self, v.data, shape_of(v));
@@ -598,6 +723,7 @@ PYBIND11_MODULE(_dfp, mod) {
           "tensor",
           [](const py::object& self, const std::string& name) {
             Model& m = self.cast<Model&>();
+            const auto lock = model_lock(m);
             check_built(m, "Model.tensor");
             return state_tensor(self, m.tensor(name));
           },
@@ -605,28 +731,31 @@ PYBIND11_MODULE(_dfp, mod) {
       .def("load_state_dict", &load_state_dict, py::arg("state_dict"), py::arg("strict") = true,
            "Copies the arrays of a name -> array dict into the model's tensors (shapes checked first), then "
            "weights_updated(). strict: the names must be exactly the model's.")
-      .def_property_readonly("parameter_count", &Model::parameter_count)
-      .def_property("step", &Model::step, &Model::set_step)
-      .def("set_fusion", &Model::set_fusion, py::arg("on"))
-      .def("set_numerics_interval", &Model::set_numerics_interval, py::arg("interval"))
+      .def_property_readonly("parameter_count", locked(&Model::parameter_count))
+      .def_property("step", locked(&Model::step), locked(&Model::set_step))
+      .def("set_fusion", locked(&Model::set_fusion), py::arg("on"))
+      .def("set_numerics_interval", locked(&Model::set_numerics_interval), py::arg("interval"))
       .def("numerics", [](const Model& m) {
+        const auto lock = model_lock(m);
         py::list out;
         for (const LayerNumerics& n : m.numerics()) out.append(numerics_record(n));
         return out;
       }, "Per-layer numerics of the reduced-precision layers, one dict each as a layer of metrics.jsonl has it "
          "(the DFP16 fields for int16 layers; SQNR and counts once a step was sampled).")
-      .def("summary", &Model::summary)
-      .def("__repr__", [](const Model& m) { return "dfp.Model('" + m.name() + "')"; });
+      .def("summary", locked(&Model::summary))
+      .def("__repr__", [](const Model& m) { return "dfp.Model('" + locked(&Model::name)(m) + "')"; });
   bind_torch_state(mod);
 
   bind_layer_op(mod);
 
   mod.attr("STATE_VERSION") = kStateVersion;
   mod.def("_save_state", [](Model& m, const std::string& path) {
+    const auto lock = model_lock(m);
     py::gil_scoped_release unlocked;
     save_state(m, path);
   }, py::arg("model"), py::arg("path"));
   mod.def("_load_state", [](Model& m, const std::string& path) {
+    const auto lock = model_lock(m);
     py::gil_scoped_release unlocked;
     load_state(m, path);
   }, py::arg("model"), py::arg("path"));
@@ -635,15 +764,27 @@ PYBIND11_MODULE(_dfp, mod) {
     return read_state_policy(path);
   }, py::arg("path"));
 
-  py::class_<Sgd>(mod, "Sgd", "torch.optim.SGD on the model's FP32 master weights.")
+  py::class_<BoundSgd>(mod, "Sgd", "torch.optim.SGD on the model's FP32 master weights.")
       .def(py::init([](const Context& ctx, Model& model, float momentum, float weight_decay, bool nesterov) {
-             return std::make_unique<Sgd>(ctx, model, SgdOptions{momentum, weight_decay, nesterov});
+             // As the C API: a factor that is not finite or negative would make every weight NaN.
+             auto need = [](float v, const char* name) {
+               DFP_CHECK(std::isfinite(v) && v >= 0.f, Status::invalid_argument,
+                         std::string("dfp.Sgd: ") + name + ": expected a finite number >= 0, got " +
+                             std::string(py::str(py::float_(v))));
+             };
+             need(momentum, "momentum");
+             need(weight_decay, "weight_decay");
+             const auto lock = model_lock(model);
+             return std::make_unique<BoundSgd>(ctx, model, SgdOptions{momentum, weight_decay, nesterov});
            }),
            py::arg("ctx"), py::arg("model"), py::arg("momentum") = 0.9f, py::arg("weight_decay") = 5e-4f,
            py::arg("nesterov") = false, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
-      .def("step", [](Sgd& s, float lr) {
+      .def("step", [](BoundSgd& s, double lr) {
+        DFP_CHECK(std::isfinite(lr) && lr >= 0 && lr <= std::numeric_limits<float>::max(), Status::invalid_argument,
+                  "Sgd.step: lr: expected a finite learning rate >= 0, got " + std::string(py::str(py::float_(lr))));
+        const auto lock = model_lock(s.model);
         py::gil_scoped_release unlocked;
-        s.step(lr);
+        s.sgd.step(float(lr));
       }, py::arg("lr"), "Updates every parameter, then re-quantizes and re-packs the weights.");
 
   mod.def("model_names", &model_names);
@@ -711,15 +852,33 @@ PYBIND11_MODULE(_dfp, mod) {
       };
     }
     const auto log_fn = text_callback(log);
+    // Between steps the trainer asks whether to stop: a signal's Python handler runs there (as it
+    // would between bytecodes), and the exception it raises (KeyboardInterrupt on Ctrl-C) ends the
+    // run at that step, its finished epochs' files kept, then reaches the caller.
+    py::object interrupt = py::none();
+    const StopCheck stop = [&interrupt] {
+      py::gil_scoped_acquire locked;
+      if (PyErr_CheckSignals() == 0) return false;
+      PyObject *type, *value, *trace;
+      PyErr_Fetch(&type, &value, &trace);
+      PyErr_NormalizeException(&type, &value, &trace);
+      if (trace) PyException_SetTraceback(value, trace);
+      interrupt = py::reinterpret_steal<py::object>(value);
+      Py_XDECREF(type);
+      Py_XDECREF(trace);
+      return true;
+    };
     std::vector<EpochMetrics> all;
     {
       py::gil_scoped_release unlocked;
-      all = train(c, log_fn, epoch_fn);
+      all = train(c, log_fn, epoch_fn, stop);
     }
     py::list out;
     for (const EpochMetrics& e : all) out.append(epoch_dict(e));
-    return out;
-  }, py::arg("config"), py::arg("on_epoch"), py::arg("log"));
+    return py::make_tuple(out, interrupt);
+  }, py::arg("config"), py::arg("on_epoch"), py::arg("log"),
+     "(epochs' metrics, None) after a whole run; (those of the epochs done, the exception) when a signal "
+     "handler raised one (KeyboardInterrupt) between steps.");
 
   mod.def("_evaluate", [](const std::string& checkpoint, const std::string& data, int threads, const py::object& log) {
     const auto log_fn = text_callback(log);

@@ -86,6 +86,8 @@ struct PlainSpans {
   }
 };
 
+size_t plain_elements(const TensorShape& s) { return size_t(s.n) * s.c * s.h * s.w; }
+
 }  // namespace
 
 void LayerOpSpec::validate() const {
@@ -308,12 +310,40 @@ struct LayerOp::Impl {
     return nullptr;
   }
 
-  void backward(uint64_t ticket, const float* dy, float* dx, float* gw, float* gb) {
-    Plan* pp = holding(ticket);
-    DFP_CHECK(pp, Status::invalid_argument,
+  Plan& held(uint64_t ticket) const {
+    Plan* p = holding(ticket);
+    DFP_CHECK(p, Status::invalid_argument,
               who() + ": backward of a forward whose state is no longer held (ticket " + std::to_string(ticket) +
                   "; another forward of the same shape replaced it): run the forward again");
-    Plan& p = *pp;
+    return *p;
+  }
+
+  // A buffer of `got` floats where the call needs `want`.
+  void need_size(size_t got, size_t want, const char* what, const char* pass) const {
+    DFP_CHECK(got == want, Status::invalid_argument,
+              who() + ": " + what + " holds " + std::to_string(got) + " floats; the " + pass + " needs " +
+                  std::to_string(want));
+  }
+
+  void check_forward_sizes(size_t x, int n, int h, int w, size_t weights, size_t bias, size_t y) const {
+    const TensorShape in = input_shape(n, h, w);
+    const TensorShape out = output_shape(in);
+    need_size(x, plain_elements(in), "x", "forward");
+    need_size(weights, weight_count(), "weights", "forward");
+    need_size(bias, spec.bias ? size_t(spec.out_channels) : 0, "bias", "forward");
+    need_size(y, plain_elements(out), "y", "forward");
+  }
+
+  void check_backward_sizes(uint64_t ticket, size_t dy, size_t dx, size_t gw, size_t gb) const {
+    const Plan& p = held(ticket);
+    need_size(dy, plain_elements(p.out), "dy", "backward of that forward");
+    if (dx) need_size(dx, plain_elements(p.in), "dx", "backward of that forward");
+    need_size(gw, weight_count(), "grad_weights", "backward");
+    need_size(gb, spec.bias ? size_t(spec.out_channels) : 0, "grad_bias", "backward");
+  }
+
+  void backward(uint64_t ticket, const float* dy, float* dx, float* gw, float* gb) {
+    Plan& p = held(ticket);
     DFP_CHECK(dy && gw, Status::invalid_argument, who() + ": backward needs dy and the weight gradient's buffer");
     DFP_CHECK(!spec.bias || gb, Status::invalid_argument, who() + ": the layer has a bias; no buffer for its gradient");
     DFP_CHECK(!dx || p.input_grad, Status::invalid_argument,
@@ -371,6 +401,28 @@ bool LayerOp::holds(uint64_t ticket) const {
 void LayerOp::backward(uint64_t ticket, const float* dy, float* dx, float* gw, float* gb) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->backward(ticket, dy, dx, gw, gb);
+}
+
+uint64_t LayerOp::forward(std::span<const float> x, int n, int h, int w, std::span<const float> weights,
+                          std::span<const float> bias, uint64_t weights_version, std::span<float> y, bool train,
+                          bool input_grad) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->check_forward_sizes(x.size(), n, h, w, weights.size(), bias.size(), y.size());
+  return impl_->forward(x.data(), n, h, w, weights.data(), bias.empty() ? nullptr : bias.data(), weights_version,
+                        y.data(), train, input_grad);
+}
+
+void LayerOp::backward(uint64_t ticket, std::span<const float> dy, std::span<float> dx, std::span<float> gw,
+                       std::span<float> gb) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->check_backward_sizes(ticket, dy.size(), dx.size(), gw.size(), gb.size());
+  impl_->backward(ticket, dy.data(), dx.empty() ? nullptr : dx.data(), gw.data(), gb.empty() ? nullptr : gb.data());
+}
+
+std::array<int, 4> LayerOp::input_shape(uint64_t ticket) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const TensorShape& in = impl_->held(ticket).in;
+  return {in.n, in.c, in.h, in.w};
 }
 
 void LayerOp::sample_next_step() {

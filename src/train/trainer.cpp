@@ -452,7 +452,7 @@ namespace {
 // the run's files (the others run with `out` empty).
 std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job,
                                        const std::function<void(const std::string&)>& log_in,
-                                       const EpochCallback& on_epoch) {
+                                       const EpochCallback& on_epoch, const StopCheck& should_stop) {
   const bool lead = !job || job->rank() == 0;
   const std::function<void(const std::string&)> log = lead ? log_in : nullptr;
   TrainConfig cfg = config;
@@ -499,9 +499,15 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
   LossScaler scaler(cfg.loss_scale);
   if (!cfg.init_from.empty() && !cfg.resume.empty())
     say("note: --init-from " + cfg.init_from + " is not read: the run resumes from its checkpoint's weights");
-  else if (!cfg.init_from.empty())
-    for (const std::string& line : load_weights(m, cfg.init_from, {.skip = cfg.init_skip, .skip_mismatched_classifier = true}).lines())
-      say("init: " + line);
+  else if (!cfg.init_from.empty()) {
+    WeightsReport init;
+    try {
+      init = load_weights(m, cfg.init_from, {.skip = cfg.init_skip, .skip_mismatched_classifier = true, .adapt_input_channels = true});
+    } catch (const Error& e) {
+      fail(e.status(), std::string("flag --init-from: ") + e.what());  // which flag named the file
+    }
+    for (const std::string& line : init.lines()) say("init: " + line);
+  }
   Loader train_loader(ctx, train_set, cfg.batch_size, true, true, augment_for(train_set, true, cfg.augment), cfg.seed,
                       cfg.workers);
   Loader test_loader(ctx, test_set, cfg.batch_size, false, false, augment_for(test_set, false, false), cfg.seed,
@@ -650,6 +656,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
     Batch b;
     int i = 0;
     float lr = sched.at(step);
+    bool stopped = false;
     while (train_loader.next(b)) {
       lr = sched.at(step);
       const double used_scale = scaler.scale();
@@ -692,8 +699,17 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
         if (tty) { std::printf("\r%s", line); std::fflush(stdout); }
         else say(line);
       }
+      if (should_stop && should_stop()) {
+        stopped = true;
+        break;
+      }
     }
     if (tty && log) std::printf("\n");
+    if (stopped) {
+      say("stopped in epoch " + std::to_string(epoch + 1) + " after step " + std::to_string(i) + "; " +
+          (epoch > 0 ? "the checkpoint holds epochs 1-" + std::to_string(epoch) : std::string("no epoch was done")));
+      break;
+    }
     if (job) {
       job->sum(&tr.loss, 1);  // the epoch's totals over the ranks' parts
       double counts[3] = {double(tr.c1), double(tr.c5), double(tr.n)};
@@ -777,17 +793,17 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
 }  // namespace
 
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log,
-                                const EpochCallback& on_epoch) {
+                                const EpochCallback& on_epoch, const StopCheck& should_stop) {
   validate_train_config(cfg);
   // Started by mpirun with more than one process: one rank of a data-parallel job.
   const std::unique_ptr<dist::Job> job = dist::Job::join(cfg);
-  if (!job) return run_training(cfg, nullptr, log, on_epoch);
+  if (!job) return run_training(cfg, nullptr, log, on_epoch, should_stop);
   if (job->rank() == 0 && log)
     log("data-parallel job: " + std::to_string(job->size()) + " ranks, global batch " + std::to_string(cfg.batch_size) +
         " (" + std::to_string(cfg.batch_size / job->size()) + " per rank), " + job->allreduce() + " allreduce" +
         (cfg.error_feedback ? " with error feedback" : ""));
   try {
-    return run_training(cfg, job.get(), log, on_epoch);
+    return run_training(cfg, job.get(), log, on_epoch, {});
   } catch (const std::exception& e) {
     if (job->agreed()) throw;  // every rank refuses alike and ends normally
     job->abort(e.what());      // one rank failed: the job ends on every rank

@@ -3,7 +3,9 @@
 // loads per version, saved state per ticket, and errors.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -242,4 +244,38 @@ TEST(LayerOp, ErrorsNameTheLayerAndTheField) {
   p.dfp.weights.rounding = Rounding::biased;
   p.weights_format = FloatFormat::bf16;
   test::expect_error([&] { LayerOp(ctx(), spec, p); }, Status::invalid_argument, {"layer 'bad' policy"});
+}
+
+// The sized calls check every buffer against the shapes of the call (backward: of its forward's)
+// before touching any: a dy or dx planned for a smaller batch than the forward's is refused, not
+// overrun.
+TEST(LayerOp, SizedCallsRefuseBuffersOfOtherSizes) {
+  LayerOp op(ctx(), conv_spec("sized", 3, 4, 3, 1, 1), policy(Precision::int16));
+  const std::vector<float> w = test::random_vec(op.weight_count(), 21);
+  const std::vector<float> x = test::random_vec(2 * 3 * 5 * 5, 22);
+  std::vector<float> y(2 * 4 * 5 * 5), dx(x.size()), dw(w.size()), b(4);
+  test::expect_error([&] { op.forward(std::span(x).first(3 * 5 * 5 + 1), 2, 5, 5, w, {}, 1, y, true, true); },
+                     Status::invalid_argument, {"layer 'sized'", "x holds 76 floats", "needs 150"});
+  test::expect_error([&] { op.forward(x, 2, 5, 5, std::span(w).first(5), {}, 1, y, true, true); },
+                     Status::invalid_argument, {"weights holds 5"});
+  test::expect_error([&] { op.forward(x, 2, 5, 5, w, b, 1, y, true, true); }, Status::invalid_argument,
+                     {"bias holds 4", "needs 0"});
+  test::expect_error([&] { op.forward(x, 2, 5, 5, w, {}, 1, std::span(y).first(100), true, true); },
+                     Status::invalid_argument, {"y holds 100", "needs 200"});
+  EXPECT_EQ(op.times().forwards, 0u);  // nothing ran
+  const uint64_t t = op.forward(x, 2, 5, 5, w, {}, 1, y, true, true);
+  EXPECT_EQ(op.input_shape(t), (std::array<int, 4>{2, 3, 5, 5}));
+  const std::span<float> dy(y);
+  test::expect_error([&] { op.backward(t, dy.first(100), std::span(dx).first(75), dw, {}); }, Status::invalid_argument,
+                     {"layer 'sized'", "dy holds 100", "needs 200"});
+  test::expect_error([&] { op.backward(t, dy, std::span(dx).first(75), dw, {}); }, Status::invalid_argument,
+                     {"dx holds 75", "needs 150"});
+  test::expect_error([&] { op.backward(t, dy, dx, std::span(dw).first(1), {}); }, Status::invalid_argument,
+                     {"grad_weights holds 1"});
+  test::expect_error([&] { op.backward(t, dy, dx, dw, b); }, Status::invalid_argument, {"grad_bias holds 4"});
+  EXPECT_EQ(op.times().backwards, 0u);
+  op.backward(t, dy, dx, dw, {});
+  EXPECT_EQ(op.times().backwards, 1u);
+  op.forward(x, 2, 5, 5, w, {}, 1, y, false, false);  // replaces the held state
+  test::expect_error([&] { op.input_shape(t); }, Status::invalid_argument, {"no longer held"});
 }

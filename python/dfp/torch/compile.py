@@ -7,6 +7,7 @@ while its parameters stay the torch module's: torch's optimizer updates them, an
 re-quantizes them once per change of their version, not per call. See docs/python.md.
 """
 import operator
+import threading
 
 import numpy as np
 import torch
@@ -270,23 +271,42 @@ class _Mapper:
         self.logits_node = self.values[out]
 
 
+def _invalid(message):
+    """dfp.InvalidArgumentError as the C++ side raises it (a dfp.Error and a ValueError)."""
+    e = _dfp.InvalidArgumentError(message)
+    e.status = "invalid_argument"
+    return e
+
+
 class _Step(torch.autograd.Function):
     """The compiled model's forward and backward in dfp, inside torch autograd. The parameters
-    are inputs so that autograd hands their gradients to torch (and to its optimizer)."""
+    are inputs so that autograd hands their gradients to torch (and to its optimizer).
+
+    dfp keeps the state of one forward (its planned activations), which the next forward of any
+    kind overwrites: the backward checks that its forward is still the last one (the module's
+    forward count) and refuses otherwise, where it would hand torch another batch's gradients."""
 
     @staticmethod
     def forward(ctx, compiled, x, *params):
         ctx.compiled = compiled
         images = x.detach().to(torch.float32).contiguous().numpy()
-        return torch.from_numpy(compiled.dfp_model.logits(images, train=True))
+        logits = compiled._run(lambda m: m.logits(images, train=True))
+        ctx.forward_number = compiled._forwards
+        return torch.from_numpy(logits)
 
     @staticmethod
     def backward(ctx, grad):
         c = ctx.compiled
-        m = c.dfp_model
-        m.backward(grad.detach().to(torch.float32).contiguous().numpy())
-        grads = [torch.from_numpy(g.copy()) for g in c._grad_views]
-        dx = torch.from_numpy(m.input_grad()) if ctx.needs_input_grad[1] else None
+        with c._lock:
+            if ctx.forward_number != c._forwards:
+                raise _invalid("dfp.torch compiled module: backward of an output whose forward is no longer dfp's "
+                             f"last one ({c._forwards - ctx.forward_number} forward(s) of this module ran since, "
+                             "torch.no_grad() and eval() ones included): dfp keeps one forward's state, so run "
+                             "each output's backward before the module's next forward")
+            m = c.dfp_model
+            m.backward(grad.detach().to(torch.float32).contiguous().numpy())
+            grads = [torch.from_numpy(g.copy()) for g in c._grad_views]
+            dx = torch.from_numpy(m.input_grad()) if ctx.needs_input_grad[1] else None
         return (None, dx, *grads)
 
 
@@ -296,7 +316,10 @@ class CompiledModule(torch.nn.Module):
     running statistics after each training step.
 
     forward(x) in training mode needs exactly the traced batch size (dfp plans one batch); in
-    eval mode any number of images (run in chunks of that size)."""
+    eval mode any number of images (run in chunks of that size; none gives an empty result). A
+    training output's backward must come before the module's next forward (dfp keeps one
+    forward's state; a later backward raises dfp.Error). Calls from several threads run one at
+    a time."""
 
     def __init__(self, module, dfp_model, param_names, buffer_names, input_grad):
         super().__init__()
@@ -315,6 +338,10 @@ class CompiledModule(torch.nn.Module):
         self._bns = [b for b in module.modules() if isinstance(b, torch.nn.BatchNorm2d)]
         self._seen = None  # the versions of the parameters and buffers dfp holds
         self.weight_syncs = 0  # copies of the torch tensors into dfp (once per change of version)
+        # Forwards run so far: each overwrites the state dfp keeps for a backward (_Step).
+        self._forwards = 0
+        # One forward or backward at a time: they share the dfp model and the version bookkeeping.
+        self._lock = threading.RLock()
         self.train(module.training)
 
     @property
@@ -327,22 +354,29 @@ class CompiledModule(torch.nn.Module):
         records them (sampled every numerics interval: dfp_model.set_numerics_interval)."""
         return self._dfp_model.numerics()
 
+    def _run(self, call):
+        """call(dfp model) as a forward: counted, under the lock."""
+        with self._lock:
+            self._forwards += 1
+            return call(self._dfp_model)
+
     def _versions(self):
         return [t._version for t in self._params] + [t._version for t in self._tracked]
 
     def sync_weights(self):
         """Copies the torch parameters and buffers into dfp and re-quantizes, if any changed since
         the last copy (their version counters say so). Runs before every forward."""
-        v = self._versions()
-        if v == self._seen:
-            return
-        sd = self._views
-        with torch.no_grad():
-            for n, t in zip(self._param_names + self._buffer_names, self._params + self._tracked):
-                np.copyto(sd[n], t.detach().to(torch.float32).reshape(sd[n].shape).numpy())
-        self._dfp_model.weights_updated()
-        self._seen = v
-        self.weight_syncs += 1
+        with self._lock:
+            v = self._versions()
+            if v == self._seen:
+                return
+            sd = self._views
+            with torch.no_grad():
+                for n, t in zip(self._param_names + self._buffer_names, self._params + self._tracked):
+                    np.copyto(sd[n], t.detach().to(torch.float32).reshape(sd[n].shape).numpy())
+            self._dfp_model.weights_updated()
+            self._seen = v
+            self.weight_syncs += 1
 
     def _copy_back_buffers(self):
         sd = self._views
@@ -355,6 +389,10 @@ class CompiledModule(torch.nn.Module):
         self._seen = self._versions()
 
     def forward(self, x):
+        with self._lock:
+            return self._forward(x)
+
+    def _forward(self, x):
         if x.dim() != 4:
             raise ValueError(f"dfp.torch compiled module: input of shape {tuple(x.shape)}; expected (N, C, H, W)")
         self.sync_weights()
@@ -371,7 +409,9 @@ class CompiledModule(torch.nn.Module):
             return y
         with torch.no_grad():
             images = x.detach().to(torch.float32).contiguous().numpy()
-            outs = [self._dfp_model.predict(images[i:i + batch]) for i in range(0, images.shape[0], batch)]
+            if images.shape[0] == 0:  # as torch's modules: no images, no logits
+                return torch.empty((0, self._dfp_model.classes), dtype=torch.float32)
+            outs = [self._run(lambda m: m.predict(images[i:i + batch])) for i in range(0, images.shape[0], batch)]
             return torch.from_numpy(np.concatenate(outs))
 
 
@@ -389,6 +429,9 @@ def compile(model, example_input, precision="fp32", ctx=None, input_grad=False, 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"dfp.torch.compile: expected a torch.nn.Module, got {type(model).__name__}")
     example = torch.as_tensor(example_input).detach().to(torch.float32)
+    if example.dim() != 4 or example.shape[0] < 1:
+        raise _invalid(f"dfp.torch.compile: example_input of shape {tuple(example.shape)}; expected (N, C, H, W) "
+                       "with N >= 1 (the batch the dfp model is planned for)")
     gm = fx.symbolic_trace(model)
     m = _dfp.Model(ctx or _dfp.default_context(), type(model).__name__)
     mapper = _Mapper(gm, m, example)
