@@ -4,6 +4,7 @@
 // or the run fails (the message names the flag and what was expected); 2 without a command or
 // with an unknown one.
 #include <cstdio>
+#include <new>
 #include <map>
 #include <string>
 
@@ -59,6 +60,12 @@ int main(int argc, char** argv) {
     return runs.at(chosen.front())();
   } catch (const dfp::Error& e) {
     std::fprintf(stderr, "dfp %s: %s: %s\n", cmd.c_str(), dfp::status_name(e.status()), e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // An allocation outside the model's planning (which names its layer): data, loader, files.
+    std::fprintf(stderr, "dfp %s: out of memory: an allocation failed outside the model's buffers (the data set, "
+                         "the loader's batches or a file being read); fewer --workers, a smaller --batch-size or "
+                         "--limit-train needs less\n", cmd.c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dfp %s: %s\n", cmd.c_str(), e.what());

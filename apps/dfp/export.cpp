@@ -1,4 +1,5 @@
 // dfp export: a checkpoint's weights as a PyTorch state_dict.
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,16 @@ Run add_export(CLI::App& root) {
     s->flags.apply();
     DFP_CHECK(!s->checkpoint.empty(), dfp::Status::invalid_argument, "dfp export: expected a CHECKPOINT file");
     DFP_CHECK(!s->to_torch.empty(), dfp::Status::invalid_argument, "dfp export: expected --to-torch OUT");
+    // OUT is replaced by a rename: the checkpoint itself (under any name) would be lost, and a
+    // device, directory or other special file would be replaced rather than written.
+    std::error_code ec;
+    DFP_CHECK(!std::filesystem::equivalent(s->to_torch, s->checkpoint, ec), dfp::Status::invalid_argument,
+              "flag --to-torch: '" + s->to_torch + "' is the checkpoint '" + s->checkpoint +
+                  "' itself; expected another file for the torch state_dict");
+    const auto out = std::filesystem::status(s->to_torch, ec);
+    DFP_CHECK(!std::filesystem::exists(out) || std::filesystem::is_regular_file(out), dfp::Status::invalid_argument,
+              "flag --to-torch: '" + s->to_torch + "' exists and is not a regular file (a directory, device or the "
+              "like); expected a new file or a file to replace");
     dfp::export_torch_state_dict(s->checkpoint, s->to_torch);
     print_line("wrote " + s->to_torch + " (torch state_dict) from " + s->checkpoint);
     return 0;

@@ -31,6 +31,7 @@ struct Flag {
   // Parses and applies one value; `flag` is the canonical name, for error messages.
   std::function<void(const std::string& flag, const std::string& value)> apply;
   std::string group = "Options";
+  bool list = false;  // each value adds to the earlier ones (repeatable; a config file may give an array)
 };
 
 // The flags of one subcommand, registered on its CLI11 App.
@@ -39,11 +40,16 @@ class FlagSet {
   explicit FlagSet(CLI::App& app) : app_(app) {}
   void add(std::vector<Flag> flags);
   // The given values in the order they take effect: those read from a config file first (flag by
-  // flag, as defined), then the command line's as typed. A switch set to false is left out.
+  // flag, as defined), then the command line's as typed. A switch's value is true|false (any
+  // case), 1|0, yes|no or on|off, anything else an error naming the flag; its last value wins,
+  // and a switch that ends false is left out.
   std::vector<std::pair<const Flag*, std::string>> given() const;
-  // --config FILE: a TOML file of top-level `flag-name = value` keys (a list value repeats the
-  // flag), read by apply() into the flags the command line left unset. An unknown key is an error
-  // naming the file and the key.
+  // --config FILE: a TOML file of top-level `flag-name = value` keys, read by apply() into the
+  // flags the command line left unset. Strings are TOML's ('...' literal, "..." with escapes; a
+  // '#' in quotes is no comment); a bare value is taken as written. Errors name the file, the line
+  // and the key: an unknown key, a flag set twice, an array or an unquoted comma list for a flag
+  // of one value (a list flag takes an array: each item repeats the flag), a bad switch value, a
+  // file without any key, and one whose last line has no line break (a truncated file).
   void add_config_flag();
   // Refuses what CLI11 left unparsed (the subcommand allows extras so that this names it), reads
   // the --config file, if given, then applies given() through each flag's apply.
@@ -89,10 +95,12 @@ std::string model_alias_help();
 
 // The run's resolved settings as `dfp train --config` reads them: every flag that decides or
 // describes the run, with its value after all flags were applied (--keep-fp32 folded into
-// --override, --rounding into the per-class flags). --resume and --overwrite are left out. A
-// value it cannot quote (a path with both quote characters) is an error naming the flag.
+// --override, --rounding into the per-class flags). --resume and --overwrite are left out. Every
+// string is a TOML string ('...', or "..." with escapes where the value has a ' or a control
+// character), so that any value reads back as it was.
 std::string run_toml(const TrainConfig& c);
-// Writes `text` to DIR/run.toml through a temporary file and a rename (nothing when DIR is "").
+// Writes `text` to DIR/run.toml through a temporary file that reaches the disk before it is renamed
+// (nothing when DIR is ""); a failed step (a full disk) is Error(io_error) naming run.toml.
 void write_run_toml(const std::string& dir, const std::string& text);
 
 }  // namespace dfp::cli

@@ -1,13 +1,13 @@
 // The flags of a training run (dfp train, dfp compare) and of its numerics policy (also dfp
 // info), the torchvision model names, and run.toml: a run's resolved flags, which
 // `dfp train --config DIR/run.toml` reads back to repeat the run.
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "dfp/status.hpp"
+#include "src/train/checkpoint.hpp"
 #include "apps/dfp/flags.hpp"
 
 namespace dfp::cli {
@@ -19,6 +19,34 @@ const std::pair<const char*, const char*> kTorchvisionAliases[] = {
     {"vgg11_bn", "vgg11bn"}, {"vgg13_bn", "vgg13bn"}, {"vgg16_bn", "vgg16bn"},
     {"vgg19_bn", "vgg19bn"}, {"resnext50_32x4d", "resnext50"},
 };
+
+// `v` as a TOML string that reads back as `v`: literal ('...') where TOML allows it, else basic
+// ("...") with the escapes of ", \ and control characters; other bytes (UTF-8) as they are.
+std::string toml_string(const std::string& v) {
+  auto control = [](char ch) { return (static_cast<unsigned char>(ch) < 0x20 && ch != '\t') || ch == 0x7f; };
+  if (v.find('\'') == std::string::npos && std::none_of(v.begin(), v.end(), control)) return "'" + v + "'";
+  std::string out = "\"";
+  for (const char ch : v) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (control(ch)) {
+          char u[8];
+          std::snprintf(u, sizeof u, "\\u%04X", unsigned(static_cast<unsigned char>(ch)));
+          out += u;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
 
 std::string fmt_float(float v) {  // the shortest text that reads back as the same float
   char b[32];
@@ -61,12 +89,12 @@ std::vector<Flag> policy_flags(RunFlags& s) {
       {"--precision", "P", "fp32|int16|bf16|fp16",
        [&p](const std::string& f, const std::string& v) { p.precision = parse_precision(v, "flag " + f); }, g},
       {"--keep-fp32", "LAYERS", "layers kept in FP32, e.g. conv1,fc (repeatable)",
-       [&s](const std::string&, const std::string& v) { s.keep_fp32 += (s.keep_fp32.empty() ? "" : ",") + v; }, g},
+       [&s](const std::string&, const std::string& v) { s.keep_fp32 += (s.keep_fp32.empty() ? "" : ",") + v; }, g, true},
       {"--override", "RULES", "per-layer precision, e.g. 'layer*=bf16,fc=fp32' (repeatable; first match wins)",
        [&p](const std::string& f, const std::string& v) {
          const auto more = PrecisionPolicy::parse_overrides(v, "flag " + f);
          p.overrides.insert(p.overrides.end(), more.begin(), more.end());
-       }, g},
+       }, g, true},
       {"--headroom", "N", "DFP16 exponent headroom of every tensor class (before the per-class flags)",
        [&, all_classes](const std::string& f, const std::string& v) {
          const int h = to_int(f, v);
@@ -154,7 +182,7 @@ std::vector<Flag> run_flags(RunFlags& s) {
            DFP_CHECK(!item.empty(), Status::invalid_argument, "flag " + f + ": '" + v + "' has an empty item; expected names");
            c.init_skip.push_back(item);
          }
-       }, m},
+       }, m, true},
       {"-j,--workers", "N", "loader threads decoding and augmenting batches (0 = --threads)", integer(c.workers), m},
       {"--epochs", "N", "epochs to train", integer(c.epochs), o},
       {"-b,--batch-size", "N", "images per step", integer(c.batch_size), o},
@@ -169,7 +197,7 @@ std::vector<Flag> run_flags(RunFlags& s) {
          std::stringstream ss(v);
          std::string item;
          while (std::getline(ss, item, ',')) c.milestones.push_back(to_int(f, item));
-       }, o},
+       }, o, true},
       {"--gamma", "F", "step and multistep factor", real(c.gamma), o},
       {"--step-epochs", "N", "step: epochs between rate steps", integer(c.step_epochs), o},
       {"--label-smoothing", "F", "label smoothing in [0, 1)", real(c.label_smoothing), o},
@@ -217,14 +245,7 @@ Flag out_flag(std::string& out, const std::string& help) {
 
 std::string run_toml(const TrainConfig& c) {
   std::ostringstream o;
-  auto str = [&o](const char* key, const std::string& v) {  // a TOML string in ' or " quotes, no escapes
-    const bool single = v.find('\'') == std::string::npos;
-    DFP_CHECK(v.find('\n') == std::string::npos && (single || v.find('"') == std::string::npos),
-              Status::invalid_argument,
-              std::string("run.toml: the value of --") + key + " ('" + v + "') has both quote characters or a line break");
-    const char q = single ? '\'' : '"';
-    o << key << " = " << q << v << q << "\n";
-  };
+  auto str = [&o](const char* key, const std::string& v) { o << key << " = " << toml_string(v) << "\n"; };
   auto num = [&o](const char* key, const std::string& v) { o << key << " = " << v << "\n"; };
   auto flag = [&o](const char* key, bool v) { if (v) o << key << " = true\n"; };
   const PrecisionPolicy& p = c.policy;
@@ -300,15 +321,7 @@ std::string run_toml(const TrainConfig& c) {
 
 void write_run_toml(const std::string& dir, const std::string& text) {
   if (dir.empty()) return;
-  const std::string path = dir + "/run.toml", tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    DFP_CHECK(f.good(), Status::io_error, "cannot write '" + tmp + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  DFP_CHECK(!ec, Status::io_error, "cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  write_file_atomically(dir + "/run.toml", text, "run.toml");
 }
 
 }  // namespace dfp::cli

@@ -37,7 +37,7 @@ int train(TrainState& s) {
     print_eval(dfp::evaluate_checkpoint(c.resume, c.data, c.threads, print_line));
     return 0;
   }
-  const std::string toml = run_toml(c);  // before training: a value it cannot write is refused first
+  const std::string toml = run_toml(c);  // the flags as given, before training changes anything
   dfp::train(c, print_line);
   if (dfp::writes_run_files()) write_run_toml(c.out, toml);  // rank 0 of a data-parallel job
   return 0;

@@ -104,6 +104,20 @@ void Job::check_same_run(const std::string& settings, const Dataset& train, cons
 }
 
 void Job::broadcast_state(Model& m) {
+  // The broadcast would silently replace what a rank loaded with rank 0's weights: a rank given
+  // its own --init-from (or a file of that name that differs on its machine) is refused first.
+  uint64_t h = 0;
+  for (const Parameter& p : m.parameters()) h = digest(h, p.value, p.size * sizeof(float));
+  for (auto& [name, buf] : m.buffers()) h = digest(h, buf->data(), buf->size() * sizeof(float));
+  std::vector<uint64_t> all(static_cast<size_t>(size()));
+  comm_->allgather(&h, all.data(), sizeof h, "the comparison of the ranks' initial weights");
+  std::string ranks;
+  for (int r = 1; r < size(); ++r)
+    if (all[size_t(r)] != all[0]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  if (!ranks.empty())
+    refuse("the ranks of this job differ: rank " + ranks + " starts from other weights than rank 0 (flag --init-from: "
+           "another file, or a file whose bytes differ on that rank's machine); expected every rank to start from the "
+           "same weights");
   for (Parameter& p : m.parameters()) comm_->broadcast(p.value, p.size * sizeof(float), 0, "the broadcast of the initial weights");
   broadcast_buffers(m);
   m.weights_updated();

@@ -39,7 +39,8 @@ class Job {
   // Refuses ranks whose settings, data or program differ from rank 0's (a digest of each,
   // compared across ranks), naming the ranks and what differs.
   void check_same_run(const std::string& settings, const Dataset& train, const Dataset& test);
-  // Rank 0's parameters and buffers to every rank (the same initial weights everywhere).
+  // Rank 0's parameters and buffers to every rank (the same initial weights everywhere), after
+  // checking that every rank starts from the weights rank 0 has (the same --init-from file).
   void broadcast_state(Model& m);
   // Rank 0's BatchNorm running statistics to every rank (before evaluation and checkpoints, so
   // that every rank evaluates, and the checkpoint holds, one model).

@@ -453,4 +453,21 @@ TEST(Dist, StoppedRankEndsTheJobWithinTheTimeoutNamingIt) {
   dfp::read_checkpoint(d.path().string() + "/run/checkpoint.dfp");
 }
 
+// A rank started from other weights (its own --init-from) is refused naming the rank, rather
+// than silently taking rank 0's.
+TEST(Dist, RanksStartedFromOtherWeightsAreRefused) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string dfp = DFP_CLI, out = d.path().string() + "/run", init = d.path().string() + "/init";
+  const Result w = run(dfp + " " + train_args(24, init, "", 1));
+  ASSERT_EQ(w.status, 0) << w.output;
+  const Result r = run(mpirun(1) + dfp + " " + train_args(24, out) + " : -np 1 " + dfp + " " +
+                       train_args(24, out, "--init-from " + init + "/checkpoint.dfp"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("rank 1 starts from other weights than rank 0 (flag --init-from"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/checkpoint.dfp"));
+  const Result same = run(mpirun(2) + dfp + " " + train_args(24, out, "--init-from " + init + "/checkpoint.dfp"));
+  EXPECT_EQ(same.status, 0) << same.output;
+}
+
 }  // namespace

@@ -2,11 +2,17 @@
 // and are written to run.toml), and the program end to end (--help, --version, errors, and a run
 // repeated from its run.toml).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -294,4 +300,206 @@ TEST(Cli, TorchvisionNameTrainsItsModel) {
   EXPECT_NE(slurp(dir.file("v/config.json")).find("\"model\":\"vgg11bn\""), std::string::npos)
       << slurp(dir.file("v/config.json"));
   EXPECT_NE(slurp(dir.file("v/run.toml")).find("model = 'vgg11bn'"), std::string::npos);
+}
+
+// Hostile command lines and run files: run.toml on a full disk, switch values, the export's
+// output, values with TOML's special characters, and config files that are empty, cut off, or
+// give a flag twice or as a list.
+namespace {
+
+// `dfp train` of a tiny run on synthetic data (a fraction of a second), with `extra` flags.
+std::string tiny_run(const std::string& extra) {
+  return "train -a lenet --dataset synthetic --data classes=10,train=16,test=8 --image-size 28 --epochs 1 -b 8 "
+         "--threads 2 " + extra;
+}
+
+std::string write_file(const dfp::test::TempDir& dir, const std::string& name, const std::string& text) {
+  std::ofstream(dir.file(name), std::ios::binary) << text;
+  return dir.file(name);
+}
+
+}  // namespace
+
+// A full disk (here: the file size limit) fails the write of run.toml by name and leaves no
+// run.toml: an empty one would repeat as a run of the defaults.
+TEST(CliFiles, RunTomlWriteOnAFullDiskFails) {
+  const dfp::test::TempDir dir("dfp_cli_full_");
+  const std::string toml = dfp::cli::run_toml(parse_train({"--label", "full", "--out", dir.str()}));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG, as on a full disk with ENOSPC
+    const rlimit lim{64, 64};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    try {
+      dfp::cli::write_run_toml(dir.str(), toml);
+    } catch (const dfp::Error& e) {
+      _exit(e.status() == dfp::Status::io_error && std::strstr(e.what(), "run.toml") ? 0 : 2);
+    }
+    _exit(1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(fs::exists(dir.file("run.toml")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 0);  // no temporary file
+  dfp::cli::write_run_toml(dir.str(), toml);
+  EXPECT_EQ(slurp(dir.file("run.toml")), toml);
+}
+
+// A config file without any key (a run.toml cut to nothing) is refused rather than read as the
+// defaults; a last line without its line break is read, as editors write files.
+TEST(CliFiles, EmptyOrTruncatedConfigIsRefused) {
+  const dfp::test::TempDir dir("dfp_cli_empty_");
+  for (const char* text : {"", "\n\n", "# dfp train --config FILE repeats this run\n  \n"})
+    dfp::test::expect_error([&] { parse_train({}, write_file(dir, "e.toml", text)); }, dfp::Status::invalid_argument,
+                            {"flag --config", "e.toml", "sets no flags", "truncated"});
+  dfp::test::expect_error([&] { parse_train({}, write_file(dir, "t.toml", "model = 'lenet'\nlabel = 'cut")); },
+                          dfp::Status::invalid_argument, {"flag --config", "t.toml:2:", "without its closing ' quote"});
+  EXPECT_EQ(parse_train({}, write_file(dir, "n.toml", "model = 'lenet'\nlr = 0.5")).lr, 0.5f);
+  const Result r = dfp_cli(tiny_run("--config '" + write_file(dir, "e.toml", "") + "' --out '" + dir.file("x") + "'"), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("sets no flags"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir.file("x")));
+  EXPECT_EQ(parse_train({}, write_file(dir, "crlf.toml", "lr = 0.25\r\n")).lr, 0.25f);
+}
+
+// Switches take true|false in any case, 1|0, yes|no, on|off, on the command line and in a config
+// file; any other value is refused by name; the last value wins.
+TEST(CliFiles, SwitchValuesAreTruthValuesOnly) {
+  const dfp::test::TempDir dir("dfp_cli_switch_");
+  for (const char* v : {"true", "True", "TRUE", "1", "yes", "On"}) {
+    EXPECT_TRUE(parse_train({std::string("--nesterov=") + v}).nesterov) << v;
+    EXPECT_FALSE(parse_train({std::string("--no-augment=") + v}).augment) << v;
+    EXPECT_TRUE(parse_train({}, write_file(dir, "on.toml", std::string("nesterov = ") + v + "\n")).nesterov) << v;
+    EXPECT_FALSE(parse_train({}, write_file(dir, "on.toml", std::string("no-augment = '") + v + "'\n")).augment) << v;
+  }
+  for (const char* v : {"false", "False", "FALSE", "0", "no", "OFF"}) {
+    EXPECT_FALSE(parse_train({std::string("--nesterov=") + v}).nesterov) << v;
+    EXPECT_TRUE(parse_train({std::string("--no-augment=") + v}).augment) << v;
+    EXPECT_FALSE(parse_train({}, write_file(dir, "off.toml", std::string("nesterov = ") + v + "\n")).nesterov) << v;
+    EXPECT_TRUE(parse_train({}, write_file(dir, "off.toml", std::string("no-augment = \"") + v + "\"\n")).augment) << v;
+    EXPECT_FALSE(parse_train({}, write_file(dir, "off.toml", std::string("verify-overflow = ") + v + "\n"))
+                     .policy.dfp.verify) << v;
+  }
+  for (const char* v : {"flase", "3", "-1", "y", "truee"}) {
+    dfp::test::expect_error([&] { parse_train({std::string("--nesterov=") + v}); }, dfp::Status::invalid_argument,
+                            {"flag --nesterov", std::string("'") + v + "'", "true|false", "yes|no", "on|off"});
+    dfp::test::expect_error([&] { parse_train({std::string("--no-augment=") + v}); }, dfp::Status::invalid_argument,
+                            {"flag --no-augment", std::string("'") + v + "'"});
+    dfp::test::expect_error(
+        [&] { parse_train({}, write_file(dir, "bad.toml", std::string("lr = 0.1\nnesterov = ") + v + "\n")); },
+        dfp::Status::invalid_argument, {"flag --config", "bad.toml:2:", "'nesterov'", std::string("'") + v + "'", "true|false"});
+    dfp::test::expect_error(
+        [&] { parse_train({}, write_file(dir, "bad.toml", std::string("no-augment = '") + v + "'\n")); },
+        dfp::Status::invalid_argument, {"bad.toml:1:", "'no-augment'", std::string("'") + v + "'"});
+  }
+  EXPECT_FALSE(parse_train({"--nesterov", "--nesterov=false"}).nesterov);
+  EXPECT_TRUE(parse_train({"--nesterov=no", "--nesterov"}).nesterov);
+  EXPECT_FALSE(parse_train({"--nesterov=off"}, write_file(dir, "on.toml", "nesterov = true\n")).nesterov);
+  const Result r = dfp_cli("train --nesterov=False --epochs=x", dir);  // the switch parses, the number does not
+  EXPECT_NE(r.output.find("flag --epochs"), std::string::npos) << r.output;
+  const Result bad = dfp_cli(tiny_run("--nesterov=flase --out '" + dir.file("x") + "'"), dir);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.output.find("flag --nesterov: expected a switch value"), std::string::npos) << bad.output;
+}
+
+// dfp export refuses an output that is its checkpoint (by any path) or a file that is not a
+// regular one, which the rename would replace.
+TEST(CliFiles, ExportRefusesItsCheckpointAndSpecialFiles) {
+  const dfp::test::TempDir dir("dfp_cli_export_self_");
+  ASSERT_EQ(dfp_cli(tiny_run("--out '" + dir.file("a") + "'"), dir).status, 0);
+  const std::string ck = dir.file("a/checkpoint.dfp"), good = slurp(ck);
+  fs::create_symlink(ck, dir.file("link.dfp"));
+  for (const std::string& out : {ck, dir.file("link.dfp"), dir.file("a/../a/./checkpoint.dfp")}) {
+    const Result r = dfp_cli("export --to-torch '" + out + "' '" + ck + "'", dir);
+    EXPECT_EQ(r.status, 1) << out << ": " << r.output;
+    EXPECT_NE(r.output.find("flag --to-torch: '" + out + "' is the checkpoint"), std::string::npos) << r.output;
+    EXPECT_EQ(slurp(ck), good);
+  }
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  fs::create_directories(dir.file("d"));
+  for (const std::string& out : {dir.file("fifo"), dir.file("d")}) {
+    const Result r = dfp_cli("export --to-torch '" + out + "' '" + ck + "'", dir);
+    EXPECT_EQ(r.status, 1) << out << ": " << r.output;
+    EXPECT_NE(r.output.find("exists and is not a regular file"), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(fs::status(dir.file("fifo")).type(), fs::file_type::fifo);
+  write_file(dir, "old.pt", "old");
+  EXPECT_EQ(dfp_cli("export --to-torch '" + dir.file("old.pt") + "' '" + ck + "'", dir).status, 0);  // a file to replace
+  EXPECT_NE(slurp(dir.file("old.pt")), "old");
+}
+
+// Any value reads back from run.toml as it was: '#', both quotes, backslashes, '=', control
+// characters and UTF-8 text, through the flags and through the program.
+TEST(CliFiles, RunTomlRoundTripsAnyValue) {
+  const dfp::test::TempDir dir("dfp_cli_roundtrip_");
+  const std::vector<std::string> labels = {"exp#1", "it's \"quoted\" # not a comment", "C:\\runs\\x\\", "a=b,c=d",
+                                           "Größe λ → ✓", "tab\there", "line\nbreak\r\x01\x7f", "[x]", " spaced "};
+  for (const std::string& label : labels) {
+    const dfp::TrainConfig a = parse_train({"--label", label, "--out", dir.file("h#1 'x'\\y"), "--data", label});
+    const std::string toml = dfp::cli::run_toml(a);
+    const std::string file = write_file(dir, "run.toml", toml);
+    const dfp::TrainConfig b = parse_train({}, file);
+    EXPECT_EQ(b.label, label) << toml;
+    EXPECT_EQ(b.data, label);
+    EXPECT_EQ(b.out, a.out);
+    EXPECT_EQ(dfp::cli::run_toml(b), toml);
+  }
+  // TOML's escapes as a person writes them.
+  EXPECT_EQ(parse_train({}, write_file(dir, "esc.toml", "label = \"\\u00fc\\U0001F600\\\"#\\\\\" # comment\n")).label,
+            "ü😀\"#\\");
+  EXPECT_EQ(parse_train({}, write_file(dir, "lit.toml", "label = 'a#b\\n' # comment\n")).label, "a#b\\n");
+
+  const std::string out = dir.file("h#1");
+  const Result a = dfp_cli(tiny_run("--label 'exp#1 \"ü\"' --out '" + out + "'"), dir);
+  ASSERT_EQ(a.status, 0) << a.output;
+  const Result b = dfp_cli("train --config '" + out + "/run.toml' --out '" + dir.file("b") + "'", dir);
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_FALSE(fs::exists(dir.file("h")));
+  const dfp::TrainConfig again = parse_train({}, dir.file("b/run.toml"));
+  EXPECT_EQ(again.label, "exp#1 \"ü\"");
+  EXPECT_EQ(slurp(dir.file("b/checkpoint.dfp")), slurp(out + "/checkpoint.dfp"));
+}
+
+// A flag given twice, an array or an unquoted comma list for a flag of one value, and what a
+// TOML reader would not take are refused with the file and the line; a list flag takes an array.
+TEST(CliFiles, ConfigRefusesDuplicatesAndListsForOneValue) {
+  const dfp::test::TempDir dir("dfp_cli_dup_");
+  using Case = std::pair<std::string, std::vector<std::string>>;
+  const std::vector<Case> cases = {
+      {"lr = 0.1\nmodel = 'lenet'\nlr = 0.2\n", {"c.toml:3:", "'lr' sets --lr again (line 1: 'lr')"}},
+      {"lr = 0.1\nlearning-rate = 0.2\n", {"c.toml:2:", "'learning-rate' sets --lr again (line 1: 'lr')"}},
+      {"init-skip = 'fc'\ninit-skip = 'conv1'\n", {"c.toml:2:", "line 1", "init-skip = ['a', 'b']"}},
+      {"model = ['lenet', 'resnet20']\n", {"c.toml:1:", "'model' is an array; --model takes one value"}},
+      {"lr = [0.1]\n", {"c.toml:1:", "'lr' is an array"}},
+      {"model = lenet,resnet20\n", {"c.toml:1:", "unquoted list; --model takes one value"}},
+      {"data = classes=10,train=8\n", {"c.toml:1:", "unquoted list; --data", "quote it"}},
+      {"lr = 0.1 0.2\n", {"c.toml:1:", "unquoted value with a blank"}},
+      {"label = 'exp#1\n", {"c.toml:1:", "without its closing ' quote"}},
+      {"label = \"a\\qb\"\n", {"c.toml:1:", "unknown escape '\\q'"}},
+      {"label = \"\\uD800\"\n", {"c.toml:1:", "bad escape"}},
+      {"label = 'a' 'b'\n", {"c.toml:1:", "unexpected text after the value of 'label'"}},
+      {"lr =\n", {"c.toml:1:", "'lr' has no value"}},
+      {"override = ['fc=fp32'\n", {"c.toml:1:", "does not close on its line"}},
+      {"[train]\nlr = 0.1\n", {"c.toml:1:", "section"}},
+      {"train.lr = 0.1\n", {"c.toml:1:", "dotted key"}},
+      {"lr: 0.1\n", {"c.toml:1:", "expected '=' after 'lr'"}},
+  };
+  for (const auto& [text, parts] : cases) {
+    std::vector<std::string> all = {"flag --config"};
+    all.insert(all.end(), parts.begin(), parts.end());
+    dfp::test::expect_error([&] { parse_train({}, write_file(dir, "c.toml", text)); }, dfp::Status::invalid_argument, all);
+  }
+  const dfp::TrainConfig c = parse_train(
+      {}, write_file(dir, "list.toml",
+                     "init-skip = ['fc', \"layer4*\",]  # list flags\noverride = ['conv*=bf16', 'fc=fp32']\n"
+                     "milestones = [2, 4]\nkeep-fp32 = conv1,conv2\ndata = 'classes=10,train=8'\nprecision = int16\n"));
+  EXPECT_EQ(c.init_skip, (std::vector<std::string>{"fc", "layer4*"}));
+  ASSERT_EQ(c.policy.overrides.size(), 4u);
+  EXPECT_EQ(c.policy.overrides[1].first, "fc");
+  EXPECT_EQ(c.policy.overrides[3].first, "conv2");
+  EXPECT_EQ(c.milestones, (std::vector<int>{2, 4}));
+  EXPECT_EQ(c.data, "classes=10,train=8");
+  EXPECT_EQ(parse_train({}, write_file(dir, "milestones.toml", "milestones = 3,5\n")).milestones, (std::vector<int>{3, 5}));
 }
