@@ -11,7 +11,7 @@
 # (the default) picks the stages (dfp-only or torch-only: bench with one side); ALGOS=heuristic,benchmark and PROFILE=N (steps timed per layer)
 # go to cuda_bench.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 repo=$PWD
 out=${OUT:-$repo/gpu-out}
 mkdir -p "$out"

@@ -7,7 +7,7 @@
 # the device call carries. Build first: cmake --build BUILD --target dfp_cli cuda_test
 # cuda_plan_test cuda_bench dfp_cuda_gpu (nvcc 13 and cuDNN 9, as /usr/local/cuda here).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 build=${1:-build}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

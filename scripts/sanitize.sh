@@ -4,7 +4,7 @@
 # label "long" excluded). Any sanitizer report fails the test it occurs in. Extra arguments go to
 # CMake's configure step. See the README ("Sanitizers and fuzzing") for what is instrumented.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DDFP_SANITIZE=address,undefined -DDFP_BUILD_BENCH=OFF "$@" >/dev/null
 start=$(date +%s)
 cmake --build build-asan -j"$(nproc)"

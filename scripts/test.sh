@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs the default test suite (ctest label "long" excluded).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 scripts/install-deps.sh
 scripts/build.sh
 cd build && ctest --output-on-failure -LE long -j"$(nproc)"

@@ -7,7 +7,7 @@
 # A precision with the suffix -slice (int16-slice) trains with --granularity slice (DFP16 exponents
 # per image and channel, docs/design/numerics.md); the default four use the default granularity.
 set -euo pipefail
-here="$(cd "$(dirname "$0")/.." && pwd)"
+here="$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)"
 dfp="${1:-$here/build/dfp}"
 shift || true
 precisions=("$@")
