@@ -74,9 +74,9 @@ RunSpec parse_spec(const std::string& spec) {
 // stdout prefixed with "[label] ". Returns the exit status (128+signal when killed).
 int run_logged(const std::vector<std::string>& argv, const std::string& log_path, const std::string& label) {
   int fds[2];
-  DFP_CHECK(pipe(fds) == 0, dfp::Status::io_error, std::string("dfp compare: pipe failed: ") + std::strerror(errno));
+  DFP_CHECK(pipe(fds) == 0, dfp::Status::io_error, std::string("pipe failed: ") + std::strerror(errno));
   const pid_t pid = fork();
-  DFP_CHECK(pid >= 0, dfp::Status::io_error, std::string("dfp compare: fork failed: ") + std::strerror(errno));
+  DFP_CHECK(pid >= 0, dfp::Status::io_error, std::string("fork failed: ") + std::strerror(errno));
   if (pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
@@ -91,7 +91,7 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log_path
   }
   close(fds[1]);
   std::ofstream log(log_path);
-  DFP_CHECK(log.good(), dfp::Status::io_error, "dfp compare: cannot write '" + log_path + "'");
+  DFP_CHECK(log.good(), dfp::Status::io_error, "cannot write '" + log_path + "'");
   std::string line;
   char buf[4096];
   ssize_t got;
@@ -125,7 +125,7 @@ int compare(CompareState& s) {
     const std::string a = FlagSet::canonical(*flag);
     DFP_CHECK(a != "--precision" && a != "--loss-scaling" && a != "--label" && a != "--resume" && a != "--device",
               dfp::Status::invalid_argument,
-              "dfp compare: flag " + a + " is set per run by --precisions (e.g. --precisions fp32,fp16-static,int16)");
+              "flag " + a + " is set per run by --precisions (e.g. --precisions fp32,fp16-static,int16)");
     if (a == "--out" || a == "--precisions" || a == "--launcher") continue;  // compare's own
     pass.push_back(a);
     if (!flag->value.empty()) pass.push_back(value);
@@ -150,19 +150,21 @@ int compare(CompareState& s) {
     for (const auto& [flag, value] : s.flags.given()) {
       const std::string a = FlagSet::canonical(*flag);
       DFP_CHECK(r.granularity.empty() || a.find("granularity") == std::string::npos, dfp::Status::invalid_argument,
-                "dfp compare: flag " + a + " and the --precisions item '" + r.label +
+                "flag " + a + " and the --precisions item '" + r.label +
                     "' both set the granularity; give it in one place (e.g. --precisions int16-tensor,int16-slice)");
     }
   // Each run is a child process of compare, which cannot join the launcher's job as a rank; a
   // data-parallel comparison starts each run under the launcher instead (--launcher).
-  DFP_CHECK(dfp::job_ranks() == 1, dfp::Status::unsupported,
+  // Every rank refuses alike: rank 0 says it for the job.
+  if (dfp::job_ranks() != 1)
+    throw dfp::RefusalOfEveryRank(dfp::Error(dfp::Status::unsupported,
             "dfp compare under mpirun (" + std::to_string(dfp::job_ranks()) +
                 " processes) is not supported: compare starts each precision's `dfp train` as a process of its own, "
                 "which cannot join the launcher's job. Run compare as one process and have it start each run "
                 "data-parallel: dfp compare --launcher \"mpirun -np " + std::to_string(dfp::job_ranks()) +
                 "\" ... (add --profile for the communication time and bytes per step); or train each precision "
                 "yourself: mpirun -np " + std::to_string(dfp::job_ranks()) +
-                " dfp train ... --precision P --label P --out " + out + "/P");
+                " dfp train ... --precision P --label P --out " + out + "/P"), false);
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   DFP_CHECK(!ec, dfp::Status::io_error, "flag --out: cannot create directory '" + out + "': " + ec.message());
@@ -174,7 +176,7 @@ int compare(CompareState& s) {
               "flag --out: '" + out + "/" + r.label + "' holds an earlier run; expected a new directory, or --overwrite "
               "to replace the runs of '" + out + "'");
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  DFP_CHECK(!ec, dfp::Status::io_error, "dfp compare: cannot find this program (/proc/self/exe): " + ec.message());
+  DFP_CHECK(!ec, dfp::Status::io_error, "cannot find this program (/proc/self/exe): " + ec.message());
   std::vector<std::string> done, failed;
   for (const RunSpec& r : specs) {
     const std::string dir = out + "/" + r.label;
@@ -241,6 +243,7 @@ Run add_compare(CLI::App& root) {
                  "Run"}});
   p->flags.add(run_flags(p->probe));
   p->flags.add(policy_flags(p->probe));
+  p->flags.show_defaults(p->probe.config);
   return [s] { return compare(*s); };
 }
 

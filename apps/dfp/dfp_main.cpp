@@ -2,7 +2,8 @@
 // (commands.hpp). CLI11 parses the command line and writes each command's --help from the same
 // flag definitions (flags.hpp). Exit status: 0 on success, --help and --version; 1 when a flag
 // or the run fails (the message names the flag and what was expected); 2 without a command or
-// with an unknown one.
+// with an unknown one. Under mpirun, a refusal every rank makes alike is printed by rank 0, which
+// exits 1; the other ranks exit 0 without a word.
 #include <cstdio>
 #include <new>
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
+#include "dfp/trainer.hpp"
 #include "apps/dfp/commands.hpp"
 
 namespace {
@@ -17,6 +19,15 @@ namespace {
 std::string version_text() {
   return std::string("dfp ") + DFP_VERSION + "\n" + dfp::cli::library_versions() +
          "\n(dfp info: CPU features and the kernel chosen per op)";
+}
+
+// "dfp COMMAND: status: message", the command named once: a message that starts with the
+// command's name already (an error of another layer that names it) is printed without it.
+void report(const std::string& cmd, const dfp::Error& e) {
+  std::string message = e.what();
+  const std::string self = "dfp " + cmd + ": ";
+  while (message.rfind(self, 0) == 0) message.erase(0, self.size());
+  std::fprintf(stderr, "dfp %s: %s: %s\n", cmd.c_str(), dfp::status_name(e.status()), message.c_str());
 }
 
 }  // namespace
@@ -45,6 +56,7 @@ int main(int argc, char** argv) {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (dfp::command_line_errors_left_to_rank0()) return 0;  // every rank has it: rank 0 says it (see below)
     std::fprintf(stderr, "dfp %s: %s: %s (see dfp %s --help)\n", cmd.c_str(),
                  dfp::status_name(dfp::Status::invalid_argument), e.what(), cmd.c_str());
     return 1;
@@ -58,8 +70,14 @@ int main(int argc, char** argv) {
   cmd = chosen.front()->get_name();
   try {
     return runs.at(chosen.front())();
+  } catch (const dfp::RefusalOfEveryRank& e) {
+    // Rank 0 says it and fails the job. This rank ends quietly and with status 0: a launcher ends
+    // the whole job when a rank fails, which could stop rank 0 before it has said anything.
+    if (e.left_to_rank0()) return 0;
+    report(cmd, e);
+    return 1;
   } catch (const dfp::Error& e) {
-    std::fprintf(stderr, "dfp %s: %s: %s\n", cmd.c_str(), dfp::status_name(e.status()), e.what());
+    report(cmd, e);
     return 1;
   } catch (const std::bad_alloc&) {
     // An allocation outside the model's planning (which names its layer): data, loader, files.

@@ -29,8 +29,8 @@ Run add_export(CLI::App& root) {
                  [p](const std::string&, const std::string& v) { p->to_torch = v; }}});
   return [s] {
     s->flags.apply();
-    DFP_CHECK(!s->checkpoint.empty(), dfp::Status::invalid_argument, "dfp export: expected a CHECKPOINT file");
-    DFP_CHECK(!s->to_torch.empty(), dfp::Status::invalid_argument, "dfp export: expected --to-torch OUT");
+    DFP_CHECK(!s->checkpoint.empty(), dfp::Status::invalid_argument, "expected a CHECKPOINT file");
+    DFP_CHECK(!s->to_torch.empty(), dfp::Status::invalid_argument, "expected --to-torch OUT");
     // OUT is replaced by a rename: the checkpoint itself (under any name) would be lost, and a
     // device, directory or other special file would be replaced rather than written.
     std::error_code ec;

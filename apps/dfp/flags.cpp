@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <sstream>
 #include <type_traits>
 
 #include "dfp/context.hpp"
@@ -251,10 +252,30 @@ void FlagSet::add_config_flag() {
                 ->group("Run");
 }
 
+void FlagSet::show_defaults(const TrainConfig& defaults) {
+  std::istringstream toml(run_toml(defaults));
+  for (std::string line; std::getline(toml, line);) {
+    const size_t eq = line.find(" = ");
+    if (line.empty() || line[0] == '#' || eq == std::string::npos) continue;
+    const std::string key = "--" + line.substr(0, eq);
+    std::string v = line.substr(eq + 3);
+    if (v.size() >= 2 && (v[0] == '\'' || v[0] == '"') && v.back() == v[0]) v = v.substr(1, v.size() - 2);
+    if (v.empty()) continue;
+    for (auto& [o, f] : flags_)
+      if (canonical(f) == key) o->description(f.help + " (default: " + v + ")");
+  }
+}
+
 void FlagSet::apply() {
-  refuse_extras();
-  if (config_ != nullptr && config_->count() > 0) read_config(config_->results().back());
-  for (const auto& [f, v] : given()) f->apply(canonical(*f), v);
+  try {
+    refuse_extras();
+    if (config_ != nullptr && config_->count() > 0) read_config(config_->results().back());
+    for (const auto& [f, v] : given()) f->apply(canonical(*f), v);
+  } catch (const dfp::Error& e) {
+    // Every rank of `mpirun -np N dfp train` reads the same flags: rank 0 reports their error.
+    if (dfp::job_ranks() > 1) throw dfp::RefusalOfEveryRank(e, false);
+    throw;
+  }
 }
 
 void FlagSet::read_config(const std::string& path) {
@@ -322,9 +343,10 @@ void FlagSet::refuse_extras() const {
   if (rest.empty()) return;
   const std::string& a = rest.front();
   const std::string& command = app_.get_name();
+  // The program names the command before every message ("dfp train: invalid argument: ...").
   dfp::fail(dfp::Status::invalid_argument,
-            "dfp " + command + ": " + (a.size() > 1 && a[0] == '-' ? "unknown flag '" : "unexpected argument '") + a +
-                "' (see dfp " + command + " --help)");
+            (a.size() > 1 && a[0] == '-' ? "unknown flag '" : "unexpected argument '") + a + "' (see dfp " + command +
+                " --help)");
 }
 
 Flag threads_option(int& threads) {
@@ -342,7 +364,12 @@ void RunFlags::finish() {
   while (std::getline(ss, item, ','))
     if (!item.empty()) config.policy.overrides.emplace_back(item, dfp::Precision::fp32);
   keep_fp32.clear();
-  config.policy.validate(dfp::kPolicyFlags);
+  try {
+    config.policy.validate(dfp::kPolicyFlags);
+  } catch (const dfp::Error& e) {
+    if (dfp::job_ranks() > 1) throw dfp::RefusalOfEveryRank(e, false);  // as FlagSet::apply
+    throw;
+  }
 }
 
 }  // namespace dfp::cli

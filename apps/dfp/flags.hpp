@@ -51,6 +51,10 @@ class FlagSet {
   // of one value (a list flag takes an array: each item repeats the flag), a bad switch value, a
   // file without any key, and one whose last line has no line break (a truncated file).
   void add_config_flag();
+  // Appends "(default: V)" to the help of each flag that run.toml of `defaults` sets (a
+  // default-constructed TrainConfig's, or the command's own), so that --help shows what a run
+  // without the flag uses; switches (off unless given) and empty values show none.
+  void show_defaults(const TrainConfig& defaults);
   // Refuses what CLI11 left unparsed (the subcommand allows extras so that this names it), reads
   // the --config file, if given, then applies given() through each flag's apply.
   void apply();
@@ -92,14 +96,17 @@ Flag out_flag(std::string& out, const std::string& help);
 // any other name is returned as given.
 std::string model_alias(const std::string& name);
 std::string model_alias_help();
+// The --model help: the zoo's models (dfp::model_names()) and the torchvision aliases.
+std::string model_help();
 
-// The run's resolved settings as `dfp train --config` reads them: every flag that decides or
+// The run's resolved settings as `dfp train --config` reads them (the library's
+// run_files::run_toml, which dfp::train writes to DIR/run.toml): every flag that decides or
 // describes the run, with its value after all flags were applied (--keep-fp32 folded into
 // --override, --rounding into the per-class flags). --resume and --overwrite are left out. Every
 // string is a TOML string ('...', or "..." with escapes where the value has a ' or a control
 // character), so that any value reads back as it was.
 std::string run_toml(const TrainConfig& c);
-// Writes `text` to DIR/run.toml through a temporary file that reaches the disk before it is renamed
+// Writes `text` to DIR/run.toml (the library's run_files::write_run_toml) through a temporary file that reaches the disk before it is renamed
 // (nothing when DIR is ""); a failed step (a full disk) is Error(io_error) naming run.toml.
 void write_run_toml(const std::string& dir, const std::string& text);
 

@@ -181,6 +181,7 @@ Run add_info(CLI::App& root) {
   auto s = std::make_shared<InfoState>(*app);
   s->flags.add({threads_option(s->opt.threads), isa_option(s->opt.isa)});
   s->flags.add(policy_flags(s->policy));
+  s->flags.show_defaults(s->policy.config);
   return [s] { return info(*s); };
 }
 

@@ -37,9 +37,7 @@ int train(TrainState& s) {
     print_eval(dfp::evaluate_checkpoint(c.resume, c.data, c.threads, print_line));
     return 0;
   }
-  const std::string toml = run_toml(c);  // the flags as given, before training changes anything
-  dfp::train(c, print_line);
-  if (dfp::writes_run_files()) write_run_toml(c.out, toml);  // rank 0 of a data-parallel job
+  dfp::train(c, print_line);  // writes DIR/run.toml with the other run files
   return 0;
 }
 
@@ -57,6 +55,7 @@ Run add_train(CLI::App& root) {
                 {"-e,--evaluate", "", "evaluate the checkpoint of --resume on the test set instead of training",
                  [p](const std::string&, const std::string&) { p->run.evaluate = true; }, "Run"}});
   p->flags.add_config_flag();
+  p->flags.show_defaults(p->run.config);
   return [s] { return train(*s); };
 }
 
@@ -77,7 +76,7 @@ Run add_eval(CLI::App& root) {
                 threads_option(p->threads)});
   return [s] {
     s->flags.apply();
-    DFP_CHECK(!s->checkpoint.empty(), dfp::Status::invalid_argument, "dfp eval: --checkpoint FILE is required");
+    DFP_CHECK(!s->checkpoint.empty(), dfp::Status::invalid_argument, "flag --checkpoint: expected the checkpoint FILE to evaluate (required)");
     print_eval(dfp::evaluate_checkpoint(s->checkpoint, s->data, s->threads, print_line));
     return 0;
   };

@@ -17,6 +17,7 @@
 #include "dfp/cuda.hpp"
 #include "dfp/loss_scale.hpp"
 #include "dfp/model.hpp"
+#include "dfp/status.hpp"
 
 namespace dfp {
 
@@ -49,7 +50,8 @@ struct TrainConfig {
   uint64_t seed = 1;
   std::string out;                  // "" = no files
   // A directory that already holds a run (holds_run) is refused unless resume is set or this is
-  // true (its files are then replaced).
+  // true (its files are then replaced). The files of a run that finished no epoch (no checkpoint)
+  // are no run: a new run takes the directory over, saying so in its log.
   bool overwrite = false;
   std::string resume;               // checkpoint to continue from
   // Weights to start from (not read when resuming): a torch.save'd state_dict (torchvision names,
@@ -105,7 +107,9 @@ struct EpochMetrics {
   uint64_t skipped_steps = 0;  // since the start of the run (non-finite gradients)
 };
 
-// Whether dir holds the files of a run (config.json, metrics.jsonl or checkpoint.dfp).
+// Whether dir holds an earlier run: a checkpoint.dfp, or the metrics of more than one epoch
+// (a run whose checkpoint is gone). The config.json and metrics.jsonl of a run stopped in its
+// first epoch are no run: there is nothing to resume, and a new run replaces them.
 bool holds_run(const std::string& dir);
 
 // One line of metrics.jsonl, without its newline: the epoch's metrics, the policy and the layers'
@@ -118,6 +122,30 @@ std::string metrics_line(const EpochMetrics& metrics, const std::string& policy_
 bool writes_run_files() noexcept;
 // The number of processes the launcher started (1: a lone process).
 int job_ranks() noexcept;
+
+// An error that every rank of a data-parallel job raises alike: a refusal of the flags or of the
+// job's settings. Rank 0 reports it for the job and the other ranks leave it unsaid
+// (left_to_rank0()), so that a job of N ranks prints it once. `gathered`: the ranks compared what
+// decides it, so it is the same on every rank; otherwise it follows from the command line, and is
+// the same on every rank only when one command line started them all.
+class RefusalOfEveryRank : public Error {
+ public:
+  RefusalOfEveryRank(const Error& error, bool gathered);
+  // Whether another rank reports it, as the ranks decided together (the first rank that failed
+  // with this message reports it; a rank whose message differs reports its own).
+  struct Quiet {
+    bool another_rank_reports = false;
+  };
+  RefusalOfEveryRank(const Error& error, Quiet quiet);
+  // Whether this process ends without a word: rank 0 (or the rank the ranks chose) reports it.
+  bool left_to_rank0() const noexcept { return left_to_rank0_; }
+
+ private:
+  bool left_to_rank0_ = false;
+};
+// Whether this process leaves an error of its command line (a flag's value) to rank 0 to report: a
+// rank other than 0 of a job whose ranks were all started with one command line.
+bool command_line_errors_left_to_rank0() noexcept;
 
 // Receives each epoch's metrics once the epoch is done (its metrics line and checkpoint written).
 using EpochCallback = std::function<void(const EpochMetrics&)>;

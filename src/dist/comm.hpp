@@ -21,6 +21,12 @@ int launcher_world_size() noexcept;
 // This process's rank as the launcher numbers it (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK); 0 when
 // none is set.
 int launcher_rank() noexcept;
+// Whether a launcher started this process (any of the variables above is set, even for one rank).
+bool under_launcher() noexcept;
+// Whether every rank of the launcher's job was started with one command line (Open MPI: a single
+// application context, OMPI_APP_CTX_NUM_PROCS equal to the world size); false when the launcher
+// does not say (another MPI) or the job gave its ranks several command lines (`mpirun A : B`).
+bool launcher_one_command_line() noexcept;
 // Whether this build has the MPI implementation (otherwise Comm::join refuses).
 bool built_with_mpi() noexcept;
 

@@ -85,6 +85,24 @@ void Job::refuse(const std::string& message) {
   fail(Status::invalid_argument, message);
 }
 
+void Job::agree_on_start(const Error* error) {
+  const uint64_t mine[2] = {error ? 1u : 0u, error ? digest(uint64_t(error->status()), std::string(error->what())) : 0};
+  std::vector<uint64_t> all(size_t(size()) * 2);
+  comm_->allgather(mine, all.data(), sizeof mine, "the comparison of the ranks' start-up");
+  std::string ranks;
+  bool said_before = false;  // a lower rank failed with the same message: it reports it
+  for (int r = 0; r < size(); ++r)
+    if (all[size_t(r) * 2] != 0) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      said_before |= r < rank() && error && all[size_t(r) * 2 + 1] == mine[1];
+    }
+  if (ranks.empty()) return;
+  agreed_ = true;
+  if (error) throw RefusalOfEveryRank(*error, RefusalOfEveryRank::Quiet{said_before});
+  throw RefusalOfEveryRank(Error(Status::invalid_argument, "rank " + ranks + " failed at start-up (its message says why)"),
+                           RefusalOfEveryRank::Quiet{true});
+}
+
 void Job::check_same_run(const std::string& settings, const Dataset& train, const Dataset& test) {
   const uint64_t mine[3] = {digest(0, settings), digest(data_digest(train), &test.count, sizeof test.count) ^
                                                      data_digest(test), program_digest()};

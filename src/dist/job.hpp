@@ -36,6 +36,11 @@ class Job {
   bool agreed() const noexcept { return agreed_; }
   [[noreturn]] void abort(const std::string& message) { comm_->abort(message); }
 
+  // The ranks' start-up (reading the data, building the model) compared: when any rank failed
+  // (`error` set), every rank throws a RefusalOfEveryRank, reported by the first rank that failed
+  // with that message and by each rank whose message differs; the ranks that did not fail end
+  // without a word. Collective: every rank calls it once.
+  void agree_on_start(const Error* error);
   // Refuses ranks whose settings, data or program differ from rank 0's (a digest of each,
   // compared across ranks), naming the ranks and what differs.
   void check_same_run(const std::string& settings, const Dataset& train, const Dataset& test);

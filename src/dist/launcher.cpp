@@ -25,6 +25,21 @@ int launcher_number(std::initializer_list<const char*> vars, long lo, int none) 
 int launcher_world_size() noexcept { return launcher_number({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}, 2, 1); }
 int launcher_rank() noexcept { return launcher_number({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}, 0, 0); }
 
+bool under_launcher() noexcept {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* v = std::getenv(var); v && *v) return true;
+  return false;
+}
+
+bool launcher_one_command_line() noexcept {
+  // One number when one context started every rank ("2"); one per context otherwise ("1 1").
+  const char* procs = std::getenv("OMPI_APP_CTX_NUM_PROCS");
+  if (!procs || !*procs) return false;
+  char* end = nullptr;
+  const long n = std::strtol(procs, &end, 10);
+  return end && *end == 0 && n == launcher_world_size();
+}
+
 size_t type_bytes(Type type) noexcept {
   switch (type) {
     case Type::f32: return 4;

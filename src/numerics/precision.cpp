@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dfp/context.hpp"
+#include "dfp/conv.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include <iterator>
@@ -171,6 +172,26 @@ std::string int16_exponents_note(const DfpConvOptions& o) {
   }
   return s;
 }
+// What a BF16 convolution runs on: what the kernel table builds for a representative convolution
+// (the one dfp info shows), not what the CPU's feature flags suggest, since oneDNN also follows
+// ONEDNN_MAX_CPU_ISA and has no fast BF16 code without AVX-512 (the layers then round the
+// operands and run the FP32 convolutions).
+std::string bf16_convolution_note(const Context& ctx) {
+  ConvShape probe;
+  probe.N = 32; probe.C = 64; probe.H = 28; probe.W = 28; probe.K = 64; probe.R = 3; probe.S = 3; probe.pad_h = 1; probe.pad_w = 1;
+  const auto bf = ctx.kernels().conv_bf16.fn(ctx.threads(), probe, "probe");
+  if (!bf)
+    return "operands rounded to BF16 on the FP32 oneDNN convolutions (oneDNN has no fast BF16 convolution on this "
+           "CPU), exact products, FP32 accumulation";
+  const std::string impl = bf->impl_forward();
+  if (impl.find("amx") != std::string::npos)
+    return "native: oneDNN BF16 convolutions on AMX tiles (TDPBF16PS) where oneDNN takes them, else VDPBF16PS; FP32 "
+           "accumulation and outputs (dfp info and --profile name each pass's kernel)";
+  if (impl.find("avx512_core_bf16") != std::string::npos)
+    return "native: oneDNN BF16 convolutions (VDPBF16PS), FP32 accumulation and outputs";
+  return "EMULATED: oneDNN BF16 convolutions (" + impl + ") without AVX512_BF16 instructions (this CPU has none, or "
+         "ONEDNN_MAX_CPU_ISA hides them): oneDNN emulates VDPBF16PS bit for bit, several times slower";
+}
 }  // namespace
 
 std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx) {
@@ -199,13 +220,8 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
           line += "EMULATED: operands rounded to BF16, products accumulated in FP32 by the scalar reference (slow)";
         else if (!all_bf16)
           line += "mixed formats: operands rounded, FP32 oneDNN convolutions (exact products, FP32 accumulation)";
-        else if (cpu.amx_bf16 && cpu.os_saves_amx)
-          line += "native: oneDNN BF16 convolutions on AMX tiles (TDPBF16PS) where oneDNN takes them, else "
-                  "VDPBF16PS; FP32 accumulation and outputs (dfp info and --profile name each pass's kernel)";
-        else if (cpu.avx512bf16)
-          line += "native: oneDNN BF16 convolutions (VDPBF16PS), FP32 accumulation and outputs";
         else
-          line += "EMULATED: this CPU has no AVX512_BF16; oneDNN emulates VDPBF16PS bit for bit, several times slower";
+          line += bf16_convolution_note(ctx);
         out.push_back(line);
         break;
       }

@@ -3,6 +3,9 @@
 #include "src/train/run_files.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <sstream>
 #include <cctype>
 #include <cmath>
 #include <cstddef>
@@ -13,6 +16,8 @@
 #include <utility>
 
 #include "dfp/status.hpp"
+#include "dfp/trainer.hpp"
+#include "src/train/checkpoint.hpp"
 
 namespace dfp::run_files {
 namespace {
@@ -524,6 +529,127 @@ ProfileRecord parse_profile(std::string_view text, const std::string& source) {
     const auto at = key_lines.find(key);
     fail(e.status(), source + ":" + std::to_string(at == key_lines.end() ? 1 : at->second) + ": " + what);
   }
+}
+
+
+// ---- run.toml ----------------------------------------------------------------------------------
+
+namespace {
+
+// `v` as a TOML string that reads back as `v`: literal ('...') where TOML allows it, else basic
+// ("...") with the escapes of ", \ and control characters; other bytes (UTF-8) as they are.
+std::string toml_string(const std::string& v) {
+  auto control = [](char ch) { return (static_cast<unsigned char>(ch) < 0x20 && ch != '\t') || ch == 0x7f; };
+  if (v.find('\'') == std::string::npos && std::none_of(v.begin(), v.end(), control)) return "'" + v + "'";
+  std::string out = "\"";
+  for (const char ch : v) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (control(ch)) {
+          char u[8];
+          std::snprintf(u, sizeof u, "\\u%04X", unsigned(static_cast<unsigned char>(ch)));
+          out += u;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string fmt_float(float v) {  // the shortest text that reads back as the same float
+  char b[32];
+  return {b, std::to_chars(b, b + sizeof b, v).ptr};
+}
+
+}  // namespace
+
+std::string run_toml(const TrainConfig& c) {
+  std::ostringstream o;
+  auto str = [&o](const char* key, const std::string& v) { o << key << " = " << toml_string(v) << "\n"; };
+  auto num = [&o](const char* key, const std::string& v) { o << key << " = " << v << "\n"; };
+  auto flag = [&o](const char* key, bool v) { if (v) o << key << " = true\n"; };
+  const PrecisionPolicy& p = c.policy;
+  o << "# dfp train --config FILE repeats this run (flags on the command line override these).\n";
+  str("model", c.model);
+  str("dataset", c.dataset);
+  if (!c.data.empty()) str("data", c.data);
+  num("image-size", std::to_string(c.image_size));
+  num("limit-train", std::to_string(c.limit_train));
+  num("limit-test", std::to_string(c.limit_test));
+  flag("no-augment", !c.augment);
+  if (!c.init_from.empty()) str("init-from", c.init_from);
+  std::string skip;
+  for (const std::string& s : c.init_skip) skip.append(skip.empty() ? "" : ",").append(s);
+  if (!skip.empty()) str("init-skip", skip);
+  num("workers", std::to_string(c.workers));
+  num("epochs", std::to_string(c.epochs));
+  num("batch-size", std::to_string(c.batch_size));
+  num("lr", fmt_float(c.lr));
+  num("momentum", fmt_float(c.momentum));
+  num("wd", fmt_float(c.weight_decay));
+  flag("nesterov", c.nesterov);
+  str("schedule", c.schedule);
+  num("warmup-epochs", std::to_string(c.warmup_epochs));
+  std::string milestones;
+  for (int e : c.milestones) milestones.append(milestones.empty() ? "" : ",").append(std::to_string(e));
+  if (!milestones.empty()) str("milestones", milestones);
+  num("gamma", fmt_float(c.gamma));
+  num("step-epochs", std::to_string(c.step_epochs));
+  num("label-smoothing", fmt_float(c.label_smoothing));
+  num("threads", std::to_string(c.threads));
+  if (!c.isa.empty()) str("isa", c.isa);
+  num("seed", std::to_string(c.seed));
+  str("out", c.out);
+  if (!c.label.empty()) str("label", c.label);
+  num("print-every", std::to_string(c.print_every));
+  num("numerics-every", std::to_string(c.numerics_interval));
+  flag("profile", c.profile);
+  str("device", c.device);
+  str("allreduce", c.allreduce);
+  flag("error-feedback", c.error_feedback);
+  flag("sync-bn", c.sync_bn);
+  num("bucket-kib", std::to_string(c.bucket_kib));
+  num("dist-timeout", fmt_float(float(c.dist_timeout)));
+  str("precision", precision_name(p.precision));
+  std::string overrides;
+  for (const auto& [pattern, precision] : p.overrides)
+    overrides.append(overrides.empty() ? "" : ",").append(pattern).append("=").append(precision_name(precision));
+  if (!overrides.empty()) str("override", overrides);
+  if (p.dfp.weights.headroom == p.dfp.activations.headroom && p.dfp.weights.headroom == p.dfp.gradients.headroom) {
+    num("headroom", std::to_string(p.dfp.weights.headroom));
+  } else {
+    num("weights-headroom", std::to_string(p.dfp.weights.headroom));
+    num("activations-headroom", std::to_string(p.dfp.activations.headroom));
+    num("gradients-headroom", std::to_string(p.dfp.gradients.headroom));
+  }
+  str("weights-rounding", rounding_name(p.dfp.weights.rounding));
+  str("activations-rounding", rounding_name(p.dfp.activations.rounding));
+  str("gradients-rounding", rounding_name(p.dfp.gradients.rounding));
+  str("weights-granularity", granularity_name(p.dfp.weights.granularity));
+  str("activations-granularity", granularity_name(p.dfp.activations.granularity));
+  str("gradients-granularity", granularity_name(p.dfp.gradients.granularity));
+  if (p.weights_format) str("weights-format", float_format_name(*p.weights_format));
+  if (p.activations_format) str("activations-format", float_format_name(*p.activations_format));
+  if (p.gradients_format) str("gradients-format", float_format_name(*p.gradients_format));
+  str("int16-chain", p.dfp.chain_override == 0 ? "bound" : std::to_string(p.dfp.chain_override));
+  flag("verify-overflow", p.dfp.verify);
+  str("loss-scaling", loss_scale_mode_name(c.loss_scale.mode));
+  if (c.loss_scale.init_scale) num("loss-scale", fmt_float(float(*c.loss_scale.init_scale)));
+  num("scale-growth-interval", std::to_string(c.loss_scale.growth_interval));
+  return o.str();
+}
+
+void write_run_toml(const std::string& dir, const std::string& text) {
+  if (dir.empty()) return;
+  write_file_atomically(dir + "/run.toml", text, "run.toml");
 }
 
 }  // namespace dfp::run_files

@@ -7,6 +7,8 @@
 //   profile.json   ProfileRecord  one object: the step, optimizer and data-wait times, a
 //                                 ProfileLayerRecord per layer and, in a data-parallel run, a
 //                                 ProfileCommRecord (written with --profile)
+//   run.toml       run_toml()     the run's settings as `dfp train` flags, which
+//                                 `dfp train --config DIR/run.toml` reads back to repeat the run
 //
 // Non-finite numbers. JSON has no NaN or infinity: a number that is not finite (a diverged loss,
 // an overflowed loss scale, an unmeasurable SQNR) is written as null, and null in a number field
@@ -36,6 +38,10 @@
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
+
+namespace dfp {
+struct TrainConfig;
+}  // namespace dfp
 
 namespace dfp::run_files {
 
@@ -149,6 +155,16 @@ std::string to_text(const ProfileRecord& r);
 EpochRecord parse_epoch_line(std::string_view line, const std::string& source, int line_no);
 ConfigRecord parse_config(std::string_view text, const std::string& source);
 ProfileRecord parse_profile(std::string_view text, const std::string& source);
+
+// run.toml: the run's resolved settings as `dfp train --config` reads them, one `flag = value`
+// line per flag that decides or describes the run (--keep-fp32 is part of the overrides, --rounding
+// of the per-class flags). --resume and --overwrite are left out, and so are the TrainConfig fields
+// that no flag sets (stop_after). Every string is a TOML string ('...', or "..." with escapes where
+// the value has a ' or a control character), so that any value reads back as it was.
+std::string run_toml(const TrainConfig& config);
+// Writes `text` to DIR/run.toml through a temporary file that reaches the disk before it is renamed
+// (nothing when DIR is ""); a failed step (a full disk) is Error(io_error) naming run.toml.
+void write_run_toml(const std::string& dir, const std::string& text);
 
 // A number as the files write it: the shortest text that reads back as the same double ("65.71").
 std::string number_text(double v);

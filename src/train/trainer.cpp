@@ -392,7 +392,19 @@ void keep_metrics_through(const std::string& path, int epochs) {
 int job_ranks() noexcept { return dist::launcher_world_size(); }
 bool writes_run_files() noexcept { return dist::launcher_world_size() <= 1 || dist::launcher_rank() == 0; }
 
-bool holds_run(const std::string& dir) { return !run_files_in(dir).empty(); }
+bool holds_run(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path d(dir);
+  if (std::filesystem::exists(std::filesystem::symlink_status(d / "checkpoint.dfp", ec))) return true;
+  // Without a checkpoint no epoch finished: a run writes its epoch's metrics line just before the
+  // epoch's checkpoint, so at most the first epoch's line is there. More lines are the record of
+  // a run whose checkpoint is gone, which only --overwrite replaces.
+  std::ifstream metrics(d / "metrics.jsonl", std::ios::binary);
+  std::string line;
+  int lines = 0;
+  while (lines < 2 && std::getline(metrics, line)) lines += !line.empty();
+  return lines > 1;
+}
 
 std::string metrics_line(const EpochMetrics& em, const std::string& policy_text, const std::vector<LayerNumerics>& layers) {
   run_files::EpochRecord r;
@@ -448,6 +460,28 @@ std::string metrics_line(const EpochMetrics& em, const std::string& policy_text,
 
 namespace {
 
+// What a resume that extends a run of `planned` epochs to `epochs` (after `done`) means for the
+// learning rate: only the cosine schedule depends on the number of epochs.
+std::string extension_note(const LrSchedule& sched, int done, int planned, int epochs) {
+  const std::string from = std::to_string(done + 1), to = std::to_string(epochs);
+  const std::string lr = fmt_g(sched.at(done * sched.steps_per_epoch));
+  switch (sched.kind) {
+    case ScheduleKind::cosine:
+      return "the cosine schedule now spans " + to + " epochs, so epochs " + from + "-" + to + " start at lr " + lr +
+             " and the rates differ from those of a run planned for " + to + " epochs from the start (its first " +
+             std::to_string(done) + " epochs followed a " + std::to_string(planned) + "-epoch schedule); the "
+             "checkpoint and config.json record the plan (epochs_plan)";
+    case ScheduleKind::constant:
+      return "the constant schedule does not depend on --epochs: epochs " + from + "-" + to + " run at lr " + lr;
+    case ScheduleKind::step:
+    case ScheduleKind::multistep:
+      return std::string("the ") + (sched.kind == ScheduleKind::step ? "step" : "multistep") +
+             " schedule does not depend on --epochs: epochs " + from + "-" + to + " run at the rates a run planned for " +
+             to + " epochs has (lr " + lr + " at epoch " + from + ")";
+  }
+  return "";
+}
+
 // The run, alone (job null) or as one rank of a data-parallel job: rank 0 alone logs and writes
 // the run's files (the others run with `out` empty).
 std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job,
@@ -478,17 +512,28 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
   co.seed = cfg.seed;
   Context ctx(co);
 
-  Dataset train_set = load_dataset(cfg.dataset, cfg.data, true, cfg.image_size);
-  Dataset test_set = load_dataset(cfg.dataset, cfg.data, false, cfg.image_size);
-  check_same_geometry(train_set, test_set);
-  truncate(train_set, cfg.limit_train);
-  truncate(test_set, cfg.limit_test);
-  DFP_CHECK(train_set.count >= cfg.batch_size, Status::invalid_argument,
-            "training set of " + std::to_string(train_set.count) + " images is smaller than one batch (" +
-                std::to_string(cfg.batch_size) + ")");
-
-  Model m(ctx, cfg.model);
-  build_model(m, cfg.model, train_set.channels, train_set.height, train_set.width, train_set.classes);
+  Dataset train_set, test_set;
+  std::unique_ptr<Model> built;
+  std::optional<Error> failed;
+  try {
+    train_set = load_dataset(cfg.dataset, cfg.data, true, cfg.image_size);
+    test_set = load_dataset(cfg.dataset, cfg.data, false, cfg.image_size);
+    check_same_geometry(train_set, test_set);
+    truncate(train_set, cfg.limit_train);
+    truncate(test_set, cfg.limit_test);
+    DFP_CHECK(train_set.count >= cfg.batch_size, Status::invalid_argument,
+              "training set of " + std::to_string(train_set.count) + " images is smaller than one batch (" +
+                  std::to_string(cfg.batch_size) + ")");
+    built = std::make_unique<Model>(ctx, cfg.model);
+    build_model(*built, cfg.model, train_set.channels, train_set.height, train_set.width, train_set.classes);
+  } catch (const Error& e) {
+    if (!job) throw;
+    failed = e;
+  }
+  // Every rank reads the data and builds the model alike: a wrong --data or --model fails them
+  // all, and the job says it once.
+  if (job) job->agree_on_start(failed ? &*failed : nullptr);
+  Model& m = *built;
   m.set_label_smoothing(cfg.label_smoothing);
   m.set_loss_scaling(cfg.loss_scale);  // before build(): the memory plan depends on it
   const int ranks = job ? job->size() : 1;
@@ -533,6 +578,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
 
   const std::vector<Setting> settings = result_settings(cfg, policy_text);
   const std::vector<Setting> machine = machine_settings(ctx);
+  // The reducer goes before the model it hooks into, also when a refusal below ends the run.
+  const dist::Job::Attachment attached(job);
   if (job) {
     std::string text = "allreduce=" + cfg.allreduce + "\nerror_feedback=" + (cfg.error_feedback ? "1" : "0") +
                        "\nsync_bn=" + (cfg.sync_bn ? "1" : "0") +
@@ -542,7 +589,6 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
     job->attach(ctx, m, cfg);
     job->broadcast_state(m);  // rank 0's initial weights everywhere
   }
-  const dist::Job::Attachment attached(job);  // the reducer goes before the model it hooks into
   // The run takes its directory before it reads anything there: another run cannot write a newer
   // checkpoint between this one's resume and its first write.
   std::unique_ptr<RunLock> lock;
@@ -553,6 +599,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
     lock = std::make_unique<RunLock>(cfg.out, "flag --out");
   }
   int start_epoch = 0;
+  // A run resumed with a larger --epochs: "E:N" items, from E epochs done on the schedule spanned N
+  // epochs ("0:10,10:20"); empty for a run that kept its --epochs.
+  std::string epochs_plan;
   if (!cfg.resume.empty()) {
     const Checkpoint ck = read_checkpoint(cfg.resume);
     // Every setting that decides the result must match; all mismatches are named at once. A
@@ -563,6 +612,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
       if (it == ck.meta.end()) {
         if (st.required) meta_get(ck, st.key, cfg.resume);  // throws: the checkpoint is corrupt
         unchecked += std::string(unchecked.empty() ? "" : ", ") + st.flag;
+      } else if (std::strcmp(st.key, "epochs") == 0) {
+        continue;  // a resume may extend the run: checked below
       } else if (!st.matches(it->second))
         differ += std::string(differ.empty() ? "" : "; ") + st.flag + " (field '" + st.key + "'): checkpoint '" +
                   it->second + "', this run '" + st.value + "'";
@@ -576,8 +627,23 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
         say(std::string("note: the checkpoint was written with ") + st.key + " " + ck.meta.at(st.key) +
             ", this run uses " + st.value + ": the FP32 library operators may then round differently from an "
             "uninterrupted run");
+    const int planned = ck.meta.count("epochs")
+                            ? int(meta_int(ck, "epochs", cfg.resume, 1, std::numeric_limits<int>::max()))
+                            : cfg.epochs;
     check_shape(get_shape(ck, cfg.resume), train_set, "training", cfg.resume);
-    start_epoch = int(meta_int(ck, "epochs_done", cfg.resume, 1, cfg.epochs));
+    start_epoch = int(meta_int(ck, "epochs_done", cfg.resume, 1, planned));
+    DFP_CHECK(cfg.epochs >= planned, Status::invalid_argument,
+              "flag --epochs " + std::to_string(cfg.epochs) + ": checkpoint '" + cfg.resume + "' is of a run of " +
+                  std::to_string(planned) + " epochs (" + std::to_string(start_epoch) +
+                  " done); expected --epochs " + std::to_string(planned) + " to continue it, or more to extend it "
+                  "(a resume never shortens a run)");
+    if (const auto it = ck.meta.find("epochs_plan"); it != ck.meta.end()) epochs_plan = it->second;
+    if (planned != cfg.epochs) {
+      epochs_plan += (epochs_plan.empty() ? "0:" + std::to_string(planned) : std::string()) + "," +
+                     std::to_string(start_epoch) + ":" + std::to_string(cfg.epochs);
+      say("extending the run of " + std::to_string(planned) + " epochs to " + std::to_string(cfg.epochs) +
+          " (--epochs " + std::to_string(cfg.epochs) + "): " + extension_note(sched, start_epoch, planned, cfg.epochs));
+    }
     const int64_t steps_done = int64_t{start_epoch} * sched.steps_per_epoch;
     meta_int(ck, "step", cfg.resume, steps_done, steps_done);  // the loop's step counter after those epochs
     m.set_step(uint64_t(steps_done));
@@ -590,7 +656,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
                      uint64_t(meta_int(ck, "skipped_steps", cfg.resume, 0, steps_done)));
     if (start_epoch == cfg.epochs) {
       say("checkpoint " + cfg.resume + " is of a finished run: all " + std::to_string(cfg.epochs) +
-          " epochs are done; nothing to train");
+          " epochs are done; nothing to train (a larger --epochs extends the run)");
       return {};
     }
     say("resumed from " + cfg.resume + " after epoch " + std::to_string(start_epoch));
@@ -608,12 +674,25 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
     // Resuming continues the run in --out only when the checkpoint is that run's own.
     std::error_code ec;
     const bool resumes_here = !cfg.resume.empty() && std::filesystem::equivalent(cfg.resume, cfg.out + "/checkpoint.dfp", ec);
-    DFP_CHECK(cfg.overwrite || resumes_here || !holds_run(cfg.out), Status::invalid_argument,
-              "flag --out: directory '" + cfg.out + "' holds an earlier run (" + run_files_in(cfg.out) +
-                  "); expected an empty or new directory, --resume " + cfg.out + "/checkpoint.dfp to continue it, "
-                  "or --overwrite to replace it");
+    if (!cfg.overwrite && !resumes_here && holds_run(cfg.out)) {
+      const bool checkpoint = std::filesystem::exists(cfg.out + "/checkpoint.dfp", ec);
+      fail(Status::invalid_argument,
+           "flag --out: directory '" + cfg.out + "' holds an earlier run (" + run_files_in(cfg.out) +
+               "); expected an empty or new directory, " +
+               (checkpoint ? "--resume " + cfg.out + "/checkpoint.dfp to continue it, "
+                           : std::string("(it has no checkpoint to resume) ")) +
+               "or --overwrite to replace it");
+    }
+    // A run stopped before it finished an epoch (Ctrl-C, a data error) leaves config.json and
+    // metrics.jsonl but nothing to resume: the retry takes the directory over.
+    if (const std::string left = run_files_in(cfg.out); !cfg.overwrite && !resumes_here && !left.empty())
+      say("flag --out: directory '" + cfg.out + "' holds " + left + " of a run that finished no epoch (no checkpoint); "
+          "this run takes it over and replaces them");
     // The directory is this run's now: what killed writers left behind goes.
     remove_checkpoint_temporaries(cfg.out + "/checkpoint.dfp");
+    // The run's settings as flags, so that `dfp train --config DIR/run.toml` repeats it, whichever
+    // surface (the program or the Python binding) started it.
+    run_files::write_run_toml(cfg.out, run_files::run_toml(config));
     run_files::ConfigRecord config;
     for (const std::vector<Setting>* list : {&settings, &machine})
       for (const Setting& st : *list) st.add_to(config);
@@ -627,6 +706,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
     config.add_literal("train_images", std::to_string(train_set.count));
     config.add_literal("test_images", std::to_string(test_set.count));
     config.add_literal("parameters", std::to_string(m.parameter_count()));
+    if (!epochs_plan.empty()) config.add_string("epochs_plan", epochs_plan);
     std::ofstream c(cfg.out + "/config.json");
     c << run_files::to_text(config);
     c.flush();
@@ -638,6 +718,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
     metrics.open(cfg.out + "/metrics.jsonl", start_epoch > 0 ? std::ios::app : std::ios::trunc);
     DFP_CHECK(metrics.good(), Status::io_error, "cannot write '" + cfg.out + "/metrics.jsonl'");
   }
+  if (config.out.empty())
+    say("note: no --out DIR: this run saves nothing (no checkpoint, metrics.jsonl or run.toml); give --out DIR to keep "
+        "its results");
   say("model " + cfg.model + ": " + std::to_string(m.parameter_count()) + " parameters; " + policy_text +
       "; " + cfg.loss_scale.describe());
   if (!on_cuda)
@@ -645,7 +728,10 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
   say("data " + train_set.name + ": " + std::to_string(train_set.count) + " train / " + std::to_string(test_set.count) +
       " test images; " + std::to_string(ctx.threads()) + " threads; kernels " + isa_name(ctx.isa()));
 
-  const bool tty = isatty(STDOUT_FILENO);
+  // One progress line redrawn in place (\r) on a terminal; elsewhere whole lines every
+  // --print-every steps. A launcher's ranks write into a pseudo-terminal of the launcher's even
+  // when its own output goes to a file, so a rank never redraws.
+  const bool tty = isatty(STDOUT_FILENO) && !dist::under_launcher();
   StepProfile prof;
   std::vector<EpochMetrics> all;
   int step = start_epoch * sched.steps_per_epoch;
@@ -688,13 +774,15 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
       ++step;
       ++i;
       if (log && (tty || i % cfg.print_every == 0 || i == sched.steps_per_epoch)) {
-        const double el = seconds_since(t0), ips = double(tr.n) / el;
+        // Every rank trains an equal part of each batch (the batch divides by the ranks): the
+        // job's images per second are this rank's times the ranks, as the epoch line counts them.
+        const double el = seconds_since(t0), ips = double(tr.n) * ranks / el;
         const double eta = (sched.steps_per_epoch - i) * el / i;
         char line[256];
         const int bar = 24 * i / sched.steps_per_epoch;
-        std::snprintf(line, sizeof line, "epoch %d/%d [%-24s] %d/%d loss %.4f top1 %.2f%% %.0f img/s eta %.0fs%s",
+        std::snprintf(line, sizeof line, "epoch %d/%d [%-24s] %d/%d loss %.4f top1 %.2f%%%s %.0f img/s eta %.0fs%s",
                       epoch + 1, cfg.epochs, std::string(bar, '=').c_str(), i, sched.steps_per_epoch, tr.loss / tr.n,
-                      100.0 * tr.c1 / tr.n, ips, eta,
+                      100.0 * tr.c1 / tr.n, job ? " (rank 0's part)" : "", ips, eta,
                       cfg.loss_scale.mode == LossScaleMode::none ? "" : (" scale " + fmt_g(scaler.scale())).c_str());
         if (tty) { std::printf("\r%s", line); std::fflush(stdout); }
         else say(line);
@@ -763,6 +851,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
       put_shape(ck, train_set);
       for (const std::vector<Setting>* list : {&settings, &machine})
         for (const Setting& st : *list) ck.meta[st.key] = st.value;
+      if (!epochs_plan.empty()) ck.meta["epochs_plan"] = epochs_plan;
       save_model(m, cfg.policy, &sgd, ck);
       if (job) job->put_checkpoint(ck);
       write_checkpoint(cfg.out + "/checkpoint.dfp", ck);
@@ -792,11 +881,30 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
 
 }  // namespace
 
+RefusalOfEveryRank::RefusalOfEveryRank(const Error& error, bool gathered)
+    : RefusalOfEveryRank(error, Quiet{dist::launcher_rank() != 0 && (gathered || dist::launcher_one_command_line())}) {}
+
+RefusalOfEveryRank::RefusalOfEveryRank(const Error& error, Quiet quiet)
+    : Error(error.status(), error.what()), left_to_rank0_(quiet.another_rank_reports) {}
+
+bool command_line_errors_left_to_rank0() noexcept {
+  return dist::launcher_world_size() > 1 && dist::launcher_rank() != 0 && dist::launcher_one_command_line();
+}
+
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log,
                                 const EpochCallback& on_epoch, const StopCheck& should_stop) {
-  validate_train_config(cfg);
-  // Started by mpirun with more than one process: one rank of a data-parallel job.
-  const std::unique_ptr<dist::Job> job = dist::Job::join(cfg);
+  std::unique_ptr<dist::Job> job;
+  try {
+    validate_train_config(cfg);
+    // Started by mpirun with more than one process: one rank of a data-parallel job.
+    job = dist::Job::join(cfg);
+  } catch (const Error& e) {
+    // The settings' refusals, before and while the ranks join: each rank decides them from the
+    // same flags (a setting out of range, a batch that does not divide by the ranks).
+    if (job_ranks() > 1 && (e.status() == Status::invalid_argument || e.status() == Status::unsupported))
+      throw RefusalOfEveryRank(e, false);
+    throw;
+  }
   if (!job) return run_training(cfg, nullptr, log, on_epoch, should_stop);
   if (job->rank() == 0 && log)
     log("data-parallel job: " + std::to_string(job->size()) + " ranks, global batch " + std::to_string(cfg.batch_size) +
@@ -804,9 +912,14 @@ std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void
         (cfg.error_feedback ? " with error feedback" : ""));
   try {
     return run_training(cfg, job.get(), log, on_epoch, {});
+  } catch (const RefusalOfEveryRank&) {
+    throw;  // the ranks agreed on it (Job::agree_on_start)
+  } catch (const Error& e) {
+    if (job->agreed()) throw RefusalOfEveryRank(e, true);  // every rank refuses alike and ends normally
+    job->abort(e.what());  // one rank failed: the job ends on every rank
   } catch (const std::exception& e) {
-    if (job->agreed()) throw;  // every rank refuses alike and ends normally
-    job->abort(e.what());      // one rank failed: the job ends on every rank
+    if (job->agreed()) throw;
+    job->abort(e.what());
   }
 }
 

@@ -471,3 +471,45 @@ TEST(Dist, RanksStartedFromOtherWeightsAreRefused) {
 }
 
 }  // namespace
+
+// A job's refusal is printed once, not once per rank, and without the command named twice: a flag
+// out of range (read before the ranks join), a batch that does not divide by the ranks (refused
+// as they join), an unknown flag, and data or a model that no rank can load.
+TEST(Dist, RefusalsArePrintedOnce) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const std::string out = d.path().string() + "/run";
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {train_args(24, out, "--epochs 0"), "flag --epochs: expected >= 1, got 0"},
+      {train_args(32, out), "expected a multiple of 3"},
+      {train_args(24, out, "--bogus"), "unknown flag '--bogus'"},
+      // Every rank reads the data: a wrong --data fails them all, and the job says it once.
+      {train_args(24, out, "--dataset mnist --image-size 0 --data /nonexistent-dfp-data"), "'/nonexistent-dfp-data' does not exist"},
+      {train_args(24, out, "--model bogus"), "unknown model 'bogus'"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = run(mpirun(3) + DFP_CLI + " " + args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_EQ(count(r.output, message), 1u) << args << ":\n" << r.output;
+    EXPECT_EQ(r.output.find("dfp train: dfp train"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("invalid argument: dfp train:"), std::string::npos) << r.output;
+  }
+}
+
+// Under mpirun each rank writes into a pseudo-terminal of the launcher's, even when the job's
+// output goes to a file: the progress comes as whole lines (no carriage returns), with the job's
+// images per second, and names the loss and top-1 as rank 0's part of the batch.
+TEST(Dist, ProgressUnderTheLauncherIsWholeLinesOfTheJob) {
+  DFP_NEED_MPI();
+  DistDir d;
+  const Result r = run(mpirun(2) + DFP_CLI + " " + train_args(24, d.path().string() + "/run", "--print-every 2", 1));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(rank 0's part)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("epoch 1/1 done"), std::string::npos) << r.output;
+}

@@ -216,7 +216,9 @@ TEST(Cli, VersionPrintsTheProjectVersion) {
 TEST(Cli, UnknownFlagsAndBadValuesAreNamed) {
   const dfp::test::TempDir dir("dfp_cli_errors_");
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"train --bogus 3", "dfp train: invalid argument: dfp train: unknown flag '--bogus' (see dfp train --help)"},
+      {"train --bogus 3", "dfp train: invalid argument: unknown flag '--bogus' (see dfp train --help)"},
+      {"eval", "dfp eval: invalid argument: flag --checkpoint: expected the checkpoint FILE"},
+      {"export", "dfp export: invalid argument: expected a CHECKPOINT file"},
       {"eval --lr 1", "unknown flag '--lr'"},
       {"train --lr=abc", "flag --lr: expected a number, got 'abc'"},
       {"train -b x", "flag --batch-size: expected an integer, got 'x'"},
@@ -230,6 +232,9 @@ TEST(Cli, UnknownFlagsAndBadValuesAreNamed) {
     const Result r = dfp_cli(args, dir);
     EXPECT_EQ(r.status, 1) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+    // The program names the command once, before the status.
+    const std::string command = "dfp " + args.substr(0, args.find(' ')) + ": ";
+    EXPECT_EQ(r.output.find(command, r.output.find(command) + 1), std::string::npos) << args << ": " << r.output;
   }
   const Result r = dfp_cli("trian --lr 0.1", dir);
   EXPECT_EQ(r.status, 2);
@@ -502,4 +507,128 @@ TEST(CliFiles, ConfigRefusesDuplicatesAndListsForOneValue) {
   EXPECT_EQ(c.milestones, (std::vector<int>{2, 4}));
   EXPECT_EQ(c.data, "classes=10,train=8");
   EXPECT_EQ(parse_train({}, write_file(dir, "milestones.toml", "milestones = 3,5\n")).milestones, (std::vector<int>{3, 5}));
+}
+
+// New users' first runs: `--help` shows each flag's default and the zoo's models; a run without
+// --out says that it saves nothing; output that is not a terminal gets whole progress lines, never
+// a carriage return.
+TEST(CliFirstRuns, HelpShowsDefaultsAndEveryModel) {
+  const dfp::test::TempDir dir("dfp_cli_defaults_");
+  const Result r = dfp_cli("train --help", dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  // The help line of a flag (CLI11 may wrap a long one onto the next line).
+  auto help_of = [&](const std::string& names) {
+    const size_t at = r.output.find("  " + names + " ");
+    if (at == std::string::npos) return std::string();
+    const size_t end = r.output.find("\n  -", at + 1);
+    return r.output.substr(at, end == std::string::npos ? std::string::npos : end - at);
+  };
+  const std::vector<std::pair<std::string, std::string>> defaults = {
+      {"--epochs", "(default: 10)"},          {"-b,--batch-size", "(default: 128)"},
+      {"--lr,--learning-rate", "(default: 0.1)"}, {"--precision", "(default: fp32)"},
+      {"--schedule", "(default: cosine)"},    {"-a,--model,--arch", "(default: resnet20)"},
+      {"--wd,--weight-decay", "(default: 5e-04)"}, {"--seed", "(default: 1)"},
+      {"--dataset", "(default: fashion-mnist)"}, {"-p,--print-every,--print-freq", "(default: 50)"}};
+  for (const auto& [flag, shown] : defaults)
+    EXPECT_NE(help_of(flag).find(shown), std::string::npos) << flag << ": '" << help_of(flag) << "'";
+  const std::string model = help_of("-a,--model,--arch");
+  for (const std::string& name : dfp::model_names())
+    EXPECT_NE(model.find(name), std::string::npos) << name << " not in '" << model << "'";
+  EXPECT_NE(model.find("alexnet_tv"), std::string::npos) << model;
+  EXPECT_NE(dfp_cli("info --help", dir).output.find("(default: fp32)"), std::string::npos);
+}
+
+TEST(CliFirstRuns, RunWithoutOutSaysItSavesNothingAndPipesGetNoCarriageReturns) {
+  const dfp::test::TempDir dir("dfp_cli_first_");
+  const Result r = dfp_cli(tiny_run("-p 1"), dir);  // the output goes to a file
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("no --out DIR: this run saves nothing"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("epoch 1/1 [="), std::string::npos) << r.output;  // progress as whole lines
+  const Result saved = dfp_cli(tiny_run("--out '" + dir.file("a") + "'"), dir);
+  ASSERT_EQ(saved.status, 0) << saved.output;
+  EXPECT_EQ(saved.output.find("saves nothing"), std::string::npos) << saved.output;
+}
+
+// A run stopped before its first checkpoint leaves config.json and metrics.jsonl: the plain retry
+// takes the directory over. --resume with a larger --epochs extends a finished run.
+TEST(CliFirstRuns, RetryAfterAnInterruptedFirstEpochAndResumeWithMoreEpochs) {
+  const dfp::test::TempDir dir("dfp_cli_retry_");
+  const std::string out = dir.file("run");
+  ASSERT_EQ(dfp_cli(tiny_run("--out '" + out + "'"), dir).status, 0);
+  // What a run killed in its first epoch leaves.
+  fs::remove(out + "/checkpoint.dfp");
+  std::ofstream(out + "/metrics.jsonl", std::ios::trunc).flush();
+  const Result retry = dfp_cli(tiny_run("--out '" + out + "'"), dir);
+  ASSERT_EQ(retry.status, 0) << retry.output;
+  EXPECT_NE(retry.output.find("this run takes it over"), std::string::npos) << retry.output;
+  ASSERT_TRUE(fs::exists(out + "/checkpoint.dfp"));
+  // The finished run refuses a plain retry, naming the checkpoint to resume.
+  const Result again = dfp_cli(tiny_run("--out '" + out + "'"), dir);
+  EXPECT_EQ(again.status, 1);
+  EXPECT_NE(again.output.find("--resume " + out + "/checkpoint.dfp to continue it"), std::string::npos) << again.output;
+  const Result more = dfp_cli(tiny_run("--epochs 2 --resume '" + out + "/checkpoint.dfp' --out '" + out + "'"), dir);
+  ASSERT_EQ(more.status, 0) << more.output;
+  EXPECT_NE(more.output.find("extending the run of 1 epochs to 2"), std::string::npos) << more.output;
+  EXPECT_EQ(dfp::test::lines_of(out + "/metrics.jsonl").size(), 2u);
+  EXPECT_NE(slurp(out + "/run.toml").find("epochs = 2\n"), std::string::npos);
+  const Result fewer = dfp_cli(tiny_run("--resume '" + out + "/checkpoint.dfp' --out '" + out + "'"), dir);
+  EXPECT_EQ(fewer.status, 1);
+  EXPECT_NE(fewer.output.find("flag --epochs 1: checkpoint"), std::string::npos) << fewer.output;
+}
+
+// The library's train() writes run.toml (the Python binding's runs too): `dfp train --config`
+// reads it back to the same settings and repeats the run.
+TEST(CliFirstRuns, LibraryRunsWriteTheRunToml) {
+  const dfp::test::TempDir dir("dfp_cli_libtoml_");
+  dfp::TrainConfig c;
+  c.model = "lenet";
+  c.dataset = "synthetic";
+  c.data = "classes=10,train=16,test=8";
+  c.image_size = 28;
+  c.epochs = 1;
+  c.batch_size = 8;
+  c.threads = 2;
+  c.lr = 0.03f;
+  c.label = "it's lib";
+  c.out = dir.file("lib");
+  dfp::train(c, nullptr);
+  const std::string toml = slurp(c.out + "/run.toml");
+  ASSERT_FALSE(toml.empty());
+  const dfp::TrainConfig back = parse_train({}, c.out + "/run.toml");
+  EXPECT_EQ(dfp::cli::run_toml(back), toml);
+  EXPECT_EQ(back.lr, 0.03f);
+  EXPECT_EQ(back.label, "it's lib");
+  const Result r = dfp_cli("train --config '" + c.out + "/run.toml' --out '" + dir.file("cli") + "'", dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(slurp(dir.file("cli/checkpoint.dfp")), slurp(c.out + "/checkpoint.dfp"));
+}
+
+// dfp info --precision bf16 gives one account of what a BF16 convolution runs on: the kernel table's
+// line and the policy's note agree, also where oneDNN has no BF16 code (ONEDNN_MAX_CPU_ISA=AVX2, as
+// on a CPU without AVX-512) and where it emulates BF16 on AVX-512.
+TEST(CliFirstRuns, InfoBf16TellsOneStory) {
+  const dfp::test::TempDir dir("dfp_cli_bf16_");
+  for (const char* isa : {"", "AVX2", "AVX512_CORE"}) {
+    SCOPED_TRACE(isa);
+    const std::string env = *isa ? std::string("ONEDNN_MAX_CPU_ISA=") + isa + " " : std::string();
+    const std::string log = dir.file("info.log");
+    ASSERT_EQ(std::system((env + "'" + DFP_CLI + "' info --threads 1 --precision bf16 > '" + log + "' 2>&1").c_str()), 0);
+    const std::string out = slurp(log);
+    const size_t note = out.find("bf16: formats w/x/dy bf16/bf16/bf16; ");
+    ASSERT_NE(note, std::string::npos) << out;
+    const std::string says = out.substr(note, out.find('\n', note) - note);
+    if (out.find("bf16   bf16-rounded operands on the fp32 kernel") != std::string::npos) {
+      EXPECT_NE(says.find("operands rounded to BF16 on the FP32 oneDNN convolutions"), std::string::npos) << out;
+      EXPECT_EQ(says.find("emulates"), std::string::npos) << out;
+    } else if (out.find("onednn:jit_bf16:avx512_core_bf16") != std::string::npos ||
+               out.find("avx512_core_amx\n") != std::string::npos) {
+      EXPECT_NE(says.find("native"), std::string::npos) << out;
+    } else {
+      EXPECT_NE(says.find("EMULATED"), std::string::npos) << out;
+    }
+    if (std::string(isa) == "AVX2") {  // oneDNN has no BF16 JIT code below AVX-512
+      EXPECT_NE(out.find("bf16   bf16-rounded operands on the fp32 kernel"), std::string::npos) << out;
+    }
+  }
 }

@@ -62,3 +62,23 @@ def test_evaluate_reports_a_missing_checkpoint(tmp_path):
     with pytest.raises(dfp.Error) as info:
         dfp.evaluate(str(tmp_path / "none.dfp"))
     assert info.value.status == "io_error" and "none.dfp" in str(info.value)
+
+
+def test_train_writes_a_run_toml_that_the_program_repeats(tmp_path):
+    """dfp.train writes run.toml as `dfp train` does; `dfp train --config` takes it."""
+    out = tmp_path / "run"
+    config = dfp.TrainConfig(model="lenet", dataset="synthetic", data="classes=10,train=16,test=8", image_size=28,
+                             epochs=1, batch_size=8, threads=2, lr=0.03, out=str(out))
+    dfp.train(config)
+    toml = (out / "run.toml").read_text()
+    assert "model = 'lenet'" in toml and "epochs = 1\n" in toml and "lr = 0.03\n" in toml
+    build = os.environ.get("DFP_BUILD_DIR")
+    program = os.path.join(build, "dfp") if build else None
+    if not program or not os.path.isfile(program):
+        pytest.skip("DFP_BUILD_DIR not set (ctest sets it): the program's half of the check")
+    import subprocess
+    again = tmp_path / "again"
+    r = subprocess.run([program, "train", "--config", str(out / "run.toml"), "--out", str(again)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (again / "checkpoint.dfp").read_bytes() == (out / "checkpoint.dfp").read_bytes()

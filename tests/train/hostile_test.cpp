@@ -594,3 +594,101 @@ TEST(Hostile, InitFromErrorsNameTheFlagAndTheFile) {
   c.init_from = dir.file("good.pt");
   EXPECT_NO_THROW(train(c, nullptr));
 }
+
+// A run stopped in its first epoch (Ctrl-C through the stop check, a signal, a data error) leaves
+// config.json and metrics.jsonl but no checkpoint: the plain retry takes the directory over and
+// says so. A directory with the metrics of more than one epoch and no checkpoint is refused
+// without suggesting a --resume of a checkpoint that is not there.
+TEST(Hostile, RunStoppedInItsFirstEpochIsTakenOverByTheRetry) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 1);
+  c.out = dir.file("run");
+  EXPECT_TRUE(train(c, nullptr, {}, [] { return true; }).empty());
+  ASSERT_TRUE(fs::exists(c.out + "/config.json"));
+  ASSERT_TRUE(fs::exists(c.out + "/metrics.jsonl"));
+  ASSERT_FALSE(fs::exists(c.out + "/checkpoint.dfp"));
+  EXPECT_FALSE(holds_run(c.out));
+  std::string log;
+  EXPECT_EQ(train(c, [&](const std::string& s) { log += s + "\n"; }).size(), 1u);
+  EXPECT_NE(log.find("of a run that finished no epoch (no checkpoint); this run takes it over"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(c.out + "/checkpoint.dfp"));
+  EXPECT_EQ(lines_of(c.out + "/metrics.jsonl").size(), 1u);
+  EXPECT_TRUE(holds_run(c.out));
+
+  // The metrics of two epochs without their checkpoint: a run's record, which only --overwrite replaces.
+  TrainConfig two = mnist_config(dir.str(), 2);
+  two.out = dir.file("two");
+  train(two, nullptr);
+  fs::remove(two.out + "/checkpoint.dfp");
+  ASSERT_EQ(lines_of(two.out + "/metrics.jsonl").size(), 2u);
+  EXPECT_TRUE(holds_run(two.out));
+  try {
+    train(two, nullptr);
+    ADD_FAILURE() << "a directory with two epochs' metrics was taken over";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("holds an earlier run"), std::string::npos) << what;
+    EXPECT_NE(what.find("no checkpoint to resume"), std::string::npos) << what;
+    EXPECT_EQ(what.find("--resume"), std::string::npos) << what;
+    EXPECT_NE(what.find("--overwrite"), std::string::npos) << what;
+  }
+}
+
+// --resume with a larger --epochs extends a run: the epochs after the checkpoint's are trained,
+// metrics.jsonl keeps the earlier ones, the log says what it means for the schedule, and the
+// checkpoint and config.json record the plan, so that the extended run, interrupted and resumed
+// with the same --epochs, gives the checkpoint of the uninterrupted extension. A smaller
+// --epochs is refused.
+TEST(Hostile, ResumeWithMoreEpochsExtendsTheRun) {
+  TempDir dir;
+  write_mnist(dir.str(), 64, 32, 28);
+  TrainConfig c = mnist_config(dir.str(), 1);
+  c.out = dir.file("run");
+  train(c, nullptr);
+  c.epochs = 2;
+  c.resume = c.out + "/checkpoint.dfp";
+  std::string log;
+  const std::vector<EpochMetrics> more = train(c, [&](const std::string& s) { log += s + "\n"; });
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(more[0].epoch, 2);
+  EXPECT_NE(log.find("extending the run of 1 epochs to 2 (--epochs 2): the cosine schedule now spans 2 epochs"),
+            std::string::npos) << log;
+  const std::vector<std::string> lines = lines_of(c.out + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(run_files::parse_epoch_line(lines[0], "metrics", 1).epoch, 1);
+  EXPECT_EQ(run_files::parse_epoch_line(lines[1], "metrics", 2).epoch, 2);
+  const Checkpoint ck = read_checkpoint(c.out + "/checkpoint.dfp");
+  EXPECT_EQ(ck.meta.at("epochs"), "2");
+  EXPECT_EQ(ck.meta.at("epochs_done"), "2");
+  EXPECT_EQ(ck.meta.at("epochs_plan"), "0:1,1:2");
+  EXPECT_NE(slurp(c.out + "/config.json").find("\"epochs_plan\":\"0:1,1:2\""), std::string::npos);
+  log.clear();
+  EXPECT_TRUE(train(c, [&](const std::string& s) { log += s + "\n"; }).empty());  // the same --epochs: nothing to do
+  EXPECT_NE(log.find("all 2 epochs are done; nothing to train"), std::string::npos) << log;
+  c.epochs = 1;
+  test::expect_error([&] { train(c, nullptr); }, Status::invalid_argument,
+                     {"flag --epochs 1", "is of a run of 2 epochs (2 done)", "never shortens"});
+
+  // Extended to 3 epochs in one go, or stopped after epoch 2 and resumed: the same checkpoint.
+  TrainConfig a = mnist_config(dir.str(), 1), b = a;
+  a.out = dir.file("a");
+  b.out = dir.file("b");
+  for (TrainConfig* r : {&a, &b}) {
+    train(*r, nullptr);
+    r->epochs = 3;
+    r->resume = r->out + "/checkpoint.dfp";
+  }
+  train(a, nullptr);
+  b.stop_after = 2;
+  train(b, nullptr);
+  b.stop_after = 0;
+  log.clear();
+  train(b, [&](const std::string& s) { log += s + "\n"; });
+  EXPECT_EQ(log.find("extending"), std::string::npos) << log;  // the checkpoint's run has 3 epochs now
+  const Checkpoint ca = read_checkpoint(a.out + "/checkpoint.dfp"), cb = read_checkpoint(b.out + "/checkpoint.dfp");
+  EXPECT_EQ(ca.tensors, cb.tensors);
+  EXPECT_EQ(ca.meta.at("epochs_plan"), "0:1,1:3");
+  EXPECT_EQ(cb.meta.at("epochs_plan"), "0:1,1:3");
+  EXPECT_EQ(lines_of(b.out + "/metrics.jsonl").size(), 3u);
+}
