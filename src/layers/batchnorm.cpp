@@ -13,7 +13,6 @@
 #include "dfp/loss_scale.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "simd/onednn/conv_onednn.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
 #include "src/layers/layer_helpers.hpp"
