@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as _np
 
 from . import _dfp
+
+__version__ = _dfp.__version__  # the project's version, as `dfp --version` prints it
 from ._dfp import (
     DEFAULT_HEADROOM,
     MAX_HEADROOM,

@@ -482,6 +482,7 @@ py::array_t<float> input_grad(const Model& m) {
 
 PYBIND11_MODULE(_dfp, mod) {
   mod.doc() = "dfp: INT16 dynamic fixed point CNN training on CPUs (the compiled part of the dfp package)";
+  mod.attr("__version__") = DFP_VERSION;  // the project's version (CMake project(VERSION)), as `dfp --version`
 
   g_error = PyErr_NewException("dfp.Error", PyExc_RuntimeError, nullptr);
   py::tuple bases = py::make_tuple(py::handle(g_error), py::handle(PyExc_ValueError));

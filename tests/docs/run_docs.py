@@ -154,6 +154,7 @@ class Runner:
         self.python_dir = None
         self.notes = set()
         self.resnet50 = None
+        self.flag_failures = []
         self.torch = subprocess.run([PY, "-c", "import torch, torchvision"], capture_output=True).returncode == 0
 
     # ---- environment ------------------------------------------------------------------------
@@ -389,6 +390,34 @@ class Runner:
             self.counts[rel] = (ran, len(skipped), texts)
             self.skipped += [f"{b.where()}: {b.reason}" for b in skipped]
 
+    # ---- flags named in the text ---------------------------------------------------------------
+    def check_flags(self, files):
+        """Every --flag the docs name for the dfp program is one of its commands' flags: in a code
+        span or block line that runs dfp, or a code span that is a flag alone."""
+        dfp = os.path.join(self.build, "dfp")
+        known = set()
+        for sub in ("", "info", "bench", "train", "eval", "compare", "export"):
+            r = subprocess.run([dfp] + ([sub] if sub else []) + ["--help"], capture_output=True, text=True)
+            known |= set(re.findall(r"--[a-z][a-z0-9-]*", r.stdout + r.stderr))
+        # Other programs' flags, where a dfp line passes them on (mpirun, the launcher).
+        # bench/torch_resnet50_bench.py's --no-amx and the PyTorch ImageNet example's --dummy are
+        # named beside dfp's flags, as what they compare with.
+        others = {"--allow-run-as-root", "--oversubscribe", "--bind-to", "--hostfile", "--map-by", "--no-amx", "--dummy"}
+        for path in files:
+            rel = os.path.relpath(path, ROOT)
+            if rel in ("docs/measurements.md",):  # a log of past runs: their flags as they were
+                continue
+            text = open(path, encoding="utf-8").read()
+            spans = re.findall(r"`([^`\n]+)`", text)
+            lines = [l for b in parse(path) if b.lang in ("", "sh", "bash") for l in logical_lines(b.text)]
+            named = []
+            for t in spans + lines:
+                runs_dfp = re.search(r"(^|[\s/])dfp (train|eval|compare|export|info|bench)\b", t)
+                if runs_dfp or re.fullmatch(r"--[a-z][a-z0-9-]*( \S+)?", t.strip()):
+                    named += re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", t.split(" # ")[0])
+            for f in sorted(set(named) - known - others):
+                self.flag_failures.append(f"{rel}: names `{f}`, which no dfp command has (dfp COMMAND --help)")
+
     def report(self):
         print("doc blocks per file: ran / skipped / text")
         for rel, (ran, sk, tx) in self.counts.items():
@@ -398,11 +427,14 @@ class Runner:
             print(f"  skipped {s}")
         for n in sorted(self.notes):
             print(f"  note: {n}")
+        for f in self.flag_failures:
+            print("FAILED " + f)
         for f in self.failures:
             print("FAILED " + f)
         ok = total - len(self.failures)
-        print(f"docs: {ok} passed, {len(self.failures)} failed, {sum(c[1] for c in self.counts.values())} skipped")
-        return 0 if not self.failures else 1
+        failed = len(self.failures) + len(self.flag_failures)
+        print(f"docs: {ok} passed, {failed} failed, {sum(c[1] for c in self.counts.values())} skipped")
+        return 0 if not failed else 1
 
 
 def main():
@@ -411,6 +443,7 @@ def main():
     ap.add_argument("--long", action="store_true", help="also the blocks marked long")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one command may take")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    ap.add_argument("--flags-only", action="store_true", help="only check the flags the text names")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each command as it runs")
     ap.add_argument("files", nargs="*", help="Markdown files (default: README.md and docs/)")
     args = ap.parse_args()
@@ -422,7 +455,10 @@ def main():
                             for f in sorted(fs) if f.endswith(".md")])
     r = Runner(args)
     try:
-        r.run([os.path.abspath(f) for f in files])
+        paths = [os.path.abspath(f) for f in files]
+        if not args.flags_only:
+            r.run(paths)
+        r.check_flags(paths)
         return r.report()
     finally:
         if not args.keep:

@@ -46,7 +46,7 @@ def sample_numerics(model):
 
 def set_numerics_interval(model, interval):
     """Sample the rounding statistics every `interval` training steps of each layer (0: never), as
-    dfp train --numerics-interval does."""
+    dfp train --numerics-every does."""
     if interval < 0:
         raise ValueError(f"dfp.torch.set_numerics_interval: interval must be >= 0, got {interval}")
     for _, m in dfp_layers(model):

@@ -415,7 +415,7 @@ class CompiledModule(torch.nn.Module):
             return torch.from_numpy(np.concatenate(outs))
 
 
-def compile(model, example_input, precision="fp32", ctx=None, input_grad=False, **policy):
+def compile(model, example_input, precision="int16", ctx=None, input_grad=False, **policy):
     """Traces `model` (a torch.nn.Module returning logits (N, classes)) with torch.fx on
     `example_input` (N, C, H, W; N is the batch the dfp model is planned for), builds one dfp
     Model from it in `precision` (and the PrecisionPolicy keywords: overrides=, headroom=,
