@@ -14,4 +14,8 @@ except ImportError as e:
     sys.exit(77)
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.exit(pytest.main([here, "-q", "-p", "no:cacheprovider"] + sys.argv[1:]))
+# The default run leaves out the cases marked long; `--long` runs those alone.
+args = sys.argv[1:]
+marks = ["-m", "long"] if "--long" in args else ["-m", "not long"]
+args = [a for a in args if a != "--long"]
+sys.exit(pytest.main([here, "-q", "-p", "no:cacheprovider"] + marks + args))

@@ -40,16 +40,19 @@ def bits(t):
 
 
 # (torchvision name, dfp zoo name, input side, torchvision's arguments for the file, for the export)
+# ResNet-18 runs in the default suite; the three larger ones (10-30 s each on 2 cores) carry the
+# mark long (ctest python:pytest_long).
 CASES = [
     ("resnet18", "resnet18", 64, {}, {}),
-    ("vgg11_bn", "vgg11bn", 224, {}, {}),  # 224: features 7x7, torchvision's classifier as it is
-    ("googlenet", "googlenet", 64, {"aux_logits": True, "init_weights": True},
-     {"aux_logits": False, "init_weights": True}),
-    ("alexnet", "alexnet_tv", 224, {}, {}),
+    pytest.param("vgg11_bn", "vgg11bn", 224, {}, {}, marks=pytest.mark.long),  # 224: features 7x7, torchvision's classifier as it is
+    pytest.param("googlenet", "googlenet", 64, {"aux_logits": True, "init_weights": True},
+                 {"aux_logits": False, "init_weights": True}, marks=pytest.mark.long),
+    pytest.param("alexnet", "alexnet_tv", 224, {}, {}, marks=pytest.mark.long),
 ]
 
 
-@pytest.mark.parametrize("tv_name,ours,size,tv_kwargs,export_kwargs", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("tv_name,ours,size,tv_kwargs,export_kwargs", CASES,
+                         ids=["resnet18", "vgg11_bn", "googlenet", "alexnet"])
 def test_torchvision_weights_give_torchvision_logits_and_export_round_trips(
         ctx, tmp_path, tv_name, ours, size, tv_kwargs, export_kwargs):
     tv = torchvision_model(tv_name, size, **tv_kwargs)

@@ -49,6 +49,7 @@ def train(model, x, y):
     return losses
 
 
+@pytest.mark.long  # about 45 s on 2 cores: ctest python:pytest_long
 @pytest.mark.skipif(not os.path.isdir(FASHION), reason=f"{FASHION} absent (Debian package dataset-fashion-mnist)")
 def test_resnet18c_int16_trains_like_fp32():
     torch.set_num_threads(2)
