@@ -18,6 +18,8 @@
 #include "dfp/model.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "src/graph/arena.hpp"
+#include "src/graph/layer_args.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
 #include "src/core/named_enum.hpp"
@@ -94,30 +96,6 @@ struct Model::Impl {
   bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
 
   Impl(const Context& c, std::string n) : ctx(c), name(std::move(n)) {}
-
-  // A builder argument outside what the layer kind accepts: refused before the layer exists, so
-  // that a zero stride or a negative size never reaches a division or an allocation.
-  void need(bool ok, const char* kind, const std::string& lname, const char* field, const std::string& expected,
-            const std::string& got) const {
-    if (ok) return;
-    const std::string layer = lname.empty() ? std::string(kind) : std::string(kind) + " '" + lname + "'";
-    fail(Status::invalid_argument,
-         "model '" + name + "': " + layer + ": " + field + " expected " + expected + ", got " + got);
-  }
-  void need_int(bool ok, const char* kind, const std::string& lname, const char* field, const char* expected,
-                long long got) const {
-    need(ok, kind, lname, field, expected, std::to_string(got));
-  }
-  // The window, stride and padding of a convolution or pooling layer (PyTorch's rules: padding at
-  // most half the window for pooling, whose padded positions never win a max or are averaged).
-  void need_window(const char* kind, const std::string& lname, int kernel, int stride, int pad, bool pool) const {
-    need_int(kernel >= 1, kind, lname, "kernel", ">= 1", kernel);
-    need_int(stride >= 1, kind, lname, "stride", ">= 1", stride);
-    need_int(pad >= 0, kind, lname, "padding", ">= 0", pad);
-    if (pool)
-      need(pad <= kernel / 2, kind, lname, "padding", "at most half the window (" + std::to_string(kernel / 2) + ")",
-           std::to_string(pad));
-  }
 
   Node add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname, const char* kind,
            LayerSpec spec = {}) {
@@ -266,41 +244,11 @@ struct Model::Impl {
   //           that reads it there (backward_reads_input/output), or to the loss for the logits;
   //   grad i: from the backward of its last consumer (the first to write it) to its own backward;
   //   acc i:  from the backward of its second-to-last consumer to that of its first.
-  // Buffers whose intervals intersect get disjoint bytes of one arena; the rest share. The greedy
-  // placement (largest first, lowest free offset) is the classic one for this offline problem.
+  // Buffers whose intervals intersect get disjoint bytes of one arena (graph::place); the rest
+  // share.
   // A training step then allocates nothing, and in INT16, where the layers keep their own 16-bit
   // copies, almost no FP32 activation outlives the forward pass.
-  struct Lifetime {
-    size_t bytes;
-    int begin, end;
-    float** view;
-    size_t offset = 0;
-  };
-
-  // Gives each lifetime an offset so that lifetimes that meet never share bytes; returns the
-  // arena size. Greedy: largest first, at the lowest offset free over its whole lifetime.
-  static size_t place(std::vector<Lifetime>& lts) {
-    std::vector<Lifetime*> order;
-    for (Lifetime& l : lts) order.push_back(&l);
-    std::stable_sort(order.begin(), order.end(), [](const Lifetime* a, const Lifetime* b) { return a->bytes > b->bytes; });
-    std::vector<Lifetime*> placed;
-    size_t total = 0;
-    for (Lifetime* l : order) {
-      std::vector<Lifetime*> live;
-      for (Lifetime* p : placed)
-        if (p->begin <= l->end && l->begin <= p->end) live.push_back(p);
-      std::sort(live.begin(), live.end(), [](const Lifetime* a, const Lifetime* b) { return a->offset < b->offset; });
-      size_t off = 0;
-      for (Lifetime* p : live) {
-        if (off + l->bytes <= p->offset) break;
-        off = std::max(off, p->offset + p->bytes);
-      }
-      l->offset = off;
-      total = std::max(total, off + l->bytes);
-      placed.push_back(l);
-    }
-    return total;
-  }
+  using Lifetime = graph::Lifetime;
 
   // Whether `consumer` adds its part of input k's gradient to the gradient itself (the planner
   // then leaves the part's buffer out, and backward hands the layer the gradient): a layer that
@@ -433,7 +381,7 @@ struct Model::Impl {
       m.begin = std::min(m.begin, lt[g].begin);
       m.end = std::max(m.end, lt[g].end);
     }
-    const size_t total = place(merged);
+    const size_t total = graph::place(merged);
     size_t ws = 0;
     for (NodeInfo& n : nodes)
       if (n.layer) ws = std::max(ws, n.layer->workspace_bytes());
@@ -757,8 +705,9 @@ Model::Node Model::input(int c, int h, int w) {
   return 0;
 }
 Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string n, int groups) {
-  impl_->need_int(k >= 1, "conv", n, "output channels", ">= 1", k);
-  impl_->need_window("conv", n, r, s, p, false);
+  const graph::LayerArgs a(impl_->name, "conv", n);
+  a.need_int(k >= 1, "output channels", ">= 1", k);
+  a.window(r, s, p, false);
   LayerSpec sp;
   sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b; sp.groups = groups;
   return impl_->add(model::make_conv(k, r, s, p, b, groups), {x}, std::move(n), "conv", sp);
@@ -772,13 +721,13 @@ Model::Node Model::batchnorm(Node x, std::string n, double eps) {
 }
 Model::Node Model::relu(Node x, std::string n) { return impl_->add(model::make_relu(), {x}, std::move(n), "relu"); }
 Model::Node Model::maxpool(Node x, int k, int s, int p, bool c, std::string n) {
-  impl_->need_window("maxpool", n, k, s, p, true);
+  graph::LayerArgs(impl_->name, "maxpool", n).window(k, s, p, true);
   LayerSpec sp;
   sp.kernel = k; sp.stride = s; sp.pad = p; sp.ceil_mode = c;
   return impl_->add(model::make_pool(true, k, s, p, c), {x}, std::move(n), "maxpool", sp);
 }
 Model::Node Model::avgpool(Node x, int k, int s, int p, std::string n) {
-  impl_->need_window("avgpool", n, k, s, p, true);
+  graph::LayerArgs(impl_->name, "avgpool", n).window(k, s, p, true);
   LayerSpec sp;
   sp.kernel = k; sp.stride = s; sp.pad = p;
   return impl_->add(model::make_pool(false, k, s, p, false), {x}, std::move(n), "avgpool", sp);
@@ -788,36 +737,38 @@ Model::Node Model::global_avgpool(Node x, std::string n) {
 }
 Model::Node Model::flatten(Node x, std::string n) { return impl_->add(model::make_flatten(), {x}, std::move(n), "flatten"); }
 Model::Node Model::linear(Node x, int k, bool b, std::string n) {
-  impl_->need_int(k >= 1, "fc", n, "output features", ">= 1", k);
+  graph::LayerArgs(impl_->name, "fc", n).need_int(k >= 1, "output features", ">= 1", k);
   LayerSpec sp;
   sp.out_channels = k; sp.bias = b;
   return impl_->add(model::make_linear(k, b), {x}, std::move(n), "fc", sp);
 }
 Model::Node Model::add(Node a, Node b, std::string n) { return impl_->add(model::make_add(), {a, b}, std::move(n), "add"); }
 Model::Node Model::concat(const std::vector<Node>& xs, std::string n) {
-  impl_->need(!xs.empty(), "concat", n, "inputs", "at least one node", "none");
+  graph::LayerArgs(impl_->name, "concat", n).need(!xs.empty(), "inputs", "at least one node", "none");
   return impl_->add(model::make_concat(), xs, std::move(n), "concat");
 }
 Model::Node Model::dropout(Node x, float p, std::string n) {
-  impl_->need(p >= 0.f && p < 1.f, "dropout", n, "probability", "in [0, 1)", std::to_string(p));
+  graph::LayerArgs(impl_->name, "dropout", n).need(p >= 0.f && p < 1.f, "probability", "in [0, 1)", std::to_string(p));
   LayerSpec sp;
   sp.p = p;
   return impl_->add(model::make_dropout(p), {x}, std::move(n), "dropout", sp);
 }
 Model::Node Model::lrn(Node x, int size, float a, float b, float k, std::string n) {
-  impl_->need_int(size >= 1, "lrn", n, "size", ">= 1", size);
-  impl_->need(std::isfinite(a), "lrn", n, "alpha", "a finite number", std::to_string(a));
-  impl_->need(std::isfinite(b), "lrn", n, "beta", "a finite number", std::to_string(b));
+  const graph::LayerArgs args(impl_->name, "lrn", n);
+  args.need_int(size >= 1, "size", ">= 1", size);
+  args.need(std::isfinite(a), "alpha", "a finite number", std::to_string(a));
+  args.need(std::isfinite(b), "beta", "a finite number", std::to_string(b));
   // k > 0 keeps the base of the power positive (k + alpha/size * sum of squares, sum >= 0).
-  impl_->need(std::isfinite(k) && k > 0.f && a >= 0.f, "lrn", n, "k and alpha", "k > 0 and alpha >= 0, finite",
-              "k " + std::to_string(k) + ", alpha " + std::to_string(a));
+  args.need(std::isfinite(k) && k > 0.f && a >= 0.f, "k and alpha", "k > 0 and alpha >= 0, finite",
+            "k " + std::to_string(k) + ", alpha " + std::to_string(a));
   LayerSpec sp;
   sp.lrn_size = size; sp.lrn_alpha = a; sp.lrn_beta = b; sp.lrn_k = k;
   return impl_->add(model::make_lrn(size, a, b, k), {x}, std::move(n), "lrn", sp);
 }
 Model::Node Model::shortcut_pad(Node x, int c, int s, std::string n) {
-  impl_->need_int(c >= 1, "shortcut", n, "output channels", ">= 1", c);
-  impl_->need_int(s >= 1, "shortcut", n, "stride", ">= 1", s);
+  const graph::LayerArgs a(impl_->name, "shortcut", n);
+  a.need_int(c >= 1, "output channels", ">= 1", c);
+  a.need_int(s >= 1, "stride", ">= 1", s);
   LayerSpec sp;
   sp.out_channels = c; sp.stride = s;
   return impl_->add(model::make_shortcut_pad(c, s), {x}, std::move(n), "shortcut", sp);
