@@ -330,22 +330,7 @@ std::string write_file(const dfp::test::TempDir& dir, const std::string& name, c
 TEST(CliFiles, RunTomlWriteOnAFullDiskFails) {
   const dfp::test::TempDir dir("dfp_cli_full_");
   const std::string toml = dfp::cli::run_toml(parse_train({"--label", "full", "--out", dir.str()}));
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG, as on a full disk with ENOSPC
-    const rlimit lim{64, 64};
-    setrlimit(RLIMIT_FSIZE, &lim);
-    try {
-      dfp::cli::write_run_toml(dir.str(), toml);
-    } catch (const dfp::Error& e) {
-      _exit(e.status() == dfp::Status::io_error && std::strstr(e.what(), "run.toml") ? 0 : 2);
-    }
-    _exit(1);
-  }
-  int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(dfp::test::fails_on_a_full_disk(64, "run.toml", [&] { dfp::cli::write_run_toml(dir.str(), toml); }));
   EXPECT_FALSE(fs::exists(dir.file("run.toml")));
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 0);  // no temporary file
   dfp::cli::write_run_toml(dir.str(), toml);
