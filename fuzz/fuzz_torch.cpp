@@ -1,4 +1,4 @@
-// Fuzz target: torch.save state_dict files (src/train/torch_file.cpp: the zip container, the pickle,
+// Fuzz target: torch.save state_dict files (src/io/torch_file.cpp: the zip container, the pickle,
 // the storages). The reader must accept a file whose every tensor it can then read, or throw
 // dfp::Error; a file it accepts, written back through dfp's writer, must read back to the same
 // names, shapes and values.
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dfp/status.hpp"
-#include "src/train/torch_file.hpp"
+#include "src/io/torch_file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dfp::torch_format;

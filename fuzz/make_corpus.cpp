@@ -15,9 +15,9 @@
 
 #include "dfp/model.hpp"
 #include "dfp/trainer.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 #include "src/train/run_files.hpp"
-#include "src/train/torch_file.hpp"
+#include "src/io/torch_file.hpp"
 #include "tests/common/torch_hostile.hpp"
 #include "tests/common/torch_shapes.hpp"
 

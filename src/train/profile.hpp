@@ -16,7 +16,7 @@ namespace dfp {
 double six_digits(double v);
 
 // The whole step (forward, loss, backward, optimizer) as the loop saw it, the optimizer's part,
-// the loader's data wait, and in a data-parallel run the gradient allreduce (src/dist/).
+// the loader's data wait, and in a data-parallel run the gradient allreduce (src/parallel/).
 struct StepProfile {
   uint64_t steps = 0;
   double step_seconds = 0, optimizer_seconds = 0, data_wait_seconds = 0;

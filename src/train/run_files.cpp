@@ -17,7 +17,7 @@
 
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 
 namespace dfp::run_files {
 namespace {

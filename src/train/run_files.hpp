@@ -113,7 +113,7 @@ struct ProfileLayerRecord {
   uint64_t steps = 0;
 };
 
-// profile.json's "communication" in a data-parallel run (src/dist/): rank 0's gradient allreduce
+// profile.json's "communication" in a data-parallel run (src/parallel/): rank 0's gradient allreduce
 // summed over `steps` training steps. bytes: what the rank contributed to the allreduces (the
 // payload; fp32_bytes what an fp32 allreduce of the same gradients would be); in_flight_seconds:
 // from each step's first bucket started to its last completed; exposed_seconds: of that, what the

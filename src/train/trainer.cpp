@@ -27,11 +27,11 @@
 #include "dfp/optim.hpp"
 #include "dfp/status.hpp"
 #include "dfp/torch_state.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 #include "src/train/profile.hpp"
-#include "src/dist/job.hpp"
+#include "src/parallel/job.hpp"
 #include "dfp/run_lock.hpp"
-#include "src/train/state.hpp"
+#include "src/io/state.hpp"
 #include "src/train/run_files.hpp"
 
 namespace dfp {
@@ -158,7 +158,7 @@ void validate_train_config(const TrainConfig& c) {
   DFP_CHECK(c.stop_after >= 0, Status::invalid_argument,
             "TrainConfig.stop_after: expected >= 0, got " + std::to_string(c.stop_after));
   parse_schedule(c.schedule, "flag --schedule");
-  dist::parse_grad_format(c.allreduce, "flag --allreduce");
+  parallel::parse_grad_format(c.allreduce, "flag --allreduce");
   check(c.bucket_kib >= 1 && c.bucket_kib <= (1 << 20), "--bucket-kib", "KiB in [1, 1048576]", std::to_string(c.bucket_kib));
   check(std::isfinite(c.dist_timeout) && c.dist_timeout > 0, "--dist-timeout", "seconds > 0", num(c.dist_timeout));
   DFP_CHECK(c.device == "cpu" || c.device == "cuda", Status::invalid_argument,
@@ -172,7 +172,7 @@ void validate_train_config(const TrainConfig& c) {
 
 namespace {
 
-// Model state (src/train/state.hpp) and the optimizer's momentum <-> checkpoint tensors, with every
+// Model state (src/io/state.hpp) and the optimizer's momentum <-> checkpoint tensors, with every
 // mismatch named.
 void save_model(Model& m, const PrecisionPolicy& policy, Sgd* sgd, Checkpoint& ck) {
   put_state(ck, m, policy);
@@ -389,8 +389,8 @@ void keep_metrics_through(const std::string& path, int epochs) {
 
 }  // namespace
 
-int job_ranks() noexcept { return dist::launcher_world_size(); }
-bool writes_run_files() noexcept { return dist::launcher_world_size() <= 1 || dist::launcher_rank() == 0; }
+int job_ranks() noexcept { return parallel::launcher_world_size(); }
+bool writes_run_files() noexcept { return parallel::launcher_world_size() <= 1 || parallel::launcher_rank() == 0; }
 
 bool holds_run(const std::string& dir) {
   std::error_code ec;
@@ -484,7 +484,7 @@ std::string extension_note(const LrSchedule& sched, int done, int planned, int e
 
 // The run, alone (job null) or as one rank of a data-parallel job: rank 0 alone logs and writes
 // the run's files (the others run with `out` empty).
-std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job,
+std::vector<EpochMetrics> run_training(const TrainConfig& config, parallel::Job* job,
                                        const std::function<void(const std::string&)>& log_in,
                                        const EpochCallback& on_epoch, const StopCheck& should_stop) {
   const bool lead = !job || job->rank() == 0;
@@ -579,7 +579,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
   const std::vector<Setting> settings = result_settings(cfg, policy_text);
   const std::vector<Setting> machine = machine_settings(ctx);
   // The reducer goes before the model it hooks into, also when a refusal below ends the run.
-  const dist::Job::Attachment attached(job);
+  const parallel::Job::Attachment attached(job);
   if (job) {
     std::string text = "allreduce=" + cfg.allreduce + "\nerror_feedback=" + (cfg.error_feedback ? "1" : "0") +
                        "\nsync_bn=" + (cfg.sync_bn ? "1" : "0") +
@@ -649,7 +649,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
     m.set_step(uint64_t(steps_done));
     load_model(m, &sgd, ck, cfg.resume);
     if (job) job->get_checkpoint(ck, cfg.resume);
-    else dist::Job::check_lone_resume(ck, cfg.resume);
+    else parallel::Job::check_lone_resume(ck, cfg.resume);
     if (ck.meta.count("loss_scale"))
       scaler.restore(meta_real(ck, "loss_scale", cfg.resume, 0x1p-149, 3.4e38),
                      int(meta_int(ck, "loss_scale_tracker", cfg.resume, 0, 0x7FFFFFFF)),
@@ -731,7 +731,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
   // One progress line redrawn in place (\r) on a terminal; elsewhere whole lines every
   // --print-every steps. A launcher's ranks write into a pseudo-terminal of the launcher's even
   // when its own output goes to a file, so a rank never redraws.
-  const bool tty = isatty(STDOUT_FILENO) && !dist::under_launcher();
+  const bool tty = isatty(STDOUT_FILENO) && !parallel::under_launcher();
   StepProfile prof;
   std::vector<EpochMetrics> all;
   int step = start_epoch * sched.steps_per_epoch;
@@ -864,7 +864,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
   }
   if (cfg.profile && prof.steps > 0) {
     if (job) {
-      const dist::CommStats& cs = job->stats();
+      const parallel::CommStats& cs = job->stats();
       prof.ranks = job->size();
       prof.allreduce = job->allreduce();
       prof.comm_bytes = cs.bytes;
@@ -882,22 +882,22 @@ std::vector<EpochMetrics> run_training(const TrainConfig& config, dist::Job* job
 }  // namespace
 
 RefusalOfEveryRank::RefusalOfEveryRank(const Error& error, bool gathered)
-    : RefusalOfEveryRank(error, Quiet{dist::launcher_rank() != 0 && (gathered || dist::launcher_one_command_line())}) {}
+    : RefusalOfEveryRank(error, Quiet{parallel::launcher_rank() != 0 && (gathered || parallel::launcher_one_command_line())}) {}
 
 RefusalOfEveryRank::RefusalOfEveryRank(const Error& error, Quiet quiet)
     : Error(error.status(), error.what()), left_to_rank0_(quiet.another_rank_reports) {}
 
 bool command_line_errors_left_to_rank0() noexcept {
-  return dist::launcher_world_size() > 1 && dist::launcher_rank() != 0 && dist::launcher_one_command_line();
+  return parallel::launcher_world_size() > 1 && parallel::launcher_rank() != 0 && parallel::launcher_one_command_line();
 }
 
 std::vector<EpochMetrics> train(const TrainConfig& cfg, const std::function<void(const std::string&)>& log,
                                 const EpochCallback& on_epoch, const StopCheck& should_stop) {
-  std::unique_ptr<dist::Job> job;
+  std::unique_ptr<parallel::Job> job;
   try {
     validate_train_config(cfg);
     // Started by mpirun with more than one process: one rank of a data-parallel job.
-    job = dist::Job::join(cfg);
+    job = parallel::Job::join(cfg);
   } catch (const Error& e) {
     // The settings' refusals, before and while the ranks join: each rank decides them from the
     // same flags (a setting out of range, a batch that does not divide by the ranks).

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "dfp/status.hpp"
-#include "src/train/torch_file.hpp"
-#include "src/train/torch_zip.hpp"
+#include "src/io/torch_file.hpp"
+#include "src/io/torch_zip.hpp"
 #include "tests/common/torch_shapes.hpp"
 
 namespace dfp::test {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "src/train/torch_file.hpp"
-#include "src/train/torch_pickle.hpp"
-#include "src/train/torch_zip.hpp"
+#include "src/io/torch_file.hpp"
+#include "src/io/torch_pickle.hpp"
+#include "src/io/torch_zip.hpp"
 
 namespace dfp::test {
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 #include "src/train/run_files.hpp"
 #include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"

@@ -18,7 +18,7 @@
 #include "dfp/models.hpp"
 #include "dfp/optim.hpp"
 #include "dfp/state.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 #include "tests/common/expect_error.hpp"
 #include "tests/common/model_helpers.hpp"
 #include "tests/common/temp_dir.hpp"

@@ -34,7 +34,7 @@
 #include "dfp/torch_state.hpp"
 #include "dfp/trainer.hpp"
 #include "apps/dfp/report/report.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 #include "src/train/run_files.hpp"
 #include "dfp/run_lock.hpp"
 #include "tests/common/expect_error.hpp"

@@ -2,7 +2,7 @@
 // models take torchvision's parameter names and shapes where they can; these tables hold the
 // exceptions. Every family: BatchNorm's num_batches_tracked is torchvision's alone (dfp does not
 // count batches per layer): ignored on loading, written as the model's step count on saving.
-#include "src/train/torch_names.hpp"
+#include "src/io/torch_names.hpp"
 
 #include <string_view>
 

@@ -2,9 +2,9 @@
 #include <cstdlib>
 #include <initializer_list>
 
-#include "src/dist/comm.hpp"
+#include "src/parallel/comm.hpp"
 
-namespace dfp::dist {
+namespace dfp::parallel {
 
 namespace {
 
@@ -51,4 +51,4 @@ size_t type_bytes(Type type) noexcept {
   return 0;
 }
 
-}  // namespace dfp::dist
+}  // namespace dfp::parallel

@@ -1,6 +1,6 @@
 // The processes of a data-parallel job and the collectives the trainer needs, behind an interface
-// without MPI types: src/dist/mpi_comm.cpp implements it on MPI (builds that found an MPI library),
-// src/dist/no_mpi_comm.cpp refuses a multi-process job (builds without one).
+// without MPI types: src/parallel/mpi_comm.cpp implements it on MPI (builds that found an MPI library),
+// src/parallel/no_mpi_comm.cpp refuses a multi-process job (builds without one).
 //
 // Every wait has a watchdog: a collective that does not complete within the job's timeout ends the
 // job on every rank (MPI_Abort) with a message naming the ranks that did not answer (a rank that
@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-namespace dfp::dist {
+namespace dfp::parallel {
 
 // How many processes the launcher started, from its environment (Open MPI's OMPI_COMM_WORLD_SIZE,
 // MPICH/Hydra's PMI_SIZE, PMIx's PMIX_SIZE); 1 when none of them is set or it is not a number > 1.
@@ -76,4 +76,4 @@ class Comm {
 // Bytes of one element of `type`.
 size_t type_bytes(Type type) noexcept;
 
-}  // namespace dfp::dist
+}  // namespace dfp::parallel

@@ -24,14 +24,14 @@
 #include <vector>
 
 #include "dfp/dfp16.hpp"
-#include "src/dist/comm.hpp"
+#include "src/parallel/comm.hpp"
 
 namespace dfp {
 class Context;
 class Model;
 }  // namespace dfp
 
-namespace dfp::dist {
+namespace dfp::parallel {
 
 enum class GradFormat { fp32, bf16, dfp16 };
 GradFormat parse_grad_format(const std::string& text, const std::string& origin);
@@ -104,4 +104,4 @@ class GradientReducer {
   CommStats stats_;
 };
 
-}  // namespace dfp::dist
+}  // namespace dfp::parallel

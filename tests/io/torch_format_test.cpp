@@ -14,7 +14,7 @@
 
 #include "dfp/float16.hpp"
 #include "dfp/status.hpp"
-#include "src/train/torch_file.hpp"
+#include "src/io/torch_file.hpp"
 #include "tests/common/expect_error.hpp"
 #include "tests/common/files.hpp"
 #include "tests/common/python_torch.hpp"

@@ -1,12 +1,12 @@
 // The pickle of torch.save's state_dicts (see torch_pickle.hpp).
-#include "src/train/torch_pickle.hpp"
+#include "src/io/torch_pickle.hpp"
 
 #include <cstdio>
 #include <cstring>
 #include <unordered_map>
 
 #include "dfp/status.hpp"
-#include "src/train/torch_zip.hpp"
+#include "src/io/torch_zip.hpp"
 
 namespace dfp::torch_format {
 

@@ -10,15 +10,15 @@
 #include <vector>
 
 #include "dfp/trainer.hpp"
-#include "src/dist/comm.hpp"
-#include "src/dist/data_parallel.hpp"
+#include "src/parallel/comm.hpp"
+#include "src/parallel/data_parallel.hpp"
 
 namespace dfp {
 struct Checkpoint;
 struct Dataset;
 }  // namespace dfp
 
-namespace dfp::dist {
+namespace dfp::parallel {
 
 class Job {
  public:
@@ -90,4 +90,4 @@ class Job {
   bool agreed_ = false;
 };
 
-}  // namespace dfp::dist
+}  // namespace dfp::parallel

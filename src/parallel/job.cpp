@@ -1,5 +1,5 @@
-// The data-parallel job of a training run (src/dist/job.hpp).
-#include "src/dist/job.hpp"
+// The data-parallel job of a training run (src/parallel/job.hpp).
+#include "src/parallel/job.hpp"
 
 #include <cstring>
 #include <fstream>
@@ -8,9 +8,9 @@
 #include "dfp/model.hpp"
 #include "dfp/status.hpp"
 #include "src/numerics/counter_rng.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 
-namespace dfp::dist {
+namespace dfp::parallel {
 
 namespace {
 
@@ -237,4 +237,4 @@ void Job::check_lone_resume(const Checkpoint& ck, const std::string& path) {
                 " (each rank's data shard and error feedback depend on it)");
 }
 
-}  // namespace dfp::dist
+}  // namespace dfp::parallel

@@ -21,9 +21,9 @@
 
 #include "dfp/float16.hpp"
 #include "dfp/status.hpp"
-#include "src/dist/comm.hpp"
+#include "src/parallel/comm.hpp"
 
-namespace dfp::dist {
+namespace dfp::parallel {
 
 namespace {
 
@@ -252,4 +252,4 @@ void Comm::wait(int slot, const char* what) {
 
 void Comm::abort(const std::string& message) { impl_->abort(message); }
 
-}  // namespace dfp::dist
+}  // namespace dfp::parallel

@@ -6,7 +6,7 @@
 
 #include "dfp/model.hpp"
 #include "dfp/precision.hpp"
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 
 namespace dfp {
 

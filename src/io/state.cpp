@@ -1,5 +1,5 @@
 // A model's state in checkpoint files (see state.hpp and include/dfp/state.hpp).
-#include "src/train/state.hpp"
+#include "src/io/state.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -1,5 +1,5 @@
 // Checkpoint files (see checkpoint.hpp).
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

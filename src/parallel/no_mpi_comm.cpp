@@ -1,8 +1,8 @@
 // Comm in a build without MPI: a job of more than one process is refused.
 #include "dfp/status.hpp"
-#include "src/dist/comm.hpp"
+#include "src/parallel/comm.hpp"
 
-namespace dfp::dist {
+namespace dfp::parallel {
 
 struct Comm::Impl {};
 
@@ -33,4 +33,4 @@ bool Comm::test(int) { return true; }
 void Comm::wait(int, const char*) {}
 void Comm::abort(const std::string& message) { fail(Status::internal, message); }
 
-}  // namespace dfp::dist
+}  // namespace dfp::parallel

@@ -15,9 +15,9 @@
 
 #include "dfp/precision.hpp"
 #include "dfp/status.hpp"
-#include "src/train/checkpoint.hpp"
-#include "src/train/torch_file.hpp"
-#include "src/train/torch_names.hpp"
+#include "src/io/checkpoint.hpp"
+#include "src/io/torch_file.hpp"
+#include "src/io/torch_names.hpp"
 
 namespace dfp {
 namespace {

@@ -1,5 +1,5 @@
-// The bucketed gradient allreduce (src/dist/data_parallel.hpp).
-#include "src/dist/data_parallel.hpp"
+// The bucketed gradient allreduce (src/parallel/data_parallel.hpp).
+#include "src/parallel/data_parallel.hpp"
 
 #include <bit>
 #include <chrono>
@@ -15,7 +15,7 @@
 #include "src/core/named_enum.hpp"
 #include "src/numerics/counter_rng.hpp"
 
-namespace dfp::dist {
+namespace dfp::parallel {
 
 namespace {
 
@@ -234,4 +234,4 @@ bool GradientReducer::finish(bool local_finite) {
   return finite == 1;
 }
 
-}  // namespace dfp::dist
+}  // namespace dfp::parallel

@@ -1,5 +1,5 @@
 // The zip container of torch.save files (see torch_zip.hpp).
-#include "src/train/torch_zip.hpp"
+#include "src/io/torch_zip.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

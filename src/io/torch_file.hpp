@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "src/train/torch_pickle.hpp"
-#include "src/train/torch_zip.hpp"
+#include "src/io/torch_pickle.hpp"
+#include "src/io/torch_zip.hpp"
 
 namespace dfp::torch_format {
 

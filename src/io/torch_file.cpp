@@ -1,5 +1,5 @@
 // State_dict files of torch.save (see torch_file.hpp).
-#include "src/train/torch_file.hpp"
+#include "src/io/torch_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// Data-parallel training (`mpirun -np N dfp train`, src/dist/): N ranks with per-rank batch B/N
+// Data-parallel training (`mpirun -np N dfp train`, src/parallel/): N ranks with per-rank batch B/N
 // against one process with batch B; the dfp16 allreduce's independence of MPI's reduction
 // algorithm; start-up refusal of ranks started differently; a killed or stopped rank ending the
 // job with the rank named and the last checkpoint intact; resume with the same N bit for bit and
@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/train/checkpoint.hpp"
+#include "src/io/checkpoint.hpp"
 #include "src/train/run_files.hpp"
 #include "tests/common/files.hpp"
 #include "tests/common/temp_dir.hpp"
