@@ -6,7 +6,7 @@ The training-bits check: a refactor must leave this digest unchanged for a fixed
   build/dfp train --model resnet20 --dataset fashion-mnist --precision int16 --epochs 1 \
     --batch-size 64 --threads 2 --seed 3 --limit-train 1280 --limit-test 500 --out DIR
   scripts/checkpoint_md5.py DIR/checkpoint.dfp
-Layout (src/train/trainer.cpp): "DFPCKPT1", records [u32 name length][name][u64 float count][floats],
+Layout (src/io/checkpoint.cpp): "DFPCKPT1", records [u32 name length][name][u64 float count][floats],
 then a u32 CRC-32 of everything before it.
 """
 import hashlib

@@ -1,4 +1,6 @@
 // dfp train and dfp eval.
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -21,6 +23,40 @@ void print_eval(const dfp::EvalResult& r) {
   std::printf("test loss %.4f top1 %.2f%% top5 %.2f%% (%d images)\n", r.loss, r.top1, r.top5, r.images);
 }
 
+// The run's progress: on a terminal one line redrawn in place (\r); elsewhere whole lines every
+// --print-every steps. A launcher's ranks write into a pseudo-terminal of the launcher's even
+// when its own output goes to a file, so a rank never redraws.
+class Progress {
+ public:
+  explicit Progress(int print_every) : print_every_(print_every), redraw_(isatty(STDOUT_FILENO) && !dfp::under_launcher()) {}
+
+  dfp::TrainCallbacks callbacks() {
+    dfp::TrainCallbacks c;
+    c.log = [this](const std::string& s) { line(s); };
+    c.on_step = [this](const dfp::StepProgress& p) { step(p); };
+    return c;
+  }
+
+ private:
+  void line(const std::string& s) {
+    if (open_) std::printf("\n");  // the redrawn line stays as it was last drawn
+    open_ = false;
+    print_line(s);
+  }
+  void step(const dfp::StepProgress& p) {
+    if (!redraw_) {
+      if (p.step % print_every_ == 0 || p.step == p.steps) print_line(dfp::progress_text(p));
+      return;
+    }
+    std::printf("\r%s", dfp::progress_text(p).c_str());
+    std::fflush(stdout);
+    open_ = true;
+  }
+  const int print_every_;
+  const bool redraw_;
+  bool open_ = false;  // a redrawn line without its newline
+};
+
 struct TrainState {
   RunFlags run;
   FlagSet flags;
@@ -37,7 +73,8 @@ int train(TrainState& s) {
     print_eval(dfp::evaluate_checkpoint(c.resume, c.data, c.threads, print_line));
     return 0;
   }
-  dfp::train(c, print_line);  // writes DIR/run.toml with the other run files
+  Progress progress(c.print_every);
+  dfp::train(c, progress.callbacks());  // writes DIR/run.toml with the other run files
   return 0;
 }
 

@@ -122,6 +122,9 @@ std::string metrics_line(const EpochMetrics& metrics, const std::string& policy_
 bool writes_run_files() noexcept;
 // The number of processes the launcher started (1: a lone process).
 int job_ranks() noexcept;
+// Whether a launcher (mpirun) started this process, also as the only rank of its job. Its output
+// goes through the launcher, which a terminal's in-place redraw does not survive.
+bool under_launcher() noexcept;
 
 // An error that every rank of a data-parallel job raises alike: a refusal of the flags or of the
 // job's settings. Rank 0 reports it for the job and the other ranks leave it unsaid
@@ -156,11 +159,37 @@ using EpochCallback = std::function<void(const EpochMetrics&)>;
 // Ctrl-C this way).
 using StopCheck = std::function<bool()>;
 
-// Trains as configured; returns the metrics of every epoch run. `log` receives progress text
-// (nullptr: silent); `on_epoch`, when set, each epoch's metrics as they come; `should_stop`, when
-// set, may end the run between steps.
-std::vector<EpochMetrics> train(const TrainConfig& config, const std::function<void(const std::string&)>& log,
-                                const EpochCallback& on_epoch = {}, const StopCheck& should_stop = {});
+// Where a run stands after a training step, for a progress display.
+struct StepProgress {
+  int epoch = 0, epochs = 0;           // the epoch in progress (from 1), of the run's
+  int step = 0, steps = 0;             // steps done in this epoch, of the epoch's
+  double loss = 0, top1 = 0;           // the epoch's mean so far (top1 in %)
+  double images_per_second = 0;        // the job's, over the epoch so far
+  double eta_seconds = 0;              // the epoch's remaining time at that rate
+  double loss_scale = 0;               // 0: the run has no loss scaling
+  bool part_of_job = false;            // data-parallel: loss and top1 are rank 0's part of the batch
+};
+// The progress line dfp prints: "epoch 2/10 [======      ] 117/468 loss 0.4012 top1 85.31% 790 img/s eta 44s".
+std::string progress_text(const StepProgress& progress);
+using ProgressCallback = std::function<void(const StepProgress&)>;
+
+// What a run reports as it goes; every member may be left empty.
+struct TrainCallbacks {
+  std::function<void(const std::string&)> log;  // progress text, one line per call
+  EpochCallback on_epoch;
+  // Called after every training step (rank 0 of a job only). Empty: `log` receives
+  // progress_text every TrainConfig::print_every steps and at each epoch's last step.
+  ProgressCallback on_step;
+  StopCheck should_stop;
+};
+
+// Trains as configured; returns the metrics of every epoch run.
+std::vector<EpochMetrics> train(const TrainConfig& config, const TrainCallbacks& callbacks);
+// The same with `log` (nullptr: silent), `on_epoch` and `should_stop`.
+inline std::vector<EpochMetrics> train(const TrainConfig& config, const std::function<void(const std::string&)>& log,
+                                       const EpochCallback& on_epoch = {}, const StopCheck& should_stop = {}) {
+  return train(config, TrainCallbacks{log, on_epoch, {}, should_stop});
+}
 
 struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;

@@ -1,8 +1,9 @@
-// A data-parallel training job as the trainer sees it (src/train/trainer.cpp): this process's rank
-// among the job's, the start-up agreement (same flags, data and program everywhere, the same
-// initial weights), the gradient reducer of each step, the reductions of the epoch's metrics, and
-// the per-rank state a checkpoint keeps. A lone process (no launcher, or one rank) has no Job and
-// trains exactly as before. docs/design/distributed.md describes the whole.
+// A data-parallel training job as the trainer sees it (src/train/run_setup.cpp and
+// step_runner.cpp): this process's rank among the job's, the start-up agreement (same flags, data
+// and program everywhere, the same initial weights), the gradient reducer of each step, the
+// reductions of the epoch's metrics, and the per-rank state a checkpoint keeps. A lone process (no
+// launcher, or one rank) has no Job and trains exactly as before. docs/design/distributed.md
+// describes the whole.
 #pragma once
 
 #include <memory>

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <pty.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -533,6 +534,34 @@ TEST(CliFirstRuns, RunWithoutOutSaysItSavesNothingAndPipesGetNoCarriageReturns) 
   const Result saved = dfp_cli(tiny_run("--out '" + dir.file("a") + "'"), dir);
   ASSERT_EQ(saved.status, 0) << saved.output;
   EXPECT_EQ(saved.output.find("saves nothing"), std::string::npos) << saved.output;
+}
+
+// On a terminal the progress line is redrawn in place: every step's line starts with '\r', and the
+// next message (the epoch's line) starts on a line of its own.
+TEST(CliFirstRuns, TerminalGetsOneProgressLineRedrawnInPlace) {
+  int terminal = -1;
+  const pid_t pid = forkpty(&terminal, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0) << std::strerror(errno);
+  if (pid == 0) {
+    const std::string args = std::string("'") + DFP_CLI + "' " + tiny_run("-p 100 --data classes=10,train=32,test=8");
+    execl("/bin/sh", "sh", "-c", args.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(terminal, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));  // EIO at the child's end
+  close(terminal);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  for (int step = 1; step <= 4; ++step) {  // -p 100 does not thin a terminal's redraws
+    const std::string line = "\repoch 1/1 [" + std::string(size_t(24 * step / 4), '=');
+    EXPECT_NE(out.find(line), std::string::npos) << "step " << step << ": " << out;
+  }
+  const size_t done = out.find("epoch 1/1 done");
+  ASSERT_NE(done, std::string::npos) << out;
+  EXPECT_EQ(out.substr(done - 2, 2), "\r\n") << out;  // the terminal's newline, after the last redraw
+  EXPECT_NE(out.rfind("eta", done), std::string::npos) << out;
 }
 
 // A run stopped before its first checkpoint leaves config.json and metrics.jsonl: the plain retry

@@ -180,7 +180,7 @@ TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
 
 // What a run writes: config.json holds every setting of the result; metrics.jsonl one object per
 // epoch with every field the README lists, per-layer DFP16 exponents and counters included;
-// without a terminal, progress comes as plain lines. --label-smoothing reaches the loss.
+// progress comes to the log as plain lines. --label-smoothing reaches the loss.
 TEST(Training, WritesEverySettingAndMetricAndHonoursLabelSmoothing) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const test::TempDir t("dfp_test_files_");
@@ -194,9 +194,7 @@ TEST(Training, WritesEverySettingAndMetricAndHonoursLabelSmoothing) {
   const auto plain = train(c, [&](const std::string& s) { log += s + "\n"; });
   EXPECT_NE(log.find("precision=int16"), std::string::npos) << log;  // the policy, printed at start
   EXPECT_NE(log.find("] 4/10 loss"), std::string::npos) << log;
-  if (!isatty(STDOUT_FILENO)) {  // every 4th step only
-    EXPECT_EQ(log.find("] 3/10 loss"), std::string::npos) << log;
-  }
+  EXPECT_EQ(log.find("] 3/10 loss"), std::string::npos) << log;  // every 4th step only
   EXPECT_NE(log.find("epoch 2/2 done: train loss"), std::string::npos) << log;
   const std::string cfg = slurp(c.out + "/config.json");
   for (const char* key : {"\"model\":\"lenet\"", "\"lr\":0.05,", "\"schedule\":\"multistep\"",
@@ -223,6 +221,58 @@ TEST(Training, WritesEverySettingAndMetricAndHonoursLabelSmoothing) {
 }
 
 // Out-of-range settings are refused before any data is read, naming the flag and the value.
+// A progress callback sees every step of every epoch, in order, with the epoch's running means;
+// the log then gets no progress lines (the caller draws them), and progress_text is the line the
+// log gets otherwise.
+TEST(Training, StepCallbackSeesEveryStepAndTakesOverTheProgressLines) {
+  TrainConfig c;
+  c.model = "lenet";
+  c.dataset = "synthetic";
+  c.epochs = 2;
+  c.batch_size = 16;
+  c.limit_train = 80;
+  c.limit_test = 32;
+  c.threads = 1;
+  c.print_every = 1;
+  std::vector<StepProgress> seen;
+  std::string log;
+  TrainCallbacks hooks;
+  hooks.log = [&](const std::string& s) { log += s + "\n"; };
+  hooks.on_step = [&](const StepProgress& p) { seen.push_back(p); };
+  const auto epochs = train(c, hooks);
+  ASSERT_EQ(epochs.size(), 2u);
+  ASSERT_EQ(seen.size(), 10u);
+  for (size_t k = 0; k < seen.size(); ++k) {
+    const StepProgress& p = seen[k];
+    EXPECT_EQ(p.epoch, int(k / 5) + 1);
+    EXPECT_EQ(p.epochs, 2);
+    EXPECT_EQ(p.step, int(k % 5) + 1);
+    EXPECT_EQ(p.steps, 5);
+    EXPECT_TRUE(std::isfinite(p.loss) && p.loss > 0) << p.loss;
+    EXPECT_GE(p.top1, 0);
+    EXPECT_LE(p.top1, 100);
+    EXPECT_GT(p.images_per_second, 0);
+    EXPECT_EQ(p.loss_scale, 0);  // no loss scaling
+    EXPECT_FALSE(p.part_of_job);
+  }
+  // The last step's running means are the epoch's.
+  EXPECT_NEAR(seen[4].loss, epochs[0].train_loss, 1e-9);
+  EXPECT_NEAR(seen[9].top1, epochs[1].train_top1, 1e-9);
+  EXPECT_EQ(log.find("] 1/5 loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("epoch 2/2 done"), std::string::npos) << log;
+  StepProgress p = seen[2];
+  p.loss = 0.5, p.top1 = 81.25, p.images_per_second = 790, p.eta_seconds = 4, p.loss_scale = 1024;
+  EXPECT_EQ(progress_text(p), "epoch 1/2 [==============          ] 3/5 loss 0.5000 top1 81.25% 790 img/s eta 4s scale 1024");
+  // Without a callback, the same lines reach the log every print_every steps.
+  log.clear();
+  c.epochs = 1;
+  c.print_every = 2;
+  train(c, [&](const std::string& s) { log += s + "\n"; });
+  EXPECT_NE(log.find("] 2/5 loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("] 5/5 loss"), std::string::npos) << log;  // the epoch's last step
+  EXPECT_EQ(log.find("] 3/5 loss"), std::string::npos) << log;
+}
+
 TEST(Training, OutOfRangeSettingsNameTheirFlag) {
   const std::vector<std::pair<std::function<void(TrainConfig&)>, std::vector<std::string>>> cases = {
       {[](TrainConfig& c) { c.momentum = -0.5f; }, {"--momentum", "-0.5"}},
