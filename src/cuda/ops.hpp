@@ -224,7 +224,7 @@ template <class T> struct CopyFn {
   }
 };
 
-// Max / average pooling (Pool in src/layers/relu_pool_routing.cpp): windows k x k, stride s, padding p; positions outside
+// Max / average pooling (Pool in src/layers/pool.cpp): windows k x k, stride s, padding p; positions outside
 // the input are skipped; the average divides by k*k (count_include_pad); max records the first
 // maximum in window order (row-major) for backward, as the CPU's backward selects it.
 struct PoolArgs {
@@ -415,7 +415,7 @@ template <class T> struct DropoutBwdFn {
   }
 };
 
-// Local response normalisation across channels, torch.nn.LocalResponseNorm (Lrn in src/layers/relu_pool_routing.cpp):
+// Local response normalisation across channels, torch.nn.LocalResponseNorm (Lrn in src/layers/lrn.cpp):
 // window [c - size/2, c + (size-1)/2] clipped to [0, C); scale = k + alpha/size * sum x^2;
 // y = x * scale^-beta. scale is kept (FP32) for backward.
 struct LrnArgs {

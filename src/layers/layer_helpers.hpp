@@ -1,5 +1,4 @@
-// Blocked-layout helpers the layer files share (src/layers/weighted.cpp, batchnorm.cpp,
-// relu_pool_routing.cpp).
+// Blocked-layout helpers the layer files of src/layers/ share.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The weighted layers of the model graph: Conv2d, GroupedConv2d and Linear, each running the
 // operation its precision chose (weighted_ops.hpp) and reporting its numerics. BatchNorm is in
-// batchnorm.cpp, the parameter-free layers in relu_pool_routing.cpp. Each works on the blocked
+// batchnorm.cpp, each parameter-free layer in its own file. Each works on the blocked
 // FP32 layout; parallel loops run on the context's threads over disjoint outputs, so results do
 // not depend on the thread count.
 #include <algorithm>
