@@ -23,8 +23,10 @@ std::string policy_text_of(const TrainConfig& cfg) {
   const bool fp16 = cfg.policy.precision == Precision::fp16;
   DFP_CHECK(!fp16 || cfg.loss_scale.mode != LossScaleMode::adaptive, Status::unsupported,
             "flag --loss-scaling adaptive: layer-wise scaling runs on the CPU only; use dynamic or static with --device cuda");
-  return "device=cuda precision=" + std::string(precision_name(cfg.policy.precision)) +
-         (fp16 ? " " + cfg.loss_scale.describe() : "");
+  std::string text = "device=cuda precision=";
+  text += precision_name(cfg.policy.precision);
+  if (fp16) text.append(" ").append(cfg.loss_scale.describe());
+  return text;
 }
 
 ContextOptions context_options(const TrainConfig& cfg) {
