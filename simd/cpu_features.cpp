@@ -19,11 +19,17 @@ const char* isa_name(Isa isa) noexcept {
   return "?";
 }
 
+std::string isa_names(std::string_view separator) {
+  std::string out;
+  for (Isa i : kIsaLevels) out.append(out.empty() ? "" : separator).append(isa_name(i));
+  return out;
+}
+
 Isa parse_isa(std::string_view text, std::string_view origin) {
-  for (Isa i : {Isa::ref, Isa::avx2, Isa::avx512bw, Isa::avx512vnni})
+  for (Isa i : kIsaLevels)
     if (text == isa_name(i)) return i;
   fail(Status::invalid_argument, std::string(origin) + ": unknown kernel level '" + std::string(text) +
-                                     "'; expected one of ref, avx2, avx512bw, avx512vnni");
+                                     "'; expected one of " + isa_names(", "));
 }
 
 bool CpuFeatures::supports(Isa isa) const noexcept {
@@ -39,10 +45,10 @@ bool CpuFeatures::supports(Isa isa) const noexcept {
 }
 
 Isa CpuFeatures::best() const noexcept {
-  if (supports(Isa::avx512vnni)) return Isa::avx512vnni;
-  if (supports(Isa::avx512bw)) return Isa::avx512bw;
-  if (supports(Isa::avx2)) return Isa::avx2;
-  return Isa::ref;
+  Isa best = Isa::ref;
+  for (Isa i : kIsaLevels)
+    if (supports(i)) best = i;
+  return best;
 }
 
 CpuFeatures detect_cpu_features() {

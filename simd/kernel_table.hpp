@@ -385,43 +385,19 @@ using LinearF32Factory = std::unique_ptr<LinearF32Backend> (*)(int threads, int 
 using ConvBf16Factory = std::unique_ptr<ConvBf16Backend> (*)(int threads, const ConvShape& shape,
                                                             const std::string& name);
 
-template <class Fn>
+template <class F>
 struct Entry {
+  using Fn = F;
   Fn fn = nullptr;
   const char* name = "";
 };
 
+// One member per entry of simd/kernels.inc, in its order.
 struct KernelTable {
   Isa isa = Isa::ref;
-  Entry<MaxAbsFn> max_abs;
-  Entry<Dfp16StatsFn> dfp16_stats;
-  Entry<QuantizeFn> quantize;
-  Entry<Quantize2Fn> quantize2;
-  Entry<DequantizeFn> dequantize;
-  Entry<InterleaveFn> interleave;
-  Entry<PixelKernelFn> conv_s16_pixel;
-  Entry<PairKernelFn> conv_s16_pair;
-  Entry<PairRowL1Fn> pair_row_l1;
-  Entry<ReluFwdFn> relu_fwd;
-  Entry<ReluBwdFn> relu_bwd;
-  Entry<AddFn> add;
-  Entry<AddReluFn> add_relu;
-  Entry<ShiftLanesFn> shift_lanes;
-  Entry<ToBlockedFn> to_blocked;
-  Entry<FromBlockedFn> from_blocked;
-  Entry<SgdUpdateFn> sgd_update;
-  Entry<BnScaleShiftFn> bn_scale_shift;
-  Entry<BnMomentsFn> bn_moments;
-  Entry<BnBwdSumsS16Fn> bn_bwd_sums_s16;
-  Entry<BnBwdSumsF32Fn> bn_bwd_sums_f32;
-  Entry<BnBwdApplyS16Fn> bn_bwd_apply_s16;
-  Entry<BnBwdApplyF32Fn> bn_bwd_apply_f32;
-  Entry<ToHalfFn> to_bf16, to_fp16;
-  Entry<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
-  Entry<RoundToFn> round_bf16, round_fp16;
-  Entry<ConvF32Factory> conv_f32;
-  Entry<LinearF32Factory> linear_f32;
-  Entry<ConvBf16Factory> conv_bf16;
+#define DFP_KERNEL(entry, Fn, reference, reference_name) Entry<Fn> entry;
+#include "simd/kernels.inc"
+#undef DFP_KERNEL
 };
 
 // The xsimd version the element-wise kernels were built with (for `dfp info`): the one translation
@@ -432,109 +408,23 @@ const char* xsimd_version() noexcept;
 // picks among forms that give the same bits (the VAES or AES-NI stochastic stream).
 KernelTable make_kernel_table(Isa isa, const CpuFeatures& cpu);
 
-// Implementations, one set per level (defined in simd/ref, simd/avx2, simd/avx512), declared through the
-// table's signatures (a function type declares a function): each signature is stated once, at its
-// Fn alias above, and a definition that strays from it fails to link.
+// Implementations, one set per level (defined in simd/ref, simd/avx2, simd/avx512, simd/onednn),
+// declared from the lists (simd/kernels.inc for the references, simd/<level>/kernels.inc) through
+// the table's signatures (a function type declares a function): each signature is stated once, at
+// its Fn alias above, and a definition that strays from it fails to link.
 template <class Fn>
 using Signature = std::remove_pointer_t<Fn>;
+template <class E>
+using EntrySignature = Signature<typename E::Fn>;
 
-namespace ref {
-Signature<MaxAbsFn> max_abs;
-Signature<Dfp16StatsFn> dfp16_stats;
-Signature<QuantizeFn> quantize;
-Signature<Quantize2Fn> quantize2;
-Signature<DequantizeFn> dequantize;
-Signature<InterleaveFn> interleave;
-Signature<PixelKernelFn> conv_s16_pixel;
-Signature<PairKernelFn> conv_s16_pair;
-Signature<PairRowL1Fn> pair_row_l1;
-Signature<ReluFwdFn> relu_fwd;
-Signature<ReluBwdFn> relu_bwd;
-Signature<AddFn> add;
-Signature<AddReluFn> add_relu;
-Signature<ShiftLanesFn> shift_lanes;
-Signature<ToBlockedFn> to_blocked;
-Signature<FromBlockedFn> from_blocked;
-Signature<SgdUpdateFn> sgd_update;
-Signature<BnScaleShiftFn> bn_scale_shift;
-Signature<BnMomentsFn> bn_moments;
-Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
-Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
-Signature<BnBwdApplyS16Fn> bn_bwd_apply_s16;
-Signature<BnBwdApplyF32Fn> bn_bwd_apply_f32;
-Signature<ToHalfFn> to_bf16, to_fp16;
-Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
-Signature<RoundToFn> round_bf16, round_fp16;
-Signature<ConvF32Factory> make_conv_f32;
-Signature<LinearF32Factory> make_linear_f32;
-Signature<ConvBf16Factory> make_conv_bf16;
-}  // namespace ref
-namespace avx512 {
-Signature<MaxAbsFn> max_abs;
-Signature<Dfp16StatsFn> dfp16_stats;
-Signature<QuantizeFn> quantize_vaes, quantize_aesni;
-Signature<Quantize2Fn> quantize2_vaes, quantize2_aesni;
-Signature<DequantizeFn> dequantize;
-Signature<InterleaveFn> interleave;
-Signature<PixelKernelFn> conv_s16_pixel_bw;
-Signature<PairKernelFn> conv_s16_pair_bw;
-Signature<PairRowL1Fn> pair_row_l1;
-Signature<ReluFwdFn> relu_fwd;
-Signature<ReluBwdFn> relu_bwd;
-Signature<AddFn> add;
-Signature<AddReluFn> add_relu;
-Signature<ShiftLanesFn> shift_lanes;
-Signature<ToBlockedFn> to_blocked;
-Signature<FromBlockedFn> from_blocked;
-Signature<SgdUpdateFn> sgd_update;
-Signature<BnScaleShiftFn> bn_scale_shift;
-Signature<BnMomentsFn> bn_moments;
-Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
-Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
-Signature<BnBwdApplyS16Fn> bn_bwd_apply_s16;
-Signature<BnBwdApplyF32Fn> bn_bwd_apply_f32;
-Signature<ToHalfFn> to_bf16, to_fp16;
-Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
-Signature<RoundToFn> round_bf16, round_fp16;
-}  // namespace avx512
-namespace avx2 {
-Signature<MaxAbsFn> max_abs;
-Signature<Dfp16StatsFn> dfp16_stats;
-Signature<QuantizeFn> quantize_aesni;
-Signature<Quantize2Fn> quantize2_aesni;
-Signature<DequantizeFn> dequantize;
-Signature<InterleaveFn> interleave;
-Signature<PixelKernelFn> conv_s16_pixel;
-Signature<PairKernelFn> conv_s16_pair;
-Signature<PairRowL1Fn> pair_row_l1;
-Signature<ReluFwdFn> relu_fwd;
-Signature<ReluBwdFn> relu_bwd;
-Signature<AddFn> add;
-Signature<AddReluFn> add_relu;
-Signature<ShiftLanesFn> shift_lanes;
-Signature<SgdUpdateFn> sgd_update;
-Signature<BnScaleShiftFn> bn_scale_shift;
-Signature<BnMomentsFn> bn_moments;
-Signature<BnBwdSumsS16Fn> bn_bwd_sums_s16;
-Signature<BnBwdSumsF32Fn> bn_bwd_sums_f32;
-Signature<BnBwdApplyS16Fn> bn_bwd_apply_s16;
-Signature<BnBwdApplyF32Fn> bn_bwd_apply_f32;
-Signature<ToHalfFn> to_bf16, to_fp16;
-Signature<HalfToF32Fn> bf16_to_f32, fp16_to_f32;
-Signature<RoundToFn> round_bf16, round_fp16;
-}  // namespace avx2
-namespace avxvnni {
-Signature<PixelKernelFn> conv_s16_pixel;
-Signature<PairKernelFn> conv_s16_pair;
-}  // namespace avxvnni
-namespace avx512vnni {
-Signature<PixelKernelFn> conv_s16_pixel;
-Signature<PairKernelFn> conv_s16_pair;
-}  // namespace avx512vnni
-namespace onednn {
-Signature<ConvF32Factory> make_conv_f32;
-Signature<LinearF32Factory> make_linear_f32;
-Signature<ConvBf16Factory> make_conv_bf16;
-}  // namespace onednn
+#define DFP_KERNEL(entry, Fn, reference, reference_name) namespace ref { Signature<Fn> reference; }
+#include "simd/kernels.inc"
+#undef DFP_KERNEL
+#define DFP_IMPL(level, entry, implementation, name, when) \
+  namespace level { EntrySignature<decltype(KernelTable::entry)> implementation; }
+#include "simd/onednn/kernels.inc"
+#include "simd/avx2/kernels.inc"
+#include "simd/avx512/kernels.inc"
+#undef DFP_IMPL
 
 }  // namespace dfp::simd

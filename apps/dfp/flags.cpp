@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "dfp/context.hpp"
+#include "dfp/isa.hpp"
 #include "dfp/status.hpp"
 
 namespace dfp::cli {
@@ -354,7 +355,7 @@ Flag threads_option(int& threads) {
           [&threads](const std::string& f, const std::string& v) { threads = threads_flag(f, v); }};
 }
 Flag isa_option(std::string& isa) {
-  return {"--isa", "LEVEL", "ref|avx2|avx512bw|avx512vnni kernels",
+  return {"--isa", "LEVEL", dfp::isa_names("|") + " kernels",
           [&isa](const std::string& f, const std::string& v) { isa = isa_flag(f, v); }};
 }
 

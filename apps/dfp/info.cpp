@@ -51,8 +51,8 @@ int info(InfoState& s) {
   std::printf("               amx_tile=%s amx_bf16=%s amx_int8=%s\n", yn(f.amx_tile), yn(f.amx_bf16), yn(f.amx_int8));
   std::printf("               os_ymm_state=%s os_zmm_state=%s os_amx_state=%s\n", yn(f.os_saves_ymm), yn(f.os_saves_zmm),
               yn(f.os_saves_amx));
-  std::printf("kernel level   %s (best supported: %s; force with DFP_ISA=ref|avx2|avx512bw|avx512vnni)\n",
-              dfp::isa_name(ctx.isa()), dfp::isa_name(f.best()));
+  std::printf("kernel level   %s (best supported: %s; force with DFP_ISA=%s)\n", dfp::isa_name(ctx.isa()),
+              dfp::isa_name(f.best()), dfp::isa_names("|").c_str());
   std::printf("threads        %d (oneTBB arena and OpenMP for oneDNN)\n", ctx.threads());
   std::string why;
   const bool gpu = dfp::cuda_available(&why);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "dfp/isa.hpp"
 #include "dfp/models.hpp"
 #include "dfp/status.hpp"
 #include "src/train/run_files.hpp"
@@ -175,7 +176,7 @@ std::vector<Flag> run_flags(RunFlags& s) {
       {"--step-epochs", "N", "step: epochs between rate steps", integer(c.step_epochs), o},
       {"--label-smoothing", "F", "label smoothing in [0, 1)", real(c.label_smoothing), o},
       {"--threads", "N", "compute threads (0 = all cores)", integer(c.threads), r},  // range: validate_train_config
-      {"--isa", "LEVEL", "ref|avx2|avx512bw|avx512vnni kernels", [&c](const std::string& f, const std::string& v) {
+      {"--isa", "LEVEL", dfp::isa_names("|") + " kernels", [&c](const std::string& f, const std::string& v) {
          c.isa = isa_flag(f, v);
        }, r},
       {"--seed", "N", "seed of initialisation, data order and augmentation",

@@ -16,9 +16,14 @@ enum class Isa {
   avx512vnni = 3,  // AVX-512 VNNI: INT16 dot products as VPDPWSSD
 };
 
+// Every level, lowest first: the one list that flags, messages and tests take the levels from.
+inline constexpr Isa kIsaLevels[] = {Isa::ref, Isa::avx2, Isa::avx512bw, Isa::avx512vnni};
+
 const char* isa_name(Isa isa) noexcept;
-// Parses "ref", "avx2", "avx512bw" or "avx512vnni"; throws dfp::Error(invalid_argument) naming `origin`
-// (for example "environment variable DFP_ISA") otherwise.
+// The levels' names joined by `separator`, lowest first: "ref|avx2|avx512bw|avx512vnni" with "|".
+std::string isa_names(std::string_view separator);
+// Parses a level's name (isa_name); throws dfp::Error(invalid_argument) naming `origin` (for
+// example "environment variable DFP_ISA") and the levels otherwise.
 Isa parse_isa(std::string_view text, std::string_view origin);
 
 struct CpuFeatures {

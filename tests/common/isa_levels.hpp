@@ -15,8 +15,17 @@ inline std::vector<Isa> isa_levels() {
   if (const char* env = std::getenv("DFP_ISA"); env && *env) return {parse_isa(env, "environment variable DFP_ISA")};
   const CpuFeatures cpu = detect_cpu_features();
   std::vector<Isa> out;
-  for (Isa isa : {Isa::ref, Isa::avx2, Isa::avx512bw, Isa::avx512vnni})
+  for (Isa isa : kIsaLevels)
     if (cpu.supports(isa)) out.push_back(isa);
+  return out;
+}
+
+// Every level's name from `from` up (for parameterised suites, whose tests skip the levels the
+// CPU lacks).
+inline std::vector<const char*> isa_names_from(Isa from) {
+  std::vector<const char*> out;
+  for (Isa isa : kIsaLevels)
+    if (isa >= from) out.push_back(isa_name(isa));
   return out;
 }
 

@@ -77,7 +77,7 @@ TEST_P(ConvInt16Isa, BitExactAgainstScalarModel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, ConvInt16Isa, ::testing::Values("avx2", "avx512bw", "avx512vnni"));
+INSTANTIATE_TEST_SUITE_P(AllIsas, ConvInt16Isa, ::testing::ValuesIn(test::isa_names_from(Isa::avx2)));
 
 // Each pass names the kernel it runs: the pixel kernel for forward and backward data, the pair
 // kernel for the weight gradient, of the context's ISA; the verification mode names its shadow.
@@ -697,8 +697,8 @@ TEST(ConvInt16, PairRowL1AtEveryLevelMatchesTheReference) {
         }
         ASSERT_EQ(want[size_t(row)], largest) << "ref, cols " << cols << " row " << row;
       }
-      for (Isa isa : {Isa::avx2, Isa::avx512bw, Isa::avx512vnni}) {
-        if (!cpu.supports(isa)) continue;
+      for (Isa isa : kIsaLevels) {
+        if (isa == Isa::ref || !cpu.supports(isa)) continue;
         const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
         t.pair_row_l1.fn(v.data(), rows, cols, stride, got.data());
         ASSERT_EQ(want, got) << t.pair_row_l1.name << ", cols " << cols << " extreme " << extreme;

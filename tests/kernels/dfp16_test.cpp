@@ -22,6 +22,7 @@
 #include "dfp/model.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "tests/common/isa_levels.hpp"
 #include "tests/common/reference.hpp"
 #include "tests/common/scoped_env.hpp"
 #include "tests/common/tolerance.hpp"
@@ -417,10 +418,10 @@ TEST(Dfp16Quantize, TwoExponentsGiveTheBitsOfTwoCalls) {
   std::vector<float> x = test::random_vec(3000, 21, -40.f, 40.f);
   x[17] = 9e5f;  // saturates at exponent -2: the checked path
   std::vector<std::pair<std::string, simd::Quantize2Fn>> kernels;
-  for (const char* level : {"ref", "avx2", "avx512bw", "avx512vnni"})
-    if (f.supports(parse_isa(level, "test"))) {
-      Context c(ContextOptions{.threads = 1, .isa = level});
-      kernels.emplace_back(std::string(level) + " " + c.kernels().quantize2.name, c.kernels().quantize2.fn);
+  for (Isa level : kIsaLevels)
+    if (f.supports(level)) {
+      Context c(ContextOptions{.threads = 1, .isa = isa_name(level)});
+      kernels.emplace_back(std::string(isa_name(level)) + " " + c.kernels().quantize2.name, c.kernels().quantize2.fn);
     }
   // The AES-NI form of AVX-512 CPUs without VAES, which a VAES CPU's table does not pick.
   if (f.supports(Isa::avx512bw) && f.aes) kernels.emplace_back("avx512 aesni", &simd::avx512::quantize2_aesni);
@@ -725,7 +726,7 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::Values("avx2", "avx512bw", "avx512vnni"));
+INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::ValuesIn(test::isa_names_from(Isa::avx2)));
 
 TEST(Dfp16Quantize, RejectsBadHeadroom) {
   std::vector<float> x(4, 1.f);

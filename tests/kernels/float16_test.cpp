@@ -12,6 +12,7 @@
 #include "dfp/context.hpp"
 #include "dfp/float16.hpp"
 #include "simd/kernel_table.hpp"
+#include "tests/common/isa_levels.hpp"
 
 using namespace dfp;
 
@@ -180,4 +181,4 @@ TEST_P(Float16Isa, KernelsBitIdenticalToSpecification) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllLevels, Float16Isa, ::testing::Values("ref", "avx2", "avx512bw", "avx512vnni"));
+INSTANTIATE_TEST_SUITE_P(AllLevels, Float16Isa, ::testing::ValuesIn(test::isa_names_from(Isa::ref)));
