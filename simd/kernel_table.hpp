@@ -20,6 +20,7 @@
 #include "dfp/dfp16.hpp"
 #include "dfp/float16.hpp"
 #include "dfp/isa.hpp"
+#include "base/random.hpp"
 
 namespace dfp::simd {
 
@@ -57,97 +58,16 @@ using InterleaveFn = void (*)(const int16_t* a, const int16_t* b, int16_t* dst, 
 
 // ---- Random numbers -----------------------------------------------------------------------
 //
-// Two counter-based streams: element i's number depends only on (seed, i), never on thread count.
-//
-// DFP16 stochastic rounding draws from ARS-5 (Salmon et al., "Parallel random numbers: as easy
-// as 1, 2, 3", SC'11; Random123's ars.h): five AES rounds keyed by the seed, over the 128-bit
-// counter i/4, whose four 32-bit output words serve elements 4(i/4) .. 4(i/4)+3. Salmon et al.
-// report five rounds as the fewest without statistical failures in TestU01's batteries (Random123
-// defaults to seven for a margin; rounding noise needs none). On AVX-512 with VAES one VAESENC works on
-// four counters at once, so 16 numbers cost five instructions: about 3x cheaper on Zen 4 than the
-// four VPMULLD of the multiply hash below, which made stochastic quantization compute bound.
-// The scalar form here is the specification: the AES round in software, bit for bit the
-// AESENC/AESENCLAST instructions.
-struct Block128 {
-  uint64_t lo = 0, hi = 0;  // little-endian: byte b of the block is byte (b % 8) of lo (b < 8) or hi
-};
-namespace aes_detail {
-constexpr uint8_t xtime(uint8_t a) { return static_cast<uint8_t>((a << 1) ^ ((a & 0x80) ? 0x1B : 0)); }
-constexpr uint8_t rotl8(uint8_t x, int s) { return static_cast<uint8_t>((x << s) | (x >> (8 - s))); }
-struct Sbox {
-  uint8_t v[256] = {};
-  constexpr Sbox() {  // FIPS-197 S-box: multiplicative inverse in GF(2^8), then the affine map
-    uint8_t p = 1, q = 1;
-    do {
-      p = static_cast<uint8_t>(p ^ xtime(p));  // p *= 3 (3 generates the field's units)
-      q = static_cast<uint8_t>(q ^ (q << 1));  // q /= 3, so q = 1/p
-      q = static_cast<uint8_t>(q ^ (q << 2));
-      q = static_cast<uint8_t>(q ^ (q << 4));
-      if (q & 0x80) q = static_cast<uint8_t>(q ^ 0x09);
-      v[p] = static_cast<uint8_t>(q ^ rotl8(q, 1) ^ rotl8(q, 2) ^ rotl8(q, 3) ^ rotl8(q, 4) ^ 0x63);
-    } while (p != 1);
-    v[0] = 0x63;
-  }
-};
-inline constexpr Sbox kSbox{};
-// AESENC (last = false) or AESENCLAST: ShiftRows, SubBytes, [MixColumns], xor round key.
-// State byte r + 4c is row r, column c.
-inline Block128 round(Block128 in, Block128 key, bool last) noexcept {
-  uint8_t a[16], s[16];
-  for (int b = 0; b < 16; ++b) a[b] = static_cast<uint8_t>((b < 8 ? in.lo : in.hi) >> (8 * (b % 8)));
-  for (int c = 0; c < 4; ++c)
-    for (int r = 0; r < 4; ++r) s[r + 4 * c] = kSbox.v[a[r + 4 * ((c + r) & 3)]];
-  if (!last)
-    for (int c = 0; c < 4; ++c) {
-      const uint8_t a0 = s[4 * c], a1 = s[4 * c + 1], a2 = s[4 * c + 2], a3 = s[4 * c + 3];
-      const uint8_t all = static_cast<uint8_t>(a0 ^ a1 ^ a2 ^ a3);
-      s[4 * c + 0] = static_cast<uint8_t>(a0 ^ all ^ xtime(static_cast<uint8_t>(a0 ^ a1)));
-      s[4 * c + 1] = static_cast<uint8_t>(a1 ^ all ^ xtime(static_cast<uint8_t>(a1 ^ a2)));
-      s[4 * c + 2] = static_cast<uint8_t>(a2 ^ all ^ xtime(static_cast<uint8_t>(a2 ^ a3)));
-      s[4 * c + 3] = static_cast<uint8_t>(a3 ^ all ^ xtime(static_cast<uint8_t>(a3 ^ a0)));
-    }
-  Block128 out;
-  for (int b = 0; b < 16; ++b) (b < 8 ? out.lo : out.hi) |= uint64_t{s[b]} << (8 * (b % 8));
-  out.lo ^= key.lo;
-  out.hi ^= key.hi;
-  return out;
-}
-}  // namespace aes_detail
-
-inline constexpr int kArsRounds = 5;
-// Round keys: k0 = (seed, kArsKeyHi), k(r+1) = k(r) + Weyl constants, per 64-bit half (ars.h).
-inline constexpr uint64_t kArsKeyHi = 0x6a09e667f3bcc908ULL;  // frac(sqrt 2): any fixed value
-inline constexpr uint64_t kArsWeylLo = 0x9E3779B97F4A7C15ULL, kArsWeylHi = 0xBB67AE8584CAA73BULL;
-inline Block128 ars_round_key(uint64_t seed, int r) noexcept {
-  return {seed + uint64_t(r) * kArsWeylLo, kArsKeyHi + uint64_t(r) * kArsWeylHi};
-}
-inline Block128 ars5(uint64_t seed, uint64_t counter) noexcept {
-  Block128 v{counter ^ seed, kArsKeyHi};  // counter's high half is 0
-  for (int r = 1; r <= kArsRounds; ++r) v = aes_detail::round(v, ars_round_key(seed, r), r == kArsRounds);
-  return v;
-}
-// Word `index % 4` of ARS-5(seed, index / 4), top 24 bits: u = rand24 * 2^-24 in [0, 1).
-inline uint32_t ars_word(Block128 b, uint64_t index) noexcept {
-  const uint64_t half = (index & 2) ? b.hi : b.lo;
-  return static_cast<uint32_t>(half >> (32 * (index & 1)));
-}
-inline uint32_t dfp16_rand24(uint64_t seed, uint64_t index) noexcept {
-  return ars_word(ars5(seed, index >> 2), index) >> 8;
-}
-
-// Dropout and BF16/FP16 stochastic rounding draw from a multiply hash that the CUDA code shares
-// bit for bit (src/cuda/ops.hpp): 24 bits, u = rand24 * 2^-24 in [0, 1).
-inline uint32_t mix32(uint32_t x) noexcept {  // "lowbias32" (C. Wellons): a strong 32-bit mixer
-  x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
-  return x;
-}
-inline uint32_t stochastic_key(uint64_t seed) noexcept {
-  return mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9U));
-}
-inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) noexcept {
-  // Streams repeat every 2^32 elements of one tensor; harmless for rounding noise.
-  return mix32(mix32(static_cast<uint32_t>(index) ^ key) + key) >> 8;
-}
+// The counter-based streams (DFP16 stochastic rounding's ARS-5; dropout's and BF16/FP16 rounding's
+// multiply hash) are in base/random.hpp, shared with the data pipeline and the CUDA device.
+using dfp::ars5;
+using dfp::ars_word;
+using dfp::Block128;
+using dfp::dfp16_rand24;
+using dfp::mix32;
+using dfp::stochastic_key;
+using dfp::stochastic_rand24;
+namespace aes_detail = dfp::aes_detail;
 
 // ---- INT16 convolution micro-kernels -------------------------------------------------------
 //

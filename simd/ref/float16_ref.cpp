@@ -1,4 +1,4 @@
-// Scalar BF16/FP16 conversion kernels: loops over the scalar specification (src/numerics/float16.cpp).
+// Scalar BF16/FP16 conversion kernels: loops over the scalar specification (base/float16.cpp).
 #include "dfp/float16.hpp"
 #include "simd/kernel_table.hpp"
 

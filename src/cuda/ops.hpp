@@ -26,6 +26,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/random.hpp"
+
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>
 #define DFP_HD __host__ __device__
@@ -77,26 +79,10 @@ DFP_HD inline size_t nhwc_index(int H, int W, int C, int n, int h, int w, int c)
   return (((size_t)n * H + h) * W + w) * C + c;
 }
 
-// The CPU's counter-based random numbers (simd/kernel_table.hpp: mix32, stochastic_key,
-// stochastic_rand24), bit for bit, so dropout masks on the device equal the CPU's.
-DFP_HD inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-DFP_HD inline uint32_t stochastic_key(uint64_t seed) {
-  return mix32((uint32_t)seed ^ mix32((uint32_t)(seed >> 32) + 0x9e3779b9U));
-}
-DFP_HD inline uint32_t stochastic_rand24(uint32_t key, uint64_t index) {
-  return mix32(mix32((uint32_t)index ^ key) + key) >> 8;
-}
+// The CPU's counter-based random numbers are base/random.hpp's (mix32, stochastic_key,
+// stochastic_rand24), host and device, so dropout masks on the device equal the CPU's.
 // The key of a dropout layer with seed `seed` at training step `step` (step_key in src/layers/layer_helpers.hpp).
-inline uint32_t dropout_key(uint64_t seed, uint64_t step) {
-  return stochastic_key(seed ^ (step * 0x9e3779b97f4a7c15ULL));
-}
+inline uint32_t dropout_key(uint64_t seed, uint64_t step) { return stochastic_key(step_seed(seed, step)); }
 
 // Upper bound on the partial sums a per-channel reduction may use (ReduceArgs::scratch holds
 // kReduceParts * 2 * C doubles).

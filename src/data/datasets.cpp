@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "dfp/status.hpp"
+#include "base/random.hpp"
 
 namespace dfp {
 
@@ -754,10 +755,9 @@ Dataset make_synthetic(const SyntheticSpec& spec, bool train, int image_size) {
   // splitmix64 over (split, index): the same images for every run, thread count and machine.
   uint64_t state = train ? 0x5EED0001u : 0x5EED0002u;
   auto next = [&state] {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    const uint64_t r = mix64(state);  // splitmix64's next(): the mix of the state, then a step
+    state += kGoldenGamma;
+    return r;
   };
   for (size_t i = 0; i < d.pixels.size(); i += 8) {
     const uint64_t r = next();

@@ -14,7 +14,7 @@
 
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
-#include "src/numerics/counter_rng.hpp"
+#include "base/random.hpp"
 
 namespace dfp::jpeg {
 

@@ -40,7 +40,7 @@
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
 #include "src/core/aligned_buffer.hpp"
-#include "src/numerics/counter_rng.hpp"
+#include "base/random.hpp"
 #include "src/data/jpeg.hpp"
 
 namespace dfp {

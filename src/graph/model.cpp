@@ -22,7 +22,7 @@
 #include "src/graph/layer_args.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
-#include "src/core/named_enum.hpp"
+#include "base/named_enum.hpp"
 
 namespace dfp {
 

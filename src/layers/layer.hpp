@@ -14,7 +14,9 @@
 
 #include "dfp/context.hpp"
 #include "dfp/float16.hpp"
-#include "dfp/model.hpp"
+#include "dfp/precision.hpp"
+#include "dfp/types.hpp"
+#include "base/random.hpp"
 #include "src/core/atomic_max.hpp"
 
 namespace dfp::model {
@@ -75,9 +77,6 @@ FormatStats measure_dfp16(const Context& ctx, const float* x, size_t n, int e);
 FormatStats measure_dfp16_slices(const Context& ctx, const float* x, size_t n, int e, const std::vector<int>& slices);
 FormatStats measure_rounded(const Context& ctx, const float* x, const float* q, size_t n);
 FormatStats measure_bf16(const Context& ctx, const float* x, const uint16_t* q, size_t n);
-
-// The seed of a layer's random stream at one training step (the stochastic key derives from it).
-inline uint64_t step_seed(uint64_t seed, uint64_t step) { return seed ^ (step * 0x9E3779B97F4A7C15ULL); }
 
 // Blocked-layout index of (n, c, h, w).
 inline size_t bidx(const TensorShape& s, int n, int c, int h, int w) {

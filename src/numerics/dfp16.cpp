@@ -14,7 +14,7 @@
 #include "simd/kernel_table.hpp"
 #include "src/core/atomic_max.hpp"
 #include "src/numerics/dfp16_internal.hpp"
-#include "src/core/named_enum.hpp"
+#include "base/named_enum.hpp"
 
 namespace dfp {
 

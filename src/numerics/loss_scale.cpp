@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "dfp/status.hpp"
-#include "src/core/named_enum.hpp"
+#include "base/named_enum.hpp"
 
 namespace dfp {
 

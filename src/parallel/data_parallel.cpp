@@ -12,8 +12,8 @@
 #include "dfp/float16.hpp"
 #include "dfp/model.hpp"
 #include "dfp/status.hpp"
-#include "src/core/named_enum.hpp"
-#include "src/numerics/counter_rng.hpp"
+#include "base/named_enum.hpp"
+#include "base/random.hpp"
 
 namespace dfp::parallel {
 

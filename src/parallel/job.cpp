@@ -7,7 +7,7 @@
 #include "dfp/data.hpp"
 #include "dfp/model.hpp"
 #include "dfp/status.hpp"
-#include "src/numerics/counter_rng.hpp"
+#include "base/random.hpp"
 #include "src/io/checkpoint.hpp"
 
 namespace dfp::parallel {

@@ -7,7 +7,7 @@
 #include "dfp/context.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
-#include "src/core/named_enum.hpp"
+#include "base/named_enum.hpp"
 
 namespace dfp {
 

@@ -31,7 +31,7 @@
 #include "dfp/data.hpp"
 #include "dfp/status.hpp"
 #include "tests/common/temp_dir.hpp"
-#include "src/numerics/counter_rng.hpp"
+#include "base/random.hpp"
 #include "src/data/jpeg.hpp"
 #include "tests/common/data_fixtures.hpp"
 #include "tests/common/expect_error.hpp"

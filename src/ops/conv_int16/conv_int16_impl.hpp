@@ -392,10 +392,10 @@ struct ConvInt16::Impl {
   // and a training step allocates nothing.
   QuantOptions step_w, step_x, step_dy;
   void set_step(uint64_t step) {
-    const uint64_t mix = step * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
-    step_w.seed = opt.weights.seed ^ mix;
-    step_x.seed = opt.activations.seed ^ mix;
-    step_dy.seed = opt.gradients.seed ^ mix;
+    constexpr uint64_t kQuantizationStreams = 0x632be59bd9b4e019ULL;
+    step_w.seed = step_seed(opt.weights.seed, step, kQuantizationStreams);
+    step_x.seed = step_seed(opt.activations.seed, step, kQuantizationStreams);
+    step_dy.seed = step_seed(opt.gradients.seed, step, kQuantizationStreams);
   }
 
   static size_t round64(size_t b) { return (b + 63) / 64 * 64; }

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "dfp/status.hpp"
-#include "src/core/named_enum.hpp"
+#include "base/named_enum.hpp"
 
 namespace dfp {
 
