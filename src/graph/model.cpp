@@ -46,11 +46,14 @@ struct Model::Impl {
     // max|act| and max|grad| when the layer that wrote them measured it (negative: unknown),
     // handed to the next layer through StepInfo (fusion only).
     float act_max = -1.f, grad_max = -1.f;
-    const float* act_planes = nullptr;  // the same per plane (Layer::output_plane_max), or null
+    const float* act_planes = nullptr;  // the same per plane (MeasuresMaxima::output_plane_max), or null
     const float* grad_planes = nullptr;
     // Fusion: the node whose input this layer feeds as spans, computed from this layer's own
-    // input (see Layer::feed_spans_to), or -1.
+    // input (see FeedsSpans, layer.hpp), or -1.
     int feeds_spans_to = -1;
+    // The layer's optional interfaces that a step asks for (model::Layer::as), found when it is added.
+    model::MeasuresMaxima* maxima = nullptr;
+    model::ReducedPrecision* reduced = nullptr;
     double fwd_seconds = 0, bwd_seconds = 0;  // profiling (set_profiling)
     uint64_t fwd_steps = 0;
   };
@@ -122,6 +125,8 @@ struct Model::Impl {
     spec.inputs = inputs;
     n.spec = std::move(spec);
     n.layer = std::move(layer);
+    n.maxima = n.layer->as<model::MeasuresMaxima>();
+    n.reduced = n.layer->as<model::ReducedPrecision>();
     n.inputs = std::move(inputs);
     nodes.push_back(std::move(n));
     return int(nodes.size()) - 1;
@@ -164,8 +169,9 @@ struct Model::Impl {
       for (NodeInfo& n : nodes)
         if (n.layer && n.layer->kind == "relu") {
           NodeInfo& producer = nodes[n.inputs[0]];
-          if (producer.layer && producer.consumers == 1 && producer.layer->absorb_relu()) {
-            n.layer->pass_through();
+          auto* absorbs = producer.layer ? producer.layer->as<model::AbsorbsRelu>() : nullptr;
+          if (producer.consumers == 1 && absorbs && absorbs->absorb_relu()) {
+            n.layer->as<model::PassesThrough>()->pass_through();
             n.spec.fused = true;
           }
         }
@@ -201,14 +207,16 @@ struct Model::Impl {
         NodeInfo& n = nodes[c];
         for (size_t k = 0; n.layer && k < n.inputs.size(); ++k) {
           int src = n.inputs[k];
-          if (!n.layer->accepts_input_spans(k) || std::count(n.inputs.begin(), n.inputs.end(), src) != 1) continue;
+          const auto* takes = n.layer->as<model::TakesInputSpans>();
+          if (!takes || !takes->accepts_input_spans(k) || std::count(n.inputs.begin(), n.inputs.end(), src) != 1) continue;
           if (nodes[src].spec.fused) {  // the ReLU node: its producer computes the values
             if (nodes[src].consumers != 1) continue;
             src = nodes[src].inputs[0];
           }
           NodeInfo& producer = nodes[src];
           if (!producer.layer || producer.consumers != 1) continue;
-          if (producer.layer->feed_spans_to(n.layer.get(), k)) {
+          auto* feeds = producer.layer->as<model::FeedsSpans>();
+          if (feeds && feeds->feed_spans_to(n.layer.get(), k)) {
             n.spec.input_spans = true;
             producer.feeds_spans_to = int(c);
           }
@@ -470,7 +478,8 @@ struct Model::Impl {
       if (std::find(xs.begin(), xs.end(), n.act) == xs.end()) poison_fresh(n.act, n.elements);  // not in place
       // The workspace holds what a producer already quantized for this layer (input spans), and
       // a fused ReLU node uses none.
-      if (!n.layer->input_taken() && !n.spec.fused) poison_workspace();
+      const auto* takes = n.layer->as<model::TakesInputSpans>();
+      if (!(takes && takes->input_taken()) && !n.spec.fused) poison_workspace();
       model::StepInfo sti = st;
       if (fusion && n.inputs.size() == 1) {
         sti.input_max_abs = nodes[n.inputs[0]].act_max;
@@ -478,8 +487,8 @@ struct Model::Impl {
       }
       const auto t0 = timed ? ProfileClock::now() : ProfileClock::time_point{};
       n.layer->forward(ctx, xs, n.act, sti);
-      n.act_max = fusion ? n.layer->output_max_abs() : -1.f;
-      n.act_planes = fusion ? n.layer->output_plane_max() : nullptr;
+      n.act_max = fusion && n.maxima ? n.maxima->output_max_abs() : -1.f;
+      n.act_planes = fusion && n.maxima ? n.maxima->output_plane_max() : nullptr;
       if (timed) {
         n.fwd_seconds += seconds_between(t0, ProfileClock::now());
         ++n.fwd_steps;
@@ -617,7 +626,7 @@ struct Model::Impl {
       if (adaptive) {
         // Zhao et al.: this layer's own factor, applied to the gradient it receives (so to its
         // own rounding of dy, its weight gradient and everything it passes on).
-        const double alpha = n.layer->adaptive_factor(ctx, n.grad, n.adapt_scale, adaptive_opts);
+        const double alpha = n.reduced ? n.reduced->adaptive_factor(ctx, n.grad, n.adapt_scale, adaptive_opts) : 1;
         if (alpha != 1) {
           n.grad_max = -1.f;
           n.grad_planes = nullptr;
@@ -661,9 +670,9 @@ struct Model::Impl {
         if (j == 0 && !input_grad) continue;
         NodeInfo& in = nodes[j];
         // The max a layer measured holds for its input's gradient only if no other consumer adds to it.
-        const bool measured = !in.grad_written && fusion && n.inputs.size() == 1;
-        in.grad_max = measured ? n.layer->input_grad_max_abs() : -1.f;
-        in.grad_planes = measured ? n.layer->input_grad_plane_max() : nullptr;
+        const bool measured = !in.grad_written && fusion && n.inputs.size() == 1 && n.maxima;
+        in.grad_max = measured ? n.maxima->input_grad_max_abs() : -1.f;
+        in.grad_planes = measured ? n.maxima->input_grad_plane_max() : nullptr;
         if (k < 32 && (stb.accumulate_dx >> k & 1)) {
           // Summed by the layer, at the common scale.
         } else if (in.grad_written) {
@@ -943,7 +952,7 @@ std::vector<LayerNumerics> Model::numerics() const {
   std::vector<LayerNumerics> out;
   for (const auto& n : impl_->nodes) {
     LayerNumerics ln;
-    if (n.layer && n.layer->numerics(ln)) out.push_back(ln);
+    if (n.reduced && n.reduced->numerics(ln)) out.push_back(ln);
   }
   return out;
 }
@@ -953,7 +962,7 @@ void Model::set_profiling(bool on) { impl_->profiling = on; }
 void Model::reset_layer_times() {
   for (auto& n : impl_->nodes) {
     n.fwd_seconds = n.bwd_seconds = 0, n.fwd_steps = 0;
-    if (n.layer) n.layer->reset_parts();
+    if (auto* parts = n.layer ? n.layer->as<model::ProfiledParts>() : nullptr) parts->reset_parts();
   }
   impl_->loss_fwd_seconds = impl_->loss_bwd_seconds = 0;
 }
@@ -963,9 +972,10 @@ std::vector<LayerTime> Model::layer_times() const {
   uint64_t steps = 0;
   for (const auto& n : impl_->nodes) {
     if (!n.layer || n.fwd_steps == 0) continue;  // the input; nothing timed yet
-    out.push_back({n.layer->name, n.layer->kind, n.layer->precision(), n.layer->implementation(), n.fwd_seconds,
-                   n.bwd_seconds, n.fwd_steps});
-    if (const LayerTime::Int16Parts* parts = n.layer->int16_parts()) out.back().int16 = *parts;
+    const auto* parts = n.layer->as<model::ProfiledParts>();
+    out.push_back({n.layer->name, n.layer->kind, n.layer->precision(), parts ? parts->implementation() : "",
+                   n.fwd_seconds, n.bwd_seconds, n.fwd_steps});
+    if (const LayerTime::Int16Parts* int16 = parts ? parts->int16_parts() : nullptr) out.back().int16 = *int16;
     steps = std::max(steps, n.fwd_steps);
   }
   if (steps > 0) out.push_back({"loss", "loss", "fp32", "", impl_->loss_fwd_seconds, impl_->loss_bwd_seconds, steps});
@@ -977,7 +987,7 @@ std::vector<LayerSpec> Model::graph() const {
   for (const auto& n : impl_->nodes) {
     out.push_back(n.spec);
     out.back().shape = n.shape;
-    if (n.layer) out.back().seed = n.layer->random_seed();
+    if (const auto* random = n.layer ? n.layer->as<model::RandomStream>() : nullptr) out.back().seed = random->random_seed();
   }
   return out;
 }

@@ -11,7 +11,7 @@
 namespace dfp::model {
 namespace {
 
-class Add final : public Layer {
+class Add final : public Layer, public AbsorbsRelu, public MeasuresMaxima, public TakesInputSpans {
  public:
   TensorShape infer(const std::vector<TensorShape>& in) const override {
     DFP_CHECK(in[0].c == in[1].c && in[0].h == in[1].h && in[0].w == in[1].w, Status::invalid_argument,

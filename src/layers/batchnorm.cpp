@@ -29,7 +29,7 @@ namespace {
 // combined in FP64: the forward statistics as each run's mean and squared deviations about it
 // (bn_moments, Chan et al.), the backward sums as plain run totals (the error of a 256-term FP32
 // sum at most).
-class BatchNorm final : public Layer {
+class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima, public FeedsSpans {
  public:
   explicit BatchNorm(double eps) : eps_(eps) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
@@ -93,11 +93,11 @@ class BatchNorm final : public Layer {
   bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
   // The output's largest magnitude follows from each channel's extremes before the fact (y = x *
   // a + b is monotonic in x, and its rounding too), so the consumer (an INT16 conv, which needs
-  // it first, or a residual Add) can take the output as spans (see Layer::feed_spans_to).
+  // it first, or a residual Add) can take the output as spans (see FeedsSpans, layer.hpp).
   bool feed_spans_to(Layer* consumer, size_t slot) override {
-    consumer_ = consumer;
+    consumer_ = consumer->as<TakesInputSpans>();
     consumer_slot_ = slot;
-    return true;
+    return consumer_ != nullptr;
   }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     const int CB = cb_of(s_);
@@ -417,7 +417,7 @@ class BatchNorm final : public Layer {
     uint64_t qseed = 0;
     const Context* ctx = nullptr;
   } span_;
-  Layer* consumer_ = nullptr;            // takes the output as spans (feed_spans_to)
+  TakesInputSpans* consumer_ = nullptr;  // takes the output as spans (feed_spans_to)
   size_t consumer_slot_ = 0;             // as its input consumer_slot_
   AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
   int xq_exp_ = 0;

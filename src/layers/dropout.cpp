@@ -11,7 +11,7 @@ namespace {
 // Inverted dropout; the mask is a function of (seed, step, element), recomputed in backward. The
 // element is counted in the job's global batch (StepInfo::first_image), so a data-parallel job's
 // ranks draw the masks one process with the whole batch draws.
-class Dropout final : public Layer {
+class Dropout final : public Layer, public RandomStream {
  public:
   explicit Dropout(float p) : p_(p) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override {

@@ -133,55 +133,108 @@ class Layer {
   // optimizer measured them (Model::weights_updated(max_abs)); empty where not known.
   virtual void weights_updated(uint64_t step, std::span<const float> param_max_abs) {}
   virtual const char* precision() const { return "fp32"; }
-  // What runs the layer's convolution or matrix product, per pass where they differ ("fwd |
-  // bwd_data | bwd_weights"), as --profile reports it; empty for layers without one.
+  // The optional interfaces below that this layer offers (null: not offered). The Model asks once
+  // per node, when it builds the graph.
+  template <class Interface>
+  Interface* as() noexcept {
+    return dynamic_cast<Interface*>(this);
+  }
+  template <class Interface>
+  const Interface* as() const noexcept {
+    return dynamic_cast<const Interface*>(this);
+  }
+};
+
+// ---- What a layer may offer besides Layer -----------------------------------------------------
+// A layer offers one of these by deriving from it as well as from Layer: the few layers that take
+// part in reduced-precision numerics, profiling, a random stream or fusion (docs/design/fusion.md).
+// A new layer's author reads Layer alone and adds these when the layer does that.
+
+// A Conv2d/Linear of a reduced precision: its numerics and its factor in adaptive loss scaling.
+class ReducedPrecision {
+ public:
+  virtual ~ReducedPrecision() = default;
+  virtual bool numerics(LayerNumerics& out) const = 0;
+  // Adaptive loss scaling: the power-of-two factor this layer applies to its incoming gradient dy
+  // (whose accumulated adaptive scale is `scale_so_far`).
+  virtual double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
+                                 const AdaptiveScaling& opts) const = 0;
+};
+
+// A layer that times its parts (--profile) and names what runs its convolution or product.
+class ProfiledParts {
+ public:
+  virtual ~ProfiledParts() = default;
+  // Per pass where they differ ("fwd | bwd_data | bwd_weights"), as --profile reports it.
   virtual std::string implementation() const { return ""; }
   // The time of the layer's parts, summed over the timed steps (StepInfo::timed) since the last
-  // reset; null for layers that do not split their time.
-  virtual const LayerTime::Int16Parts* int16_parts() const { return nullptr; }
-  virtual void reset_parts() {}
-  // Adaptive loss scaling: the power-of-two factor this layer applies to its incoming gradient dy
-  // (whose accumulated adaptive scale is `scale_so_far`). 1 for layers without low-precision
-  // gradients.
-  virtual double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
-                                 const AdaptiveScaling& opts) const { return 1; }
-  virtual bool numerics(LayerNumerics& out) const { return false; }
-  // The seed of the layer's own random stream, drawn in build() (dropout), else 0.
-  virtual uint64_t random_seed() const { return 0; }
-  // Fusion, decided by the Model before build(): a layer whose output is read only by a ReLU may
-  // apply that ReLU itself (BatchNorm does: one pass over the tensor instead of two, forward and
-  // backward). absorb_relu() returns whether it did; the Model then calls pass_through() on the
-  // ReLU, which from then on hands values and gradients on unchanged.
-  virtual bool absorb_relu() { return false; }
-  virtual void pass_through() {}
-  // What this layer measured for free during its last call (negative: nothing): max|y| after
-  // forward(), max|dx[0]| after backward(). The Model hands them on as StepInfo's maxima.
+  // reset; null when the layer does not split its time in its current precision.
+  virtual const LayerTime::Int16Parts* int16_parts() const = 0;
+  virtual void reset_parts() = 0;
+};
+
+// A layer with its own random stream, its seed drawn in build() (dropout).
+class RandomStream {
+ public:
+  virtual ~RandomStream() = default;
+  virtual uint64_t random_seed() const = 0;
+};
+
+// Fusion, decided by the Model before build(): a layer whose output is read only by a ReLU may
+// apply that ReLU itself (BatchNorm does: one pass over the tensor instead of two, forward and
+// backward). absorb_relu() returns whether it did; the Model then calls pass_through() on the
+// ReLU, which from then on hands values and gradients on unchanged.
+class AbsorbsRelu {
+ public:
+  virtual ~AbsorbsRelu() = default;
+  virtual bool absorb_relu() = 0;
+};
+class PassesThrough {
+ public:
+  virtual ~PassesThrough() = default;
+  virtual void pass_through() = 0;
+};
+
+// What the layer measured for free during its last call (negative: nothing): max|y| after
+// forward(), max|dx[0]| after backward(). The Model hands them on as StepInfo's maxima.
+class MeasuresMaxima {
+ public:
+  virtual ~MeasuresMaxima() = default;
   virtual float output_max_abs() const { return -1.f; }
   virtual float input_grad_max_abs() const { return -1.f; }
   // The same per plane of the blocked tensor, [n * blocks + b] (null: not measured).
   virtual const float* output_plane_max() const { return nullptr; }
   virtual const float* input_grad_plane_max() const { return nullptr; }
-  // Fusion, linked by the Model after build(): a layer can take input i as spans that its
-  // producer computes on request, so the FP32 tensor between them is never written or read. The
-  // producer is a BatchNorm (with or without its ReLU) whose output only this layer reads; it
-  // accepts the link in feed_spans_to() and, in a step where it cannot feed (inference, numerics
-  // sampling), writes its output as usual. In a step where it feeds, it calls take_input_spans()
-  // from its forward(), with max|input| (and, where measured, each plane's: null otherwise) known
-  // before any span is asked for:
-  //   - an INT16 conv quantizes its input there and then, a span at a time while each is in L1
-  //     (ConvInt16::quantize_input_spans); its forward() then skips its own quantization, and
-  //     input_taken() says so beforehand;
-  //   - a residual Add records the source and asks for the spans in its own forward(), adding
-  //     each to the other input while it is in L1 (the Model keeps the producer's own input, which
-  //     the spans are computed from, alive until then).
-  // A span is `count` pixels of channel block b of image n from pixel w0 of row h; an Add's run on
-  // into the following rows of the same plane (w0 + count <= (H - h) * W).
-  using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
-  virtual bool accepts_input_spans(size_t i) const { return false; }
+};
+
+// Fusion, linked by the Model after build(): a layer can take input i as spans that its producer
+// computes on request, so the FP32 tensor between them is never written or read. The producer is
+// a BatchNorm (with or without its ReLU) whose output only this layer reads; it accepts the link
+// in feed_spans_to() and, in a step where it cannot feed (inference, numerics sampling), writes
+// its output as usual. In a step where it feeds, it calls take_input_spans() from its forward(),
+// with max|input| (and, where measured, each plane's: null otherwise) known before any span is
+// asked for:
+//   - an INT16 conv quantizes its input there and then, a span at a time while each is in L1
+//     (ConvInt16::quantize_input_spans); its forward() then skips its own quantization, and
+//     input_taken() says so beforehand;
+//   - a residual Add records the source and asks for the spans in its own forward(), adding each
+//     to the other input while it is in L1 (the Model keeps the producer's own input, which the
+//     spans are computed from, alive until then).
+// A span is `count` pixels of channel block b of image n from pixel w0 of row h; an Add's run on
+// into the following rows of the same plane (w0 + count <= (H - h) * W).
+using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
+class TakesInputSpans {
+ public:
+  virtual ~TakesInputSpans() = default;
+  virtual bool accepts_input_spans(size_t i) const = 0;
   virtual void take_input_spans(size_t i, InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
-                                const StepInfo& st) {}
+                                const StepInfo& st) = 0;
   virtual bool input_taken() const { return false; }
-  virtual bool feed_spans_to(Layer* consumer, size_t i) { return false; }
+};
+class FeedsSpans {
+ public:
+  virtual ~FeedsSpans() = default;
+  virtual bool feed_spans_to(Layer* consumer, size_t i) = 0;
 };
 
 // groups > 1: a grouped convolution (groups must divide both channel counts).

@@ -72,7 +72,7 @@ void copy(const Context& ctx, const float* src, float* dst, size_t n) {
   model::for_chunks(ctx, n, [&](size_t b, size_t e) { std::memcpy(dst + b, src + b, (e - b) * sizeof(float)); });
 }
 
-// The plain input as the blocked spans an INT16 conv asks for (Layer::take_input_spans): the
+// The plain input as the blocked spans an INT16 conv asks for (TakesInputSpans::take_input_spans): the
 // input is converted and quantized a span at a time, and never exists as a blocked FP32 tensor.
 struct PlainSpans {
   simd::ToBlockedFn to_blocked;
@@ -269,13 +269,14 @@ struct LayerOp::Impl {
     const size_t hw = size_t(p.in.h) * p.in.w;
     auto t0 = Clock::now();
     bool taken = false;
-    if (!st.sample && p.layer->accepts_input_spans(0)) {
+    auto* takes = p.layer->as<model::TakesInputSpans>();
+    if (!st.sample && takes && takes->accepts_input_spans(0)) {
       // The conv quantizes the plain input span by span; max|x| first (its exponent needs it).
       uint64_t nonfinite = 0;
       const float m = max_abs(ctx, x, size_t(n) * p.in.c * hw, &nonfinite);
       if (nonfinite == 0) {  // else the blocked path below reports the tensor as the layer does
         PlainSpans spans{ctx.kernels().to_blocked.fn, x, p.in.c, p.in.h, p.in.w};
-        p.layer->take_input_spans(0, &PlainSpans::fill, &spans, m, nullptr, st);
+        takes->take_input_spans(0, &PlainSpans::fill, &spans, m, nullptr, st);
         taken = true;
       }
     }
@@ -432,12 +433,14 @@ void LayerOp::sample_next_step() {
 
 bool LayerOp::numerics(LayerNumerics& out) const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->last_trained && impl_->last_trained->layer->numerics(out);
+  const auto* reduced = impl_->last_trained ? impl_->last_trained->layer->as<model::ReducedPrecision>() : nullptr;
+  return reduced && reduced->numerics(out);
 }
 
 std::string LayerOp::implementation() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->plans.empty() ? std::string() : impl_->plans.back()->layer->implementation();
+  const auto* parts = impl_->plans.empty() ? nullptr : impl_->plans.back()->layer->as<model::ProfiledParts>();
+  return parts ? parts->implementation() : std::string();
 }
 
 uint64_t LayerOp::steps() const {

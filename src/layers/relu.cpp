@@ -10,7 +10,7 @@
 namespace dfp::model {
 namespace {
 
-class Relu final : public Layer {
+class Relu final : public Layer, public PassesThrough, public MeasuresMaxima {
  public:
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
   bool forward_in_place(size_t) const override { return true; }

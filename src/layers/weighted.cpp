@@ -96,7 +96,7 @@ class ParamStore {
 // already blocked as rows of F features padded to 16, which is exactly what ConvInt16 reads for a
 // 1x1 convolution over a 1x1 image, so in INT16 it needs no re-layout.
 
-class WeightedLayer : public Layer {
+class WeightedLayer : public Layer, public ReducedPrecision, public ProfiledParts {
  public:
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     op_->forward(x[0], y, st);
@@ -118,9 +118,11 @@ class WeightedLayer : public Layer {
   }
   const char* precision() const override { return precision_name(prec_); }
   std::string implementation() const override { return op_->implementation(); }
-  const LayerTime::Int16Parts* int16_parts() const override { return op_ ? op_->int16_parts() : nullptr; }
+  const LayerTime::Int16Parts* int16_parts() const override {
+    return op_ && op_->int16() ? &op_->int16()->parts() : nullptr;
+  }
   void reset_parts() override {
-    if (op_) op_->reset_parts();
+    if (op_ && op_->int16()) op_->int16()->reset_parts();
   }
   bool accumulates_input_grad(size_t) const override { return op_ && op_->accumulates_input_grad(); }
   size_t workspace_bytes() const override { return op_ ? op_->workspace_bytes() : 0; }
@@ -154,7 +156,7 @@ class WeightedLayer : public Layer {
   // The rounding statistics of the last sampled step (a grouped conv sums its groups'), and the
   // INT16 operator's figures of the last step (null unless int16).
   const SampledNumerics& sampled_numerics() const noexcept { return op_->sampled_numerics(); }
-  const ConvStats* int16_stats() const noexcept { return op_->int16_stats(); }
+  const ConvStats* int16_stats() const noexcept { return op_->int16() ? &op_->int16()->stats() : nullptr; }
   // Before build(): keep the weights, their gradient (and the bias and its gradient, when the
   // layer has one) in slices of tensors that a grouped convolution owns.
   void share_parameters(float* w, float* gw, size_t w_size, float* b, float* gb) {
@@ -234,7 +236,7 @@ class ConvF32Operator final : public F32Operator {
   ConvF32 f_;
 };
 
-class Conv2d final : public WeightedLayer {
+class Conv2d final : public WeightedLayer, public TakesInputSpans {
  public:
   Conv2d(int k, int r, int stride, int pad, bool bias) : WeightedLayer(k, bias), r_(r), stride_(stride), pad_(pad) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override {
@@ -258,12 +260,14 @@ class Conv2d final : public WeightedLayer {
   }
 
  private:
-  bool accepts_input_spans(size_t i) const override { return i == 0 && op_->accepts_input_spans(); }
+  bool accepts_input_spans(size_t i) const override {
+    return i == 0 && op_->int16() && op_->int16()->accepts_input_spans();
+  }
   void take_input_spans(size_t, InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
                         const StepInfo& st) override {
-    op_->take_input_spans(fn, producer, max_abs, plane_max, st);
+    op_->int16()->take_input_spans(fn, producer, max_abs, plane_max, st);  // only where accepted
   }
-  bool input_taken() const override { return op_->input_taken(); }
+  bool input_taken() const override { return op_->int16() && op_->int16()->input_taken(); }
 
   int r_, stride_, pad_;
 };
@@ -275,7 +279,7 @@ class Conv2d final : public WeightedLayer {
 // parameter, the groups' weights one after the other (ParamStore). Under int16 each group's x,
 // w and dy are DFP16 tensors with their own exponents: a shared exponent is per group here, as
 // the groups never meet in one sum.
-class GroupedConv2d final : public Layer {
+class GroupedConv2d final : public Layer, public ReducedPrecision, public ProfiledParts {
  public:
   GroupedConv2d(int k, int r, int stride, int pad, bool bias, int groups)
       : k_(k), r_(r), stride_(stride), pad_(pad), bias_(bias), groups_(groups) {}

@@ -76,7 +76,7 @@ class PartClock {
   std::chrono::steady_clock::time_point t_;
 };
 
-class Int16Op final : public WeightedOp {
+class Int16Op final : public WeightedOp, public Int16Operation {
  public:
   Int16Op(const WeightedOpSpec& s, const LayerPrecision& p)
       : ctx_(*s.ctx), w_(s.weights), w_count_(s.weight_count), in_size_(s.in_size), out_size_(s.out_size) {
@@ -129,9 +129,11 @@ class Int16Op final : public WeightedOp {
     report_sample(sample_, n);
     return true;
   }
-  const ConvStats* int16_stats() const noexcept override { return &q_->stats(); }
+  Int16Operation* int16() noexcept override { return this; }
+  const Int16Operation* int16() const noexcept override { return this; }
+  const ConvStats& stats() const noexcept override { return q_->stats(); }
   bool accepts_input_spans() const override { return q_->accepts_input_spans(); }
-  void take_input_spans(Layer::InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
+  void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
                         const StepInfo& st) override {
     PartClock clock(st.timed);
     q_->set_step(st.step);
@@ -140,7 +142,7 @@ class Int16Op final : public WeightedOp {
     input_taken_ = true;
   }
   bool input_taken() const override { return input_taken_; }
-  const LayerTime::Int16Parts* int16_parts() const override { return &parts_; }
+  const LayerTime::Int16Parts& parts() const override { return parts_; }
   void reset_parts() override { parts_ = {}; }
 
  private:

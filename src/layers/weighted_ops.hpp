@@ -48,6 +48,20 @@ void report_sample(const SampledNumerics& s, LayerNumerics& n);
 // The INT16 operator's figures of its last step as the layer `name`'s numerics.
 void report_numerics(const ConvStats& s, const std::string& name, LayerNumerics& n);
 
+// What only the INT16 operation has: its figures of the last step, input fusion (TakesInputSpans,
+// layer.hpp) and the time of its parts over the timed steps (StepInfo::timed).
+class Int16Operation {
+ public:
+  virtual ~Int16Operation() = default;
+  virtual const ConvStats& stats() const noexcept = 0;
+  virtual bool accepts_input_spans() const = 0;
+  virtual void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
+                                const StepInfo& st) = 0;
+  virtual bool input_taken() const = 0;
+  virtual const LayerTime::Int16Parts& parts() const = 0;
+  virtual void reset_parts() = 0;
+};
+
 class WeightedOp {
  public:
   virtual ~WeightedOp() = default;
@@ -72,15 +86,9 @@ class WeightedOp {
   // Adaptive loss scaling's weight-side inputs and the gradients' format; false unless the
   // gradients are 16-bit floats.
   virtual bool adaptive_weight_inputs(AdaptiveInputs& in, FloatFormat& f) const { return false; }
-  // INT16 only: the operator's figures of the last step, and input fusion (Layer::take_input_spans).
-  virtual const ConvStats* int16_stats() const noexcept { return nullptr; }
-  virtual bool accepts_input_spans() const { return false; }
-  virtual void take_input_spans(Layer::InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
-                                const StepInfo& st) {}
-  virtual bool input_taken() const { return false; }
-  // INT16 only: the time of the operator's parts over the timed steps (StepInfo::timed).
-  virtual const LayerTime::Int16Parts* int16_parts() const { return nullptr; }
-  virtual void reset_parts() {}
+  // The INT16 operation's own interface; null for the others.
+  virtual Int16Operation* int16() noexcept { return nullptr; }
+  virtual const Int16Operation* int16() const noexcept { return nullptr; }
   const SampledNumerics& sampled_numerics() const noexcept { return sample_; }
 
  protected:
