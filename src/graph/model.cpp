@@ -20,6 +20,7 @@
 #include "simd/kernel_table.hpp"
 #include "src/graph/arena.hpp"
 #include "src/graph/layer_args.hpp"
+#include "src/graph/torch_shape.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
 #include "base/named_enum.hpp"
@@ -915,21 +916,10 @@ std::vector<TensorView> Model::state() {
     for (size_t p = n.param_begin; p < n.param_end; ++p) {
       const Parameter& q = impl_->params[p];
       TensorView v{q.name, {int(q.size)}, q.value, q.size, true, q.grad};
-      // PyTorch's shapes: the values are laid out so already (see TensorView).
-      const bool weight = q.name.size() > 7 && q.name.compare(q.name.size() - 7, 7, ".weight") == 0;
       const TensorShape in = n.inputs.empty() ? TensorShape{} : impl_->nodes[n.inputs[0]].shape;
-      std::vector<int> shape = v.shape;
-      if (weight && n.spec.kind == "conv")
-        shape = {n.spec.out_channels, in.c / std::max(1, n.spec.groups), n.spec.kernel, n.spec.kernel};
-      else if (weight && n.spec.kind == "fc")
-        shape = {n.spec.out_channels, in.c * in.h * in.w};
-      else if (n.spec.kind == "bn")
-        shape = {in.c};  // its weight and bias are padded to 16 lanes (zeros) that PyTorch does not have
-      size_t elements = 1;
-      for (int d : shape) elements *= size_t(d);
-      if (elements == q.size || (n.spec.kind == "bn" && elements < q.size)) {
-        v.shape = std::move(shape);
-        v.size = elements;
+      if (graph::TorchShape t = graph::torch_shape(n.spec, in, q); !t.dims.empty()) {
+        v.shape = std::move(t.dims);  // the values are laid out so already (see TensorView)
+        v.size = t.elements;
       }
       out.push_back(std::move(v));
     }
