@@ -2,6 +2,7 @@
 // Model::layer_times(), the table the run prints and profile.json.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,6 +10,12 @@
 #include "dfp/model.hpp"
 
 namespace dfp {
+
+// The clock the trainer times epochs, steps and the optimizer with.
+using StepClock = std::chrono::steady_clock;
+inline double seconds_since(StepClock::time_point t) {
+  return std::chrono::duration<double>(StepClock::now() - t).count();
+}
 
 // A measured figure as the run files hold it: rounded to the 6 significant digits a stream writes
 // (the files do not claim more precision than a timing or a mean over a test set has). Non-finite

@@ -10,9 +10,6 @@
 namespace dfp {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 // The CPU model: forward, backward at the loss scale of the step, the update when the scaler
 // finds the gradients finite.
 class CpuSteps : public StepRunner {
@@ -21,13 +18,13 @@ class CpuSteps : public StepRunner {
 
   Totals train_step(const Batch& b, float lr) override {
     Model& m = *run_.model;
-    const auto step_t0 = profile_ ? Clock::now() : Clock::time_point{};
+    const auto step_t0 = profile_ ? StepClock::now() : StepClock::time_point{};
     begin_step(m);
     Totals t;
     t.add(m.forward(b.images, b.labels, b.size, true));
     m.set_loss_scale(run_.scaler.scale());
     const bool finite = finish_backward(m.backward());
-    const auto opt_t0 = profile_ ? Clock::now() : Clock::time_point{};
+    const auto opt_t0 = profile_ ? StepClock::now() : StepClock::time_point{};
     if (run_.scaler.update(finite)) run_.sgd->step(lr);
     if (profile_) {
       profile_->optimizer_seconds += seconds_since(opt_t0);

@@ -23,9 +23,6 @@
 namespace dfp {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 long peak_rss_kib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -114,7 +111,7 @@ struct EpochPass {
   Totals totals;
   int steps = 0;
   float lr = 0;  // of the last step
-  Clock::time_point start;
+  StepClock::time_point start;
   bool stopped = false;  // should_stop ended it
 };
 
@@ -125,7 +122,7 @@ EpochPass train_epoch(TrainingRun& run, StepRunner& steps, int epoch, int& step,
   LossScaler& scaler = run.scaler;
   EpochPass e;
   run.train_loader->start_epoch(epoch);
-  e.start = Clock::now();
+  e.start = StepClock::now();
   e.lr = sched.at(step);
   Batch b;
   while (run.train_loader->next(b)) {
