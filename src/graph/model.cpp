@@ -479,8 +479,8 @@ struct Model::Impl {
       if (std::find(xs.begin(), xs.end(), n.act) == xs.end()) poison_fresh(n.act, n.elements);  // not in place
       // The workspace holds what a producer already quantized for this layer (input spans), and
       // a fused ReLU node uses none.
-      const auto* takes = n.layer->as<model::TakesInputSpans>();
-      if (!(takes && takes->input_taken()) && !n.spec.fused) poison_workspace();
+      const auto* takes = poison ? n.layer->as<model::TakesInputSpans>() : nullptr;  // a debug run only
+      if (poison && !(takes && takes->input_taken()) && !n.spec.fused) poison_workspace();
       model::StepInfo sti = st;
       if (fusion && n.inputs.size() == 1) {
         sti.input_max_abs = nodes[n.inputs[0]].act_max;
