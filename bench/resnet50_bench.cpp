@@ -130,17 +130,18 @@ std::vector<ConvRow> convolutions(const dfp::Model& m, int batch) {
   std::vector<ConvRow> out;
   const std::vector<dfp::LayerSpec> g = m.graph();
   for (const dfp::LayerSpec& s : g) {
-    if (s.kind != "conv") continue;
+    if (s.kind != dfp::LayerKind::conv) continue;
+    const dfp::ConvParams& q = s.get<dfp::ConvParams>();
     const dfp::TensorShape& in = g[size_t(s.inputs[0])].shape;
     dfp::ConvShape c;
     c.N = batch;
     c.C = in.c;
     c.H = in.h;
     c.W = in.w;
-    c.K = s.out_channels;
-    c.R = c.S = s.kernel;
-    c.stride_h = c.stride_w = s.stride;
-    c.pad_h = c.pad_w = s.pad;
+    c.K = q.out_channels;
+    c.R = c.S = q.kernel;
+    c.stride_h = c.stride_w = q.stride;
+    c.pad_h = c.pad_w = q.pad;
     out.push_back({s.name, c});
   }
   return out;

@@ -80,6 +80,10 @@ const char* dfp_last_error(void) DFP_NOEXCEPT;
 /* The zoo's architecture names, comma-separated ("lenet,resnet20,..."): see dfp_model_create_zoo. */
 dfp_status dfp_zoo_names(char* buffer, size_t size, size_t* length) DFP_NOEXCEPT;
 
+/* The layer kinds dfp_model_layer takes, one per line: the kind's name, its number of inputs and
+ * its parameters with their defaults, e.g. "lrn inputs=1 size=(required) alpha=0.0001 beta=0.75 k=1". */
+dfp_status dfp_layer_kinds(char* buffer, size_t size, size_t* length) DFP_NOEXCEPT;
+
 /* ---- context ------------------------------------------------------------------------------ */
 
 typedef struct dfp_context dfp_context;
@@ -147,6 +151,12 @@ dfp_status dfp_model_lrn(dfp_model* model, int x, int size, float alpha, float b
 /* ResNet "option A" shortcut: subsampling by `stride`, zero channels up to out_channels. */
 dfp_status dfp_model_shortcut_pad(dfp_model* model, int x, int out_channels, int stride, const char* name,
                                   int* node) DFP_NOEXCEPT;
+/* A layer of any kind by its name (see dfp_layer_kinds), reading the `count` nodes in `inputs`,
+ * with its parameters as comma-separated "name=value" pairs ("size=5,alpha=1e-4,beta=0.75,k=2";
+ * booleans as 0/1 or true/false; NULL or "" for none, or for the defaults). The functions above are
+ * this call with the parameters spelled out; a kind added to dfp is reached through this one. */
+dfp_status dfp_model_layer(dfp_model* model, const char* kind, const int* inputs, size_t count, const char* params,
+                           const char* name, int* node) DFP_NOEXCEPT;
 /* The loss: softmax cross-entropy over the logits of node x (shape classes x 1 x 1), with label
  * smoothing in [0, 1). Every model needs one; its node's channels are the classes. */
 dfp_status dfp_model_softmax_cross_entropy(dfp_model* model, int x, float label_smoothing) DFP_NOEXCEPT;

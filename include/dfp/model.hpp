@@ -25,6 +25,7 @@
 
 #include "dfp/conv.hpp"
 #include "dfp/float16.hpp"
+#include "dfp/layer_kind.hpp"
 #include "dfp/loss_scale.hpp"
 #include "dfp/precision.hpp"
 #include "dfp/types.hpp"
@@ -34,23 +35,13 @@ namespace dfp {
 class Context;
 
 // A read-only description of one graph node, so that another back end (the CUDA device) can run
-// the same model: the hyper-parameters the node was built with and its output shape. Fields that
-// do not apply to a kind stay at their defaults.
+// the same model: its kind, the typed parameters it was built with and its output shape.
 struct LayerSpec {
-  // input, conv, bn, relu, maxpool, avgpool, gap, flatten, fc, add, concat, dropout, lrn, shortcut
-  std::string kind;
+  LayerKind kind = LayerKind::input;
   std::string name;
   std::vector<int> inputs;       // node indices
   TensorShape shape;             // output (n = the planned batch once built, else 0)
-  int out_channels = 0;          // conv, fc, shortcut
-  int kernel = 0, stride = 1, pad = 0;  // conv, pools; shortcut: stride
-  int groups = 1;                // conv
-  bool bias = false;             // conv, fc
-  bool ceil_mode = false;        // maxpool
-  float p = 0.f;                 // dropout
-  double eps = 0;                // bn: added to the variance
-  int lrn_size = 0;              // lrn: across-channel window, alpha, beta, k as in PyTorch
-  float lrn_alpha = 0.f, lrn_beta = 0.f, lrn_k = 0.f;
+  LayerParams params;            // the kind's parameters (std::monostate for kinds without)
   bool fused = false;            // relu: applied by its producer (Model::set_fusion), once built
   // conv (int16), add: an input that is a BatchNorm's output (through its fused ReLU, if any)
   // that only this layer reads is taken span by span as the BatchNorm computes it -- the conv
@@ -58,6 +49,15 @@ struct LayerSpec {
   // training steps without numerics sampling), once built
   bool input_spans = false;
   uint64_t seed = 0;             // dropout: its random stream (set by build())
+
+  // The parameters as the kind's type (ConvParams for a conv, ...).
+  template <class P>
+  const P& get() const {
+    if (const P* p = std::get_if<P>(&params)) return *p;
+    layer_params_mismatch(name, kind);
+  }
+  // The kind's short name ("conv", "bn", ...; layer_kind(kind).short_name).
+  const std::string& kind_name() const { return layer_kind(kind).short_name; }
 };
 
 struct StepResult {
@@ -102,6 +102,12 @@ class Model {
 
   // ---- graph construction (names are optional; defaults are "<kind><index>") ----
   Node input(int channels, int height, int width);
+  // A layer of any kind (dfp/layer_kind.hpp): `params` holds the kind's parameter type
+  // (std::monostate: the kind's defaults). The builders below are this call spelled out.
+  Node layer(LayerKind kind, std::vector<Node> inputs, LayerParams params = {}, std::string name = "");
+  // The same with the kind by name and its parameters by name (layer_params), as C and Python call it.
+  Node layer(const std::string& kind, std::vector<Node> inputs,
+             const std::vector<std::pair<std::string, double>>& params, std::string name = "");
   // groups > 1: a grouped convolution, as PyTorch's Conv2d(groups=...): `groups` must divide the
   // input and output channels; output group g reads input group g only, and the weight has
   // PyTorch's shape [out_channels][in_channels / groups][kernel][kernel].

@@ -58,7 +58,7 @@ struct LayerNumerics {
 // times. With set_debug_poison on, a backward time includes the poison fills of its buffers.
 struct LayerTime {
   std::string layer;      // name; "loss" for the softmax cross-entropy
-  std::string kind;       // LayerSpec::kind; "loss"
+  std::string kind;       // LayerSpec::kind_name(); "loss"
   std::string precision;  // fp32, int16, bf16, fp16
   // What runs the layer's convolution or matrix product, "fwd | bwd_data | bwd_weights" where the
   // passes differ (e.g. "onednn:brgconv:avx512_core_amx_bf16 | onednn:jit:avx512_core_amx_bf16 |

@@ -29,6 +29,7 @@ from ._dfp import (
     Tensor,
     TrainConfig,
     exponent_for,
+    layer_kinds,
 )
 from . import models
 
@@ -36,7 +37,7 @@ __all__ = [
     "Context", "Error", "InvalidArgumentError", "LayerOp", "LossScaleOptions", "Model", "Parameter",
     "PrecisionPolicy", "Sgd", "StepResult", "Tensor", "TrainConfig", "EpochMetrics", "EvalResult",
     "DEFAULT_HEADROOM", "MAX_HEADROOM", "STATE_VERSION", "default_context", "quantize", "dequantize",
-    "exponent_for", "save_state", "load_state", "read_state_policy", "train", "evaluate", "models",
+    "exponent_for", "layer_kinds", "save_state", "load_state", "read_state_policy", "train", "evaluate", "models",
 ]
 
 _default_context = None

@@ -648,6 +648,40 @@ PYBIND11_MODULE(_dfp, mod) {
            py::arg("name") = "")
       .def("shortcut_pad", locked(&Model::shortcut_pad), py::arg("x"), py::arg("out_channels"), py::arg("stride"),
            py::arg("name") = "")
+      .def(
+          "layer",
+          [](Model& m, const std::string& kind, const py::object& inputs, const std::string& name,
+             const py::kwargs& params) {
+            std::vector<Model::Node> xs;
+            if (py::isinstance<py::int_>(inputs) && !py::isinstance<py::bool_>(inputs))
+              xs = {inputs.cast<Model::Node>()};
+            else if (py::isinstance<py::sequence>(inputs) && !py::isinstance<py::str>(inputs))
+              for (const py::handle v : inputs.cast<py::sequence>()) {
+                if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
+                  throw py::type_error("Model.layer: inputs: expected nodes (ints), got a " +
+                                       std::string(py::str(v.get_type().attr("__name__"))));
+                xs.push_back(v.cast<Model::Node>());
+              }
+            else
+              throw py::type_error("Model.layer: inputs: expected a node or a list of nodes, got a " +
+                                   std::string(py::str(inputs.get_type().attr("__name__"))));
+            std::vector<std::pair<std::string, double>> values;
+            for (const auto& [k, v] : params) {
+              const std::string key = py::str(k);
+              if (py::isinstance<py::bool_>(v))
+                values.emplace_back(key, v.cast<bool>() ? 1.0 : 0.0);
+              else if (py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v))
+                values.emplace_back(key, v.cast<double>());
+              else
+                throw py::type_error("Model.layer: parameter '" + key + "': expected a number or a bool, got a " +
+                                     std::string(py::str(v.get_type().attr("__name__"))));
+            }
+            const auto lock = model_lock(m);
+            return m.layer(kind, std::move(xs), values, name);
+          },
+          py::arg("kind"), py::arg("inputs"), py::arg("name") = "",
+          "A layer of any kind by name (dfp.layer_kinds()), reading `inputs` (a node or a list), with the "
+          "kind's parameters as keywords: m.layer('lrn', x, size=5, alpha=1e-4, beta=0.75, k=2).")
       .def("softmax_cross_entropy", locked(&Model::softmax_cross_entropy), py::arg("x"), py::arg("label_smoothing") = 0.f)
       .def_property("label_smoothing", locked(&Model::label_smoothing), locked(&Model::set_label_smoothing))
       .def("shape", [](const Model& m, int node) {
@@ -789,6 +823,39 @@ PYBIND11_MODULE(_dfp, mod) {
       }, py::arg("lr"), "Updates every parameter, then re-quantizes and re-packs the weights.");
 
   mod.def("model_names", &model_names);
+  mod.def(
+      "layer_kinds",
+      [] {
+        py::list out;
+        for (const LayerKindInfo& k : layer_kinds()) {
+          py::list fields;
+          for (const LayerField& f : k.fields) {
+            py::dict d;
+            d["name"] = f.name;
+            d["torch_name"] = f.torch_name;
+            d["type"] = f.type == LayerField::Type::boolean ? "bool" : f.type == LayerField::Type::integer ? "int" : "float";
+            d["required"] = f.required;
+            if (f.type == LayerField::Type::boolean)
+              d["default"] = f.default_value != 0;
+            else if (f.type == LayerField::Type::integer)
+              d["default"] = int(f.default_value);
+            else
+              d["default"] = f.default_value;
+            fields.append(d);
+          }
+          py::dict d;
+          d["name"] = k.name;
+          d["short_name"] = k.short_name;
+          d["torch_module"] = k.torch_module;
+          d["inputs"] = k.inputs;
+          d["fields"] = fields;
+          out.append(d);
+        }
+        return out;
+      },
+      "The layer kinds Model.layer takes: name, short_name (as summaries print it), torch_module (the "
+      "torch.nn module it stands for, or ''), inputs (-1: one or more) and fields (each parameter's name, "
+      "torch_name, type, required and default).");
 
   py::class_<TrainConfig>(mod, "TrainConfig", "The configuration of dfp.train, as `dfp train`'s flags set it.")
       .def(py::init([](const py::kwargs& kwargs) {

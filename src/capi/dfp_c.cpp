@@ -3,12 +3,15 @@
 #include "dfp/dfp.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -194,6 +197,39 @@ dfp_status add_layer(const char* function, dfp_model* m, int* node, Add&& add) {
   });
 }
 
+// "size=5,alpha=1e-4": the named values of dfp_model_layer's `params`.
+std::vector<std::pair<std::string, double>> parse_params(const char* text) {
+  std::vector<std::pair<std::string, double>> out;
+  const std::string s = text ? text : "";
+  size_t at = 0;
+  while (at < s.size()) {
+    size_t end = s.find(',', at);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(at, end - at);
+    const size_t b = item.find_first_not_of(' '), e = item.find_last_not_of(' ');
+    item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    const size_t eq = item.find('=');
+    DFP_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(), Status::invalid_argument,
+              "params: '" + item + "' expected name=value (pairs separated by commas), in '" + s + "'");
+    std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    key.erase(key.find_last_not_of(' ') + 1);
+    value.erase(0, value.find_first_not_of(' '));
+    double v = 0;
+    if (value == "true" || value == "false") {
+      v = value == "true";
+    } else {
+      char* stop = nullptr;
+      errno = 0;
+      v = std::strtod(value.c_str(), &stop);
+      DFP_CHECK(stop && *stop == '\0' && errno != ERANGE, Status::invalid_argument,
+                "params: '" + key + "' expected a number, got '" + value + "'");
+    }
+    out.emplace_back(key, v);
+    at = end + 1;
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace dfp::capi
 
@@ -217,6 +253,22 @@ const char* dfp_status_name(dfp_status status) DFP_NOEXCEPT {
 }
 
 const char* dfp_last_error(void) DFP_NOEXCEPT { return t_message; }
+
+dfp_status dfp_layer_kinds(char* buffer, size_t size, size_t* length) DFP_NOEXCEPT {
+  return guarded("dfp_layer_kinds", [&] {
+    std::string all;
+    for (const LayerKindInfo& k : layer_kinds()) {
+      all += k.name + " inputs=" + (k.inputs < 0 ? std::string("1+") : std::to_string(k.inputs));
+      for (const LayerField& f : k.fields) {
+        std::ostringstream v;
+        v << f.default_value;
+        all += " " + f.name + "=" + (f.required ? std::string("(required)") : v.str());
+      }
+      all += "\n";
+    }
+    write_text(all, buffer, size, length);
+  });
+}
 
 dfp_status dfp_zoo_names(char* buffer, size_t size, size_t* length) DFP_NOEXCEPT {
   return guarded("dfp_zoo_names", [&] {
@@ -357,6 +409,17 @@ dfp_status dfp_model_shortcut_pad(dfp_model* model, int x, int out_channels, int
                                   int* node) DFP_NOEXCEPT {
   return add_layer("dfp_model_shortcut_pad", model, node,
                    [&](Model& m) { return m.shortcut_pad(x, out_channels, stride, text_or(name, "")); });
+}
+
+dfp_status dfp_model_layer(dfp_model* model, const char* kind, const int* inputs, size_t count, const char* params,
+                           const char* name, int* node) DFP_NOEXCEPT {
+  return add_layer("dfp_model_layer", model, node, [&](Model& m) {
+    need(kind, "kind");
+    DFP_CHECK(count == 0 || inputs, Status::invalid_argument,
+              "inputs: NULL with count " + std::to_string(count) + "; expected an array of count nodes");
+    return m.layer(std::string(kind), std::vector<Model::Node>(inputs, inputs + count), parse_params(params),
+                   text_or(name, ""));
+  });
 }
 
 dfp_status dfp_model_softmax_cross_entropy(dfp_model* model, int x, float label_smoothing) DFP_NOEXCEPT {

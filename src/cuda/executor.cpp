@@ -14,18 +14,47 @@
 namespace dfp::cuda {
 namespace {
 
-enum class Kind { input, conv, bn, relu, maxpool, avgpool, gap, flatten, fc, add, concat, dropout, lrn, shortcut };
+using Kind = LayerKind;
 
-Kind kind_of(const LayerSpec& s) {
-  static const std::map<std::string, Kind> kinds = {
-      {"input", Kind::input},     {"conv", Kind::conv},     {"bn", Kind::bn},       {"relu", Kind::relu},
-      {"maxpool", Kind::maxpool}, {"avgpool", Kind::avgpool}, {"gap", Kind::gap},   {"flatten", Kind::flatten},
-      {"fc", Kind::fc},           {"add", Kind::add},       {"concat", Kind::concat}, {"dropout", Kind::dropout},
-      {"lrn", Kind::lrn},         {"shortcut", Kind::shortcut}};
-  auto it = kinds.find(s.kind);
-  DFP_CHECK(it != kinds.end(), Status::unsupported,
-            "CUDA device: layer '" + s.name + "' of kind '" + s.kind + "' has no CUDA implementation");
-  return it->second;
+// The hyper-parameters the kernels take, read once from each node's typed parameters.
+struct Hyper {
+  int kernel = 0, stride = 1, pad = 0, groups = 1;
+  bool bias = false, ceil_mode = false;
+  double eps = 0;
+  float p = 0.f;
+  int lrn_size = 0;
+  float lrn_alpha = 0.f, lrn_beta = 0.f, lrn_k = 0.f;
+};
+
+Hyper hyper_of(const LayerSpec& s) {
+  Hyper h;
+  switch (s.kind) {
+    case Kind::input: case Kind::relu: case Kind::global_avgpool: case Kind::flatten: case Kind::add: case Kind::concat:
+      break;
+    case Kind::conv: {
+      const auto& q = s.get<ConvParams>();
+      h.kernel = q.kernel; h.stride = q.stride; h.pad = q.pad; h.groups = q.groups; h.bias = q.bias;
+      break;
+    }
+    case Kind::batchnorm: h.eps = s.get<BatchNormParams>().eps; break;
+    case Kind::maxpool: case Kind::avgpool: {
+      const auto& q = s.get<PoolParams>();
+      h.kernel = q.kernel; h.stride = q.stride; h.pad = q.pad; h.ceil_mode = q.ceil_mode;
+      break;
+    }
+    case Kind::linear: h.bias = s.get<LinearParams>().bias; break;
+    case Kind::dropout: h.p = s.get<DropoutParams>().p; break;
+    case Kind::lrn: {
+      const auto& q = s.get<LrnParams>();
+      h.lrn_size = q.size; h.lrn_alpha = q.alpha; h.lrn_beta = q.beta; h.lrn_k = q.k;
+      break;
+    }
+    case Kind::shortcut_pad: h.stride = s.get<ShortcutPadParams>().stride; break;
+    default:
+      fail(Status::unsupported, "CUDA device: layer '" + s.name + "' of kind '" + s.kind_name() +
+                                    "' has no CUDA implementation");
+  }
+  return h;
 }
 
 }  // namespace
@@ -33,6 +62,7 @@ Kind kind_of(const LayerSpec& s) {
 struct Executor::NodeRt {
   Kind kind = Kind::input;
   LayerSpec spec;
+  Hyper hp;
   int C = 0, H = 0, W = 0;  // output shape (batch: Executor::batch_)
   size_t elems = 0;
   void* act = nullptr;
@@ -76,7 +106,8 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
   for (int i = 0; i < n; ++i) {
     NodeRt& r = nodes_[i];
     r.spec = graph[i];
-    r.kind = kind_of(r.spec);
+    r.kind = r.spec.kind;
+    r.hp = hyper_of(r.spec);
     r.C = r.spec.shape.c;
     r.H = r.spec.shape.h;
     r.W = r.spec.shape.w;
@@ -136,11 +167,11 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
   for (int i = 1; i < n; ++i) {
     NodeRt& r = nodes_[i];
     const NodeRt& x = nodes_[r.spec.inputs.at(0)];
-    if (r.kind == Kind::conv || r.kind == Kind::fc) {
-      const int cg = r.kind == Kind::conv ? x.C / r.spec.groups : x.C;  // input channels each output reads
-      const int rs = r.kind == Kind::conv ? r.spec.kernel * r.spec.kernel : 1;
+    if (r.kind == Kind::conv || r.kind == Kind::linear) {
+      const int cg = r.kind == Kind::conv ? x.C / r.hp.groups : x.C;  // input channels each output reads
+      const int rs = r.kind == Kind::conv ? r.hp.kernel * r.hp.kernel : 1;
       r.wparam = claim(r, ".weight", size_t(r.C) * cg * rs);
-      if (r.spec.bias) r.bparam = claim(r, ".bias", size_t(r.C));
+      if (r.hp.bias) r.bparam = claim(r, ".bias", size_t(r.C));
       ParamRt& w = params_[r.wparam];
       w.kind = r.kind == Kind::conv ? 2 : 1;
       total_dev_ = (total_dev_ + 63) / 64 * 64;  // every copy 128-byte aligned for the libraries' vector loads
@@ -151,7 +182,7 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
       s.dev = w.dev;
       s.C = cg;
       s.RS = rs;
-    } else if (r.kind == Kind::bn) {
+    } else if (r.kind == Kind::batchnorm) {
       const size_t padded = size_t(channel_blocks(r.C)) * 16;  // the host pads gamma/beta to 16 lanes
       r.wparam = claim(r, ".weight", padded);
       r.bparam = claim(r, ".bias", padded);
@@ -201,13 +232,13 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
       case Kind::conv: {
         ConvDims d;
         d.N = batch_; d.C = x.C; d.H = x.H; d.W = x.W;
-        d.K = r.C; d.R = d.S = r.spec.kernel; d.stride = r.spec.stride; d.pad = r.spec.pad;
+        d.K = r.C; d.R = d.S = r.hp.kernel; d.stride = r.hp.stride; d.pad = r.hp.pad;
         d.OH = r.H; d.OW = r.W;
-        d.groups = r.spec.groups;
+        d.groups = r.hp.groups;
         r.conv = be.conv_plan(d);
         break;
       }
-      case Kind::bn:
+      case Kind::batchnorm:
         r.mean = static_cast<float*>(be.alloc(r.C * sizeof(float)));
         r.invstd = static_cast<float*>(be.alloc(r.C * sizeof(float)));
         r.k23 = static_cast<float*>(be.alloc(2 * r.C * sizeof(float)));
@@ -217,7 +248,7 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
         r.rvar_buf = buffer_index(r.spec.name + ".running_var", r.C);
         break;
       case Kind::maxpool:
-        DFP_CHECK(r.spec.kernel * r.spec.kernel <= 256, Status::unsupported,
+        DFP_CHECK(r.hp.kernel * r.hp.kernel <= 256, Status::unsupported,
                   "CUDA device: max pool '" + r.spec.name + "' window larger than 16x16");
         r.argmax = static_cast<uint8_t*>(be.alloc(r.elems));
         break;
@@ -260,7 +291,7 @@ void Executor::upload(Model& host, const std::vector<std::vector<float>>* moment
   }
   auto buffers = host.buffers();
   for (NodeRt& r : nodes_)
-    if (r.kind == Kind::bn) {
+    if (r.kind == Kind::batchnorm) {
       be_->upload(r.rmean, buffers[r.rmean_buf].second->data(), r.C * sizeof(float));
       be_->upload(r.rvar, buffers[r.rvar_buf].second->data(), r.C * sizeof(float));
     }
@@ -281,7 +312,7 @@ void Executor::download(Model& host, std::vector<std::vector<float>>* momentum) 
   }
   auto buffers = host.buffers();
   for (NodeRt& r : nodes_)
-    if (r.kind == Kind::bn) {
+    if (r.kind == Kind::batchnorm) {
       be_->download(buffers[r.rmean_buf].second->data(), r.rmean, r.C * sizeof(float));
       be_->download(buffers[r.rvar_buf].second->data(), r.rvar, r.C * sizeof(float));
     }
@@ -314,7 +345,7 @@ void Executor::set_profile(bool on) {
     layer_times_.resize(nodes_.size());
     for (size_t i = 0; i < nodes_.size(); ++i) {
       layer_times_[i].name = nodes_[i].spec.name;
-      layer_times_[i].kind = nodes_[i].spec.kind;
+      layer_times_[i].kind = nodes_[i].spec.kind_name();
     }
   }
   if (on) reset_profile();
@@ -349,12 +380,12 @@ void Executor::forward(const Staged& in, bool train) {
         be.conv_fwd(r.conv, x.act, at(wdev_, params_[r.wparam].dev), r.act);
         if (bias) be.run(BiasAddArgs{r.act, bias, r.C}, r.elems);
         break;
-      case Kind::fc:
+      case Kind::linear:
         // Y[N][K] = X[N][F] * W[K][F]^T
         be.gemm(false, true, N, r.C, x.C, x.act, x.C, at(wdev_, params_[r.wparam].dev), x.C, r.act, r.C, false);
         if (bias) be.run(BiasAddArgs{r.act, bias, r.C}, r.elems);
         break;
-      case Kind::bn: {
+      case Kind::batchnorm: {
         const size_t rows = size_t(N) * r.H * r.W;
         const float* gamma = w_ + params_[r.wparam].begin;
         const float* beta = w_ + params_[r.bparam].begin;
@@ -363,9 +394,9 @@ void Executor::forward(const Staged& in, bool train) {
           be.reduce(ReduceArgs{Reduce::sum, x.act, nullptr, nullptr, nullptr, rows, r.C, sums_, scratch_});
           be.run(BnMeanArgs{sums_, r.mean, m}, r.C);
           be.reduce(ReduceArgs{Reduce::sqdev, x.act, nullptr, r.mean, nullptr, rows, r.C, sums_, scratch_});
-          be.run(BnFinalizeTrainArgs{sums_, r.mean, r.invstd, r.rmean, r.rvar, m, r.spec.eps}, r.C);
+          be.run(BnFinalizeTrainArgs{sums_, r.mean, r.invstd, r.rmean, r.rvar, m, r.hp.eps}, r.C);
         } else {
-          be.run(BnFinalizeEvalArgs{r.mean, r.invstd, r.rmean, r.rvar, r.spec.eps}, r.C);
+          be.run(BnFinalizeEvalArgs{r.mean, r.invstd, r.rmean, r.rvar, r.hp.eps}, r.C);
         }
         be.run(BnApplyArgs{x.act, r.act, gamma, beta, r.mean, r.invstd, r.C}, r.elems);
         break;
@@ -375,11 +406,11 @@ void Executor::forward(const Staged& in, bool train) {
         break;
       case Kind::maxpool:
       case Kind::avgpool:
-        be.run(PoolArgs{x.act, r.act, r.argmax, N, r.C, x.H, x.W, r.H, r.W, r.spec.kernel, r.spec.stride, r.spec.pad,
+        be.run(PoolArgs{x.act, r.act, r.argmax, N, r.C, x.H, x.W, r.H, r.W, r.hp.kernel, r.hp.stride, r.hp.pad,
                         r.kind == Kind::maxpool},
                r.elems);
         break;
-      case Kind::gap:
+      case Kind::global_avgpool:
         be.run(GapFwdArgs{x.act, r.act, r.C, x.H * x.W}, r.elems);
         break;
       case Kind::flatten:
@@ -401,15 +432,15 @@ void Executor::forward(const Staged& in, bool train) {
         break;
       }
       case Kind::dropout:
-        be.run(DropoutArgs{x.act, r.act, N, r.C, r.H, r.W, dropout_key(r.spec.seed, step_), r.spec.p, train}, r.elems);
+        be.run(DropoutArgs{x.act, r.act, N, r.C, r.H, r.W, dropout_key(r.spec.seed, step_), r.hp.p, train}, r.elems);
         break;
       case Kind::lrn:
-        be.run(LrnArgs{x.act, r.act, r.lrn_scale, nullptr, nullptr, r.C, r.spec.lrn_size, r.spec.lrn_alpha,
-                       r.spec.lrn_beta, r.spec.lrn_k, false},
+        be.run(LrnArgs{x.act, r.act, r.lrn_scale, nullptr, nullptr, r.C, r.hp.lrn_size, r.hp.lrn_alpha,
+                       r.hp.lrn_beta, r.hp.lrn_k, false},
                r.elems);
         break;
-      case Kind::shortcut:
-        be.run(ShortcutArgs{x.act, r.act, x.C, x.H, x.W, r.C, r.H, r.W, r.spec.stride, false}, r.elems);
+      case Kind::shortcut_pad:
+        be.run(ShortcutArgs{x.act, r.act, x.C, x.H, x.W, r.C, r.H, r.W, r.hp.stride, false}, r.elems);
         break;
     }
   }
@@ -457,7 +488,7 @@ void Executor::backward() {
         }
         break;
       }
-      case Kind::fc: {
+      case Kind::linear: {
         const void* w = at(wdev_, params_[r.wparam].dev);
         // dX[N][F] = dY[N][K] * W[K][F];  dW[K][F] = dY^T * X
         if (dx) be.gemm(false, false, N, x.C, r.C, dy, r.C, w, x.C, dx, x.C, acc);
@@ -468,7 +499,7 @@ void Executor::backward() {
         }
         break;
       }
-      case Kind::bn: {
+      case Kind::batchnorm: {
         const size_t rows = size_t(N) * r.H * r.W;
         be.reduce(ReduceArgs{Reduce::bn_bwd, x.act, dy, r.mean, r.invstd, rows, r.C, sums_, scratch_});
         be.run(BnBwdFinalizeArgs{sums_, g_ + params_[r.wparam].begin, g_ + params_[r.bparam].begin, r.k23, r.C,
@@ -485,11 +516,11 @@ void Executor::backward() {
       case Kind::maxpool:
       case Kind::avgpool:
         if (dx)
-          be.run(PoolBwdArgs{dy, dx, r.argmax, N, r.C, x.H, x.W, r.H, r.W, r.spec.kernel, r.spec.stride, r.spec.pad,
+          be.run(PoolBwdArgs{dy, dx, r.argmax, N, r.C, x.H, x.W, r.H, r.W, r.hp.kernel, r.hp.stride, r.hp.pad,
                              r.kind == Kind::maxpool, acc},
                  x.elems);
         break;
-      case Kind::gap:
+      case Kind::global_avgpool:
         if (dx) be.run(GapBwdArgs{dy, dx, x.C, x.H * x.W, acc}, x.elems);
         break;
       case Kind::flatten:
@@ -513,18 +544,18 @@ void Executor::backward() {
       }
       case Kind::dropout:
         if (dx)
-          be.run(DropoutBwdArgs{DropoutArgs{dy, dx, N, r.C, r.H, r.W, dropout_key(r.spec.seed, step_), r.spec.p, true},
+          be.run(DropoutBwdArgs{DropoutArgs{dy, dx, N, r.C, r.H, r.W, dropout_key(r.spec.seed, step_), r.hp.p, true},
                                 acc},
                  x.elems);
         break;
       case Kind::lrn:
         if (dx)
-          be.run(LrnBwdArgs{LrnArgs{x.act, r.act, r.lrn_scale, dy, dx, r.C, r.spec.lrn_size, r.spec.lrn_alpha,
-                                    r.spec.lrn_beta, r.spec.lrn_k, acc}},
+          be.run(LrnBwdArgs{LrnArgs{x.act, r.act, r.lrn_scale, dy, dx, r.C, r.hp.lrn_size, r.hp.lrn_alpha,
+                                    r.hp.lrn_beta, r.hp.lrn_k, acc}},
                  x.elems);
         break;
-      case Kind::shortcut:
-        if (dx) be.run(ShortcutBwdArgs{ShortcutArgs{dy, dx, x.C, x.H, x.W, r.C, r.H, r.W, r.spec.stride, acc}}, x.elems);
+      case Kind::shortcut_pad:
+        if (dx) be.run(ShortcutBwdArgs{ShortcutArgs{dy, dx, x.C, x.H, x.W, r.C, r.H, r.W, r.hp.stride, acc}}, x.elems);
         break;
     }
   }

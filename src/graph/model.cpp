@@ -19,7 +19,8 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "src/graph/arena.hpp"
-#include "src/graph/layer_args.hpp"
+#include "src/graph/layer_registry.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/graph/torch_shape.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
@@ -101,19 +102,20 @@ struct Model::Impl {
 
   Impl(const Context& c, std::string n) : ctx(c), name(std::move(n)) {}
 
-  Node add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname, const char* kind,
-           LayerSpec spec = {}) {
+  Node add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname, LayerKind kind,
+           LayerParams params) {
+    const std::string& text = layer_kind(kind).short_name;
     DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': layers cannot be added after build()");
     DFP_CHECK(!nodes.empty(), Status::invalid_argument, "model '" + name + "': call input() first");
     for (int i : inputs)
       DFP_CHECK(i >= 0 && i < int(nodes.size()), Status::invalid_argument,
-                "model '" + name + "': " + kind + " layer refers to unknown node " + std::to_string(i));
-    if (lname.empty()) lname = std::string(kind) + std::to_string(nodes.size());
+                "model '" + name + "': " + text + " layer refers to unknown node " + std::to_string(i));
+    if (lname.empty()) lname = text + std::to_string(nodes.size());
     for (const NodeInfo& n : nodes)
       DFP_CHECK(!n.layer || n.layer->name != lname, Status::invalid_argument,
                 "model '" + name + "': duplicate layer name '" + lname + "'");
     layer->name = lname;
-    layer->kind = kind;
+    layer->kind = text;
     std::vector<TensorShape> in;
     for (int i : inputs) {
       in.push_back(nodes[i].shape);
@@ -121,10 +123,10 @@ struct Model::Impl {
     }
     NodeInfo n;
     n.shape = layer->infer(in);
-    spec.kind = kind;
-    spec.name = lname;
-    spec.inputs = inputs;
-    n.spec = std::move(spec);
+    n.spec.kind = kind;
+    n.spec.name = lname;
+    n.spec.inputs = inputs;
+    n.spec.params = std::move(params);
     n.layer = std::move(layer);
     n.maxima = n.layer->as<model::MeasuresMaxima>();
     n.reduced = n.layer->as<model::ReducedPrecision>();
@@ -168,7 +170,7 @@ struct Model::Impl {
     for (NodeInfo& n : nodes) n.shape.n = b;
     if (fusion)  // a ReLU that alone reads a layer's output can be applied by that layer
       for (NodeInfo& n : nodes)
-        if (n.layer && n.layer->kind == "relu") {
+        if (n.layer && n.spec.kind == LayerKind::relu) {
           NodeInfo& producer = nodes[n.inputs[0]];
           auto* absorbs = producer.layer ? producer.layer->as<model::AbsorbsRelu>() : nullptr;
           if (producer.consumers == 1 && absorbs && absorbs->absorb_relu()) {
@@ -184,7 +186,7 @@ struct Model::Impl {
         for (int j : n.inputs) n.layer->needs_input_grad.push_back(j != 0 || input_grad);
         // Out of memory says which layer at which batch, whichever allocator ran out.
         const auto out_of_memory = [&](const std::string& detail) {
-          fail(Status::out_of_memory, "model '" + name + "': out of memory building " + n.spec.kind + " layer '" +
+          fail(Status::out_of_memory, "model '" + name + "': out of memory building " + n.spec.kind_name() + " layer '" +
                                           n.layer->name + "' (output " + std::to_string(b) + "x" +
                                           std::to_string(n.shape.c) + "x" + std::to_string(n.shape.h) + "x" +
                                           std::to_string(n.shape.w) + ", batch " + std::to_string(b) + "): " + detail +
@@ -709,79 +711,62 @@ Model::Node Model::input(int c, int h, int w) {
                 std::to_string(h) + "x" + std::to_string(w));
   Impl::NodeInfo n;
   n.shape = {0, c, h, w};
-  n.spec.kind = "input";
+  n.spec.kind = LayerKind::input;
   n.spec.name = "input";
   impl_->nodes.push_back(std::move(n));
   return 0;
 }
+Model::Node Model::layer(LayerKind kind, std::vector<Node> inputs, LayerParams params, std::string n) {
+  DFP_CHECK(kind != LayerKind::input, Status::invalid_argument,
+            "model '" + impl_->name + "': the input is made by input(), not as a layer");
+  const graph::LayerRow& row = graph::layer_row(kind);
+  if (std::holds_alternative<std::monostate>(params)) params = row.blank;
+  const model::LayerArgs args(impl_->name, row.info.short_name.c_str(), n);
+  args.need(params.index() == row.blank.index(), "parameters", "the kind's own type", "another kind's");
+  if (row.info.inputs < 0)
+    args.need(!inputs.empty(), "inputs", "at least one node", "none");
+  else
+    args.need(int(inputs.size()) == row.info.inputs, "inputs", std::to_string(row.info.inputs) + " node(s)",
+              std::to_string(inputs.size()));
+  std::unique_ptr<model::Layer> layer = row.build(params, args);
+  return impl_->add(std::move(layer), std::move(inputs), std::move(n), kind, std::move(params));
+}
+Model::Node Model::layer(const std::string& kind, std::vector<Node> inputs,
+                         const std::vector<std::pair<std::string, double>>& params, std::string n) {
+  const LayerKindInfo& k = layer_kind(kind);
+  DFP_CHECK(k.kind != LayerKind::input, Status::invalid_argument,
+            "model '" + impl_->name + "': the input is made by input(), not as a layer");
+  const std::string where = "model '" + impl_->name + "'" + (n.empty() ? "" : ": layer '" + n + "'");
+  return layer(k.kind, std::move(inputs), layer_params(k.kind, params, where), std::move(n));
+}
 Model::Node Model::conv(Node x, int k, int r, int s, int p, bool b, std::string n, int groups) {
-  const graph::LayerArgs a(impl_->name, "conv", n);
-  a.need_int(k >= 1, "output channels", ">= 1", k);
-  a.window(r, s, p, false);
-  LayerSpec sp;
-  sp.out_channels = k; sp.kernel = r; sp.stride = s; sp.pad = p; sp.bias = b; sp.groups = groups;
-  return impl_->add(model::make_conv(k, r, s, p, b, groups), {x}, std::move(n), "conv", sp);
+  return layer(LayerKind::conv, {x}, ConvParams{k, r, s, p, b, groups}, std::move(n));
 }
 Model::Node Model::batchnorm(Node x, std::string n, double eps) {
-  DFP_CHECK(std::isfinite(eps) && eps > 0, Status::invalid_argument,
-            "model '" + impl_->name + "': batchnorm eps must be a positive finite number, got " + std::to_string(eps));
-  LayerSpec sp;
-  sp.eps = eps;
-  return impl_->add(model::make_batchnorm(eps), {x}, std::move(n), "bn", sp);
+  return layer(LayerKind::batchnorm, {x}, BatchNormParams{eps}, std::move(n));
 }
-Model::Node Model::relu(Node x, std::string n) { return impl_->add(model::make_relu(), {x}, std::move(n), "relu"); }
+Model::Node Model::relu(Node x, std::string n) { return layer(LayerKind::relu, {x}, {}, std::move(n)); }
 Model::Node Model::maxpool(Node x, int k, int s, int p, bool c, std::string n) {
-  graph::LayerArgs(impl_->name, "maxpool", n).window(k, s, p, true);
-  LayerSpec sp;
-  sp.kernel = k; sp.stride = s; sp.pad = p; sp.ceil_mode = c;
-  return impl_->add(model::make_pool(true, k, s, p, c), {x}, std::move(n), "maxpool", sp);
+  return layer(LayerKind::maxpool, {x}, PoolParams{k, s, p, c}, std::move(n));
 }
 Model::Node Model::avgpool(Node x, int k, int s, int p, std::string n) {
-  graph::LayerArgs(impl_->name, "avgpool", n).window(k, s, p, true);
-  LayerSpec sp;
-  sp.kernel = k; sp.stride = s; sp.pad = p;
-  return impl_->add(model::make_pool(false, k, s, p, false), {x}, std::move(n), "avgpool", sp);
+  return layer(LayerKind::avgpool, {x}, PoolParams{k, s, p, false}, std::move(n));
 }
-Model::Node Model::global_avgpool(Node x, std::string n) {
-  return impl_->add(model::make_global_avgpool(), {x}, std::move(n), "gap");
-}
-Model::Node Model::flatten(Node x, std::string n) { return impl_->add(model::make_flatten(), {x}, std::move(n), "flatten"); }
+Model::Node Model::global_avgpool(Node x, std::string n) { return layer(LayerKind::global_avgpool, {x}, {}, std::move(n)); }
+Model::Node Model::flatten(Node x, std::string n) { return layer(LayerKind::flatten, {x}, {}, std::move(n)); }
 Model::Node Model::linear(Node x, int k, bool b, std::string n) {
-  graph::LayerArgs(impl_->name, "fc", n).need_int(k >= 1, "output features", ">= 1", k);
-  LayerSpec sp;
-  sp.out_channels = k; sp.bias = b;
-  return impl_->add(model::make_linear(k, b), {x}, std::move(n), "fc", sp);
+  return layer(LayerKind::linear, {x}, LinearParams{k, b}, std::move(n));
 }
-Model::Node Model::add(Node a, Node b, std::string n) { return impl_->add(model::make_add(), {a, b}, std::move(n), "add"); }
-Model::Node Model::concat(const std::vector<Node>& xs, std::string n) {
-  graph::LayerArgs(impl_->name, "concat", n).need(!xs.empty(), "inputs", "at least one node", "none");
-  return impl_->add(model::make_concat(), xs, std::move(n), "concat");
-}
+Model::Node Model::add(Node a, Node b, std::string n) { return layer(LayerKind::add, {a, b}, {}, std::move(n)); }
+Model::Node Model::concat(const std::vector<Node>& xs, std::string n) { return layer(LayerKind::concat, xs, {}, std::move(n)); }
 Model::Node Model::dropout(Node x, float p, std::string n) {
-  graph::LayerArgs(impl_->name, "dropout", n).need(p >= 0.f && p < 1.f, "probability", "in [0, 1)", std::to_string(p));
-  LayerSpec sp;
-  sp.p = p;
-  return impl_->add(model::make_dropout(p), {x}, std::move(n), "dropout", sp);
+  return layer(LayerKind::dropout, {x}, DropoutParams{p}, std::move(n));
 }
 Model::Node Model::lrn(Node x, int size, float a, float b, float k, std::string n) {
-  const graph::LayerArgs args(impl_->name, "lrn", n);
-  args.need_int(size >= 1, "size", ">= 1", size);
-  args.need(std::isfinite(a), "alpha", "a finite number", std::to_string(a));
-  args.need(std::isfinite(b), "beta", "a finite number", std::to_string(b));
-  // k > 0 keeps the base of the power positive (k + alpha/size * sum of squares, sum >= 0).
-  args.need(std::isfinite(k) && k > 0.f && a >= 0.f, "k and alpha", "k > 0 and alpha >= 0, finite",
-            "k " + std::to_string(k) + ", alpha " + std::to_string(a));
-  LayerSpec sp;
-  sp.lrn_size = size; sp.lrn_alpha = a; sp.lrn_beta = b; sp.lrn_k = k;
-  return impl_->add(model::make_lrn(size, a, b, k), {x}, std::move(n), "lrn", sp);
+  return layer(LayerKind::lrn, {x}, LrnParams{size, a, b, k}, std::move(n));
 }
 Model::Node Model::shortcut_pad(Node x, int c, int s, std::string n) {
-  const graph::LayerArgs a(impl_->name, "shortcut", n);
-  a.need_int(c >= 1, "output channels", ">= 1", c);
-  a.need_int(s >= 1, "stride", ">= 1", s);
-  LayerSpec sp;
-  sp.out_channels = c; sp.stride = s;
-  return impl_->add(model::make_shortcut_pad(c, s), {x}, std::move(n), "shortcut", sp);
+  return layer(LayerKind::shortcut_pad, {x}, ShortcutPadParams{c, s}, std::move(n));
 }
 void Model::softmax_cross_entropy(Node x, float smoothing) {
   DFP_CHECK(x > 0 && x < int(impl_->nodes.size()), Status::invalid_argument,

@@ -1,24 +1,19 @@
 // PyTorch's shape of a model parameter (src/graph/torch_shape.hpp).
 #include "src/graph/torch_shape.hpp"
 
-#include <algorithm>
+#include "src/graph/layer_registry.hpp"
 
 namespace dfp::graph {
 
 TorchShape torch_shape(const LayerSpec& spec, const TensorShape& in, const Parameter& q) {
+  const LayerRow& row = layer_row(spec.kind);
+  if (!row.torch_shape) return {};
   const bool weight = q.name.size() > 7 && q.name.compare(q.name.size() - 7, 7, ".weight") == 0;
-  std::vector<int> shape;
-  if (weight && spec.kind == "conv")
-    shape = {spec.out_channels, in.c / std::max(1, spec.groups), spec.kernel, spec.kernel};
-  else if (weight && spec.kind == "fc")
-    shape = {spec.out_channels, in.c * in.h * in.w};
-  else if (spec.kind == "bn")
-    shape = {in.c};
-  else
-    return {};
+  TorchParamShape t = row.torch_shape(spec.params, in, weight);
+  if (t.dims.empty()) return {};
   size_t elements = 1;
-  for (int d : shape) elements *= size_t(d);
-  if (elements == q.size || (spec.kind == "bn" && elements < q.size)) return {std::move(shape), elements};
+  for (int d : t.dims) elements *= size_t(d);
+  if (elements == q.size || (t.padded && elements < q.size)) return {std::move(t.dims), elements};
   return {};
 }
 

@@ -95,7 +95,7 @@ WeightsReport load_sources(Model& m, std::vector<Source>& sources, const Weights
   // adapt_input_channels may adapt.
   std::string first_conv;
   for (const LayerSpec& l : m.graph())
-    if (l.kind == "conv" && l.inputs == std::vector<int>{0}) first_conv = l.name;
+    if (l.kind == LayerKind::conv && l.inputs == std::vector<int>{0}) first_conv = l.name;
   for (const TensorView& v : views) {
     if (skipped_by(o.skip, v.name)) {
       r.skipped.push_back(v.name + " (skip pattern)");

@@ -6,6 +6,7 @@
 #include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -136,6 +137,6 @@ class Add final : public Layer, public AbsorbsRelu, public MeasuresMaxima, publi
 
 }  // namespace
 
-std::unique_ptr<Layer> make_add() { return std::make_unique<Add>(); }
+std::unique_ptr<Layer> build_add(const LayerParams&, const LayerArgs&) { return std::make_unique<Add>(); }
 
 }  // namespace dfp::model

@@ -15,6 +15,7 @@
 #include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 #include "src/layers/layer_helpers.hpp"
 
@@ -429,6 +430,10 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
 
 }  // namespace
 
-std::unique_ptr<Layer> make_batchnorm(double eps) { return std::make_unique<BatchNorm>(eps); }
+std::unique_ptr<Layer> build_batchnorm(const LayerParams& params, const LayerArgs& a) {
+  const double eps = std::get<BatchNormParams>(params).eps;
+  a.need(std::isfinite(eps) && eps > 0, "eps", "a positive finite number", std::to_string(eps));
+  return std::make_unique<BatchNorm>(eps);
+}
 
 }  // namespace dfp::model

@@ -1,6 +1,7 @@
 // Concat: channels of several inputs side by side (GoogLeNet's inception blocks).
 #include "dfp/status.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -49,6 +50,6 @@ class Concat final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_concat() { return std::make_unique<Concat>(); }
+std::unique_ptr<Layer> build_concat(const LayerParams&, const LayerArgs&) { return std::make_unique<Concat>(); }
 
 }  // namespace dfp::model

@@ -3,6 +3,7 @@
 
 #include "dfp/status.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -62,6 +63,10 @@ class Dropout final : public Layer, public RandomStream {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_dropout(float p) { return std::make_unique<Dropout>(p); }
+std::unique_ptr<Layer> build_dropout(const LayerParams& params, const LayerArgs& a) {
+  const float p = std::get<DropoutParams>(params).p;
+  a.need(p >= 0.f && p < 1.f, "probability", "in [0, 1)", std::to_string(p));
+  return std::make_unique<Dropout>(p);
+}
 
 }  // namespace dfp::model

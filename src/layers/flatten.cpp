@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -50,6 +51,6 @@ class Flatten final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_flatten() { return std::make_unique<Flatten>(); }
+std::unique_ptr<Layer> build_flatten(const LayerParams&, const LayerArgs&) { return std::make_unique<Flatten>(); }
 
 }  // namespace dfp::model

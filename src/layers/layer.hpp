@@ -14,6 +14,7 @@
 
 #include "dfp/context.hpp"
 #include "dfp/float16.hpp"
+#include "dfp/layer_kind.hpp"
 #include "dfp/precision.hpp"
 #include "dfp/types.hpp"
 #include "base/random.hpp"
@@ -237,18 +238,15 @@ class FeedsSpans {
   virtual bool feed_spans_to(Layer* consumer, size_t i) = 0;
 };
 
-// groups > 1: a grouped convolution (groups must divide both channel counts).
+class LayerArgs;
+// A layer kind's builder: checks the kind's parameters (`params` holds the kind's type; LayerArgs
+// names the model, the kind and the layer in what it refuses) and makes the layer. A layer's file
+// defines its kind's builder; the registry (src/graph/layer_registry.cpp) names it in the kind's row.
+using BuildLayer = std::unique_ptr<Layer>(const LayerParams& params, const LayerArgs& args);
+
+// Conv2d and Linear on their own (LayerOp). groups > 1: a grouped convolution (groups must divide
+// both channel counts).
 std::unique_ptr<Layer> make_conv(int out_channels, int kernel, int stride, int pad, bool bias, int groups = 1);
-std::unique_ptr<Layer> make_batchnorm(double eps);
-std::unique_ptr<Layer> make_relu();
-std::unique_ptr<Layer> make_pool(bool max, int kernel, int stride, int pad, bool ceil_mode);
-std::unique_ptr<Layer> make_global_avgpool();
-std::unique_ptr<Layer> make_flatten();
 std::unique_ptr<Layer> make_linear(int out_features, bool bias);
-std::unique_ptr<Layer> make_add();
-std::unique_ptr<Layer> make_concat();
-std::unique_ptr<Layer> make_dropout(float p);
-std::unique_ptr<Layer> make_lrn(int size, float alpha, float beta, float k);
-std::unique_ptr<Layer> make_shortcut_pad(int out_channels, int stride);
 
 }  // namespace dfp::model

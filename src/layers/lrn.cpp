@@ -4,6 +4,7 @@
 
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -75,6 +76,15 @@ class Lrn final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_lrn(int size, float a, float b, float k) { return std::make_unique<Lrn>(size, a, b, k); }
+std::unique_ptr<Layer> build_lrn(const LayerParams& params, const LayerArgs& args) {
+  const auto& q = std::get<LrnParams>(params);
+  args.need_int(q.size >= 1, "size", ">= 1", q.size);
+  args.need(std::isfinite(q.alpha), "alpha", "a finite number", std::to_string(q.alpha));
+  args.need(std::isfinite(q.beta), "beta", "a finite number", std::to_string(q.beta));
+  // k > 0 keeps the base of the power positive (k + alpha/size * sum of squares, sum >= 0).
+  args.need(std::isfinite(q.k) && q.k > 0.f && q.alpha >= 0.f, "k and alpha", "k > 0 and alpha >= 0, finite",
+            "k " + std::to_string(q.k) + ", alpha " + std::to_string(q.alpha));
+  return std::make_unique<Lrn>(q.size, q.alpha, q.beta, q.k);
+}
 
 }  // namespace dfp::model

@@ -7,6 +7,7 @@
 #include "dfp/status.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -164,7 +165,19 @@ class GlobalAvgPool final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_pool(bool max, int k, int s, int p, bool c) { return std::make_unique<Pool>(max, k, s, p, c); }
-std::unique_ptr<Layer> make_global_avgpool() { return std::make_unique<GlobalAvgPool>(); }
+std::unique_ptr<Layer> build_maxpool(const LayerParams& params, const LayerArgs& a) {
+  const auto& q = std::get<PoolParams>(params);
+  a.window(q.kernel, q.stride, q.pad, true);
+  return std::make_unique<Pool>(true, q.kernel, q.stride, q.pad, q.ceil_mode);
+}
+std::unique_ptr<Layer> build_avgpool(const LayerParams& params, const LayerArgs& a) {
+  const auto& q = std::get<PoolParams>(params);
+  a.window(q.kernel, q.stride, q.pad, true);
+  a.need(!q.ceil_mode, "ceil_mode", "false (average pooling rounds its output size down)", "true");
+  return std::make_unique<Pool>(false, q.kernel, q.stride, q.pad, false);
+}
+std::unique_ptr<Layer> build_global_avgpool(const LayerParams&, const LayerArgs&) {
+  return std::make_unique<GlobalAvgPool>();
+}
 
 }  // namespace dfp::model

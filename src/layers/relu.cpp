@@ -5,6 +5,7 @@
 #include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -66,6 +67,6 @@ class Relu final : public Layer, public PassesThrough, public MeasuresMaxima {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_relu() { return std::make_unique<Relu>(); }
+std::unique_ptr<Layer> build_relu(const LayerParams&, const LayerArgs&) { return std::make_unique<Relu>(); }
 
 }  // namespace dfp::model

@@ -4,6 +4,7 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -68,6 +69,11 @@ class ShortcutPad final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_shortcut_pad(int c, int s) { return std::make_unique<ShortcutPad>(c, s); }
+std::unique_ptr<Layer> build_shortcut_pad(const LayerParams& params, const LayerArgs& a) {
+  const auto& q = std::get<ShortcutPadParams>(params);
+  a.need_int(q.out_channels >= 1, "output channels", ">= 1", q.out_channels);
+  a.need_int(q.stride >= 1, "stride", ">= 1", q.stride);
+  return std::make_unique<ShortcutPad>(q.out_channels, q.stride);
+}
 
 }  // namespace dfp::model

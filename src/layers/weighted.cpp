@@ -19,6 +19,7 @@
 #include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
+#include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
 #include "src/layers/weighted_ops.hpp"
 
@@ -599,5 +600,16 @@ std::unique_ptr<Layer> make_conv(int k, int r, int s, int p, bool b, int groups)
   return std::make_unique<GroupedConv2d>(k, r, s, p, b, groups);
 }
 std::unique_ptr<Layer> make_linear(int k, bool b) { return std::make_unique<Linear>(k, b); }
+std::unique_ptr<Layer> build_conv(const LayerParams& params, const LayerArgs& a) {
+  const auto& q = std::get<ConvParams>(params);
+  a.need_int(q.out_channels >= 1, "output channels", ">= 1", q.out_channels);
+  a.window(q.kernel, q.stride, q.pad, false);
+  return make_conv(q.out_channels, q.kernel, q.stride, q.pad, q.bias, q.groups);
+}
+std::unique_ptr<Layer> build_linear(const LayerParams& params, const LayerArgs& a) {
+  const auto& q = std::get<LinearParams>(params);
+  a.need_int(q.out_features >= 1, "output features", ">= 1", q.out_features);
+  return make_linear(q.out_features, q.bias);
+}
 
 }  // namespace dfp::model

@@ -449,6 +449,76 @@ void small_net_cpp(dfp::Model& m) {
   m.softmax_cross_entropy(m.linear(m.global_avgpool(x, "gap"), 10, true, "fc"));
 }
 
+// dfp_model_layer: any kind by name, its parameters as "name=value" pairs; the same model, bit for
+// bit, as the C++ builders make; bad parameter text refused by name; dfp_layer_kinds lists them.
+TEST(CApi, AnyLayerKindByNameWithItsParametersAsText) {
+  const Ctx ctx = context(5);
+  dfp::Context cpp_ctx(dfp::ContextOptions{.threads = kThreads, .seed = 5});
+  dfp_model* raw = nullptr;
+  ASSERT_EQ(dfp_model_create(ctx.get(), "kinds", &raw), DFP_OK);
+  const CModel m(raw);
+  int x = 0, y = 0, z = 0;
+  ASSERT_EQ(dfp_model_input(raw, 3, 8, 8, &x), DFP_OK);
+  ASSERT_EQ(dfp_model_layer(raw, "conv", &x, 1, "out_channels=16, kernel=3, pad=1, bias=true", "conv1", &y), DFP_OK)
+      << dfp_last_error();
+  ASSERT_EQ(dfp_model_layer(raw, "batchnorm", &y, 1, "eps=1e-3", "bn1", &y), DFP_OK) << dfp_last_error();
+  ASSERT_EQ(dfp_model_layer(raw, "lrn", &y, 1, "size=3,alpha=0.001,beta=0.75,k=2", "lrn1", &y), DFP_OK)
+      << dfp_last_error();
+  ASSERT_EQ(dfp_model_layer(raw, "relu", &y, 1, nullptr, nullptr, &z), DFP_OK) << dfp_last_error();
+  const int pair[2] = {y, z};
+  ASSERT_EQ(dfp_model_layer(raw, "add", pair, 2, "", "sum", &y), DFP_OK) << dfp_last_error();
+  ASSERT_EQ(dfp_model_layer(raw, "gap", &y, 1, "", "gap", &y), DFP_OK) << dfp_last_error();
+  ASSERT_EQ(dfp_model_layer(raw, "linear", &y, 1, "out_features=10", "fc", &y), DFP_OK) << dfp_last_error();
+  ASSERT_EQ(dfp_model_softmax_cross_entropy(raw, y, 0.f), DFP_OK);
+  ASSERT_EQ(dfp_model_build(raw, 4, "int16", nullptr), DFP_OK) << dfp_last_error();
+
+  dfp::Model cpp(cpp_ctx, "kinds");
+  auto a = cpp.batchnorm(cpp.conv(cpp.input(3, 8, 8), 16, 3, 1, 1, true, "conv1"), "bn1", 1e-3);
+  a = cpp.lrn(a, 3, 0.001f, 0.75f, 2.f, "lrn1");
+  a = cpp.add(a, cpp.relu(a), "sum");
+  cpp.softmax_cross_entropy(cpp.linear(cpp.global_avgpool(a, "gap"), 10, true, "fc"));
+  cpp.build(4, policy_of("int16"));
+
+  const std::vector<float> in = images(4, 3, 8, 3);
+  const std::vector<float> inb = blocked(in, 4, 3, 8);
+  std::vector<float> got(40), want(40);
+  ASSERT_EQ(dfp_model_predict(raw, in.data(), in.size(), 4, got.data(), got.size()), DFP_OK) << dfp_last_error();
+  cpp.predict(inb.data(), 4, want.data());
+  EXPECT_TRUE(same_bits(got.data(), want.data(), want.size()));
+
+  int n = 0;
+  expect_failure(dfp_model_layer(raw, "relu", &y, 1, nullptr, nullptr, &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"dfp_model_layer", "after build()"});
+  dfp_model* b = nullptr;
+  ASSERT_EQ(dfp_model_create(ctx.get(), "bad", &b), DFP_OK);
+  const CModel owned_b(b);
+  ASSERT_EQ(dfp_model_input(b, 3, 8, 8, &x), DFP_OK);
+  expect_failure(dfp_model_layer(b, "lrn", &x, 1, "size=5,alpha", nullptr, &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"dfp_model_layer: params: 'alpha' expected name=value"});
+  expect_failure(dfp_model_layer(b, "lrn", &x, 1, "size=five", nullptr, &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"dfp_model_layer: params: 'size' expected a number, got 'five'"});
+  expect_failure(dfp_model_layer(b, "lrn", &x, 1, "size=5,,k=2", nullptr, &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"params: '' expected name=value"});
+  expect_failure(dfp_model_layer(b, "lrn", &x, 1, "size=5,width=2", nullptr, &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"lrn has no parameter 'width' (it takes size, alpha, beta, k)"});
+  expect_failure(dfp_model_layer(b, "pool", &x, 1, "", nullptr, &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"layer kind 'pool' is not one of dfp's", "maxpool"});
+  expect_failure(dfp_model_layer(b, nullptr, &x, 1, "", nullptr, &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"dfp_model_layer: kind: NULL"});
+  expect_failure(dfp_model_layer(b, "add", nullptr, 2, "", nullptr, &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"inputs: NULL with count 2"});
+  expect_failure(dfp_model_layer(b, "add", &x, 1, "", "a", &n), DFP_ERR_INVALID_ARGUMENT,
+                 {"add 'a': inputs expected 2 node(s), got 1"});
+  EXPECT_EQ(n, 0) << "a refused call leaves *node alone";
+
+  size_t length = 0;
+  ASSERT_EQ(dfp_layer_kinds(nullptr, 0, &length), DFP_OK);
+  std::string text(length + 1, '\0');
+  ASSERT_EQ(dfp_layer_kinds(text.data(), text.size(), &length), DFP_OK);
+  EXPECT_NE(text.find("lrn inputs=1 size=(required) alpha=0.0001 beta=0.75 k=1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("concat inputs=1+\n"), std::string::npos) << text;
+}
+
 struct SmallPair {
   CModel c;
   std::unique_ptr<dfp::Model> cpp;

@@ -386,7 +386,7 @@ TEST(Api, BatchNormViewsAndEps) {
       EXPECT_EQ(m.tensor(t).shape, std::vector<int>{24}) << t;
       EXPECT_EQ(m.tensor(t).size, 24u) << t;
     }
-    EXPECT_EQ(m.graph()[1].eps, eps);
+    EXPECT_EQ(m.graph()[1].get<BatchNormParams>().eps, eps);
     const TensorView var = m.tensor("bn.running_var"), fc = m.tensor("fc.weight");
     for (int c = 0; c < 24; ++c) var.data[c] = 0.75f;
     for (int i = 0; i < 24 * 24; ++i) fc.data[i] = i % 25 == 0 ? 1.f : 0.f;  // identity
@@ -399,7 +399,7 @@ TEST(Api, BatchNormViewsAndEps) {
   }
   Model bad(ctx2(), "bad");
   test::expect_error([&] { bad.batchnorm(bad.input(3, 2, 2), "bn", 0.0); }, Status::invalid_argument,
-                     {"batchnorm eps", "positive"});
+                     {"model 'bad': bn 'bn': eps expected a positive finite number, got 0"});
 }
 
 TEST(Api, WritingThroughAViewChangesPredictions) {

@@ -186,19 +186,19 @@ TEST(Models, GraphDescribesEveryNode) {
   const std::vector<LayerSpec> g = m.graph();
   int convs = 0, adds = 0, fcs = 0;
   for (const LayerSpec& s : g) {
-    convs += s.kind == "conv";
-    adds += s.kind == "add";
-    fcs += s.kind == "fc";
+    convs += s.kind == LayerKind::conv;
+    adds += s.kind == LayerKind::add;
+    fcs += s.kind == LayerKind::linear;
     for (int i : s.inputs) EXPECT_LT(i, &s - g.data());  // inputs come first
   }
-  EXPECT_EQ(g.front().kind, "input");
+  EXPECT_EQ(g.front().kind, LayerKind::input);
   EXPECT_EQ(convs, 19);  // 1 stem + 9 blocks x 2 (option-A shortcuts have no conv)
   EXPECT_EQ(adds, 9);
   EXPECT_EQ(fcs, 1);
-  EXPECT_EQ(g[m.loss_node()].kind, "fc");
+  EXPECT_EQ(g[m.loss_node()].kind, LayerKind::linear);
   EXPECT_EQ(g[m.loss_node()].shape.c, 10);
-  EXPECT_EQ(g[1].kernel, 3);
-  EXPECT_EQ(g[1].out_channels, 16);
+  EXPECT_EQ(g[1].get<ConvParams>().kernel, 3);
+  EXPECT_EQ(g[1].get<ConvParams>().out_channels, 16);
 }
 
 TEST(Layers, Fp32BackwardMatchesFiniteDifferences) {
@@ -724,7 +724,7 @@ TEST(Profiling, LayerTimesCoverTrainingPassesOnly) {
   const std::string m_kernels_pair = ctx2().kernels().conv_s16_pair.name;
   for (size_t i = 0; i + 1 < times.size(); ++i) {
     EXPECT_EQ(times[i].layer, graph[i + 1].name);
-    EXPECT_EQ(times[i].kind, graph[i + 1].kind);
+    EXPECT_EQ(times[i].kind, graph[i + 1].kind_name());
     EXPECT_EQ(times[i].steps, 2u) << times[i].layer;
     EXPECT_GE(times[i].forward_seconds, 0.0);
     EXPECT_GE(times[i].backward_seconds, 0.0);

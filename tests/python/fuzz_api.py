@@ -100,8 +100,16 @@ class Fuzz:
         for _ in range(r.randint(0, 5)):
             x = r.choice(nodes) if r.random() < 0.3 else x
             kind = r.choice(["conv", "bn", "relu", "maxpool", "avgpool", "add", "concat", "dropout", "lrn", "gap",
-                             "shortcut"])
-            if kind == "conv":
+                             "shortcut", "by_name"])
+            if kind == "by_name":  # any registry kind by name, with its fields (and an odd one) at hostile values
+                k = r.choice(dfp.layer_kinds() + [{"name": r.choice(["pool", "", "x" * 50]), "fields": []}])
+                params = {f["name"]: r.choice([1, 2, 3, 0, -1, 0.5, True, float("nan"), float("inf"), 2**40])
+                          for f in k["fields"] if r.random() < 0.9}
+                if r.random() < 0.1:
+                    params[r.choice(["width", "p", "size"])] = r.choice([1, "x", None, [1]])
+                inputs = r.choice([x, [x], [x, r.choice(nodes)], [], [self.small_int()], "x", [0.5]])
+                x = m.layer(k["name"], inputs, r.choice(["", "n" + str(len(nodes))]), **params)
+            elif kind == "conv":
                 x = m.conv(x, self.good_int(1, 12), self.good_int(1, 3), self.good_int(1, 2), self.good_int(0, 1),
                            r.random() < 0.5, "", r.choice([1, 1, 1, 2, self.small_int()]))
             elif kind == "bn":

@@ -53,6 +53,37 @@ def test_layer_by_layer_and_policy_keywords(ctx):
     assert "int16" in summary and "fp32" in summary
 
 
+def test_any_layer_kind_by_name(ctx):
+    kinds = {k["name"]: k for k in dfp.layer_kinds()}
+    assert kinds["lrn"]["torch_module"] == "LocalResponseNorm"
+    assert [f["name"] for f in kinds["lrn"]["fields"]] == ["size", "alpha", "beta", "k"]
+    assert kinds["concat"]["inputs"] == -1 and kinds["batchnorm"]["short_name"] == "bn"
+    a, b = dfp.Model(ctx, "k"), dfp.Model(ctx, "k")
+    x = a.input(3, 8, 8)
+    x = a.layer("conv", x, "conv1", out_channels=8, kernel=3, pad=1, bias=True)
+    x = a.layer("lrn", [x], size=3, alpha=1e-3, k=2)
+    x = a.layer("concat", [x, x], "cat")
+    x = a.layer("linear", a.layer("flatten", a.layer("global_avgpool", x)), "fc", out_features=4)
+    a.softmax_cross_entropy(x)
+    y = b.input(3, 8, 8)
+    y = b.lrn(b.conv(y, 8, 3, pad=1, bias=True, name="conv1"), 3, 1e-3, 0.75, 2)
+    y = b.linear(b.flatten(b.global_avgpool(b.concat([y, y], "cat"))), 4, name="fc")
+    b.softmax_cross_entropy(y)
+    assert a.summary() == b.summary()
+    with pytest.raises(dfp.InvalidArgumentError, match="lrn has no parameter 'width'"):
+        a.layer("lrn", 0, width=2)
+    with pytest.raises(dfp.InvalidArgumentError, match="parameter 'size' is required"):
+        a.layer("lrn", 0)
+    with pytest.raises(dfp.InvalidArgumentError, match="layer kind 'softmax' is not one of dfp's"):
+        a.layer("softmax", 0)
+    with pytest.raises(TypeError, match="parameter 'size': expected a number or a bool, got a str"):
+        a.layer("lrn", 0, size="5")
+    with pytest.raises(TypeError, match="inputs: expected a node or a list of nodes"):
+        a.layer("relu", "x")
+    with pytest.raises(TypeError, match="inputs: expected nodes"):
+        a.layer("relu", [0.5])
+
+
 def test_precision_policy_object():
     p = dfp.PrecisionPolicy(precision="int16", overrides={"conv1": "fp32"}, rounding="stochastic", weights_headroom=4)
     assert p.precision == "int16"

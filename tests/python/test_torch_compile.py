@@ -252,6 +252,28 @@ def test_functional_forms_and_concat(ctx):
     assert rel(compiled(x), net(x)) <= REL
 
 
+def test_a_module_named_in_the_layer_registry_compiles_from_its_row(ctx):
+    """LocalResponseNorm has no code of its own in dfp.torch: its registry row names the torch.nn
+    module and the attributes holding its parameters. Forward and input gradient match torch."""
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.LocalResponseNorm(3, alpha=1e-2, beta=0.75, k=2.0),
+                        nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    x = torch.randn(2, 3, 6, 6)
+    compiled = dt.compile(copy.deepcopy(net), x, precision="fp32", ctx=ctx, input_grad=True)
+    assert "lrn" in compiled.dfp_model.summary()
+    xd, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    yd, yt = compiled(xd), net(xt)
+    assert rel(yd, yt) <= REL
+    yd.sum().backward()
+    yt.sum().backward()
+    assert rel(xd.grad, xt.grad) <= REL
+    # An attribute the row cannot take is named.
+    odd = nn.LocalResponseNorm(3)
+    odd.alpha = torch.tensor(1e-4)  # torch's forward takes it; dfp's row takes a number
+    with pytest.raises(dt.UnsupportedError, match="LocalResponseNorm .*alpha is tensor.*dfp's lrn takes a float"):
+        dt.compile(nn.Sequential(odd), torch.randn(2, 3, 4, 4), ctx=ctx)
+
+
 def test_unsupported_nodes_are_named(ctx):
     class Odd(nn.Module):
         def __init__(self):

@@ -31,6 +31,11 @@ def _pair(v, what, where):
     return int(v)
 
 
+def _registry_modules():
+    """torch.nn module name -> the dfp layer kind that stands for it, from the layer registry."""
+    return {k["torch_module"]: k for k in _dfp.layer_kinds() if k["torch_module"] and k["inputs"] == 1}
+
+
 class _Mapper:
     """Turns the nodes of an fx graph into the layers of a dfp Model, one by one."""
 
@@ -161,8 +166,30 @@ class _Mapper:
             self.values[node] = self.m.dropout(x, float(mod.p), name) if mod.p > 0 else x
         elif isinstance(mod, nn.Identity):
             self.values[node] = x
+        elif type(mod).__name__ in _registry_modules() and type(mod).__module__.startswith("torch.nn"):
+            self.values[node] = self.registry_layer(node, mod, x, name)
         else:
             raise UnsupportedError(f"'{node.name}' (module {type(mod).__name__} '{name}'): no dfp layer for it")
+
+    def registry_layer(self, node, mod, x, name):
+        """A torch.nn module that dfp's layer registry names (dfp.layer_kinds()), built from the
+        module's attributes by the row's field names: a kind added to dfp compiles without code here."""
+        kind = _registry_modules()[type(mod).__name__]
+        where = f"{type(mod).__name__} '{name}'"
+        params = {}
+        for f in kind["fields"]:
+            if not f["torch_name"]:
+                continue
+            value = getattr(mod, f["torch_name"], None)
+            if isinstance(value, (tuple, list)):
+                value = _pair(value, f["torch_name"], where)
+            if isinstance(value, bool) or (f["type"] == "int" and isinstance(value, int)) or \
+                    (f["type"] == "float" and isinstance(value, (int, float))):
+                params[f["name"]] = value
+            elif value is not None or f["required"]:
+                raise UnsupportedError(f"{where}: {f['torch_name']} is {value!r}; dfp's {kind['name']} takes "
+                                       f"a {f['type']}")
+        return self.m.layer(kind["name"], x, name, **params)
 
     def avgpool(self, node, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor, name):
         where = f"avg_pool2d '{node.name}'"

@@ -1,8 +1,8 @@
-#include "src/graph/layer_args.hpp"
+#include "src/layers/layer_args.hpp"
 
 #include "dfp/status.hpp"
 
-namespace dfp::graph {
+namespace dfp::model {
 
 LayerArgs::LayerArgs(const std::string& model, const char* kind, const std::string& layer)
     : where_("model '" + model + "': " + (layer.empty() ? std::string(kind) : std::string(kind) + " '" + layer + "'")) {}
@@ -24,4 +24,4 @@ void LayerArgs::window(int kernel, int stride, int pad, bool pool) const {
          std::to_string(pad));
 }
 
-}  // namespace dfp::graph
+}  // namespace dfp::model

@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace dfp::graph {
+namespace dfp::model {
 
 class LayerArgs {
  public:
@@ -21,4 +21,4 @@ class LayerArgs {
   std::string where_;  // "model 'm': conv 'c1'"
 };
 
-}  // namespace dfp::graph
+}  // namespace dfp::model
