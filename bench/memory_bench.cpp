@@ -121,7 +121,6 @@ int main(int argc, char** argv) {
       if (c.model == std::string(argv[2])) return child(c, dfp::parse_precision(argv[3], "memory_bench"));
     return 2;
   }
-  dfp::reexec_with_passive_openmp(argv);
   for (const Case& c : kCases)
     for (dfp::Precision p : {dfp::Precision::fp32, dfp::Precision::int16, dfp::Precision::bf16, dfp::Precision::fp16})
       benchmark::RegisterBenchmark(("memory/" + std::string(c.model) + "/" + dfp::precision_name(p)).c_str(), memory, c, p)

@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/kind_table.hpp"
 #include "bench/train_case.hpp"
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
@@ -242,28 +243,10 @@ void run_batch(const Options& opt, int batch) {
   }
 
   // Time by layer kind (per step), for every precision.
-  std::printf("\ntime by layer kind, ms per step (forward + backward):\n%-10s", "kind");
-  for (const Contender& c : cs) std::printf(" %16s", dfp::precision_name(c.precision));
-  std::printf("\n");
-  std::vector<std::map<std::string, std::pair<double, double>>> kinds(cs.size());
-  std::vector<std::string> kind_order;
-  for (size_t i = 0; i < cs.size(); ++i)
-    for (const dfp::LayerTime& t : cs[i].run->model.layer_times()) {
-      const double per = 1e3 / double(t.steps);
-      auto& k = kinds[i][t.kind];
-      k.first += t.forward_seconds * per;
-      k.second += t.backward_seconds * per;
-      if (std::find(kind_order.begin(), kind_order.end(), t.kind) == kind_order.end()) kind_order.push_back(t.kind);
-    }
-  for (const std::string& k : kind_order) {
-    std::printf("%-10s", k.c_str());
-    for (size_t i = 0; i < cs.size(); ++i) {
-      const auto it = kinds[i].find(k);
-      const auto v = it == kinds[i].end() ? std::pair<double, double>{0, 0} : it->second;
-      std::printf("  %6.1f + %6.1f", v.first, v.second);
-    }
-    std::printf("\n");
-  }
+  std::vector<dfp::bench::KindColumn> columns;
+  for (const Contender& c : cs)
+    columns.push_back({dfp::precision_name(c.precision), c.run->model.layer_times(), median(c.opt_s) * 1e3});
+  dfp::bench::print_kind_table(columns);
 
   // INT16 convolutions by part, against the same shapes alone.
   const auto i16 = std::find_if(cs.begin(), cs.end(), [](const Contender& c) { return c.precision == dfp::Precision::int16; });
@@ -330,7 +313,6 @@ void run_batch(const Options& opt, int batch) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dfp::reexec_with_passive_openmp(argv);  // as the dfp program does (include/dfp/context.hpp)
   try {
     const Options opt = parse(argc, argv);
     const dfp::CpuFeatures cpu = dfp::detect_cpu_features();

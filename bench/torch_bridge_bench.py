@@ -16,20 +16,15 @@ loading the weights after each optimizer step (copy, DFP16 quantization, packing
 dfp's passes (operand quantization included); glue = the rest of the layer's call as torch sees it
 (Python, autograd, tensor allocation, dtype checks).
 
-Like the dfp program, it runs with OMP_WAIT_POLICY=PASSIVE (re-executing itself with it unless the
-variable is set): torch's and dfp's OpenMP workers otherwise spin after each call, stealing the
-cores from the other's threads (docs/design/threads.md). Both models run under the same setting.
+It runs as a user would, with no OpenMP setting: dfp's loops share torch's OpenMP pool
+(docs/design/threads.md); the header line shows OMP_WAIT_POLICY if one is set.
 """
 import argparse
 import copy
 import os
 import statistics
-import sys
 import time
 
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -97,7 +92,7 @@ def main():
     layer_times = dt.layer_times(model)  # of the last rep
 
     print(f"# {a.model}, batch {a.batch}, {a.threads} threads, {a.reps} reps x {a.steps} steps, "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, torch {torch.__version__}, dfp context "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}, torch {torch.__version__}, dfp context "
           f"{ctx.threads} threads isa {ctx.isa}; {len(names)} layers converted")
     med = {}
     for label, (_, _, times) in runs.items():

@@ -4,11 +4,16 @@
 // Counter "img_per_s"; label: model, precision, batch, input.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench/kind_table.hpp"
 #include "bench/train_case.hpp"
 #include "dfp/context.hpp"
 
@@ -70,16 +75,75 @@ void train_ratio(benchmark::State& state, Config cfg, int threads, const dfp::Pr
                  std::to_string(kRatioBlock) + " steps");
 }
 
+// --kinds=MODEL_CxH (e.g. resnet18c_3x32): the step's time by layer kind, FP32 and INT16 side by
+// side (bench/kind_table.hpp), over rounds of kRatioBlock steps of each in turn on 2 threads, with
+// the layers' profiling on (two clock reads per layer and pass).
+int kind_table(const Config& cfg, int rounds) {
+  using clock = std::chrono::steady_clock;
+  dfp::ContextOptions o;
+  o.threads = 2;
+  dfp::Context ctx(o);
+  const dfp::bench::TrainBatch batch(cfg);
+  struct Column {
+    dfp::Precision precision;
+    std::unique_ptr<dfp::bench::TrainRun> run;
+    double optimizer_s = 0, step_s = 0;
+  };
+  std::vector<Column> cols;
+  for (dfp::Precision p : {dfp::Precision::fp32, dfp::Precision::int16}) {
+    cols.push_back({p, std::make_unique<dfp::bench::TrainRun>(ctx, cfg, p)});
+    for (int i = 0; i < 2; ++i) cols.back().run->step(batch, cfg.batch);  // warm-up
+    cols.back().run->model.set_profiling(true);
+    cols.back().run->model.reset_layer_times();
+  }
+  for (int r = 0; r < rounds; ++r)
+    for (Column& c : cols)
+      for (int i = 0; i < kRatioBlock; ++i) {
+        const auto t0 = clock::now();
+        c.run->model.forward(batch.x.data(), batch.y.data(), cfg.batch, true);
+        c.run->model.backward();
+        const auto t1 = clock::now();
+        c.run->sgd.step(0.01f);
+        const auto t2 = clock::now();
+        c.optimizer_s += std::chrono::duration<double>(t2 - t1).count();
+        c.step_s += std::chrono::duration<double>(t2 - t0).count();
+      }
+  const double steps = double(rounds) * kRatioBlock;
+  std::printf("%s b%d %dx%dx%d, 2 threads, isa %s: %d rounds of %d steps per precision\n", cfg.model, cfg.batch, cfg.c,
+              cfg.h, cfg.w, dfp::isa_name(ctx.isa()), rounds, kRatioBlock);
+  std::vector<dfp::bench::KindColumn> table;
+  for (const Column& c : cols) {
+    std::printf("  %-6s %8.1f ms per step, %7.1f images/s\n", dfp::precision_name(c.precision), c.step_s / steps * 1e3,
+                cfg.batch / (c.step_s / steps));
+    table.push_back({dfp::precision_name(c.precision), c.run->model.layer_times(), c.optimizer_s / steps * 1e3});
+  }
+  std::printf("  int16 over fp32: %.3fx\n", cols[0].step_s / cols[1].step_s);
+  dfp::bench::print_kind_table(table);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  dfp::reexec_with_passive_openmp(argv);  // as the dfp program does (include/dfp/context.hpp)
   const std::vector<Config> configs = {
       {"resnet20", 128, 3, 32, 32, 10},
       {"resnet20", 128, 1, 28, 28, 10},
       {"resnet18c", 64, 3, 32, 32, 10},
       {"vgg11bn", 64, 3, 32, 32, 10},
   };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--kinds=", 0) != 0) continue;
+    int rounds = 3;
+    for (int j = 1; j < argc; ++j)
+      if (std::string(argv[j]).rfind("--rounds=", 0) == 0) rounds = std::max(1, std::atoi(argv[j] + 9));
+    for (const Config& c : configs)
+      if (a.substr(8) == std::string(c.model) + "_" + std::to_string(c.c) + "x" + std::to_string(c.h))
+        return kind_table(c, rounds);
+    std::fprintf(stderr, "train_bench: --kinds=%s: expected one of resnet20_3x32, resnet20_1x28, resnet18c_3x32, "
+                 "vgg11bn_3x32\n", a.substr(8).c_str());
+    return 2;
+  }
   for (const Config& c : configs)
     for (dfp::Precision p : {dfp::Precision::fp32, dfp::Precision::int16, dfp::Precision::bf16, dfp::Precision::fp16})
       for (int t : {1, 2})

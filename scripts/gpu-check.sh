@@ -40,7 +40,6 @@ if ! "$root/bin/dfp" --version >/dev/null 2>&1; then
   echo "gpu-check: the binaries do not start with this machine's C runtime:"; "$root/bin/dfp" --version 2>&1 | head -3
   echo "gpu-check: running them with the packed loader and C/C++ runtime instead"
   run="$root/glibc/ld-linux-x86-64.so.2 --library-path $root/glibc:$LD_LIBRARY_PATH"
-  export OMP_WAIT_POLICY=PASSIVE  # what dfp re-executes itself to set: /proc/self/exe is the loader here
 fi
 # The module is found next to the program, or on the search path (with the packed loader,
 # /proc/self/exe is the loader).

@@ -33,7 +33,6 @@ void report(const std::string& cmd, const dfp::Error& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dfp::reexec_with_passive_openmp(argv);
   CLI::App app("dfp: CNN training on CPUs with INT16 dynamic fixed point (DFP16), BF16, FP16 and FP32", "dfp");
   app.set_version_flag("--version", version_text, "print the version and the libraries' versions, then exit");
   app.allow_extras();  // an unknown command is named below

@@ -1,9 +1,10 @@
 // dfp: the execution context.
 //
 // There is no global state in dfp. A Context owns everything a computation needs from its
-// environment: the worker threads (a oneTBB arena, and the OpenMP thread count that oneDNN's
-// runtime uses, set to the same number so the two never oversubscribe the cores), the kernel
-// table chosen once from the CPU's features, the base random seed, and the log sink.
+// environment: the worker threads (dfp's parallel loops and oneDNN's primitives run on one OpenMP
+// pool, the one PyTorch's loops also use when dfp is loaded beside it, so no pool's idle threads
+// take the cores from another's work), the kernel table chosen once from the CPU's features, the
+// base random seed, and the log sink.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,7 @@ enum class LogLevel { warning, info, debug };
 using LogSink = std::function<void(LogLevel, std::string_view)>;
 
 struct ContextOptions {
-  // Worker threads for TBB and for oneDNN's OpenMP runtime. 0: the cores this process may use.
+  // Worker threads of dfp's loops and oneDNN's primitives. 0: the cores this process may use.
   int threads = 0;
   // The one rule for a thread count, which every entry point applies (this struct, TrainConfig,
   // the command line's --threads): 0 .. kMaxThreads, 0 meaning every core this process may use.
@@ -84,14 +85,5 @@ class Context {
   std::unique_ptr<Impl> impl_;
 };
 
-// For programs, not libraries: oneDNN's OpenMP threads and dfp's oneTBB threads take turns on the
-// same cores every layer. With libgomp's default wait policy, OpenMP workers spin for a while
-// after each primitive, stealing the cores from the TBB loops that run next
-// (docs/design/threads.md), so dfp's programs run with OMP_WAIT_POLICY=PASSIVE. libgomp reads the
-// policy once, when it is loaded, so a program sets it before it starts: this re-executes the
-// program (argv as main received it) with the variable set, unless the user set it already (their
-// choice wins). It returns when nothing needs doing, or when the re-execution fails (the program
-// then runs on with the default policy).
-void reexec_with_passive_openmp(char** argv);
 
 }  // namespace dfp

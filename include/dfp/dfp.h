@@ -91,8 +91,7 @@ typedef struct dfp_context dfp_context;
 /* A context with `threads` worker threads (0: every core this process may use; at most 1024) and
  * `seed`, the base of every random stream (initialisation, dropout, stochastic rounding). The
  * kernel level is the best the CPU supports, or the one the environment variable DFP_ISA names.
- * Embedding programs should run with OMP_WAIT_POLICY=PASSIVE in their environment (oneDNN's
- * OpenMP threads otherwise spin between layers; docs/design/threads.md). */
+ * Its threads are the calling thread's OpenMP pool, shared with oneDNN (docs/design/threads.md). */
 dfp_status dfp_context_create(int threads, uint64_t seed, dfp_context** out) DFP_NOEXCEPT;
 /* Releases the caller's handle; the context lives on while models made from it do. */
 dfp_status dfp_context_destroy(dfp_context* ctx) DFP_NOEXCEPT;

@@ -1,40 +1,19 @@
-// Context: threads (oneTBB arena + OpenMP thread count), kernel table, seed, log sink.
+// Context: threads (dfp's parallel loops and oneDNN's on one OpenMP pool), kernel table, seed, log sink.
 #include "dfp/context.hpp"
 
 #include <omp.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <string>
-
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-#include <tbb/task_arena.h>
-#include <tbb/task_scheduler_observer.h>
 
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace dfp {
-
-// OpenMP with OMP_PROC_BIND pins the thread that first runs a parallel region (our caller) to one
-// core. Threads created afterwards inherit that one-core mask, so TBB's workers would all share
-// the caller's core. This observer gives every thread entering our arena the affinity mask the
-// process had when the Context was created.
-class AffinityRestorer : public tbb::task_scheduler_observer {
- public:
-  AffinityRestorer(tbb::task_arena& arena, const cpu_set_t& mask) : tbb::task_scheduler_observer(arena), mask_(mask) {
-    observe(true);
-  }
-  ~AffinityRestorer() override { observe(false); }
-  void on_scheduler_entry(bool is_worker) override {
-    if (is_worker) sched_setaffinity(0, sizeof(mask_), &mask_);
-  }
-
- private:
-  cpu_set_t mask_;
-};
 
 struct Context::Impl {
   int threads = 1;
@@ -42,8 +21,6 @@ struct Context::Impl {
   simd::KernelTable kernels;
   uint64_t seed = 1;
   LogSink log;
-  tbb::task_arena arena;
-  std::unique_ptr<AffinityRestorer> restorer;
 };
 
 static int available_cores() {
@@ -84,16 +61,10 @@ Context::Context(const ContextOptions& o) : impl_(std::make_unique<Impl>()) {
     isa = want;
   }
   impl_->kernels = simd::make_kernel_table(isa, impl_->cpu);
-  impl_->arena.initialize(impl_->threads);
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof(mask), &mask) == 0)
-    impl_->restorer = std::make_unique<AffinityRestorer>(impl_->arena, mask);
   bind_openmp();
 }
 
-Context::~Context() {
-  if (impl_) impl_->restorer.reset();  // stop observing before the arena goes away
-}
+Context::~Context() = default;
 
 int Context::threads() const noexcept { return impl_->threads; }
 Isa Context::isa() const noexcept { return impl_->kernels.isa; }
@@ -105,24 +76,37 @@ void Context::log(LogLevel level, std::string_view message) const {
   if (impl_->log) impl_->log(level, message);
 }
 
+// dfp's loops run on the OpenMP pool that oneDNN's primitives (and, inside PyTorch, torch's own
+// loops) use: one team of threads takes every parallel region in turn, so no pool's idle threads
+// spin on the cores another pool's loop needs, whatever OMP_WAIT_POLICY says (docs/design/threads.md).
+// A few chunks per thread, handed out dynamically, let a thread that finishes early take another
+// (the chunks of a pass differ in cost at image borders and in a last partial channel block).
 void Context::parallel_for_ref(int64_t n, RangeRef body) const {
   if (n <= 0) return;
-  if (impl_->threads == 1 || n == 1) {
+  const int threads = impl_->threads;
+  // Inside another parallel region (a caller's own OpenMP loop) the loop runs on its thread alone,
+  // as nested OpenMP regions do.
+  if (threads == 1 || n == 1 || omp_in_parallel()) {
     body.call(body.body, 0, n);
     return;
   }
-  impl_->arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1),
-                      [&](const tbb::blocked_range<int64_t>& r) { body.call(body.body, r.begin(), r.end()); });
-  });
+  constexpr int64_t kChunksPerThread = 4;
+  const int team = int(std::min<int64_t>(threads, n));
+  const int64_t chunks = std::min<int64_t>(n, team * kChunksPerThread);
+  std::exception_ptr error;  // an exception may not leave an OpenMP region: the first one is rethrown
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    try {
+      body.call(body.body, n * c / chunks, n * (c + 1) / chunks);
+    } catch (...) {
+#pragma omp critical(dfp_parallel_for_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void Context::bind_openmp() const { omp_set_num_threads(impl_->threads); }
 
-void reexec_with_passive_openmp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
-  execv("/proc/self/exe", argv);  // returns only on failure
-}
 
 }  // namespace dfp

@@ -180,7 +180,6 @@ class Runner:
     def env(self):
         e = dict(os.environ)
         e["PYTHONPATH"] = self.python_dir or ""
-        e["OMP_WAIT_POLICY"] = e.get("OMP_WAIT_POLICY", "PASSIVE")
         if os.geteuid() == 0:  # as the README's MPI section says for root (containers, CI)
             e["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
             e["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"

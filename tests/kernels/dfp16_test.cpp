@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <omp.h>
-#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <bit>
@@ -757,21 +756,42 @@ TEST(Context, DfpIsaVariableForcesTheKernelLevel) {
                      {"environment variable DFP_ISA", "avx9000"});
 }
 
-// One thread setting sizes both runtimes: the oneTBB arena that runs dfp's loops and OpenMP's
-// thread count for oneDNN.
-TEST(Context, OneThreadSettingForTbbAndOpenMp) {
+// One thread setting sizes the one OpenMP pool that runs dfp's loops and oneDNN's primitives.
+// A loop covers [0, n) exactly once; an exception in a chunk reaches the caller; inside another
+// parallel region a loop runs on that region's thread alone.
+TEST(Context, LoopsRunOnTheOpenMpPoolOfTheThreadSetting) {
   for (int threads : {1, 2}) {
     Context c(ContextOptions{.threads = threads});
     EXPECT_EQ(c.threads(), threads);
     EXPECT_EQ(omp_get_max_threads(), threads);
-    // One thread runs every chunk on the caller; more run in an arena of exactly that many.
-    std::atomic<int> concurrency{0}, elsewhere{0};
+    std::atomic<int> team{0}, elsewhere{0};
+    std::vector<std::atomic<int>> seen(1000);
     const std::thread::id caller = std::this_thread::get_id();
-    c.parallel_for(64, [&](int64_t, int64_t) {
-      concurrency = tbb::this_task_arena::max_concurrency();
+    c.parallel_for(int64_t(seen.size()), [&](int64_t lo, int64_t hi) {
+      team = std::max(team.load(), omp_get_num_threads());
       elsewhere += std::this_thread::get_id() != caller;
+      for (int64_t i = lo; i < hi; ++i) ++seen[size_t(i)];
     });
+    for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i].load(), 1) << i;
     if (threads == 1) EXPECT_EQ(elsewhere.load(), 0);
-    else EXPECT_EQ(concurrency.load(), threads);
+    else EXPECT_EQ(team.load(), threads);
+    test::expect_error(
+        [&] {
+          c.parallel_for(64, [&](int64_t, int64_t hi) {
+            if (hi == 64) fail(Status::numerical_error, "chunk ending at " + std::to_string(hi));
+          });
+        },
+        Status::numerical_error, {"chunk ending at 64"});
+    int nested_team = 0;
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      c.parallel_for(64, [&](int64_t lo, int64_t hi) {
+        EXPECT_EQ(lo, 0);
+        EXPECT_EQ(hi, 64);
+        nested_team = omp_get_num_threads();
+      });
+    }
+    EXPECT_EQ(nested_team, 2) << "the loop ran on the enclosing team's thread, as one chunk";
   }
 }

@@ -7,9 +7,7 @@ stay torch Parameters, updated by torch's optimizer; dfp copies and re-quantizes
 re-rounds (bf16, fp16) or re-packs (fp32) them only when the parameter's version changes.
 """
 import fnmatch
-import os
 import time
-import warnings
 
 import torch
 import torch.nn as nn
@@ -18,7 +16,6 @@ from .. import _dfp
 from .. import PrecisionPolicy
 
 _context = None
-_warned_wait_policy = False
 
 # The policy keywords a module takes besides precision (PrecisionPolicy's fields, and headroom= /
 # rounding= for all three tensor classes).
@@ -41,19 +38,6 @@ def set_context(ctx):
     made from now on."""
     global _context
     _context = ctx
-
-
-def _check_wait_policy():
-    """Warns once when OpenMP's workers spin: torch's then steal the cores from dfp's threads
-    after every torch operation (docs/python.md measures it). libgomp reads the setting when it
-    loads, so it must be in the environment before Python starts."""
-    global _warned_wait_policy
-    if _warned_wait_policy or os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
-        return
-    _warned_wait_policy = True
-    warnings.warn("dfp.torch: OMP_WAIT_POLICY is not PASSIVE, so torch's idle OpenMP threads spin and take "
-                  "the cores from dfp's threads (a converted model then runs far slower); start Python with "
-                  "OMP_WAIT_POLICY=PASSIVE", RuntimeWarning, stacklevel=3)
 
 
 def make_policy(precision="int16", policy=None, **policy_kwargs):
@@ -152,7 +136,6 @@ class _DfpLayer:
         self._dfp_make_op()
 
     def _dfp_make_op(self):
-        _check_wait_policy()
         ctx = self._dfp_ctx or context()
         self._op = _dfp.LayerOp(ctx, self._dfp_kind, name=self._dfp_name,
                                 policy=make_policy(**self._dfp_policy_fields), **self._dfp_spec)

@@ -1,0 +1,82 @@
+// The training step's time by layer kind, one column per precision, and INT16 over FP32 per row
+// (issue 45: every non-convolution kind in INT16 at most 0.6x its FP32 time). From Model's
+// profiled layer times (Model::set_profiling) and the optimizer's time the bench measured.
+// Rows: the Conv2d/Linear passes apart from INT16's operand quantization (forward, and backward =
+// backward-data + weight gradient), that quantization (x and dy), every other kind by its short
+// name (forward + backward), the optimizer (update with the weights' re-quantization and packing),
+// and the step.
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dfp/types.hpp"
+
+namespace dfp::bench {
+
+struct KindColumn {
+  std::string precision;
+  std::vector<LayerTime> times;  // Model::layer_times()
+  double optimizer_ms = 0;       // per step
+};
+
+inline void print_kind_table(const std::vector<KindColumn>& cols) {
+  std::vector<std::string> order = {"conv fwd", "conv bwd", "fc fwd", "fc bwd", "quantize x+dy"};
+  std::vector<std::map<std::string, double>> ms(cols.size());
+  for (size_t i = 0; i < cols.size(); ++i) {
+    for (const LayerTime& t : cols[i].times) {
+      if (t.steps == 0) continue;
+      const double per = 1e3 / double(t.steps);
+      const LayerTime::Int16Parts& q = t.int16;
+      if (t.kind == "conv" || t.kind == "fc") {
+        ms[i][t.kind + " fwd"] += (t.forward_seconds - q.quantize_x) * per;
+        ms[i][t.kind + " bwd"] += (t.backward_seconds - q.quantize_dy) * per;
+        ms[i]["quantize x+dy"] += (q.quantize_x + q.quantize_dy) * per;
+        continue;
+      }
+      ms[i][t.kind] += (t.forward_seconds + t.backward_seconds) * per;
+      bool known = false;
+      for (const std::string& k : order) known |= k == t.kind;
+      if (!known) order.push_back(t.kind);
+    }
+    ms[i]["optimizer"] = cols[i].optimizer_ms;
+  }
+  order.push_back("optimizer");
+  int fp32 = -1, int16 = -1;
+  for (size_t i = 0; i < cols.size(); ++i) {
+    if (cols[i].precision == "fp32") fp32 = int(i);
+    if (cols[i].precision == "int16") int16 = int(i);
+  }
+  std::printf("\ntime by layer kind, ms per step (forward + backward)%s:\n%-14s",
+              fp32 >= 0 && int16 >= 0 ? "; int16/fp32: INT16's time over FP32's" : "", "kind");
+  for (const KindColumn& c : cols) std::printf(" %9s", c.precision.c_str());
+  if (fp32 >= 0 && int16 >= 0) std::printf(" %11s", "int16/fp32");
+  std::printf("\n");
+  std::vector<double> total(cols.size(), 0);
+  for (const std::string& k : order) {
+    bool any = false;
+    for (size_t i = 0; i < cols.size(); ++i) any |= ms[i].count(k) && ms[i].at(k) != 0;
+    if (!any) continue;
+    std::printf("%-14s", k.c_str());
+    for (size_t i = 0; i < cols.size(); ++i) {
+      const double v = ms[i].count(k) ? ms[i].at(k) : 0;
+      total[i] += v;
+      std::printf(" %9.1f", v);
+    }
+    if (fp32 >= 0 && int16 >= 0) {
+      const double a = ms[size_t(fp32)].count(k) ? ms[size_t(fp32)].at(k) : 0;
+      const double b = ms[size_t(int16)].count(k) ? ms[size_t(int16)].at(k) : 0;
+      if (a > 0) std::printf(" %11.2f", b / a);
+    }
+    std::printf("\n");
+  }
+  std::printf("%-14s", "step (sum)");
+  for (double t : total) std::printf(" %9.1f", t);
+  if (fp32 >= 0 && int16 >= 0 && total[size_t(fp32)] > 0)
+    std::printf(" %11.2f", total[size_t(int16)] / total[size_t(fp32)]);
+  std::printf("\n");
+}
+
+}  // namespace dfp::bench
