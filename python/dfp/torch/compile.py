@@ -183,8 +183,9 @@ class _Mapper:
             value = getattr(mod, f["torch_name"], None)
             if isinstance(value, (tuple, list)):
                 value = _pair(value, f["torch_name"], where)
-            if isinstance(value, bool) or (f["type"] == "int" and isinstance(value, int)) or \
-                    (f["type"] == "float" and isinstance(value, (int, float))):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if (f["type"] == "bool" and isinstance(value, (bool, int))) or \
+                    (f["type"] == "int" and number and float(value).is_integer()) or (f["type"] == "float" and number):
                 params[f["name"]] = value
             elif value is not None or f["required"]:
                 raise UnsupportedError(f"{where}: {f['torch_name']} is {value!r}; dfp's {kind['name']} takes "
