@@ -16,53 +16,22 @@ namespace {
 
 using Kind = LayerKind;
 
-// The hyper-parameters the kernels take, read once from each node's typed parameters.
-struct Hyper {
-  int kernel = 0, stride = 1, pad = 0, groups = 1;
-  bool bias = false, ceil_mode = false;
-  double eps = 0;
-  float p = 0.f;
-  int lrn_size = 0;
-  float lrn_alpha = 0.f, lrn_beta = 0.f, lrn_k = 0.f;
-};
-
-Hyper hyper_of(const LayerSpec& s) {
-  Hyper h;
+// The kinds the device runs; any other is named before anything is allocated.
+void check_supported(const LayerSpec& s) {
   switch (s.kind) {
-    case Kind::input: case Kind::relu: case Kind::global_avgpool: case Kind::flatten: case Kind::add: case Kind::concat:
-      break;
-    case Kind::conv: {
-      const auto& q = s.get<ConvParams>();
-      h.kernel = q.kernel; h.stride = q.stride; h.pad = q.pad; h.groups = q.groups; h.bias = q.bias;
-      break;
-    }
-    case Kind::batchnorm: h.eps = s.get<BatchNormParams>().eps; break;
-    case Kind::maxpool: case Kind::avgpool: {
-      const auto& q = s.get<PoolParams>();
-      h.kernel = q.kernel; h.stride = q.stride; h.pad = q.pad; h.ceil_mode = q.ceil_mode;
-      break;
-    }
-    case Kind::linear: h.bias = s.get<LinearParams>().bias; break;
-    case Kind::dropout: h.p = s.get<DropoutParams>().p; break;
-    case Kind::lrn: {
-      const auto& q = s.get<LrnParams>();
-      h.lrn_size = q.size; h.lrn_alpha = q.alpha; h.lrn_beta = q.beta; h.lrn_k = q.k;
-      break;
-    }
-    case Kind::shortcut_pad: h.stride = s.get<ShortcutPadParams>().stride; break;
-    default:
-      fail(Status::unsupported, "CUDA device: layer '" + s.name + "' of kind '" + s.kind_name() +
-                                    "' has no CUDA implementation");
+    case Kind::input: case Kind::conv: case Kind::batchnorm: case Kind::relu: case Kind::maxpool: case Kind::avgpool:
+    case Kind::global_avgpool: case Kind::flatten: case Kind::linear: case Kind::add: case Kind::concat:
+    case Kind::dropout: case Kind::lrn: case Kind::shortcut_pad:
+      return;
   }
-  return h;
+  fail(Status::unsupported, "CUDA device: layer '" + s.name + "' of kind '" + s.kind_name() +
+                                "' has no CUDA implementation");
 }
 
 }  // namespace
 
 struct Executor::NodeRt {
-  Kind kind = Kind::input;
   LayerSpec spec;
-  Hyper hp;
   int C = 0, H = 0, W = 0;  // output shape (batch: Executor::batch_)
   size_t elems = 0;
   void* act = nullptr;
@@ -106,13 +75,12 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
   for (int i = 0; i < n; ++i) {
     NodeRt& r = nodes_[i];
     r.spec = graph[i];
-    r.kind = r.spec.kind;
-    r.hp = hyper_of(r.spec);
+    check_supported(r.spec);
     r.C = r.spec.shape.c;
     r.H = r.spec.shape.h;
     r.W = r.spec.shape.w;
     r.elems = size_t(batch_) * r.C * r.H * r.W;
-    if (r.kind == Kind::concat)
+    if (r.spec.kind == Kind::concat)
       DFP_CHECK(r.spec.inputs.size() <= size_t(kMaxConcat), Status::unsupported,
                 "CUDA device: concat '" + r.spec.name + "' has more than " + std::to_string(kMaxConcat) + " inputs");
   }
@@ -167,13 +135,14 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
   for (int i = 1; i < n; ++i) {
     NodeRt& r = nodes_[i];
     const NodeRt& x = nodes_[r.spec.inputs.at(0)];
-    if (r.kind == Kind::conv || r.kind == Kind::linear) {
-      const int cg = r.kind == Kind::conv ? x.C / r.hp.groups : x.C;  // input channels each output reads
-      const int rs = r.kind == Kind::conv ? r.hp.kernel * r.hp.kernel : 1;
+    if (r.spec.kind == Kind::conv || r.spec.kind == Kind::linear) {
+      const ConvParams* conv = r.spec.kind == Kind::conv ? &r.spec.get<ConvParams>() : nullptr;
+      const int cg = conv ? x.C / conv->groups : x.C;  // input channels each output reads
+      const int rs = conv ? conv->kernel * conv->kernel : 1;
       r.wparam = claim(r, ".weight", size_t(r.C) * cg * rs);
-      if (r.hp.bias) r.bparam = claim(r, ".bias", size_t(r.C));
+      if (conv ? conv->bias : r.spec.get<LinearParams>().bias) r.bparam = claim(r, ".bias", size_t(r.C));
       ParamRt& w = params_[r.wparam];
-      w.kind = r.kind == Kind::conv ? 2 : 1;
+      w.kind = r.spec.kind == Kind::conv ? 2 : 1;
       total_dev_ = (total_dev_ + 63) / 64 * 64;  // every copy 128-byte aligned for the libraries' vector loads
       w.dev = total_dev_;
       total_dev_ += w.size;
@@ -182,7 +151,7 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
       s.dev = w.dev;
       s.C = cg;
       s.RS = rs;
-    } else if (r.kind == Kind::batchnorm) {
+    } else if (r.spec.kind == Kind::batchnorm) {
       const size_t padded = size_t(channel_blocks(r.C)) * 16;  // the host pads gamma/beta to 16 lanes
       r.wparam = claim(r, ".weight", padded);
       r.bparam = claim(r, ".bias", padded);
@@ -228,13 +197,14 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
     if (i > 0 && r.reach) r.grad = be.alloc(r.elems * eb);
     if (i == 0) continue;
     const NodeRt& x = nodes_[r.spec.inputs[0]];
-    switch (r.kind) {
+    switch (r.spec.kind) {
       case Kind::conv: {
+        const ConvParams& q = r.spec.get<ConvParams>();
         ConvDims d;
         d.N = batch_; d.C = x.C; d.H = x.H; d.W = x.W;
-        d.K = r.C; d.R = d.S = r.hp.kernel; d.stride = r.hp.stride; d.pad = r.hp.pad;
+        d.K = r.C; d.R = d.S = q.kernel; d.stride = q.stride; d.pad = q.pad;
         d.OH = r.H; d.OW = r.W;
-        d.groups = r.hp.groups;
+        d.groups = q.groups;
         r.conv = be.conv_plan(d);
         break;
       }
@@ -248,7 +218,7 @@ Executor::Executor(std::unique_ptr<Backend> backend, Model& host, const SgdOptio
         r.rvar_buf = buffer_index(r.spec.name + ".running_var", r.C);
         break;
       case Kind::maxpool:
-        DFP_CHECK(r.hp.kernel * r.hp.kernel <= 256, Status::unsupported,
+        DFP_CHECK(r.spec.get<PoolParams>().kernel <= 16, Status::unsupported,
                   "CUDA device: max pool '" + r.spec.name + "' window larger than 16x16");
         r.argmax = static_cast<uint8_t*>(be.alloc(r.elems));
         break;
@@ -291,7 +261,7 @@ void Executor::upload(Model& host, const std::vector<std::vector<float>>* moment
   }
   auto buffers = host.buffers();
   for (NodeRt& r : nodes_)
-    if (r.kind == Kind::batchnorm) {
+    if (r.spec.kind == Kind::batchnorm) {
       be_->upload(r.rmean, buffers[r.rmean_buf].second->data(), r.C * sizeof(float));
       be_->upload(r.rvar, buffers[r.rvar_buf].second->data(), r.C * sizeof(float));
     }
@@ -312,7 +282,7 @@ void Executor::download(Model& host, std::vector<std::vector<float>>* momentum) 
   }
   auto buffers = host.buffers();
   for (NodeRt& r : nodes_)
-    if (r.kind == Kind::batchnorm) {
+    if (r.spec.kind == Kind::batchnorm) {
       be_->download(buffers[r.rmean_buf].second->data(), r.rmean, r.C * sizeof(float));
       be_->download(buffers[r.rvar_buf].second->data(), r.rvar, r.C * sizeof(float));
     }
@@ -373,7 +343,7 @@ void Executor::forward(const Staged& in, bool train) {
     NodeRt& r = nodes_[i];
     const NodeRt& x = nodes_[r.spec.inputs[0]];
     const float* bias = r.bparam >= 0 ? w_ + params_[r.bparam].begin : nullptr;
-    switch (r.kind) {
+    switch (r.spec.kind) {
       case Kind::input:
         break;
       case Kind::conv:
@@ -394,9 +364,9 @@ void Executor::forward(const Staged& in, bool train) {
           be.reduce(ReduceArgs{Reduce::sum, x.act, nullptr, nullptr, nullptr, rows, r.C, sums_, scratch_});
           be.run(BnMeanArgs{sums_, r.mean, m}, r.C);
           be.reduce(ReduceArgs{Reduce::sqdev, x.act, nullptr, r.mean, nullptr, rows, r.C, sums_, scratch_});
-          be.run(BnFinalizeTrainArgs{sums_, r.mean, r.invstd, r.rmean, r.rvar, m, r.hp.eps}, r.C);
+          be.run(BnFinalizeTrainArgs{sums_, r.mean, r.invstd, r.rmean, r.rvar, m, r.spec.get<BatchNormParams>().eps}, r.C);
         } else {
-          be.run(BnFinalizeEvalArgs{r.mean, r.invstd, r.rmean, r.rvar, r.hp.eps}, r.C);
+          be.run(BnFinalizeEvalArgs{r.mean, r.invstd, r.rmean, r.rvar, r.spec.get<BatchNormParams>().eps}, r.C);
         }
         be.run(BnApplyArgs{x.act, r.act, gamma, beta, r.mean, r.invstd, r.C}, r.elems);
         break;
@@ -405,11 +375,13 @@ void Executor::forward(const Staged& in, bool train) {
         be.run(ReluArgs{x.act, r.act}, r.elems);
         break;
       case Kind::maxpool:
-      case Kind::avgpool:
-        be.run(PoolArgs{x.act, r.act, r.argmax, N, r.C, x.H, x.W, r.H, r.W, r.hp.kernel, r.hp.stride, r.hp.pad,
-                        r.kind == Kind::maxpool},
+      case Kind::avgpool: {
+        const PoolParams& q = r.spec.get<PoolParams>();
+        be.run(PoolArgs{x.act, r.act, r.argmax, N, r.C, x.H, x.W, r.H, r.W, q.kernel, q.stride, q.pad,
+                        r.spec.kind == Kind::maxpool},
                r.elems);
         break;
+      }
       case Kind::global_avgpool:
         be.run(GapFwdArgs{x.act, r.act, r.C, x.H * x.W}, r.elems);
         break;
@@ -432,16 +404,20 @@ void Executor::forward(const Staged& in, bool train) {
         break;
       }
       case Kind::dropout:
-        be.run(DropoutArgs{x.act, r.act, N, r.C, r.H, r.W, dropout_key(r.spec.seed, step_), r.hp.p, train}, r.elems);
-        break;
-      case Kind::lrn:
-        be.run(LrnArgs{x.act, r.act, r.lrn_scale, nullptr, nullptr, r.C, r.hp.lrn_size, r.hp.lrn_alpha,
-                       r.hp.lrn_beta, r.hp.lrn_k, false},
+        be.run(DropoutArgs{x.act, r.act, N, r.C, r.H, r.W, dropout_key(r.spec.seed, step_), r.spec.get<DropoutParams>().p,
+                           train},
                r.elems);
         break;
-      case Kind::shortcut_pad:
-        be.run(ShortcutArgs{x.act, r.act, x.C, x.H, x.W, r.C, r.H, r.W, r.hp.stride, false}, r.elems);
+      case Kind::lrn: {
+        const LrnParams& q = r.spec.get<LrnParams>();
+        be.run(LrnArgs{x.act, r.act, r.lrn_scale, nullptr, nullptr, r.C, q.size, q.alpha, q.beta, q.k, false}, r.elems);
         break;
+      }
+      case Kind::shortcut_pad: {
+        const int stride = r.spec.get<ShortcutPadParams>().stride;
+        be.run(ShortcutArgs{x.act, r.act, x.C, x.H, x.W, r.C, r.H, r.W, stride, false}, r.elems);
+        break;
+      }
     }
   }
   if (profile_) {
@@ -475,7 +451,7 @@ void Executor::backward() {
     const void* dy = r.grad;
     void* dx = x.grad;  // null for the input node
     const bool acc = r.acc[0];
-    switch (r.kind) {
+    switch (r.spec.kind) {
       case Kind::input:
         break;
       case Kind::conv: {
@@ -514,12 +490,14 @@ void Executor::backward() {
         if (dx) be.run(ReluBwdArgs{r.act, dy, dx, acc}, x.elems);
         break;
       case Kind::maxpool:
-      case Kind::avgpool:
+      case Kind::avgpool: {
+        const PoolParams& q = r.spec.get<PoolParams>();
         if (dx)
-          be.run(PoolBwdArgs{dy, dx, r.argmax, N, r.C, x.H, x.W, r.H, r.W, r.hp.kernel, r.hp.stride, r.hp.pad,
-                             r.kind == Kind::maxpool, acc},
+          be.run(PoolBwdArgs{dy, dx, r.argmax, N, r.C, x.H, x.W, r.H, r.W, q.kernel, q.stride, q.pad,
+                             r.spec.kind == Kind::maxpool, acc},
                  x.elems);
         break;
+      }
       case Kind::global_avgpool:
         if (dx) be.run(GapBwdArgs{dy, dx, x.C, x.H * x.W, acc}, x.elems);
         break;
@@ -544,18 +522,21 @@ void Executor::backward() {
       }
       case Kind::dropout:
         if (dx)
-          be.run(DropoutBwdArgs{DropoutArgs{dy, dx, N, r.C, r.H, r.W, dropout_key(r.spec.seed, step_), r.hp.p, true},
+          be.run(DropoutBwdArgs{DropoutArgs{dy, dx, N, r.C, r.H, r.W, dropout_key(r.spec.seed, step_),
+                                            r.spec.get<DropoutParams>().p, true},
                                 acc},
                  x.elems);
         break;
-      case Kind::lrn:
-        if (dx)
-          be.run(LrnBwdArgs{LrnArgs{x.act, r.act, r.lrn_scale, dy, dx, r.C, r.hp.lrn_size, r.hp.lrn_alpha,
-                                    r.hp.lrn_beta, r.hp.lrn_k, acc}},
-                 x.elems);
+      case Kind::lrn: {
+        const LrnParams& q = r.spec.get<LrnParams>();
+        if (dx) be.run(LrnBwdArgs{LrnArgs{x.act, r.act, r.lrn_scale, dy, dx, r.C, q.size, q.alpha, q.beta, q.k, acc}}, x.elems);
         break;
+      }
       case Kind::shortcut_pad:
-        if (dx) be.run(ShortcutBwdArgs{ShortcutArgs{dy, dx, x.C, x.H, x.W, r.C, r.H, r.W, r.hp.stride, acc}}, x.elems);
+        if (dx) {
+          const int stride = r.spec.get<ShortcutPadParams>().stride;
+          be.run(ShortcutBwdArgs{ShortcutArgs{dy, dx, x.C, x.H, x.W, r.C, r.H, r.W, stride, acc}}, x.elems);
+        }
         break;
     }
   }

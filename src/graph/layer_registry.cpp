@@ -55,7 +55,7 @@ Field field(const char* name, const char* torch, bool required = false) {
 
 LayerRow row(LayerKind kind, const char* name, const char* short_name, const char* torch, int inputs,
              LayerParams blank, model::BuildLayer* build, std::vector<Field> fields = {},
-             TorchParamShape (*torch_shape)(const LayerParams&, const TensorShape&, bool) = nullptr) {
+             TorchShape (*torch_shape)(const LayerParams&, const TensorShape&, bool) = nullptr) {
   LayerRow r;
   r.info = {kind, name, short_name, torch, inputs, {}};
   r.blank = blank;
@@ -68,17 +68,17 @@ LayerRow row(LayerKind kind, const char* name, const char* short_name, const cha
   return r;
 }
 
-TorchParamShape conv_shape(const LayerParams& params, const TensorShape& in, bool weight) {
+TorchShape conv_shape(const LayerParams& params, const TensorShape& in, bool weight) {
   const auto& q = std::get<ConvParams>(params);
   if (!weight) return {};
   return {{q.out_channels, in.c / std::max(1, q.groups), q.kernel, q.kernel}};
 }
-TorchParamShape linear_shape(const LayerParams& params, const TensorShape& in, bool weight) {
+TorchShape linear_shape(const LayerParams& params, const TensorShape& in, bool weight) {
   const auto& q = std::get<LinearParams>(params);
   if (!weight) return {};
   return {{q.out_features, in.c * in.h * in.w}};
 }
-TorchParamShape batchnorm_shape(const LayerParams&, const TensorShape& in, bool) { return {{in.c}, true}; }
+TorchShape batchnorm_shape(const LayerParams&, const TensorShape& in, bool) { return {{in.c}, true}; }
 
 using L = LayerKind;
 using monostate = std::monostate;
@@ -145,6 +145,17 @@ const LayerRow& layer_row(LayerKind kind) {
   DFP_CHECK(size_t(kind) < t.size(), Status::invalid_argument,
             "layer kind " + std::to_string(int(kind)) + " is not one of dfp's (" + kind_list() + ")");
   return t[size_t(kind)];
+}
+
+std::vector<int> torch_shape(const LayerSpec& spec, const TensorShape& in, const Parameter& q) {
+  const LayerRow& row = layer_row(spec.kind);
+  if (!row.torch_shape) return {};
+  const bool weight = q.name.size() > 7 && q.name.compare(q.name.size() - 7, 7, ".weight") == 0;
+  TorchShape t = row.torch_shape(spec.params, in, weight);
+  size_t elements = 1;
+  for (int d : t.dims) elements *= size_t(d);
+  if (t.dims.empty() || elements > q.size || (elements < q.size && !t.padded)) return {};
+  return std::move(t.dims);
 }
 
 }  // namespace dfp::graph

@@ -21,7 +21,6 @@
 #include "src/graph/arena.hpp"
 #include "src/graph/layer_registry.hpp"
 #include "src/layers/layer_args.hpp"
-#include "src/graph/torch_shape.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
 #include "base/named_enum.hpp"
@@ -734,8 +733,6 @@ Model::Node Model::layer(LayerKind kind, std::vector<Node> inputs, LayerParams p
 Model::Node Model::layer(const std::string& kind, std::vector<Node> inputs,
                          const std::vector<std::pair<std::string, double>>& params, std::string n) {
   const LayerKindInfo& k = layer_kind(kind);
-  DFP_CHECK(k.kind != LayerKind::input, Status::invalid_argument,
-            "model '" + impl_->name + "': the input is made by input(), not as a layer");
   const std::string where = "model '" + impl_->name + "'" + (n.empty() ? "" : ": layer '" + n + "'");
   return layer(k.kind, std::move(inputs), layer_params(k.kind, params, where), std::move(n));
 }
@@ -902,9 +899,10 @@ std::vector<TensorView> Model::state() {
       const Parameter& q = impl_->params[p];
       TensorView v{q.name, {int(q.size)}, q.value, q.size, true, q.grad};
       const TensorShape in = n.inputs.empty() ? TensorShape{} : impl_->nodes[n.inputs[0]].shape;
-      if (graph::TorchShape t = graph::torch_shape(n.spec, in, q); !t.dims.empty()) {
-        v.shape = std::move(t.dims);  // the values are laid out so already (see TensorView)
-        v.size = t.elements;
+      if (std::vector<int> dims = graph::torch_shape(n.spec, in, q); !dims.empty()) {
+        v.size = 1;
+        for (int d : dims) v.size *= size_t(d);
+        v.shape = std::move(dims);  // the values are laid out so already (see TensorView)
       }
       out.push_back(std::move(v));
     }

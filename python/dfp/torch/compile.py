@@ -31,11 +31,6 @@ def _pair(v, what, where):
     return int(v)
 
 
-def _registry_modules():
-    """torch.nn module name -> the dfp layer kind that stands for it, from the layer registry."""
-    return {k["torch_module"]: k for k in _dfp.layer_kinds() if k["torch_module"] and k["inputs"] == 1}
-
-
 class _Mapper:
     """Turns the nodes of an fx graph into the layers of a dfp Model, one by one."""
 
@@ -47,6 +42,8 @@ class _Mapper:
         self.problems = []
         self.modules = dict(gm.named_modules())
         self.batch = int(example.shape[0])
+        # torch.nn module name -> the dfp layer kind standing for it, from the layer registry
+        self.registry = {k["torch_module"]: k for k in _dfp.layer_kinds() if k["torch_module"] and k["inputs"] == 1}
         self.named = set()  # modules with parameters already mapped (dfp shares no weights)
         # Shapes of every node from one forward in eval mode: BatchNorm's running statistics and
         # num_batches_tracked stay as they are, and dropout is off.
@@ -166,7 +163,7 @@ class _Mapper:
             self.values[node] = self.m.dropout(x, float(mod.p), name) if mod.p > 0 else x
         elif isinstance(mod, nn.Identity):
             self.values[node] = x
-        elif type(mod).__name__ in _registry_modules() and type(mod).__module__.startswith("torch.nn"):
+        elif type(mod).__name__ in self.registry and type(mod).__module__.startswith("torch.nn"):
             self.values[node] = self.registry_layer(node, mod, x, name)
         else:
             raise UnsupportedError(f"'{node.name}' (module {type(mod).__name__} '{name}'): no dfp layer for it")
@@ -174,7 +171,7 @@ class _Mapper:
     def registry_layer(self, node, mod, x, name):
         """A torch.nn module that dfp's layer registry names (dfp.layer_kinds()), built from the
         module's attributes by the row's field names: a kind added to dfp compiles without code here."""
-        kind = _registry_modules()[type(mod).__name__]
+        kind = self.registry[type(mod).__name__]
         where = f"{type(mod).__name__} '{name}'"
         params = {}
         for f in kind["fields"]:
