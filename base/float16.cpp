@@ -14,12 +14,14 @@ const char* float_format_name(FloatFormat f) noexcept {
     case FloatFormat::fp32: return "fp32";
     case FloatFormat::bf16: return "bf16";
     case FloatFormat::fp16: return "fp16";
+    case FloatFormat::e4m3: return "e4m3";
+    case FloatFormat::e5m2: return "e5m2";
   }
   return "?";
 }
 
 FloatFormat parse_float_format(const std::string& text, const std::string& origin) {
-  return parse_named(text, {FloatFormat::fp32, FloatFormat::bf16, FloatFormat::fp16}, float_format_name, origin,
+  return parse_named(text, {FloatFormat::fp32, FloatFormat::bf16, FloatFormat::fp16, FloatFormat::e4m3, FloatFormat::e5m2}, float_format_name, origin,
                      "format");
 }
 

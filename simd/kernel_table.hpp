@@ -19,6 +19,7 @@
 #include "dfp/conv.hpp"
 #include "dfp/dfp16.hpp"
 #include "dfp/float16.hpp"
+#include "dfp/float8.hpp"
 #include "dfp/isa.hpp"
 #include "base/random.hpp"
 
@@ -248,6 +249,13 @@ using HalfToF32Fn = void (*)(const uint16_t* src, float* dst, size_t n);
 // dst[i] = src[i] rounded to the format and widened back to FP32 (src == dst allowed).
 using RoundToFn = void (*)(const float* src, float* dst, size_t n, Rounding rounding, uint32_t key,
                            uint64_t index_base);
+
+// ---- FP8 (include/dfp/float8.hpp is the specification) ------------------------------------------
+// dst[i] = round_float8(src[i], format, overflow, scale_exp, rounding, stochastic_rand24(key,
+// index_base + i)) (src == dst allowed); returns max|src[i]| over the finite elements (0 if none),
+// what delayed scaling records.
+using RoundFp8Fn = float (*)(const float* src, float* dst, size_t n, FloatFormat format, Overflow overflow,
+                             int scale_exp, Rounding rounding, uint32_t key, uint64_t index_base);
 
 using PixelKernelFn = void (*)(const PixelKernelArgs&);
 using PairKernelFn = void (*)(const PairKernelArgs&);

@@ -21,9 +21,10 @@
 
 namespace dfp {
 
-enum class FloatFormat : uint8_t { fp32, bf16, fp16 };
+// e4m3, e5m2: the OCP 8-bit formats (dfp/float8.hpp), stored at a per-tensor scale.
+enum class FloatFormat : uint8_t { fp32, bf16, fp16, e4m3, e5m2 };
 const char* float_format_name(FloatFormat f) noexcept;
-// "fp32", "bf16", "fp16"; throws naming `origin` otherwise.
+// "fp32", "bf16", "fp16", "e4m3", "e5m2"; throws naming `origin` otherwise.
 FloatFormat parse_float_format(const std::string& text, const std::string& origin);
 
 // Scalar conversions (the specification; the kernels are bit-identical to these).
@@ -41,7 +42,8 @@ struct FormatStats {
   double noise = 0;        // sum (x - q(x))^2 over elements whose q(x) is finite
   uint64_t elements = 0;
   uint64_t nonzero = 0;    // x != 0
-  uint64_t overflow = 0;   // finite x, infinite q(x)  (DFP16: saturated to +-32767)
+  uint64_t overflow = 0;   // finite x, infinite q(x)  (DFP16: saturated to +-32767; FP8: beyond the
+                           // largest finite value at the tensor's scale, saturated or not)
   uint64_t underflow = 0;  // x != 0, q(x) == 0
   uint64_t nonfinite = 0;  // x is NaN or Inf
   void add(const FormatStats& o) noexcept;

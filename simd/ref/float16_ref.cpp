@@ -1,5 +1,10 @@
-// Scalar BF16/FP16 conversion kernels: loops over the scalar specification (base/float16.cpp).
+// Scalar BF16/FP16/FP8 conversion kernels: loops over the scalar specifications (base/float16.cpp,
+// base/float8.cpp).
+#include <algorithm>
+#include <cmath>
+
 #include "dfp/float16.hpp"
+#include "dfp/float8.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::ref {
@@ -36,6 +41,17 @@ void round_fp16(const float* src, float* dst, size_t n, Rounding r, uint32_t key
   for (size_t i = 0; i < n; ++i)
     dst[i] = dfp::fp16_to_f32(r == Rounding::stochastic ? f32_to_fp16_stochastic(src[i], stochastic_rand24(key, base + i))
                                                         : f32_to_fp16(src[i]));
+}
+
+float round_fp8(const float* src, float* dst, size_t n, FloatFormat f, Overflow o, int scale_exp, Rounding r,
+                uint32_t key, uint64_t base) {
+  float amax = 0.f;
+  for (size_t i = 0; i < n; ++i) {
+    const float x = src[i];
+    if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+    dst[i] = round_float8(x, f, o, scale_exp, r, r == Rounding::stochastic ? stochastic_rand24(key, base + i) : 0);
+  }
+  return amax;
 }
 
 }  // namespace dfp::simd::ref
