@@ -62,7 +62,7 @@ std::vector<Flag> policy_flags(RunFlags& s) {
   };
   const std::string g = "Numerics";
   return {
-      {"--precision", "P", "fp32|int16|bf16|fp16",
+      {"--precision", "P", "fp32|int16|bf16|fp16|fp8",
        [&p](const std::string& f, const std::string& v) { p.precision = parse_precision(v, "flag " + f); }, g},
       {"--keep-fp32", "LAYERS", "layers kept in FP32, e.g. conv1,fc (repeatable)",
        [&s](const std::string&, const std::string& v) { s.keep_fp32 += (s.keep_fp32.empty() ? "" : ",") + v; }, g, true},
@@ -103,9 +103,23 @@ std::vector<Flag> policy_flags(RunFlags& s) {
        "DFP16 exponents of the gradients: tensor, or per image (backward-data) and per image pair x 16 channels "
        "(weight gradient)",
        granularity(p.dfp.gradients), g},
-      {"--weights-format", "FMT", "fp32|bf16|fp16 storage of the weights (float precisions)", format(p.weights_format), g},
-      {"--activations-format", "FMT", "fp32|bf16|fp16 storage of the activations", format(p.activations_format), g},
-      {"--gradients-format", "FMT", "fp32|bf16|fp16 storage of the gradients", format(p.gradients_format), g},
+      {"--weights-format", "FMT", "fp32|bf16|fp16|e4m3|e5m2 storage of the weights (float precisions)",
+       format(p.weights_format), g},
+      {"--activations-format", "FMT", "fp32|bf16|fp16|e4m3|e5m2 storage of the activations", format(p.activations_format), g},
+      {"--gradients-format", "FMT", "fp32|bf16|fp16|e4m3|e5m2 storage of the gradients", format(p.gradients_format), g},
+      {"--fp8-scaling", "S", "none|current|delayed: the per-tensor power-of-two scale of e4m3/e5m2 tensors (none: "
+                             "loss scaling's job; current: this tensor's max; delayed: the max of the last "
+                             "--fp8-amax-history tensors, Transformer Engine's DelayedScaling)",
+       [&p](const std::string& f, const std::string& v) { p.fp8.scaling = parse_float8_scaling(v, "flag " + f); }, g},
+      {"--fp8-amax-history", "N", "delayed scaling: how many past tensors' maxima set the scale (1.." +
+                                      std::to_string(kFloat8MaxHistory) + ")",
+       [&p](const std::string& f, const std::string& v) { p.fp8.amax_history = to_int(f, v); }, g},
+      {"--fp8-margin", "M", "the scale is lowered by M binades below the largest that fits the max (0.." +
+                                std::to_string(kFloat8MaxMargin) + ")",
+       [&p](const std::string& f, const std::string& v) { p.fp8.margin = to_int(f, v); }, g},
+      {"--fp8-overflow", "MODE", "saturate|nonfinite: what a value beyond the format's range becomes (OFP8's "
+                                 "saturating conversion, or e5m2 infinity / e4m3 NaN)",
+       [&p](const std::string& f, const std::string& v) { p.fp8.overflow = parse_overflow(v, "flag " + f); }, g},
       {"--int16-chain", "bound|N", "INT16 accumulation chain: from the bound, or N steps (tests)",
        [&p](const std::string& f, const std::string& v) {
          p.dfp.chain_override = v == "bound" ? 0 : to_int(f, v);

@@ -18,6 +18,7 @@
 
 #include "dfp/conv.hpp"
 #include "dfp/float16.hpp"
+#include "dfp/float8.hpp"
 
 namespace dfp {
 
@@ -29,13 +30,42 @@ class Context;
 // fp16:  IEEE half operands (F16C rounding: overflow to inf, subnormals), FP32 accumulation as
 //        on tensor cores; weight gradients stored as FP16. This CPU class has no FP16
 //        arithmetic: the numerics are emulated exactly (products of halves are exact in FP32).
-enum class Precision { fp32, int16, bf16, fp16 };
+// fp8:   OFP8 operands (dfp/float8.hpp), the usual recipe: e4m3 weights and activations, e5m2
+//        gradients, each tensor at a power-of-two scale (Float8Options), FP32 accumulation;
+//        emulated exactly (products of FP8 values are exact in FP32).
+enum class Precision { fp32, int16, bf16, fp16, fp8 };
 const char* precision_name(Precision p) noexcept;
 // Throws invalid_argument naming `origin` and the accepted names.
 Precision parse_precision(const std::string& text, const std::string& origin);
 // The 16-bit float format a float precision (bf16, fp16) rounds its operands to; fp32 for the
 // others.
 FloatFormat operand_format(Precision p) noexcept;
+
+// How an 8-bit float tensor is scaled before rounding (q(x) = fp8(x * 2^s) * 2^-s):
+//   none:    s = 0 (loss scaling keeps the gradients in range, as for fp16);
+//   current: s from this tensor's max|x| (float8_scale_exponent);
+//   delayed: s from the largest max|x| the class's last `amax_history` tensors of this layer had,
+//            this one's recorded after it is rounded (NVIDIA Transformer Engine's DelayedScaling
+//            with amax_compute_algo "max"); the first tensor, with no history, takes its own.
+enum class Float8Scaling : uint8_t { none, current, delayed };
+const char* float8_scaling_name(Float8Scaling s) noexcept;
+Float8Scaling parse_float8_scaling(const std::string& text, const std::string& origin);
+
+// The 8-bit float settings of a policy: Transformer Engine's DelayedScaling defaults (history
+// 1024, margin 0) with OFP8's saturating conversion.
+struct Float8Options {
+  Float8Scaling scaling = Float8Scaling::delayed;
+  int amax_history = 1024;  // 1..kFloat8MaxHistory
+  int margin = 0;           // s is lowered by this many binades: headroom for growth, 0..kFloat8MaxMargin
+  Overflow overflow = Overflow::saturate;
+  // "delayed,1024,0,saturate", the form of the checkpoint field and the log.
+  std::string text() const;
+  static Float8Options parse(const std::string& text, const std::string& origin);
+  void validate(const std::string& origin) const;
+  bool operator==(const Float8Options&) const = default;
+};
+inline constexpr int kFloat8MaxHistory = 1 << 20;
+inline constexpr int kFloat8MaxMargin = 64;
 
 // The storage format of each tensor class of a layer.
 struct ClassFormats {
@@ -54,11 +84,13 @@ struct LayerPrecision {
   ClassFormats formats;
   // Headroom, rounding and stochastic seed per class and the INT16 chain settings: the policy's.
   DfpConvOptions options;
+  // How the classes in an 8-bit format are scaled: the policy's.
+  Float8Options fp8;
 
   // `options` named after `layer` (error messages name "layer.weights" ...), each class with a
   // stochastic stream of its own.
   DfpConvOptions options_for(const std::string& layer) const;
-  // bf16 or fp16: operands rounded to 16-bit floats, FP32 accumulation.
+  // bf16, fp16 or fp8: operands rounded to a smaller float format, FP32 accumulation.
   bool is_float() const noexcept { return operand_format(precision) != FloatFormat::fp32; }
   // BF16 in all three classes: the form BF16-operand kernels (the table's conv_bf16) run.
   bool all_bf16() const noexcept {
@@ -78,6 +110,8 @@ struct PrecisionPolicy {
   // layer's precision. Rounding per class is dfp.{weights,activations,gradients}.rounding
   // (nearest_even or stochastic; biased is DFP16-only).
   std::optional<FloatFormat> weights_format, activations_format, gradients_format;
+  // The scaling of the classes a layer stores in an 8-bit format (e4m3, e5m2).
+  Float8Options fp8;
 
   using ClassFormats = dfp::ClassFormats;
 
@@ -86,9 +120,12 @@ struct PrecisionPolicy {
   Precision resolve(const std::string& layer_name) const;
   // Everything the layer named `layer_name` computes with.
   LayerPrecision for_layer(const std::string& layer_name) const;
-  // The formats a layer of precision p (bf16 or fp16) stores its weights, activations and
-  // gradients in.
+  // The formats a layer of precision p (bf16, fp16 or fp8) stores its weights, activations and
+  // gradients in: the precision's own format (fp8: e4m3, with e5m2 gradients) where no class
+  // format is set.
   ClassFormats class_formats(Precision p) const;
+  // Whether some layer or class may store a tensor in an 8-bit format (fp8's settings apply).
+  bool uses_float8() const;
   // Whether `pattern` (an override's) matches `layer_name`.
   static bool matches(const std::string& pattern, const std::string& layer_name);
   // Throws naming `origin` when a setting does not fit its precision (biased rounding on a float
@@ -100,7 +137,7 @@ struct PrecisionPolicy {
   static std::vector<std::pair<std::string, Precision>> parse_overrides(const std::string& text,
                                                                          const std::string& origin);
   // The policy as named text fields (a checkpoint's meta: precision, overrides, formats,
-  // headroom, rounding), and back. from_fields throws naming `origin` and the field:
+  // headroom, rounding; fp8 where uses_float8()), and back. from_fields throws naming `origin` and the field:
   // corrupt_data for a missing or malformed field, invalid_argument for an unknown name (of a
   // precision, format or rounding); "precision" is required, the others default to the
   // policy's defaults.

@@ -35,8 +35,11 @@ struct Parameter {
 // round-to-nearest at the step's exponent.
 struct LayerNumerics {
   std::string layer;
-  std::string format;  // int16, bf16, fp16, or "w/x/dy" formats when they differ
+  std::string format;  // int16, bf16, fp16, e4m3, or "w/x/dy" formats when they differ
+  // int16: the shared exponents; with `scaled`, the per-tensor scales of the 8-bit classes, as
+  // exponents of the tensor (x ~ its stored value * 2^exp_x; 0 for a class not scaled).
   int exp_x = 0, exp_w = 0, exp_dy = 0;
+  bool scaled = false;
   // With Granularity::slice, where the slices' exponents differ: the smallest (exp_* is the largest).
   std::optional<int> exp_x_min, exp_w_min, exp_dy_min;
   int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;

@@ -98,15 +98,18 @@ std::vector<py::ssize_t> weight_shape(const LayerOp& op) {
 
 }  // namespace
 
-// As a line of metrics.jsonl has it: the DFP16 fields for an int16 layer, the sample's once sampled.
+// As a line of metrics.jsonl has it: the DFP16 fields for an int16 layer, the scale exponents of an
+// fp8 one, the sample's once sampled.
 py::dict numerics_record(const LayerNumerics& n) {
   py::dict d;
   d["layer"] = n.layer;
   d["format"] = n.format;
-  if (n.format == "int16") {
+  if (n.format == "int16" || n.scaled) {  // DFP16's shared exponents; fp8's scales as exponents
     d["exp_x"] = n.exp_x;
     d["exp_w"] = n.exp_w;
     d["exp_dy"] = n.exp_dy;
+  }
+  if (n.format == "int16") {
     d["chain_fwd"] = n.chain_fwd;
     d["chain_bwd"] = n.chain_bwd;
     d["chain_wgrad"] = n.chain_wgrad;

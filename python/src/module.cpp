@@ -221,7 +221,8 @@ bool is_policy_key(const std::string& key) {
   static const char* const keys[] = {"precision", "overrides", "headroom", "rounding",
                                      "weights_format", "activations_format", "gradients_format",
                                      "weights_headroom", "activations_headroom", "gradients_headroom",
-                                     "weights_rounding", "activations_rounding", "gradients_rounding"};
+                                     "weights_rounding", "activations_rounding", "gradients_rounding",
+                                     "fp8_scaling", "fp8_amax_history", "fp8_margin", "fp8_overflow"};
   for (const char* k : keys)
     if (key == k) return true;
   return false;
@@ -552,6 +553,20 @@ PYBIND11_MODULE(_dfp, mod) {
           })
       DFP_CLASS_PROPERTIES(weights) DFP_CLASS_PROPERTIES(activations) DFP_CLASS_PROPERTIES(gradients)
 #undef DFP_CLASS_PROPERTIES
+      .def_property(
+          "fp8_scaling", [](const PrecisionPolicy& p) { return std::string(float8_scaling_name(p.fp8.scaling)); },
+          [](PrecisionPolicy& p, const std::string& s) { p.fp8.scaling = parse_float8_scaling(s, "PrecisionPolicy.fp8_scaling"); },
+          "'none', 'current' or 'delayed': the per-tensor power-of-two scale of e4m3/e5m2 tensors")
+      .def_property(
+          "fp8_amax_history", [](const PrecisionPolicy& p) { return p.fp8.amax_history; },
+          [](PrecisionPolicy& p, int n) { p.fp8.amax_history = n; }, "delayed scaling: tensors whose maxima set the scale")
+      .def_property(
+          "fp8_margin", [](const PrecisionPolicy& p) { return p.fp8.margin; }, [](PrecisionPolicy& p, int m) { p.fp8.margin = m; },
+          "binades the scale leaves free above the maximum")
+      .def_property(
+          "fp8_overflow", [](const PrecisionPolicy& p) { return std::string(overflow_name(p.fp8.overflow)); },
+          [](PrecisionPolicy& p, const std::string& s) { p.fp8.overflow = parse_overflow(s, "PrecisionPolicy.fp8_overflow"); },
+          "'saturate' or 'nonfinite' (e5m2 infinity, e4m3 NaN)")
       .def("validate", [](const PrecisionPolicy& p) { p.validate("dfp.PrecisionPolicy"); })
       .def("describe", &PrecisionPolicy::describe)
       .def("resolve", [](const PrecisionPolicy& p, const std::string& layer) { return std::string(precision_name(p.resolve(layer))); },

@@ -77,6 +77,8 @@ FormatStats measure_dfp16(const Context& ctx, const float* x, size_t n, int e);
 // slices[i], summed in slice order; with no slices, measure_dfp16 at e.
 FormatStats measure_dfp16_slices(const Context& ctx, const float* x, size_t n, int e, const std::vector<int>& slices);
 FormatStats measure_rounded(const Context& ctx, const float* x, const float* q, size_t n);
+// The same for an 8-bit format at the scale 2^scale_exp (measure_float8_rounding).
+FormatStats measure_float8(const Context& ctx, const float* x, const float* q, size_t n, FloatFormat f, int scale_exp);
 FormatStats measure_bf16(const Context& ctx, const float* x, const uint16_t* q, size_t n);
 
 // Blocked-layout index of (n, c, h, w).

@@ -13,6 +13,7 @@
 
 #include <optional>
 
+#include "dfp/float8.hpp"
 #include "dfp/float16.hpp"
 #include "dfp/loss_scale.hpp"
 #include "dfp/status.hpp"
@@ -580,6 +581,10 @@ FormatStats measure_dfp16_slices(const Context& ctx, const float* x, size_t n, i
 
 FormatStats measure_rounded(const Context& ctx, const float* x, const float* q, size_t n) {
   return measure_pieces(ctx, n, [&](size_t b, size_t e) { return measure_rounding(x + b, q + b, e - b); });
+}
+
+FormatStats measure_float8(const Context& ctx, const float* x, const float* q, size_t n, FloatFormat f, int scale_exp) {
+  return measure_pieces(ctx, n, [&](size_t b, size_t e) { return measure_float8_rounding(x + b, q + b, e - b, f, scale_exp); });
 }
 
 FormatStats measure_bf16(const Context& ctx, const float* x, const uint16_t* q, size_t n) {

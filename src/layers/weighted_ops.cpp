@@ -3,12 +3,15 @@
 #include "src/layers/weighted_ops.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
+#include "src/core/atomic_max.hpp"
 #include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
@@ -53,6 +56,58 @@ void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* ds
   convert_tensor(ctx, f == FloatFormat::bf16 ? ctx.kernels().round_bf16.fn : ctx.kernels().round_fp16.fn, src, dst, n,
                  r, key);
 }
+// Rounds the tensors of one class of a layer to the class's format: a 16-bit one directly, an
+// 8-bit one at the power-of-two scale its Float8Options choose (dfp/precision.hpp). Keeps the
+// delayed-scaling history, allocated when the layer is built, and the scale of the last tensor.
+class ClassRounding {
+ public:
+  ClassRounding(FloatFormat f, const Float8Options& o) : f_(f), o_(o) {
+    if (is_float8(f) && o.scaling == Float8Scaling::delayed) history_.assign(size_t(o.amax_history), 0.f);
+  }
+  FloatFormat format() const noexcept { return f_; }
+  bool scaled() const noexcept { return is_float8(f_) && o_.scaling != Float8Scaling::none; }
+  // The scale of the last tensor rounded, as an exponent of the tensor: x ~ stored * 2^exponent.
+  int exponent() const noexcept { return -scale_exp_; }
+  // dst = src rounded (src == dst allowed). known_max >= 0: max|src|, measured by the caller.
+  void round(const Context& ctx, const float* src, float* dst, size_t n, const QuantOptions& q, uint64_t step,
+             float known_max = -1.f) {
+    const uint32_t key = step_key(q.seed, step);
+    if (!is_float8(f_)) return round_tensor(ctx, f_, src, dst, n, q.rounding, key);
+    int s = 0;
+    if (o_.scaling == Float8Scaling::current || (o_.scaling == Float8Scaling::delayed && filled_ == 0)) {
+      s = float8_scale_exponent(known_max >= 0 ? known_max : max_abs(ctx, src, n, nullptr), f_, o_.margin);
+    } else if (o_.scaling == Float8Scaling::delayed) {
+      s = float8_scale_exponent(*std::max_element(history_.begin(), history_.begin() + filled_), f_, o_.margin);
+    }
+    const auto fn = ctx.kernels().round_fp8.fn;
+    std::atomic<uint32_t> amax{0};
+    for_chunks(ctx, n, [&](size_t b, size_t e) {
+      float m = 0.f;
+      for (size_t i = b; i < e; i += kChunk)
+        m = std::max(m, fn(src + i, dst + i, std::min(kChunk, e - i), f_, o_.overflow, s, q.rounding, key, i));
+      atomic_max(amax, std::bit_cast<uint32_t>(m));  // non-negative floats order as their bit patterns
+    });
+    if (!history_.empty()) {
+      history_[next_] = std::bit_cast<float>(amax.load());
+      next_ = (next_ + 1) % history_.size();
+      filled_ = std::min(filled_ + 1, history_.size());
+    }
+    scale_exp_ = s;
+  }
+  // x against its rounding q: an 8-bit format's overflow counts the elements beyond its range.
+  FormatStats measure(const Context& ctx, const float* x, const float* q, size_t n) const {
+    if (!is_float8(f_)) return measure_rounded(ctx, x, q, n);
+    return measure_float8(ctx, x, q, n, f_, scale_exp_);
+  }
+
+ private:
+  FloatFormat f_;
+  Float8Options o_;
+  std::vector<float> history_;
+  size_t next_ = 0, filled_ = 0;
+  int scale_exp_ = 0;
+};
+
 // dst = the BF16 bit patterns of src.
 void to_bf16_tensor(const Context& ctx, const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key) {
   convert_tensor(ctx, ctx.kernels().to_bf16.fn, src, dst, n, r, key);
@@ -165,7 +220,10 @@ class FloatOp : public WeightedOp {
         out_size_(s.out_size),
         fan_in_(s.fan_in),
         fmt_(p.formats),
-        cls_(p.options_for(s.name)) {
+        cls_(p.options_for(s.name)),
+        round_w_(fmt_.weights, p.fp8),
+        round_x_(fmt_.activations, p.fp8),
+        round_dy_(fmt_.gradients, p.fp8) {
     if (fmt_.weights != FloatFormat::fp32) wr_ = AlignedBuffer<float>(w_count_);
   }
   void weights_updated(uint64_t step, float) override {
@@ -180,8 +238,7 @@ class FloatOp : public WeightedOp {
     w_max_abs_ = mx;
     const float* w = w_;
     if (fmt_.weights != FloatFormat::fp32) {
-      round_tensor(ctx_, fmt_.weights, w_, wr_.data(), w_count_, cls_.weights.rounding,
-                   step_key(cls_.weights.seed, step));
+      round_w_.round(ctx_, w_, wr_.data(), w_count_, cls_.weights, step, float(mx));
       w = wr_.data();
     }
     load_weights(w);
@@ -197,13 +254,17 @@ class FloatOp : public WeightedOp {
     // One name when the classes agree, else "weights/activations/gradients".
     n.format = fmt_.all(fmt_.weights) ? std::string(float_format_name(fmt_.weights)) : fmt_.names();
     report_sample(sample_, n);
+    // Scaled 8-bit classes: the scale of each tensor as an exponent (x ~ stored * 2^exp_x).
+    n.scaled = round_w_.scaled() || round_x_.scaled() || round_dy_.scaled();
+    n.exp_w = round_w_.exponent(); n.exp_x = round_x_.exponent(); n.exp_dy = round_dy_.exponent();
     return true;
   }
   // Adaptive loss scaling (Zhao, Vogel, Ahmed 2019) keeps the expected magnitude of the gradient a
   // layer passes on above its format's underflow threshold without letting its largest product
   // overflow: its weight-side inputs are the current weights' E[w^2] and max|w| and the fan-in.
   bool adaptive_weight_inputs(AdaptiveInputs& in, FloatFormat& f) const override {
-    if (fmt_.gradients != FloatFormat::fp16 && fmt_.gradients != FloatFormat::bf16) return false;
+    const bool unscaled_fp8 = is_float8(fmt_.gradients) && !round_dy_.scaled();
+    if (fmt_.gradients != FloatFormat::fp16 && fmt_.gradients != FloatFormat::bf16 && !unscaled_fp8) return false;
     in.w_mean_sq = w_mean_sq_;
     in.w_max_abs = w_max_abs_;
     in.fan_in = fan_in_;
@@ -220,6 +281,7 @@ class FloatOp : public WeightedOp {
   double fan_in_;
   ClassFormats fmt_;
   DfpConvOptions cls_;          // rounding and stochastic seeds per class
+  ClassRounding round_w_, round_x_, round_dy_;
   AlignedBuffer<float> wr_;     // the rounded weights
   double w_mean_sq_ = 0, w_max_abs_ = 0;
 };
@@ -269,26 +331,24 @@ class RoundedFloatOp final : public FloatOp {
   void forward(const float* x, float* y, const StepInfo& st) override {
     const float* xr = x;
     if (fmt_.activations != FloatFormat::fp32) {
-      round_tensor(ctx_, fmt_.activations, x, xr_.data(), in_size_, cls_.activations.rounding,
-                   step_key(cls_.activations.seed, st.step));
+      round_x_.round(ctx_, x, xr_.data(), in_size_, cls_.activations, st.step);
       xr = xr_.data();
     }
     f_->forward(xr, y);
     if (st.sample) {
       sample_.sampled = true;
-      sample_.x = measure_rounded(ctx_, x, xr, in_size_);
-      sample_.w = fmt_.weights != FloatFormat::fp32 ? measure_rounded(ctx_, w_, wr_.data(), w_count_) : FormatStats{};
+      sample_.x = round_x_.measure(ctx_, x, xr, in_size_);
+      sample_.w = fmt_.weights != FloatFormat::fp32 ? round_w_.measure(ctx_, w_, wr_.data(), w_count_) : FormatStats{};
     }
   }
   void backward(const float* x, const float* dy, float* dx, float* gw, const StepInfo& st) override {
     const float* dyr = dy;
     if (fmt_.gradients != FloatFormat::fp32) {
-      round_tensor(ctx_, fmt_.gradients, dy, dyr_, out_size_, cls_.gradients.rounding,
-                   step_key(cls_.gradients.seed, st.step));
+      round_dy_.round(ctx_, dy, dyr_, out_size_, cls_.gradients, st.step);
       dyr = dyr_;
     }
     f_->backward(fmt_.activations != FloatFormat::fp32 ? xr_.data() : x, dyr, dx, gw);
-    if (st.sample) sample_.dy = measure_rounded(ctx_, dy, dyr, out_size_);
+    if (st.sample) sample_.dy = round_dy_.measure(ctx_, dy, dyr, out_size_);
   }
   // The weight gradient reads x: its rounded copy when activations are rounded.
   bool backward_reads_input() const override { return fmt_.activations == FloatFormat::fp32; }
@@ -331,6 +391,7 @@ std::unique_ptr<WeightedOp> make_weighted_op(const WeightedOpSpec& spec, const L
       return std::make_unique<Int16Op>(spec, p);
     case Precision::bf16:
     case Precision::fp16:
+    case Precision::fp8:
       if (spec.bf16_operands && p.all_bf16())
         if (auto b = spec.ctx->kernels().conv_bf16.fn(spec.ctx->threads(), spec.shape, spec.name))
           return std::make_unique<NativeBf16Op>(spec, p, std::move(b));

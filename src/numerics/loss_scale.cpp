@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "dfp/float8.hpp"
 #include "dfp/status.hpp"
 #include "base/named_enum.hpp"
 
@@ -82,7 +83,10 @@ double adaptive_layer_factor(const AdaptiveInputs& in, FloatFormat f, double max
   double u_min, u_max;
   if (f == FloatFormat::fp16) { u_min = 6e-8; u_max = 6e4; }
   else if (f == FloatFormat::bf16) { u_min = 9.2e-41; u_max = 3.3e38; }
-  else return 1;
+  else if (const Float8Info* i = float8_info(f)) {  // unscaled FP8 (fp8 scaling none)
+    u_min = std::ldexp(1.0, i->min_exponent() - i->mantissa_bits);
+    u_max = i->max_finite;
+  } else return 1;
   const double sigma_o = std::sqrt(in.g_mean_sq * in.w_mean_sq) * std::sqrt(0.5 * in.fan_in);
   if (!(sigma_o > 0) || !std::isfinite(sigma_o)) return 1;
   const double T = 1.2533469508069276e-3;  // sqrt(2) * erfinv(1e-3)

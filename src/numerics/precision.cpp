@@ -3,6 +3,7 @@
 #include "dfp/precision.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
+#include "base/named_enum.hpp"
 #include "simd/kernel_table.hpp"
 #include <iterator>
 
@@ -28,6 +30,7 @@ constexpr PrecisionInfo kPrecisions[] = {
     {Precision::int16, "int16", FloatFormat::fp32},
     {Precision::bf16, "bf16", FloatFormat::bf16},
     {Precision::fp16, "fp16", FloatFormat::fp16},
+    {Precision::fp8, "fp8", FloatFormat::e4m3},
 };
 const PrecisionInfo* info(Precision p) noexcept {
   for (const PrecisionInfo& i : kPrecisions)
@@ -54,6 +57,59 @@ Precision parse_precision(const std::string& text, const std::string& origin) {
     expected += (k == 0 ? "" : k + 1 == n ? " or " : ", ") + std::string(kPrecisions[k].name);
   }
   fail(Status::invalid_argument, origin + ": unknown precision '" + text + "'; expected " + expected);
+}
+
+const char* float8_scaling_name(Float8Scaling s) noexcept {
+  switch (s) {
+    case Float8Scaling::none: return "none";
+    case Float8Scaling::current: return "current";
+    case Float8Scaling::delayed: return "delayed";
+  }
+  return "?";
+}
+
+Float8Scaling parse_float8_scaling(const std::string& text, const std::string& origin) {
+  return parse_named(text, {Float8Scaling::none, Float8Scaling::current, Float8Scaling::delayed}, float8_scaling_name,
+                     origin, "fp8 scaling");
+}
+
+std::string Float8Options::text() const {
+  return std::string(float8_scaling_name(scaling)) + "," + std::to_string(amax_history) + "," + std::to_string(margin) +
+         "," + overflow_name(overflow);
+}
+
+namespace {
+int parse_int_in(const std::string& text, int lo, int hi, const std::string& origin) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  DFP_CHECK(!text.empty() && end && *end == 0 && errno == 0 && v >= lo && v <= hi, Status::invalid_argument,
+            origin + ": expected an integer " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" + text + "'");
+  return int(v);
+}
+}  // namespace
+
+Float8Options Float8Options::parse(const std::string& text, const std::string& origin) {
+  std::vector<std::string> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(item);
+  DFP_CHECK(v.size() == 4, Status::invalid_argument,
+            origin + ": expected SCALING,HISTORY,MARGIN,OVERFLOW (e.g. delayed,1024,0,saturate), got '" + text + "'");
+  Float8Options o;
+  o.scaling = parse_float8_scaling(v[0], origin);
+  o.amax_history = parse_int_in(v[1], 1, kFloat8MaxHistory, origin + " (amax history)");
+  o.margin = parse_int_in(v[2], 0, kFloat8MaxMargin, origin + " (margin)");
+  o.overflow = parse_overflow(v[3], origin);
+  return o;
+}
+
+void Float8Options::validate(const std::string& origin) const {
+  DFP_CHECK(amax_history >= 1 && amax_history <= kFloat8MaxHistory, Status::invalid_argument,
+            origin + ": fp8 amax history must be 1.." + std::to_string(kFloat8MaxHistory) + ", got " +
+                std::to_string(amax_history));
+  DFP_CHECK(margin >= 0 && margin <= kFloat8MaxMargin, Status::invalid_argument,
+            origin + ": fp8 margin must be 0.." + std::to_string(kFloat8MaxMargin) + ", got " + std::to_string(margin));
 }
 
 namespace {
@@ -85,6 +141,7 @@ LayerPrecision PrecisionPolicy::for_layer(const std::string& layer) const {
   l.precision = resolve(layer);
   if (l.is_float()) l.formats = class_formats(l.precision);
   l.options = dfp;
+  l.fp8 = fp8;
   return l;
 }
 
@@ -104,7 +161,19 @@ std::string ClassFormats::names() const {
 
 ClassFormats PrecisionPolicy::class_formats(Precision p) const {
   const FloatFormat own = operand_format(p);
-  return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own)};
+  const FloatFormat own_gradients = p == Precision::fp8 ? FloatFormat::e5m2 : own;
+  return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own_gradients)};
+}
+
+bool PrecisionPolicy::uses_float8() const {
+  std::vector<Precision> used = {precision};
+  for (const auto& o : overrides) used.push_back(o.second);
+  for (Precision p : used) {
+    if (operand_format(p) == FloatFormat::fp32) continue;
+    const ClassFormats f = class_formats(p);
+    if (is_float8(f.weights) || is_float8(f.activations) || is_float8(f.gradients)) return true;
+  }
+  return false;
 }
 
 void PrecisionPolicy::validate(const std::string& origin) const {
@@ -112,9 +181,10 @@ void PrecisionPolicy::validate(const std::string& origin) const {
   for (const auto& o : overrides) any_float |= operand_format(o.second) != FloatFormat::fp32;
   const bool class_formats_set = weights_format || activations_format || gradients_format;
   DFP_CHECK(!class_formats_set || any_float, Status::invalid_argument,
-            origin + ": per-class formats (weights/activations/gradients) apply to bf16/fp16 layers, but the policy "
+            origin + ": per-class formats (weights/activations/gradients) apply to bf16/fp16/fp8 layers, but the policy "
                      "has none (precision " + precision_name(precision) + ")");
   for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients}) q->validate(origin);
+  fp8.validate(origin);
   if (any_float)
     for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients})
       DFP_CHECK(q->rounding != Rounding::biased || (precision == Precision::int16 && !class_formats_set), Status::invalid_argument,
@@ -134,6 +204,7 @@ std::string PrecisionPolicy::describe() const {
   q("weights", dfp.weights, weights_format);
   q("activations", dfp.activations, activations_format);
   q("gradients", dfp.gradients, gradients_format);
+  if (uses_float8()) o << " fp8{" << fp8.text() << "}";
   if (dfp.chain_override > 0) o << " chain=" << dfp.chain_override;
   if (dfp.verify) o << " verify";
   return o.str();
@@ -233,6 +304,13 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
                       (f.gradients == FloatFormat::fp16 ? "; weight gradients stored as FP16" : ""));
         break;
       }
+      case Precision::fp8: {
+        const ClassFormats f = policy.class_formats(p);
+        out.push_back("fp8: formats w/x/dy " + f.names() + ", scaling " + policy.fp8.text() +
+                      " (scaling,amax history,margin,overflow); EMULATED: operands rounded to OFP8 at power-of-two "
+                      "scales (" + ctx.kernels().round_fp8.name + "), exact products accumulated in FP32");
+        break;
+      }
     }
   }
   return out;
@@ -252,6 +330,7 @@ std::map<std::string, std::string> PrecisionPolicy::fields() const {
                   rounding_name(q[2]->rounding);
   f["granularity"] = std::string(granularity_name(q[0]->granularity)) + "," + granularity_name(q[1]->granularity) +
                      "," + granularity_name(q[2]->granularity);
+  if (uses_float8()) f["fp8"] = fp8.text();  // absent otherwise: other policies' checkpoints keep their bytes
   return f;
 }
 
@@ -287,6 +366,13 @@ PrecisionPolicy PrecisionPolicy::from_fields(const std::map<std::string, std::st
     }
     if (!r.empty()) q[i]->rounding = parse_rounding(r[i], where + "rounding");
     if (!g.empty()) q[i]->granularity = parse_granularity(g[i], where + "granularity");
+  }
+  if (fields.count("fp8")) {
+    try {
+      p.fp8 = Float8Options::parse(fields.at("fp8"), where + "fp8");
+    } catch (const Error& e) {
+      fail(Status::corrupt_data, e.what());
+    }
   }
   return p;
 }

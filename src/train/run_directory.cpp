@@ -217,10 +217,12 @@ std::string metrics_line(const EpochMetrics& em, const std::string& policy_text,
     run_files::LayerRecord l;
     l.layer = n.layer;
     l.format = n.format;
-    if (n.format == "int16") {
+    if (n.format == "int16" || n.scaled) {
       l.exp_x = n.exp_x;
       l.exp_w = n.exp_w;
       l.exp_dy = n.exp_dy;
+    }
+    if (n.format == "int16") {
       if (n.exp_x_min) l.exp_x_min = *n.exp_x_min;
       if (n.exp_w_min) l.exp_w_min = *n.exp_w_min;
       if (n.exp_dy_min) l.exp_dy_min = *n.exp_dy_min;

@@ -639,6 +639,12 @@ std::string run_toml(const TrainConfig& c) {
   if (p.weights_format) str("weights-format", float_format_name(*p.weights_format));
   if (p.activations_format) str("activations-format", float_format_name(*p.activations_format));
   if (p.gradients_format) str("gradients-format", float_format_name(*p.gradients_format));
+  if (p.uses_float8()) {
+    str("fp8-scaling", float8_scaling_name(p.fp8.scaling));
+    num("fp8-amax-history", std::to_string(p.fp8.amax_history));
+    num("fp8-margin", std::to_string(p.fp8.margin));
+    str("fp8-overflow", overflow_name(p.fp8.overflow));
+  }
   str("int16-chain", p.dfp.chain_override == 0 ? "bound" : std::to_string(p.dfp.chain_override));
   flag("verify-overflow", p.dfp.verify);
   str("loss-scaling", loss_scale_mode_name(c.loss_scale.mode));

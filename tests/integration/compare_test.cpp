@@ -52,11 +52,11 @@ TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
   const dfp::test::TempDir dir("dfp_compare_");
   const fs::path out = dir.path() / "cmp";
   const std::string cmd = dfp_command("compare --model lenet --epochs 2 --batch-size 32 --limit-train 256 --limit-test 64 "
-                                      "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16 --out '" +
+                                      "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16,fp8 --out '" +
                                           out.string() + "'",
                                       dir.file("compare.log"));
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir.file("compare.log"));
-  const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16"};
+  const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16", "fp8"};
   for (const std::string& l : labels) {
     EXPECT_TRUE(fs::exists(out / l / "metrics.jsonl")) << l;
     EXPECT_TRUE(fs::exists(out / l / "config.json")) << l;
@@ -95,6 +95,11 @@ TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
              {"final_loss_scale", "loss_scale"}, {"skipped_steps", "skipped_steps"}})
       EXPECT_EQ(std::stod(cells[col(column)]), std::stod(last_field(m, key))) << labels[r] << " " << column;
   }
+  // The fp8 run records its formats and each tensor's scale exponent.
+  const std::string fp8 = slurp(out / "fp8" / "metrics.jsonl");
+  EXPECT_NE(fp8.find("\"format\":\"e4m3/e4m3/e5m2\""), std::string::npos);
+  EXPECT_NE(fp8.find("\"exp_dy\":"), std::string::npos);
+  EXPECT_NE(slurp(out / "summary.md").find("fp8"), std::string::npos);
   // The FP16 run with dynamic scaling started at GradScaler's 2^16; the unscaled ones stay at 1.
   EXPECT_EQ(std::stod(last_field(out / "fp16-none" / "metrics.jsonl", "loss_scale")), 1.0);
   EXPECT_GE(std::stod(last_field(out / "fp16" / "metrics.jsonl", "loss_scale")), 1024.0);
@@ -144,6 +149,10 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
       {"bench --threads -1", "flag --threads: expected >= 0"},
       {"info --isa avx9", "flag --isa: unknown kernel level 'avx9'"},
       {"train --seed -1", "flag --seed: expected >= 0, got -1"},
+      {"train --precision fp8 --fp8-scaling sometimes", "flag --fp8-scaling: unknown fp8 scaling 'sometimes'; expected none, current or delayed"},
+      {"train --precision fp8 --fp8-overflow wrap", "flag --fp8-overflow: unknown overflow mode 'wrap'"},
+      {"train --precision fp8 --fp8-amax-history 0", "fp8 amax history must be 1..1048576, got 0"},
+      {"train --precision fp8 --gradients-format e3m2", "unknown format 'e3m2'; expected fp32, bf16, fp16, e4m3 or e5m2"},
       {"train --print-every 0", "flag --print-every: expected >= 1, got 0"},
       {"eval --checkpoint '" + dir.path().string() + "'", "is a directory; expected a checkpoint file"},
       // compare checks the shared settings once, before it starts any run or writes anything

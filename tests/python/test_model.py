@@ -98,6 +98,26 @@ def test_precision_policy_object():
         dfp.PrecisionPolicy(precision="bf16", rounding="biased")
 
 
+def test_fp8_policy_settings_and_numerics(ctx):
+    p = dfp.PrecisionPolicy(precision="fp8", fp8_scaling="current", fp8_margin=1)
+    assert (p.fp8_scaling, p.fp8_amax_history, p.fp8_margin, p.fp8_overflow) == ("current", 1024, 1, "saturate")
+    assert "fp8{current,1024,1,saturate}" in p.describe()
+    with pytest.raises(dfp.InvalidArgumentError, match="unknown fp8 scaling 'later'"):
+        p.fp8_scaling = "later"
+    with pytest.raises(dfp.InvalidArgumentError, match="fp8 amax history must be 1..1048576, got 0"):
+        dfp.PrecisionPolicy(precision="fp8", fp8_amax_history=0)
+    with pytest.raises(dfp.InvalidArgumentError, match="unknown overflow mode 'wrap'"):
+        dfp.PrecisionPolicy(precision="fp8", fp8_overflow="wrap")
+    m, _ = small_model(ctx, policy=p)
+    m.set_numerics_interval(1)
+    x, y = random_batch(4, 3, 8, 8, 5)
+    m.forward(x, y, train=True)
+    m.backward()
+    n = m.numerics()[0]
+    assert n["format"] == "e4m3/e4m3/e5m2" and "chain_fwd" not in n
+    assert n["exp_dy"] < 0 and n["sqnr_x_db"] > 20
+
+
 def test_build_takes_a_policy_object(ctx):
     m, _ = small_model(ctx, policy=dfp.PrecisionPolicy(precision="bf16"))
     assert "bf16" in m.summary()

@@ -300,9 +300,10 @@ RunSummary read_run(const std::string& dir) {
   run.granularity_x = report_detail::policy_granularity(policy, "activations");
   run.granularity_dy = report_detail::policy_granularity(policy, "gradients");
   run.int16 = report_detail::policy_runs_int16(policy);
-  for (const auto& l : run.layers)
+  for (const auto& l : run.layers)  // (fp8's scale exponents are not DFP16's)
     for (const auto& pt : l.points)
-      run.int16 = run.int16 || std::isfinite(pt.exp_x) || std::isfinite(pt.exp_w) || std::isfinite(pt.exp_dy);
+      run.int16 = run.int16 || (l.format == "int16" && (std::isfinite(pt.exp_x) || std::isfinite(pt.exp_w) ||
+                                                         std::isfinite(pt.exp_dy)));
   return run;
 }
 

@@ -1,0 +1,222 @@
+// The fp8 precision (dfp/precision.hpp, dfp/float8.hpp): a layer's three passes are FP32 passes on
+// operands rounded bit-exactly to e4m3/e5m2 at the scales current and delayed scaling choose, its
+// numerics records name the formats and scales, the policy's text forms carry the fp8 settings,
+// and a network trains.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/float8.hpp"
+#include "dfp/layer_op.hpp"
+#include "dfp/model.hpp"
+#include "dfp/models.hpp"
+#include "dfp/optim.hpp"
+#include "dfp/precision.hpp"
+#include "tests/common/expect_error.hpp"
+#include "tests/common/model_helpers.hpp"
+#include "tests/common/reference.hpp"
+
+using namespace dfp;
+
+namespace {
+
+Context& ctx() {
+  static Context c(ContextOptions{.threads = 2});
+  return c;
+}
+
+LayerOpSpec conv_spec() {
+  LayerOpSpec s;
+  s.in_channels = 20;
+  s.out_channels = 12;
+  s.kernel = 3;
+  s.pad = 1;
+  s.name = "conv";
+  return s;
+}
+
+float max_abs_of(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+std::vector<float> rounded(const std::vector<float>& v, FloatFormat f, int s) {
+  std::vector<float> q(v.size());
+  for (size_t i = 0; i < v.size(); ++i) q[i] = round_float8(v[i], f, Overflow::saturate, s, Rounding::nearest_even, 0);
+  return q;
+}
+
+struct Passes {
+  std::vector<float> y, dx, dw;
+};
+Passes run(LayerOp& op, const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& dy, int n,
+           int hw, uint64_t version) {
+  Passes p;
+  p.y.resize(dy.size());
+  p.dx.resize(x.size());
+  p.dw.resize(w.size());
+  const uint64_t t = op.forward(x.data(), n, hw, hw, w.data(), nullptr, version, p.y.data(), true, true);
+  op.backward(t, dy.data(), p.dx.data(), p.dw.data(), nullptr);
+  return p;
+}
+
+void expect_same_bits(const Passes& a, const Passes& b, const std::string& what) {
+  EXPECT_EQ(0, std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4)) << what << " y";
+  EXPECT_EQ(0, std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * 4)) << what << " dx";
+  EXPECT_EQ(0, std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * 4)) << what << " dw";
+}
+
+}  // namespace
+
+// Forward, backward-data and weight gradient of an fp8 layer are those of the FP32 layer on x and w
+// rounded to e4m3 and dy to e5m2, each at its tensor's scale; delayed scaling takes the scale of
+// the history's largest maximum, so a tensor that grew saturates.
+TEST(Fp8, PassesAreFp32PassesOnOperandsRoundedAtTheirScales) {
+  const int n = 3, hw = 6;
+  const LayerOpSpec spec = conv_spec();
+  const std::vector<float> x = test::random_vec(size_t(n) * 20 * hw * hw, 1, -3.f, 3.f);
+  const std::vector<float> w = test::random_vec(size_t(12) * 20 * 9, 2, -0.2f, 0.2f);
+  const std::vector<float> dy = test::random_vec(size_t(n) * 12 * hw * hw, 3, -1e-4f, 1e-4f);
+  std::vector<float> x4 = x;  // step 2's input: four times larger
+  for (float& v : x4) v *= 4;
+  PrecisionPolicy f32;
+  LayerOp ref(ctx(), spec, f32);
+  const FloatFormat e4 = FloatFormat::e4m3, e5 = FloatFormat::e5m2;
+  for (Float8Scaling scaling : {Float8Scaling::current, Float8Scaling::delayed, Float8Scaling::none}) {
+    SCOPED_TRACE(float8_scaling_name(scaling));
+    PrecisionPolicy p;
+    p.precision = Precision::fp8;
+    p.fp8.scaling = scaling;
+    p.fp8.amax_history = 4;
+    LayerOp op(ctx(), spec, p);
+    auto scale = [&](const std::vector<float>& v, FloatFormat f, float history_max) {
+      if (scaling == Float8Scaling::none) return 0;
+      return float8_scale_exponent(scaling == Float8Scaling::delayed && history_max > 0 ? history_max : max_abs_of(v), f, 0);
+    };
+    // Step 1: no history yet, so delayed scaling takes each tensor's own maximum.
+    const int sx = scale(x, e4, 0), sw = scale(w, e4, 0), sdy = scale(dy, e5, 0);
+    const Passes got = run(op, x, w, dy, n, hw, 1);
+    expect_same_bits(got, run(ref, rounded(x, e4, sx), rounded(w, e4, sw), rounded(dy, e5, sdy), n, hw, 1), "step 1");
+    LayerNumerics nm;
+    ASSERT_TRUE(op.numerics(nm));
+    EXPECT_EQ(nm.format, "e4m3/e4m3/e5m2");
+    EXPECT_EQ(nm.scaled, scaling != Float8Scaling::none);
+    EXPECT_EQ(nm.exp_x, -sx);
+    EXPECT_EQ(nm.exp_w, -sw);
+    EXPECT_EQ(nm.exp_dy, -sdy);
+    if (scaling != Float8Scaling::none) {
+      EXPECT_EQ(sdy, 29);  // max|dy| ~ 1e-4 = 0.82 * 2^-13, below e5m2's 57344 = 0.875 * 2^16
+    }  // 1e-4 ~ 2^-13.3: e5m2's 57344 ~ 2^15.8
+
+    // Step 2: the input grew fourfold. Current scaling follows it; delayed keeps step 1's scale.
+    const int sx2 = scale(x4, e4, max_abs_of(x));
+    if (scaling == Float8Scaling::delayed) {
+      EXPECT_EQ(sx2, sx);
+    } else if (scaling == Float8Scaling::current) {
+      EXPECT_EQ(sx2, sx - 2);
+    }
+    const Passes got2 = run(op, x4, w, dy, n, hw, 1);
+    const Passes want2 = run(ref, rounded(x4, e4, sx2), rounded(w, e4, sw), rounded(dy, e5, sdy), n, hw, 2);
+    expect_same_bits(got2, want2, "step 2");
+    if (scaling == Float8Scaling::delayed) {  // the grown input saturated at 448 * 2^-sx
+      const std::vector<float> q = rounded(x4, e4, sx2);
+      EXPECT_EQ(max_abs_of(q), std::ldexp(448.f, -sx2));
+    }
+  }
+}
+
+// Per-class formats override the recipe (here all-e4m3, and bf16 gradients beside e4m3 operands).
+TEST(Fp8, ClassFormatsOverrideTheHybridRecipe) {
+  PrecisionPolicy p;
+  p.precision = Precision::fp8;
+  EXPECT_EQ(p.for_layer("c").formats.names(), "e4m3/e4m3/e5m2");
+  EXPECT_TRUE(p.uses_float8());
+  p.gradients_format = FloatFormat::e4m3;
+  EXPECT_EQ(p.for_layer("c").formats.names(), "e4m3/e4m3/e4m3");
+  p.gradients_format = FloatFormat::bf16;
+  EXPECT_EQ(p.for_layer("c").formats.names(), "e4m3/e4m3/bf16");
+  PrecisionPolicy bf;
+  bf.precision = Precision::bf16;
+  EXPECT_FALSE(bf.uses_float8());
+  bf.gradients_format = FloatFormat::e5m2;
+  EXPECT_TRUE(bf.uses_float8());
+  PrecisionPolicy i16;
+  i16.precision = Precision::int16;
+  i16.overrides = PrecisionPolicy::parse_overrides("fc=fp8", "test");
+  EXPECT_TRUE(i16.uses_float8());
+  EXPECT_EQ(i16.for_layer("fc").formats.names(), "e4m3/e4m3/e5m2");
+  EXPECT_EQ(i16.for_layer("conv1").precision, Precision::int16);
+}
+
+// The fp8 settings are a checkpoint field (only where a layer uses an 8-bit format, so that other
+// policies' checkpoints keep their bytes), part of describe(), and refused by name when wrong.
+TEST(Fp8, SettingsRoundTripAndBadOnesAreNamed) {
+  PrecisionPolicy p;
+  p.precision = Precision::fp8;
+  p.fp8 = {Float8Scaling::current, 16, 2, Overflow::nonfinite};
+  const auto f = p.fields();
+  ASSERT_EQ(f.count("fp8"), 1u);
+  EXPECT_EQ(f.at("fp8"), "current,16,2,nonfinite");
+  EXPECT_EQ(PrecisionPolicy::from_fields(f, "ck").fp8, p.fp8);
+  EXPECT_NE(p.describe().find("fp8{current,16,2,nonfinite}"), std::string::npos) << p.describe();
+  PrecisionPolicy plain;
+  plain.precision = Precision::int16;
+  EXPECT_EQ(plain.fields().count("fp8"), 0u);
+  EXPECT_EQ(plain.describe().find("fp8"), std::string::npos);
+
+  auto with = [&](const std::string& v) {
+    auto g = f;
+    g["fp8"] = v;
+    return g;
+  };
+  test::expect_error([&] { PrecisionPolicy::from_fields(with("sometimes,16,2,saturate"), "ck"); }, Status::corrupt_data,
+                     {"ck field fp8", "unknown fp8 scaling 'sometimes'", "none, current or delayed"});
+  test::expect_error([&] { PrecisionPolicy::from_fields(with("current,0,2,saturate"), "ck"); }, Status::corrupt_data,
+                     {"ck field fp8 (amax history)", "1..1048576", "'0'"});
+  test::expect_error([&] { PrecisionPolicy::from_fields(with("current,16,-1,saturate"), "ck"); }, Status::corrupt_data,
+                     {"ck field fp8 (margin)", "'-1'"});
+  test::expect_error([&] { PrecisionPolicy::from_fields(with("current,16,2,wrap"), "ck"); }, Status::corrupt_data,
+                     {"ck field fp8", "unknown overflow mode 'wrap'"});
+  test::expect_error([&] { PrecisionPolicy::from_fields(with("current,16"), "ck"); }, Status::corrupt_data,
+                     {"ck field fp8", "SCALING,HISTORY,MARGIN,OVERFLOW"});
+  PrecisionPolicy bad = p;
+  bad.fp8.amax_history = 0;
+  test::expect_error([&] { bad.validate("flags"); }, Status::invalid_argument, {"flags", "fp8 amax history", "got 0"});
+  bad = p;
+  bad.fp8.margin = 65;
+  test::expect_error([&] { bad.validate("flags"); }, Status::invalid_argument, {"flags", "fp8 margin", "0..64"});
+}
+
+// ResNet-20 learns a fixed batch in fp8 under each scaling.
+TEST(Fp8, SmallResNetLearnsABatchUnderEveryScaling) {
+  for (Float8Scaling scaling : {Float8Scaling::current, Float8Scaling::delayed, Float8Scaling::none}) {
+    SCOPED_TRACE(float8_scaling_name(scaling));
+    Model m(ctx(), "resnet20");
+    build_model(m, "resnet20", 3, 16, 16, 10);
+    PrecisionPolicy p;
+    p.precision = Precision::fp8;
+    p.fp8.scaling = scaling;
+    m.build(8, p);
+    Sgd sgd(ctx(), m, {0.9f, 5e-4f, true});
+    const auto x = test::batch_images(m, 9);
+    const std::vector<int32_t> y = {1, 2, 3, 4, 5, 6, 7, 8};
+    double first = 0, last = 0;
+    for (int s = 0; s < 25; ++s) {
+      const double loss = m.forward(x.data(), y.data(), 8, true).loss;
+      ASSERT_TRUE(std::isfinite(loss)) << s;
+      m.backward();
+      sgd.step(0.05f);
+      if (s == 0) first = loss;
+      last = loss;
+    }
+    EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
+    LayerNumerics nm = m.numerics().at(1);
+    EXPECT_EQ(nm.format, "e4m3/e4m3/e5m2") << nm.layer;
+  }
+}
