@@ -16,12 +16,17 @@ const char* float_format_name(FloatFormat f) noexcept {
     case FloatFormat::fp16: return "fp16";
     case FloatFormat::e4m3: return "e4m3";
     case FloatFormat::e5m2: return "e5m2";
+    case FloatFormat::e3m2: return "e3m2";
+    case FloatFormat::e2m3: return "e2m3";
+    case FloatFormat::e2m1: return "e2m1";
+    case FloatFormat::int8: return "int8";
   }
   return "?";
 }
 
 FloatFormat parse_float_format(const std::string& text, const std::string& origin) {
-  return parse_named(text, {FloatFormat::fp32, FloatFormat::bf16, FloatFormat::fp16, FloatFormat::e4m3, FloatFormat::e5m2}, float_format_name, origin,
+  return parse_named(text, {FloatFormat::fp32, FloatFormat::bf16, FloatFormat::fp16, FloatFormat::e4m3, FloatFormat::e5m2,
+                                FloatFormat::e3m2, FloatFormat::e2m3, FloatFormat::e2m1, FloatFormat::int8}, float_format_name, origin,
                      "format");
 }
 

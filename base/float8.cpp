@@ -1,4 +1,5 @@
-// Scalar FP8 (OFP8 e4m3, e5m2) conversions: the specification the kernels are tested against.
+// Scalar FP8 (OFP8 e4m3, e5m2) and MX element (e3m2, e2m3, e2m1, int8) conversions: the
+// specification the kernels are tested against.
 // Rounding works on the integer significand of the FP32 input, apart from the kernels' float
 // arithmetic, so the two are independent checks of each other.
 #include "dfp/float8.hpp"
@@ -25,12 +26,18 @@ Overflow parse_overflow(const std::string& text, const std::string& origin) {
 }
 
 namespace {
-constexpr Float8Info kE4m3{FloatFormat::e4m3, 4, 3, 7, 448.0f, 0x7E};
-constexpr Float8Info kE5m2{FloatFormat::e5m2, 5, 2, 15, 57344.0f, 0x7B};
+constexpr Float8Info kFormats[] = {
+    {FloatFormat::e4m3, 4, 3, 7, 448.0f, 0x7E, true},   {FloatFormat::e5m2, 5, 2, 15, 57344.0f, 0x7B, true},
+    {FloatFormat::e3m2, 3, 2, 3, 28.0f, 0x1F, false},   {FloatFormat::e2m3, 2, 3, 1, 7.5f, 0x1F, false},
+    {FloatFormat::e2m1, 2, 1, 1, 6.0f, 0x07, false},    {FloatFormat::int8, 1, 6, 1, 127.0f / 64, 0x7F, false},
+};
 
-uint8_t nan_code(const Float8Info& f) noexcept { return f.format == FloatFormat::e4m3 ? 0x7F : 0x7E; }
+// Formats without NaN give their largest magnitude (round_float8 keeps the NaN itself).
+uint8_t nan_code(const Float8Info& f) noexcept {
+  return f.format == FloatFormat::e4m3 ? 0x7F : f.format == FloatFormat::e5m2 ? 0x7E : f.max_code;
+}
 uint8_t overflow_code(const Float8Info& f, Overflow o) noexcept {
-  if (o == Overflow::saturate) return f.max_code;
+  if (o == Overflow::saturate || !f.nonfinite) return f.max_code;
   return f.format == FloatFormat::e4m3 ? 0x7F : 0x7C;  // e4m3 has no infinity: NaN
 }
 
@@ -82,7 +89,9 @@ uint8_t encode_magnitude(uint32_t a, const Float8Info& f, Overflow o, int64_t r2
 }  // namespace
 
 const Float8Info* float8_info(FloatFormat f) noexcept {
-  return f == FloatFormat::e4m3 ? &kE4m3 : f == FloatFormat::e5m2 ? &kE5m2 : nullptr;
+  for (const Float8Info& i : kFormats)
+    if (i.format == f) return &i;
+  return nullptr;
 }
 
 uint8_t f32_to_float8(float x, FloatFormat f, Overflow o) noexcept {
@@ -101,7 +110,7 @@ float float8_to_f32(uint8_t code, FloatFormat fmt) noexcept {
   const int m = f.mantissa_bits;
   const uint32_t field = (code & 0x7Fu) >> m, mant = code & ((1u << m) - 1);
   const bool e4m3 = fmt == FloatFormat::e4m3;
-  if (e4m3 ? (code & 0x7Fu) == 0x7Fu : field == 0x1Fu) {
+  if (f.nonfinite && (e4m3 ? (code & 0x7Fu) == 0x7Fu : field == 0x1Fu)) {
     if (!e4m3 && mant == 0) return std::bit_cast<float>(sign | 0x7F800000u);
     return std::bit_cast<float>(sign | 0x7FC00000u);
   }
@@ -112,6 +121,8 @@ float float8_to_f32(uint8_t code, FloatFormat fmt) noexcept {
 
 float round_float8(float x, FloatFormat f, Overflow o, int scale_exp, Rounding r, uint32_t r24) noexcept {
   const float y = x * std::ldexp(1.0f, scale_exp);
+  if (std::isnan(y) && !float8_info(f)->nonfinite)  // no code: the NaN itself, quieted, with its sign
+    return std::bit_cast<float>((std::bit_cast<uint32_t>(y) & 0x80000000u) | 0x7FC00000u);
   const uint8_t c = r == Rounding::stochastic ? f32_to_float8_stochastic(y, f, o, r24) : f32_to_float8(y, f, o);
   return float8_to_f32(c, f) * std::ldexp(1.0f, -scale_exp);
 }
@@ -122,6 +133,31 @@ int float8_scale_exponent(float amax, FloatFormat f, int margin) noexcept {
   const float fa = std::frexp(amax, &ea), fm = std::frexp(float8_info(f)->max_finite, &em);
   const int s = (fa <= fm ? em - ea : em - ea - 1) - margin;
   return std::clamp(s, -kFloat8MaxScaleExp, kFloat8MaxScaleExp);
+}
+
+int mx_scale_exponent(float amax, FloatFormat element) noexcept {
+  if (!(amax > 0)) return -kFloat8MaxScaleExp;
+  int e;
+  std::frexp(amax, &e);  // amax = f * 2^e, f in [0.5, 1): floor(log2 amax) = e - 1
+  return std::clamp(e - 1 - float8_info(element)->max_exponent(), -kFloat8MaxScaleExp, kFloat8MaxScaleExp);
+}
+
+int mx_round_block(const float* src, float* dst, size_t n, size_t stride, FloatFormat element) noexcept {
+  float amax = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = src[i * stride];
+    finite = finite && std::isfinite(v);
+    amax = std::max(amax, std::fabs(v));
+  }
+  if (!finite) {
+    for (size_t i = 0; i < n; ++i) dst[i * stride] = std::bit_cast<float>(0x7FC00000u);
+    return kMxNanScale;
+  }
+  const int x = mx_scale_exponent(amax, element);
+  for (size_t i = 0; i < n; ++i)
+    dst[i * stride] = round_float8(src[i * stride], element, Overflow::saturate, -x, Rounding::nearest_even, 0);
+  return x;
 }
 
 FormatStats measure_float8_rounding(const float* x, const float* q, size_t n, FloatFormat f, int scale_exp) noexcept {

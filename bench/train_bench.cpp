@@ -39,7 +39,8 @@ void train_step(benchmark::State& state, Config cfg, dfp::Precision precision, i
 // Blocks rather than single steps: training runs consecutive steps of one precision, and a step
 // of the other precision in between evicts what the next step would find in L3 (32 MiB here;
 // the INT16 arena of ResNet-20 is 24 MiB). Counters: each precision's images/s and
-// int16_over_fp32, their ratio (fp8_over_fp32 for fp8:fp32; slice_over_tensor for granularities).
+// int16_over_fp32, their ratio (fp8_over_fp32 for fp8:fp32 and so on; slice_over_tensor for
+// granularities).
 constexpr int kRatioBlock = 8;
 // The same for two policies a (the baseline, "fp32") and b ("int16"): INT16 with exponents per
 // slice against one per tensor (train_granularity).
@@ -149,7 +150,7 @@ int main(int argc, char** argv) {
   }
   for (const Config& c : configs)
     for (dfp::Precision p : {dfp::Precision::fp32, dfp::Precision::int16, dfp::Precision::bf16, dfp::Precision::fp16,
-                              dfp::Precision::fp8})
+                              dfp::Precision::fp8, dfp::Precision::mxfp8})
       for (int t : {1, 2})
         benchmark::RegisterBenchmark(("train/" + std::string(c.model) + "_" + std::to_string(c.c) + "x" +
                                       std::to_string(c.h) + "/" + dfp::precision_name(p) + "/threads:" + std::to_string(t))
@@ -181,6 +182,8 @@ int main(int argc, char** argv) {
   for (const Config& c : {configs[0], configs[2]}) ratio("train_ratio", c, fp32, int16, "int16:fp32");
   // The emulated formats' steps against FP32's (issue 48's speed target: each <= 1.5x FP32's step).
   ratio("train_ratio", configs[0], fp32, TrainRun::policy(dfp::Precision::fp8), "fp8:fp32");
+  for (dfp::Precision p : {dfp::Precision::mxfp8, dfp::Precision::mxfp4})
+    ratio("train_ratio", configs[0], fp32, TrainRun::policy(p), std::string(dfp::precision_name(p)) + ":fp32");
   // INT16 with exponents per slice against one per tensor (Granularity).
   for (const Config& c : {configs[1], configs[0]}) {
     ratio("train_granularity", c, int16, sliced(true, true, true), "slice:tensor");

@@ -257,6 +257,19 @@ using RoundToFn = void (*)(const float* src, float* dst, size_t n, Rounding roun
 using RoundFp8Fn = float (*)(const float* src, float* dst, size_t n, FloatFormat format, Overflow overflow,
                              int scale_exp, Rounding rounding, uint32_t key, uint64_t index_base);
 
+// ---- OCP Microscaling blocks (include/dfp/float8.hpp: mx_round_block is the specification) -----
+// Each block's rounded values go to the destination (== the source allowed), and the smallest and
+// largest X of its finite blocks are folded into *scale_min and *scale_max.
+// Blocks across the channels of a blocked (16-lane) tensor: at each of `pixels` pixels, the 16
+// lanes of a and, where b is not null, the 16 of b form one block (padding lanes hold zeros,
+// which neither move a block's scale nor change).
+using MxLanesFn = void (*)(const float* a, const float* b, float* da, float* db, size_t pixels, FloatFormat element,
+                           int* scale_min, int* scale_max);
+// Blocks along rows: element (r, l) at src[r * row_stride + l] for r < rows, l < lanes; each
+// lane's rows in blocks of kMxBlock, the last holding rows % kMxBlock.
+using MxRowsFn = void (*)(const float* src, float* dst, size_t rows, size_t lanes, size_t row_stride,
+                          FloatFormat element, int* scale_min, int* scale_max);
+
 using PixelKernelFn = void (*)(const PixelKernelArgs&);
 using PairKernelFn = void (*)(const PairKernelArgs&);
 

@@ -21,10 +21,12 @@
 
 namespace dfp {
 
-// e4m3, e5m2: the OCP 8-bit formats (dfp/float8.hpp), stored at a per-tensor scale.
-enum class FloatFormat : uint8_t { fp32, bf16, fp16, e4m3, e5m2 };
+// e4m3, e5m2: the OCP 8-bit formats; e3m2, e2m3 (FP6), e2m1 (FP4) and int8: the OCP Microscaling
+// element formats (dfp/float8.hpp). Stored at a per-tensor or (MX) per-block scale.
+enum class FloatFormat : uint8_t { fp32, bf16, fp16, e4m3, e5m2, e3m2, e2m3, e2m1, int8 };
 const char* float_format_name(FloatFormat f) noexcept;
-// "fp32", "bf16", "fp16", "e4m3", "e5m2"; throws naming `origin` otherwise.
+// "fp32", "bf16", "fp16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8"; throws naming `origin`
+// otherwise.
 FloatFormat parse_float_format(const std::string& text, const std::string& origin);
 
 // Scalar conversions (the specification; the kernels are bit-identical to these).

@@ -14,6 +14,18 @@
 // Stochastic rounding rounds the magnitude up with probability equal to its distance from the
 // lower neighbour in units of the gap, from a uniform 24-bit random number.
 //
+// The OCP Microscaling (MX) v1.0 element formats, all saturating (no infinities, no NaN):
+//   e3m2: FP6, bias 3, largest 28, smallest subnormal 2^-4;
+//   e2m3: FP6, bias 1, largest 7.5, smallest subnormal 2^-3;
+//   e2m1: FP4, bias 1, largest 6, smallest subnormal 2^-1;
+//   int8: MXINT8's two's-complement element with its implicit 2^-6, k/64 for k in -127..127 (the
+//         spec's -128 is never produced, as symmetric quantizers do); exactly the small float with
+//         1 exponent bit, 6 mantissa bits and bias 1, which is how it is encoded here (code =
+//         sign | |k|).
+// Their codes occupy the low bits (sign at bit 7). They have no NaN: f32_to_float8 gives the
+// largest magnitude for NaN, and round_float8 returns the NaN itself (the value has no code; a
+// training run sees it).
+//
 // Training rounds a tensor at a per-tensor power-of-two scale 2^s: q(x) = fp8(x * 2^s) * 2^-s
 // (PrecisionPolicy's fp8 settings choose s). Products of two FP8 values are exact in FP32, and a
 // power-of-two scale makes the dequantization exact, so "FP8 operands, FP32 accumulation" is
@@ -38,11 +50,14 @@ Overflow parse_overflow(const std::string& text, const std::string& origin);
 struct Float8Info {
   FloatFormat format;
   int exponent_bits, mantissa_bits, bias;
-  float max_finite;   // 448, 57344
-  uint8_t max_code;   // the largest finite magnitude's code: 0x7E, 0x7B
+  float max_finite;   // 448, 57344, 28, 7.5, 6, 127/64
+  uint8_t max_code;   // the largest finite magnitude's code: 0x7E, 0x7B, 0x1F, 0x1F, 0x07, 0x7F
+  bool nonfinite;     // has NaN (e4m3) or infinities and NaN (e5m2)
   int min_exponent() const noexcept { return 1 - bias; }  // of the smallest normal
+  // The exponent of the largest normal: MX's emax (8, 15, 4, 2, 2, 0).
+  int max_exponent() const noexcept { return (max_code >> mantissa_bits) - bias; }
 };
-// The format's parameters; null unless f is e4m3 or e5m2.
+// The format's parameters; null unless f is one of the 8-bit-or-smaller formats.
 const Float8Info* float8_info(FloatFormat f) noexcept;
 inline bool is_float8(FloatFormat f) noexcept { return float8_info(f) != nullptr; }
 
@@ -60,6 +75,22 @@ float round_float8(float x, FloatFormat f, Overflow o, int scale_exp, Rounding r
 // scale exponent of current and delayed scaling.
 inline constexpr int kFloat8MaxScaleExp = 126;
 int float8_scale_exponent(float amax, FloatFormat f, int margin) noexcept;
+
+// ---- OCP Microscaling (MX) v1.0: blocks of kMxBlock elements sharing an E8M0 scale 2^X ----------
+inline constexpr int kMxBlock = 32;
+// X of a block whose largest magnitude is amax: floor(log2 amax) minus the element format's
+// max_exponent() (so the largest element lands in the format's top binade, saturating above its
+// largest value as the spec converts), within [-kFloat8MaxScaleExp, kFloat8MaxScaleExp] (E8M0's
+// own range is -127..127: its two end values are left out, so that 2^X and 2^-X are normal
+// floats; they matter only to blocks whose maximum is below 2^-126 or above 2^126 times the
+// format's largest power of two). An all-zero block takes the lower end.
+int mx_scale_exponent(float amax, FloatFormat element) noexcept;
+// One block of n (<= kMxBlock) elements src[0], src[stride], ...: each rounded as the spec
+// converts it, P = saturate(RNE(v * 2^-X)) in the element format, stored back as P * 2^X
+// (round_float8 at scale -X). A block holding a NaN or an infinity becomes all NaN (the spec's NaN
+// scale) and returns kMxNanScale; others return X.
+inline constexpr int kMxNanScale = 1 << 20;
+int mx_round_block(const float* src, float* dst, size_t n, size_t stride, FloatFormat element) noexcept;
 
 // Statistics of x against q(x) = its rounding at scale 2^scale_exp: measure_rounding's, with
 // overflow counting the finite x whose |x| * 2^scale_exp exceeds the largest finite value.

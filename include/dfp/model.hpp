@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -261,6 +262,13 @@ class Model {
   // Non-trainable state that checkpoints must keep (BatchNorm running statistics).
   std::vector<std::pair<std::string, std::vector<float>*>> buffers();
   std::vector<LayerNumerics> numerics() const;
+  // Delayed FP8 scaling's amax histories, training state a checkpoint keeps, by "<layer>.<class>"
+  // (a grouped conv's "<layer>.g<i>.<class>"; class weights, activations or gradients), oldest
+  // first. set_scaling_histories refuses (corrupt_data, naming `origin` and the key) a value that
+  // is not finite and >= 0 and a key no layer keeps a history under; a layer keeps the last
+  // fp8 amax_history values.
+  std::map<std::string, std::vector<float>> scaling_histories() const;
+  void set_scaling_histories(const std::map<std::string, std::vector<float>>& histories, const std::string& origin);
   // One line per layer: name, kind, output shape, precision.
   std::string summary() const;
   // Every node in construction order (node 0 is the input), the node the loss reads, and its

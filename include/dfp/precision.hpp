@@ -33,13 +33,22 @@ class Context;
 // fp8:   OFP8 operands (dfp/float8.hpp), the usual recipe: e4m3 weights and activations, e5m2
 //        gradients, each tensor at a power-of-two scale (Float8Options), FP32 accumulation;
 //        emulated exactly (products of FP8 values are exact in FP32).
-enum class Precision { fp32, int16, bf16, fp16, fp8 };
+// mxfp8, mxfp6, mxfp4, mxint8: OCP Microscaling v1.0 (dfp/float8.hpp): blocks of 32 elements
+//        along each pass's reduction dimension share an E8M0 scale, so each pass quantizes its
+//        operands again along its own axis (x along the channels in the forward pass and along
+//        the pixels in the weight gradient; w along its input channels forward and its output
+//        channels backward; dy along the channels backward and the pixels in the weight
+//        gradient). Elements: mxfp8 e4m3 (x, w) and e5m2 (dy), mxfp6 e2m3 and e3m2, mxfp4 e2m1,
+//        mxint8 int8; exact products accumulated in FP32.
+enum class Precision { fp32, int16, bf16, fp16, fp8, mxfp8, mxfp6, mxfp4, mxint8 };
 const char* precision_name(Precision p) noexcept;
 // Throws invalid_argument naming `origin` and the accepted names.
 Precision parse_precision(const std::string& text, const std::string& origin);
 // The 16-bit float format a float precision (bf16, fp16) rounds its operands to; fp32 for the
 // others.
 FloatFormat operand_format(Precision p) noexcept;
+// Whether p is one of the OCP Microscaling precisions (block scales along each pass's reduction).
+bool is_mx(Precision p) noexcept;
 
 // How an 8-bit float tensor is scaled before rounding (q(x) = fp8(x * 2^s) * 2^-s):
 //   none:    s = 0 (loss scaling keeps the gradients in range, as for fp16);

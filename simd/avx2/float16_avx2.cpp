@@ -81,45 +81,136 @@ void fp16_to_f32(const uint16_t* src, float* dst, size_t n) {
 
 }  // namespace dfp::simd::avx2
 
-// ---- FP8 ----------------------------------------------------------------------------------------
-// The AVX-512 form's arithmetic (simd/avx512/float16_avx512.cpp) on 8 lanes; the last n % 8
-// elements run the reference.
+// ---- FP8 and the MX element formats -----------------------------------------------------------
+// The AVX-512 forms' arithmetic (simd/avx512/float16_avx512.cpp) on 8 lanes; the last n % 8
+// elements (and lanes) run the reference.
 namespace dfp::simd::avx2 {
+namespace {
+
+struct SmallFloat {
+  __m256 min_pow, cap, gap, big, maxv, inf, qnan, over_value, abs_bits, exp_bits;
+  SmallFloat(const Float8Info& f, Overflow o)
+      : min_pow(_mm256_set1_ps(std::ldexp(1.0f, f.min_exponent()))),
+        cap(_mm256_set1_ps(0x1p24f)),
+        gap(_mm256_set1_ps(std::ldexp(1.0f, -f.mantissa_bits))),
+        big(_mm256_set1_ps(0x1p23f)),
+        maxv(_mm256_set1_ps(f.max_finite)),
+        inf(_mm256_set1_ps(INFINITY)),
+        qnan(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000))),
+        over_value(o == Overflow::saturate || !f.nonfinite ? maxv : f.format == FloatFormat::e5m2 ? inf : qnan),
+        abs_bits(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))),
+        exp_bits(_mm256_castsi256_ps(_mm256_set1_epi32(0x7F800000))) {}
+};
+
+inline __m256 round_small(__m256 x, __m256 scale, __m256 unscale, const SmallFloat& k) {
+  const __m256 y = _mm256_mul_ps(x, scale);
+  const __m256 a = _mm256_and_ps(y, k.abs_bits);
+  const __m256 p = _mm256_min_ps(_mm256_max_ps(_mm256_and_ps(y, k.exp_bits), k.min_pow), k.cap);
+  const __m256 c = _mm256_mul_ps(_mm256_mul_ps(p, k.gap), k.big);
+  __m256 q = _mm256_sub_ps(_mm256_add_ps(a, c), c);
+  const __m256 over = _mm256_or_ps(_mm256_cmp_ps(q, k.maxv, _CMP_GT_OQ), _mm256_cmp_ps(a, k.inf, _CMP_EQ_OQ));
+  q = _mm256_blendv_ps(q, k.over_value, over);
+  q = _mm256_blendv_ps(q, k.qnan, _mm256_cmp_ps(y, y, _CMP_UNORD_Q));
+  q = _mm256_or_ps(q, _mm256_andnot_ps(k.abs_bits, y));
+  return _mm256_mul_ps(q, unscale);
+}
+
+inline __m256 pow2(__m256i e) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23)); }
+
+inline __m256i mx_scale(__m256 amax, int emax) {
+  const __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(amax), 23), _mm256_set1_epi32(127 + emax));
+  return _mm256_min_epi32(_mm256_max_epi32(e, _mm256_set1_epi32(-kFloat8MaxScaleExp)), _mm256_set1_epi32(kFloat8MaxScaleExp));
+}
+
+inline bool any(__m256 mask) { return _mm256_movemask_ps(mask) != 0; }
+
+}  // namespace
 
 float round_fp8(const float* src, float* dst, size_t n, FloatFormat format, Overflow overflow, int scale_exp,
                 Rounding r, uint32_t key, uint64_t base) {
   if (r == Rounding::stochastic) return ref::round_fp8(src, dst, n, format, overflow, scale_exp, r, key, base);
-  const Float8Info& f = *float8_info(format);
+  const SmallFloat k(*float8_info(format), overflow);
   const __m256 scale = _mm256_set1_ps(std::ldexp(1.0f, scale_exp)), unscale = _mm256_set1_ps(std::ldexp(1.0f, -scale_exp));
-  const __m256 min_pow = _mm256_set1_ps(std::ldexp(1.0f, f.min_exponent())), cap = _mm256_set1_ps(0x1p24f);
-  const __m256 gap = _mm256_set1_ps(std::ldexp(1.0f, -f.mantissa_bits)), big = _mm256_set1_ps(0x1p23f);
-  const __m256 maxv = _mm256_set1_ps(f.max_finite), inf = _mm256_set1_ps(INFINITY);
-  const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
-  const __m256 over_value = overflow == Overflow::saturate ? maxv : format == FloatFormat::e5m2 ? inf : qnan;
-  const __m256 abs_bits = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256 exp_bits = _mm256_castsi256_ps(_mm256_set1_epi32(0x7F800000));
   __m256 amax = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 x = _mm256_loadu_ps(src + i);
-    const __m256 ax = _mm256_and_ps(x, abs_bits);
-    amax = _mm256_max_ps(amax, _mm256_and_ps(ax, _mm256_cmp_ps(ax, inf, _CMP_LT_OQ)));
-    const __m256 y = _mm256_mul_ps(x, scale);
-    const __m256 a = _mm256_and_ps(y, abs_bits);
-    const __m256 p = _mm256_min_ps(_mm256_max_ps(_mm256_and_ps(y, exp_bits), min_pow), cap);
-    const __m256 c = _mm256_mul_ps(_mm256_mul_ps(p, gap), big);
-    __m256 q = _mm256_sub_ps(_mm256_add_ps(a, c), c);
-    const __m256 over = _mm256_or_ps(_mm256_cmp_ps(q, maxv, _CMP_GT_OQ), _mm256_cmp_ps(a, inf, _CMP_EQ_OQ));
-    q = _mm256_blendv_ps(q, over_value, over);
-    q = _mm256_blendv_ps(q, qnan, _mm256_cmp_ps(y, y, _CMP_UNORD_Q));
-    q = _mm256_or_ps(q, _mm256_andnot_ps(abs_bits, y));
-    _mm256_storeu_ps(dst + i, _mm256_mul_ps(q, unscale));
+    const __m256 ax = _mm256_and_ps(x, k.abs_bits);
+    amax = _mm256_max_ps(amax, _mm256_and_ps(ax, _mm256_cmp_ps(ax, k.inf, _CMP_LT_OQ)));
+    _mm256_storeu_ps(dst + i, round_small(x, scale, unscale, k));
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, amax);
   float m = ref::round_fp8(src + i, dst + i, n - i, format, overflow, scale_exp, r, key, base + i);
   for (float v : lanes) m = std::max(m, v);
   return m;
+}
+
+void mx_lanes(const float* a, const float* b, float* da, float* db, size_t pixels, FloatFormat format, int* lo,
+              int* hi) {
+  const Float8Info& f = *float8_info(format);
+  const SmallFloat k(f, Overflow::saturate);
+  const int emax = f.max_exponent();
+  for (size_t p = 0; p < pixels; ++p) {
+    __m256 v[4] = {_mm256_loadu_ps(a + p * 16), _mm256_loadu_ps(a + p * 16 + 8), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    if (b) v[2] = _mm256_loadu_ps(b + p * 16), v[3] = _mm256_loadu_ps(b + p * 16 + 8);
+    __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (const __m256& x : v) {
+      const __m256 ax = _mm256_and_ps(x, k.abs_bits);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(ax, k.inf, _CMP_NLT_UQ));
+      amax = _mm256_max_ps(amax, ax);
+    }
+    if (any(bad)) {
+      _mm256_storeu_ps(da + p * 16, k.qnan), _mm256_storeu_ps(da + p * 16 + 8, k.qnan);
+      if (b) _mm256_storeu_ps(db + p * 16, k.qnan), _mm256_storeu_ps(db + p * 16 + 8, k.qnan);
+      continue;
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const __m256i x = mx_scale(_mm256_set1_ps(_mm_cvtss_f32(m4)), emax);
+    const __m256 scale = pow2(_mm256_sub_epi32(_mm256_setzero_si256(), x)), unscale = pow2(x);
+    _mm256_storeu_ps(da + p * 16, round_small(v[0], scale, unscale, k));
+    _mm256_storeu_ps(da + p * 16 + 8, round_small(v[1], scale, unscale, k));
+    if (b) {
+      _mm256_storeu_ps(db + p * 16, round_small(v[2], scale, unscale, k));
+      _mm256_storeu_ps(db + p * 16 + 8, round_small(v[3], scale, unscale, k));
+    }
+    const int xs = _mm256_extract_epi32(x, 0);
+    *lo = std::min(*lo, xs);
+    *hi = std::max(*hi, xs);
+  }
+}
+
+void mx_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t stride, FloatFormat format, int* lo,
+             int* hi) {
+  const Float8Info& f = *float8_info(format);
+  const SmallFloat k(f, Overflow::saturate);
+  const int emax = f.max_exponent();
+  size_t l = 0;
+  for (; l + 8 <= lanes; l += 8) {
+    for (size_t r0 = 0; r0 < rows; r0 += kMxBlock) {
+      const size_t r1 = std::min(rows, r0 + kMxBlock);
+      __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+      for (size_t r = r0; r < r1; ++r) {
+        const __m256 ax = _mm256_and_ps(_mm256_loadu_ps(src + r * stride + l), k.abs_bits);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(ax, k.inf, _CMP_NLT_UQ));
+        amax = _mm256_max_ps(amax, ax);
+      }
+      const __m256i x = mx_scale(amax, emax);
+      const __m256 scale = pow2(_mm256_sub_epi32(_mm256_setzero_si256(), x)), unscale = pow2(x);
+      for (size_t r = r0; r < r1; ++r) {
+        const __m256 q = round_small(_mm256_loadu_ps(src + r * stride + l), scale, unscale, k);
+        _mm256_storeu_ps(dst + r * stride + l, _mm256_blendv_ps(q, k.qnan, bad));
+      }
+      alignas(32) int xs[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(xs), x);
+      const int bad_bits = _mm256_movemask_ps(bad);
+      for (int j = 0; j < 8; ++j)
+        if (!(bad_bits >> j & 1)) *lo = std::min(*lo, xs[j]), *hi = std::max(*hi, xs[j]);
+    }
+  }
+  if (l < lanes) ref::mx_rows(src + l, dst + l, rows, lanes - l, stride, format, lo, hi);
 }
 
 }  // namespace dfp::simd::avx2

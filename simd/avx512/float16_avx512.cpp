@@ -78,45 +78,132 @@ void fp16_to_f32(const uint16_t* src, float* dst, size_t n) {
 
 }  // namespace dfp::simd::avx512
 
-// ---- FP8 ----------------------------------------------------------------------------------------
+// ---- FP8 and the MX element formats -----------------------------------------------------------
 // Round-to-nearest-even to the format's gap by float arithmetic: the gap g of |y| is 2^(max(e,
 // emin) - m) with e its exponent (from the exponent bits, so exact), and (|y| + g*2^23) - g*2^23
 // rounds |y| to a multiple of g in the FP32 addition's own round-to-nearest-even (g*2^23 has
 // gap g, and |y| < 2^(m+1) g keeps the sum inside its binade). The exponent is capped at 2^24, far
-// above either format's range, so that g*2^23 stays finite: a larger |y| is an overflow anyway.
+// above every format's range, so that g*2^23 stays finite: a larger |y| is an overflow anyway.
 // Overflow, infinities and NaN are masked in.
 namespace dfp::simd::avx512 {
+namespace {
+
+struct SmallFloat {
+  __m512 min_pow, cap, gap, big, maxv, inf, qnan, over_value;
+  __m512i abs_bits, exp_bits;
+  SmallFloat(const Float8Info& f, Overflow o)
+      : min_pow(_mm512_set1_ps(std::ldexp(1.0f, f.min_exponent()))),
+        cap(_mm512_set1_ps(0x1p24f)),
+        gap(_mm512_set1_ps(std::ldexp(1.0f, -f.mantissa_bits))),
+        big(_mm512_set1_ps(0x1p23f)),
+        maxv(_mm512_set1_ps(f.max_finite)),
+        inf(_mm512_set1_ps(INFINITY)),
+        qnan(_mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000))),
+        over_value(o == Overflow::saturate || !f.nonfinite ? maxv : f.format == FloatFormat::e5m2 ? inf : qnan),
+        abs_bits(_mm512_set1_epi32(0x7FFFFFFF)),
+        exp_bits(_mm512_set1_epi32(0x7F800000)) {}
+};
+
+// x * scale rounded to the format, times unscale (round_float8's arithmetic, lane by lane).
+inline __m512 round_small(__m512 x, __m512 scale, __m512 unscale, const SmallFloat& k) {
+  const __m512 y = _mm512_mul_ps(x, scale);
+  const __m512i yb = _mm512_castps_si512(y);
+  const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(yb, k.abs_bits));
+  const __m512 p = _mm512_min_ps(_mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(yb, k.exp_bits)), k.min_pow), k.cap);
+  const __m512 c = _mm512_mul_ps(_mm512_mul_ps(p, k.gap), k.big);
+  __m512 q = _mm512_sub_ps(_mm512_add_ps(a, c), c);
+  const __mmask16 over = _mm512_cmp_ps_mask(q, k.maxv, _CMP_GT_OQ) | _mm512_cmp_ps_mask(a, k.inf, _CMP_EQ_OQ);
+  q = _mm512_mask_mov_ps(q, over, k.over_value);
+  q = _mm512_mask_mov_ps(q, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), k.qnan);
+  q = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(q), _mm512_andnot_si512(k.abs_bits, yb)));
+  return _mm512_mul_ps(q, unscale);
+}
+
+// 2^e for integer lanes e in [-126, 127].
+inline __m512 pow2(__m512i e) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23)); }
+
+// MX: the lanes' X = floor(log2 amax) - emax, clamped (mx_scale_exponent; amax's exponent bits,
+// so a zero or subnormal amax clamps to the lower end).
+inline __m512i mx_scale(__m512 amax, int emax) {
+  const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(amax), 23), _mm512_set1_epi32(127 + emax));
+  return _mm512_min_epi32(_mm512_max_epi32(e, _mm512_set1_epi32(-kFloat8MaxScaleExp)), _mm512_set1_epi32(kFloat8MaxScaleExp));
+}
+
+void fold_scales(__m512i x, __mmask16 valid, int* lo, int* hi) {
+  if (!valid) return;
+  *lo = std::min(*lo, _mm512_mask_reduce_min_epi32(valid, x));
+  *hi = std::max(*hi, _mm512_mask_reduce_max_epi32(valid, x));
+}
+
+}  // namespace
 
 float round_fp8(const float* src, float* dst, size_t n, FloatFormat format, Overflow overflow, int scale_exp,
                 Rounding r, uint32_t key, uint64_t base) {
   if (r == Rounding::stochastic) return ref::round_fp8(src, dst, n, format, overflow, scale_exp, r, key, base);
-  const Float8Info& f = *float8_info(format);
+  const SmallFloat k(*float8_info(format), overflow);
   const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, scale_exp)), unscale = _mm512_set1_ps(std::ldexp(1.0f, -scale_exp));
-  const __m512 min_pow = _mm512_set1_ps(std::ldexp(1.0f, f.min_exponent())), cap = _mm512_set1_ps(0x1p24f);
-  const __m512 gap = _mm512_set1_ps(std::ldexp(1.0f, -f.mantissa_bits)), big = _mm512_set1_ps(0x1p23f);
-  const __m512 maxv = _mm512_set1_ps(f.max_finite), inf = _mm512_set1_ps(INFINITY);
-  const __m512 qnan = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000));
-  const __m512 over_value = overflow == Overflow::saturate ? maxv : format == FloatFormat::e5m2 ? inf : qnan;
-  const __m512i abs_bits = _mm512_set1_epi32(0x7FFFFFFF), exp_bits = _mm512_set1_epi32(0x7F800000);
   __m512 amax = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = tail_mask(n - i);
     const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
-    const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), abs_bits));
-    amax = _mm512_mask_max_ps(amax, _mm512_cmp_ps_mask(ax, inf, _CMP_LT_OQ), amax, ax);
-    const __m512 y = _mm512_mul_ps(x, scale);
-    const __m512i yb = _mm512_castps_si512(y);
-    const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(yb, abs_bits));
-    const __m512 p = _mm512_min_ps(_mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(yb, exp_bits)), min_pow), cap);
-    const __m512 c = _mm512_mul_ps(_mm512_mul_ps(p, gap), big);
-    __m512 q = _mm512_sub_ps(_mm512_add_ps(a, c), c);
-    const __mmask16 over = _mm512_cmp_ps_mask(q, maxv, _CMP_GT_OQ) | _mm512_cmp_ps_mask(a, inf, _CMP_EQ_OQ);
-    q = _mm512_mask_mov_ps(q, over, over_value);
-    q = _mm512_mask_mov_ps(q, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), qnan);
-    q = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(q), _mm512_andnot_si512(abs_bits, yb)));
-    _mm512_mask_storeu_ps(dst + i, m, _mm512_mul_ps(q, unscale));
+    const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), k.abs_bits));
+    amax = _mm512_mask_max_ps(amax, _mm512_cmp_ps_mask(ax, k.inf, _CMP_LT_OQ), amax, ax);
+    _mm512_mask_storeu_ps(dst + i, m, round_small(x, scale, unscale, k));
   }
   return _mm512_reduce_max_ps(amax);
+}
+
+// One block per pixel: 16 lanes of a and 16 of b; the block's X broadcast.
+void mx_lanes(const float* a, const float* b, float* da, float* db, size_t pixels, FloatFormat format, int* lo,
+              int* hi) {
+  const Float8Info& f = *float8_info(format);
+  const SmallFloat k(f, Overflow::saturate);
+  const int emax = f.max_exponent();
+  for (size_t p = 0; p < pixels; ++p) {
+    const __m512 va = _mm512_loadu_ps(a + p * 16), vb = b ? _mm512_loadu_ps(b + p * 16) : _mm512_setzero_ps();
+    const __m512 aa = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(va), k.abs_bits));
+    const __m512 ab = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(vb), k.abs_bits));
+    const __m512 amax = _mm512_max_ps(aa, ab);
+    if (_mm512_cmp_ps_mask(amax, k.inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(aa, k.inf, _CMP_NLT_UQ)) {
+      _mm512_storeu_ps(da + p * 16, k.qnan);  // a NaN or an infinity: the block is NaN
+      if (b) _mm512_storeu_ps(db + p * 16, k.qnan);
+      continue;
+    }
+    const __m512i x = mx_scale(_mm512_set1_ps(_mm512_reduce_max_ps(amax)), emax);
+    const __m512 scale = pow2(_mm512_sub_epi32(_mm512_setzero_si512(), x)), unscale = pow2(x);
+    _mm512_storeu_ps(da + p * 16, round_small(va, scale, unscale, k));
+    if (b) _mm512_storeu_ps(db + p * 16, round_small(vb, scale, unscale, k));
+    fold_scales(x, 1, lo, hi);
+  }
+}
+
+// Each lane's rows in blocks of 32: 16 lanes' blocks at once.
+void mx_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t stride, FloatFormat format, int* lo,
+             int* hi) {
+  const Float8Info& f = *float8_info(format);
+  const SmallFloat k(f, Overflow::saturate);
+  const int emax = f.max_exponent();
+  for (size_t l = 0; l < lanes; l += 16) {
+    const __mmask16 m = tail_mask(lanes - l);
+    for (size_t r0 = 0; r0 < rows; r0 += kMxBlock) {
+      const size_t r1 = std::min(rows, r0 + kMxBlock);
+      __m512 amax = _mm512_setzero_ps();
+      __mmask16 bad = 0;
+      for (size_t r = r0; r < r1; ++r) {
+        const __m512 ax = _mm512_castsi512_ps(
+            _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + r * stride + l)), k.abs_bits));
+        bad |= _mm512_cmp_ps_mask(ax, k.inf, _CMP_NLT_UQ);
+        amax = _mm512_max_ps(amax, ax);
+      }
+      const __m512i x = mx_scale(amax, emax);
+      const __m512 scale = pow2(_mm512_sub_epi32(_mm512_setzero_si512(), x)), unscale = pow2(x);
+      for (size_t r = r0; r < r1; ++r) {
+        const __m512 q = round_small(_mm512_maskz_loadu_ps(m, src + r * stride + l), scale, unscale, k);
+        _mm512_mask_storeu_ps(dst + r * stride + l, m, _mm512_mask_mov_ps(q, bad, k.qnan));
+      }
+      fold_scales(x, m & ~bad, lo, hi);
+    }
+  }
 }
 
 }  // namespace dfp::simd::avx512

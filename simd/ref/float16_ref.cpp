@@ -54,4 +54,30 @@ float round_fp8(const float* src, float* dst, size_t n, FloatFormat f, Overflow 
   return amax;
 }
 
+namespace {
+void fold(int x, int* lo, int* hi) {
+  if (x == kMxNanScale) return;
+  *lo = std::min(*lo, x);
+  *hi = std::max(*hi, x);
+}
+}  // namespace
+
+void mx_lanes(const float* a, const float* b, float* da, float* db, size_t pixels, FloatFormat f, int* lo, int* hi) {
+  float block[kMxBlock];
+  for (size_t p = 0; p < pixels; ++p) {
+    std::copy(a + p * 16, a + p * 16 + 16, block);
+    if (b) std::copy(b + p * 16, b + p * 16 + 16, block + 16);
+    fold(mx_round_block(block, block, b ? 32 : 16, 1, f), lo, hi);
+    std::copy(block, block + 16, da + p * 16);
+    if (b) std::copy(block + 16, block + 32, db + p * 16);
+  }
+}
+
+void mx_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t stride, FloatFormat f, int* lo, int* hi) {
+  for (size_t l = 0; l < lanes; ++l)
+    for (size_t r0 = 0; r0 < rows; r0 += kMxBlock)
+      fold(mx_round_block(src + r0 * stride + l, dst + r0 * stride + l, std::min<size_t>(kMxBlock, rows - r0), stride, f),
+           lo, hi);
+}
+
 }  // namespace dfp::simd::ref

@@ -923,11 +923,27 @@ TensorView Model::tensor(const std::string& name) {
 
 std::vector<LayerNumerics> Model::numerics() const {
   std::vector<LayerNumerics> out;
-  for (const auto& n : impl_->nodes) {
-    LayerNumerics ln;
-    if (n.reduced && n.reduced->numerics(ln)) out.push_back(ln);
-  }
+  for (const auto& n : impl_->nodes)
+    if (LayerNumerics ln; n.reduced && n.reduced->numerics(ln)) out.push_back(ln);
   return out;
+}
+
+std::map<std::string, std::vector<float>> Model::scaling_histories() const {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& n : impl_->nodes)
+    if (n.reduced) n.reduced->scaling_histories(n.layer->name + ".", out);
+  return out;
+}
+
+void Model::set_scaling_histories(const std::map<std::string, std::vector<float>>& histories, const std::string& origin) {
+  for (const auto& [key, values] : histories) {
+    const std::string what = origin + ": FP8 amax history '" + key + "'";
+    bool taken = false;  // by the layer whose name and a dot start it (a shorter name's layer refuses it)
+    for (auto& n : impl_->nodes)
+      taken = taken || (n.reduced && key.rfind(n.layer->name + ".", 0) == 0 &&
+                        n.reduced->set_scaling_history(key.substr(n.layer->name.size() + 1), values, what));
+    DFP_CHECK(taken, Status::corrupt_data, what + " belongs to no layer with delayed FP8 scaling of that class");
+  }
 }
 
 void Model::set_profiling(bool on) { impl_->profiling = on; }

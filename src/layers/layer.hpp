@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -162,6 +163,14 @@ class ReducedPrecision {
   // (whose accumulated adaptive scale is `scale_so_far`).
   virtual double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
                                  const AdaptiveScaling& opts) const = 0;
+  // Delayed FP8 scaling's amax histories, oldest first, as out[prefix + "weights"] (and
+  // "activations", "gradients"; a grouped conv's as prefix + "g<i>.<class>"): training state a
+  // checkpoint keeps. set_ returns false for a key the layer keeps no history under, and throws
+  // corrupt_data naming `what` for a value that is not finite and >= 0.
+  virtual void scaling_histories(const std::string& prefix, std::map<std::string, std::vector<float>>& out) const {}
+  virtual bool set_scaling_history(const std::string& key, const std::vector<float>& values, const std::string& what) {
+    return false;
+  }
 };
 
 // A layer that times its parts (--profile) and names what runs its convolution or product.

@@ -130,6 +130,12 @@ class WeightedLayer : public Layer, public ReducedPrecision, public ProfiledPart
   size_t workspace_bytes() const override { return op_ ? op_->workspace_bytes() : 0; }
   void use_workspace(void* region) override { op_->use_workspace(region); }
   bool numerics(LayerNumerics& n) const override { return op_->numerics(name, n); }
+  void scaling_histories(const std::string& prefix, std::map<std::string, std::vector<float>>& out) const override {
+    op_->scaling_histories(prefix, out);
+  }
+  bool set_scaling_history(const std::string& key, const std::vector<float>& values, const std::string& what) override {
+    return op_->set_scaling_history(key, values, what);
+  }
   double adaptive_factor(const Context& ctx, const float* dy, double scale_so_far,
                          const AdaptiveScaling& opts) const override {
     AdaptiveInputs in;
@@ -232,6 +238,8 @@ class ConvF32Operator final : public F32Operator {
     if (dx) f_.backward_data(dy, dx);
     f_.backward_weights(x, dy, gw);
   }
+  void backward_data(const float* dy, float* dx) override { f_.backward_data(dy, dx); }
+  void backward_weights(const float* x, const float* dy, float* gw) override { f_.backward_weights(x, dy, gw); }
   std::string implementation() const override { return f_.kernel_name(); }
 
  private:
@@ -418,6 +426,17 @@ class GroupedConv2d final : public Layer, public ReducedPrecision, public Profil
   // (those one shared exponent would take; an all-zero group's exponent 0 says nothing), the
   // shortest chains, counts summed, and the rounding statistics of the whole tensors (signal and
   // noise summed over the groups, as an ungrouped layer measures them).
+  void scaling_histories(const std::string& prefix, std::map<std::string, std::vector<float>>& out) const override {
+    for (size_t g = 0; g < convs_.size(); ++g) convs_[g]->scaling_histories(prefix + "g" + std::to_string(g) + ".", out);
+  }
+  bool set_scaling_history(const std::string& key, const std::vector<float>& values, const std::string& what) override {
+    const size_t dot = key.find('.');
+    if (key.size() < 2 || key[0] != 'g' || dot == std::string::npos) return false;
+    const std::string index = key.substr(1, dot - 1);
+    if (index.empty() || index.size() > 6 || index.find_first_not_of("0123456789") != std::string::npos) return false;
+    const size_t g = std::stoul(index);
+    return g < convs_.size() && convs_[g]->set_scaling_history(key.substr(dot + 1), values, what);
+  }
   bool numerics(LayerNumerics& out) const override {
     if (convs_.empty() || !convs_.front()->numerics(out)) return false;  // name and format
     if (const ConvStats* first = convs_.front()->int16_stats()) {
@@ -497,6 +516,16 @@ class LinearF32Operator final : public F32Operator {
       f_.backward_data(rows_y_.data(), rows_dx_.data());
       from_rows(rows_dx_.data(), dx, n_, f_in_);
     }
+    f_.backward_weights(rows_x_.data(), rows_y_.data(), gw);
+  }
+  void backward_data(const float* dy, float* dx) override {
+    to_rows(dy, rows_y_.data(), n_, k_);
+    f_.backward_data(rows_y_.data(), rows_dx_.data());
+    from_rows(rows_dx_.data(), dx, n_, f_in_);
+  }
+  void backward_weights(const float* x, const float* dy, float* gw) override {
+    to_rows(x, rows_x_.data(), n_, f_in_);
+    to_rows(dy, rows_y_.data(), n_, k_);
     f_.backward_weights(rows_x_.data(), rows_y_.data(), gw);
   }
   std::string implementation() const override { return f_.kernel_name(); }

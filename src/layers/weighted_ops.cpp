@@ -3,9 +3,12 @@
 #include "src/layers/weighted_ops.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <chrono>
+#include <optional>
+#include <utility>
 #include <cmath>
 
 #include "dfp/status.hpp"
@@ -69,8 +72,10 @@ class ClassRounding {
   // The scale of the last tensor rounded, as an exponent of the tensor: x ~ stored * 2^exponent.
   int exponent() const noexcept { return -scale_exp_; }
   // dst = src rounded (src == dst allowed). known_max >= 0: max|src|, measured by the caller.
+  // record: add max|src| to the delayed-scaling history (training passes; not the weights, whose
+  // versions record_version adds).
   void round(const Context& ctx, const float* src, float* dst, size_t n, const QuantOptions& q, uint64_t step,
-             float known_max = -1.f) {
+             bool record, float known_max = -1.f) {
     const uint32_t key = step_key(q.seed, step);
     if (!is_float8(f_)) return round_tensor(ctx, f_, src, dst, n, q.rounding, key);
     int s = 0;
@@ -87,12 +92,39 @@ class ClassRounding {
         m = std::max(m, fn(src + i, dst + i, std::min(kChunk, e - i), f_, o_.overflow, s, q.rounding, key, i));
       atomic_max(amax, std::bit_cast<uint32_t>(m));  // non-negative floats order as their bit patterns
     });
-    if (!history_.empty()) {
-      history_[next_] = std::bit_cast<float>(amax.load());
-      next_ = (next_ + 1) % history_.size();
-      filled_ = std::min(filled_ + 1, history_.size());
-    }
+    last_amax_ = std::bit_cast<float>(amax.load());
+    if (record) push(last_amax_);
     scale_exp_ = s;
+  }
+  // The weights: a version's maximum joins the history when the next version arrives, so that a
+  // version rounded again (after a checkpoint is loaded) takes the scale it had.
+  void weights_version(uint64_t step) {
+    if (pending_ && step != pending_step_) push(pending_amax_);
+    pending_ = false;
+  }
+  void weights_rounded(uint64_t step) {
+    pending_ = true;
+    pending_step_ = step;
+    pending_amax_ = last_amax_;
+  }
+  // The delayed-scaling history, oldest first (empty without one), and back: the last
+  // amax_history values are kept.
+  std::vector<float> history() const {
+    std::vector<float> h;
+    for (size_t i = 0; i < filled_; ++i) h.push_back(history_[(next_ + history_.size() - filled_ + i) % history_.size()]);
+    return h;
+  }
+  bool set_history(const std::vector<float>& values, const std::string& what) {
+    if (history_.empty()) return false;
+    for (float v : values)
+      DFP_CHECK(std::isfinite(v) && v >= 0, Status::corrupt_data,
+                what + " holds " + std::to_string(v) + "; expected finite values >= 0");
+    const size_t keep = std::min(values.size(), history_.size());
+    std::copy(values.end() - ptrdiff_t(keep), values.end(), history_.begin());
+    filled_ = keep;
+    next_ = keep % history_.size();
+    pending_ = false;
+    return true;
   }
   // x against its rounding q: an 8-bit format's overflow counts the elements beyond its range.
   FormatStats measure(const Context& ctx, const float* x, const float* q, size_t n) const {
@@ -101,11 +133,22 @@ class ClassRounding {
   }
 
  private:
+  void push(float amax) {
+    if (history_.empty()) return;
+    history_[next_] = amax;
+    next_ = (next_ + 1) % history_.size();
+    filled_ = std::min(filled_ + 1, history_.size());
+  }
+
   FloatFormat f_;
   Float8Options o_;
   std::vector<float> history_;
   size_t next_ = 0, filled_ = 0;
   int scale_exp_ = 0;
+  float last_amax_ = 0;
+  bool pending_ = false;  // the weights: pending_amax_ of the version of pending_step_ awaits its successor
+  uint64_t pending_step_ = 0;
+  float pending_amax_ = 0;
 };
 
 // dst = the BF16 bit patterns of src.
@@ -238,7 +281,9 @@ class FloatOp : public WeightedOp {
     w_max_abs_ = mx;
     const float* w = w_;
     if (fmt_.weights != FloatFormat::fp32) {
-      round_w_.round(ctx_, w_, wr_.data(), w_count_, cls_.weights, step, float(mx));
+      round_w_.weights_version(step);
+      round_w_.round(ctx_, w_, wr_.data(), w_count_, cls_.weights, step, false, float(mx));
+      round_w_.weights_rounded(step);
       w = wr_.data();
     }
     load_weights(w);
@@ -259,6 +304,17 @@ class FloatOp : public WeightedOp {
     n.exp_w = round_w_.exponent(); n.exp_x = round_x_.exponent(); n.exp_dy = round_dy_.exponent();
     return true;
   }
+  void scaling_histories(const std::string& prefix, std::map<std::string, std::vector<float>>& out) const override {
+    for (const auto& [cls, r] : classes())
+      if (std::vector<float> h = r->history(); !h.empty()) out[prefix + cls] = std::move(h);
+  }
+  bool set_scaling_history(const std::string& cls, const std::vector<float>& values, const std::string& what) override {
+    ClassRounding* r = cls == "weights"       ? &round_w_
+                       : cls == "activations" ? &round_x_
+                       : cls == "gradients"   ? &round_dy_
+                                              : nullptr;
+    return r && r->set_history(values, what);
+  }
   // Adaptive loss scaling (Zhao, Vogel, Ahmed 2019) keeps the expected magnitude of the gradient a
   // layer passes on above its format's underflow threshold without letting its largest product
   // overflow: its weight-side inputs are the current weights' E[w^2] and max|w| and the fan-in.
@@ -274,6 +330,9 @@ class FloatOp : public WeightedOp {
 
  protected:
   virtual void load_weights(const float* w) = 0;  // the weights in their class format
+  std::array<std::pair<const char*, const ClassRounding*>, 3> classes() const {
+    return {{{"weights", &round_w_}, {"activations", &round_x_}, {"gradients", &round_dy_}}};
+  }
 
   const Context& ctx_;
   const float* w_;
@@ -331,7 +390,7 @@ class RoundedFloatOp final : public FloatOp {
   void forward(const float* x, float* y, const StepInfo& st) override {
     const float* xr = x;
     if (fmt_.activations != FloatFormat::fp32) {
-      round_x_.round(ctx_, x, xr_.data(), in_size_, cls_.activations, st.step);
+      round_x_.round(ctx_, x, xr_.data(), in_size_, cls_.activations, st.step, st.train);
       xr = xr_.data();
     }
     f_->forward(xr, y);
@@ -344,7 +403,7 @@ class RoundedFloatOp final : public FloatOp {
   void backward(const float* x, const float* dy, float* dx, float* gw, const StepInfo& st) override {
     const float* dyr = dy;
     if (fmt_.gradients != FloatFormat::fp32) {
-      round_dy_.round(ctx_, dy, dyr_, out_size_, cls_.gradients, st.step);
+      round_dy_.round(ctx_, dy, dyr_, out_size_, cls_.gradients, st.step, true);
       dyr = dyr_;
     }
     f_->backward(fmt_.activations != FloatFormat::fp32 ? xr_.data() : x, dyr, dx, gw);
@@ -364,6 +423,191 @@ class RoundedFloatOp final : public FloatOp {
   std::unique_ptr<F32Operator> f_;
   AlignedBuffer<float> xr_;  // the rounded input, kept for the weight gradient
   float* dyr_ = nullptr;     // the rounded dy, in the shared workspace
+};
+
+// ---- OCP Microscaling ------------------------------------------------------------------------------
+// Each pass quantizes its own operands in blocks of 32 along its reduction: x and dy across the
+// channels at each pixel (forward, backward-data) and along the pixels of each image at each
+// channel (the weight gradient; along the batch where an image is one pixel, as a Linear's);
+// w along its input channels at each output channel and kernel tap (forward) and along its
+// output channels (backward-data), in two FP32 operators, one per set of weights. A class in a
+// format that is not an MX element (fp32, bf16, fp16) is rounded once and used by both passes.
+class MxOp final : public WeightedOp {
+ public:
+  MxOp(const WeightedOpSpec& s, const LayerPrecision& p)
+      : ctx_(*s.ctx),
+        shape_(s.shape),
+        w_(s.weights),
+        w_count_(s.weight_count),
+        in_size_(s.in_size),
+        out_size_(s.out_size),
+        fmt_(p.formats),
+        cls_(p.options_for(s.name)),
+        f_(s.make_f32()),
+        fb_(s.make_f32()),
+        round_w_(fmt_.weights, kUnscaled),
+        round_x_(fmt_.activations, kUnscaled),
+        round_dy_(fmt_.gradients, kUnscaled),
+        wf_(w_count_),
+        wb_(w_count_),
+        xq_(in_size_) {
+    // A Linear's layer hands backward no x (its FP32 operator keeps its own rows): keep it here.
+    if (shape_.H * shape_.W == 1) x_kept_ = AlignedBuffer<float>(in_size_);
+  }
+  void forward(const float* x, float* y, const StepInfo& st) override {
+    scales_x_ = {1 << 20, -(1 << 20)};
+    const float* xq = quantize(round_x_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, false,
+                               cls_.activations, st, scales_x_);
+    f_->forward(xq, y);
+    if (x_kept_.size() && st.train) std::copy(x, x + in_size_, x_kept_.data());
+    if (st.sample) {
+      sample_.sampled = true;
+      sample_.x = measure_rounded(ctx_, x, xq, in_size_);
+      sample_.w = fmt_.weights != FloatFormat::fp32 ? measure_rounded(ctx_, w_, wf_.data(), w_count_) : FormatStats{};
+    }
+  }
+  void backward(const float* x, const float* dy, float* dx, float* gw, const StepInfo& st) override {
+    const int pixels = shape_.OH() * shape_.OW();
+    scales_dy_ = {1 << 20, -(1 << 20)};
+    if (dx) {
+      const float* dq = quantize(round_dy_, dy, dyq_, out_size_, shape_.K, pixels, false, cls_.gradients, st, scales_dy_);
+      fb_->backward_data(dq, dx);
+      if (st.sample) sample_.dy = measure_rounded(ctx_, dy, dq, out_size_);
+    }
+    std::pair<int, int> ignored{0, 0};
+    if (!x) x = x_kept_.data();
+    const float* xq = quantize(round_x_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, true, cls_.activations,
+                               st, ignored);
+    // Without an input gradient (a first layer) dy's record is the weight gradient's quantization.
+    const float* dq = quantize(round_dy_, dy, dyq_, out_size_, shape_.K, pixels, true, cls_.gradients, st,
+                               dx ? ignored : scales_dy_);
+    if (!dx && st.sample) sample_.dy = measure_rounded(ctx_, dy, dq, out_size_);
+    f_->backward_weights(xq, dq, gw);
+  }
+  void weights_updated(uint64_t step, float) override {
+    scales_w_ = {1 << 20, -(1 << 20)};
+    const int k = shape_.K, c = int(w_count_ / size_t(k) / size_t(shape_.R * shape_.S)), rs = shape_.R * shape_.S;
+    if (is_float8(fmt_.weights)) {
+      const auto fn = ctx_.kernels().mx_rows.fn;
+      // Forward: along the input channels of each output channel and tap. Backward-data: along the
+      // output channels of each input channel and tap.
+      std::atomic<int> lo{1 << 20}, hi{-(1 << 20)};
+      ctx_.parallel_for(k, [&](int64_t b, int64_t e) {
+        int l = 1 << 20, h = -(1 << 20);
+        for (int64_t i = b; i < e; ++i)
+          fn(w_ + size_t(i) * c * rs, wf_.data() + size_t(i) * c * rs, size_t(c), size_t(rs), size_t(rs), fmt_.weights, &l, &h);
+        fold(lo, hi, l, h);
+      });
+      const size_t cols = size_t(c) * rs;
+      ctx_.parallel_for(int64_t((cols + 15) / 16), [&](int64_t b, int64_t e) {
+        int l = 1 << 20, h = -(1 << 20);
+        for (int64_t i = b; i < e; ++i) {
+          const size_t first = size_t(i) * 16;
+          fn(w_ + first, wb_.data() + first, size_t(k), std::min<size_t>(16, cols - first), cols, fmt_.weights, &l, &h);
+        }
+        (void)l, (void)h;  // the forward blocks' scales are the ones reported
+      });
+      scales_w_ = {lo.load(), hi.load()};
+      f_->set_weights(wf_.data());
+      fb_->set_weights(wb_.data());
+      return;
+    }
+    const float* w = w_;
+    if (fmt_.weights != FloatFormat::fp32) {
+      round_w_.round(ctx_, w_, wf_.data(), w_count_, cls_.weights, step, false);
+      w = wf_.data();
+    }
+    f_->set_weights(w);
+    fb_->set_weights(w);
+  }
+  // The weight gradient's blocks are its own (a layer that hands no x gets the kept copy).
+  bool backward_reads_input() const override { return true; }
+  size_t workspace_bytes() const override { return out_size_ * sizeof(float); }
+  void use_workspace(void* region) override { dyq_ = static_cast<float*>(region); }
+  std::string implementation() const override { return f_->implementation(); }
+  bool numerics(const std::string& layer, LayerNumerics& n) const override {
+    n.layer = layer;
+    n.format = fmt_.all(fmt_.weights) ? std::string(float_format_name(fmt_.weights)) : fmt_.names();
+    report_sample(sample_, n);
+    n.scaled = true;  // the largest and smallest block scale of each operand (forward's x and w, backward's dy)
+    auto put = [](const std::pair<int, int>& s, int& hi, std::optional<int>& lo) {
+      if (s.first > s.second) return;
+      hi = s.second;
+      if (s.first != s.second) lo = s.first;
+    };
+    put(scales_x_, n.exp_x, n.exp_x_min);
+    put(scales_w_, n.exp_w, n.exp_w_min);
+    put(scales_dy_, n.exp_dy, n.exp_dy_min);
+    return true;
+  }
+
+ private:
+  // Classes in another format than an MX element are rounded whole, unscaled.
+  static constexpr Float8Options kUnscaled{Float8Scaling::none};
+  static void fold(std::atomic<int>& lo, std::atomic<int>& hi, int l, int h) {
+    int cur = lo.load();
+    while (l < cur && !lo.compare_exchange_weak(cur, l)) {}
+    cur = hi.load();
+    while (h > cur && !hi.compare_exchange_weak(cur, h)) {}
+  }
+  // A blocked tensor [N][channel blocks][pixels][16] in its class format: MX blocks across the
+  // channels (along_pixels false) or along each image's pixels (true; along the batch for one
+  // pixel); a class in another format rounded whole (fp32: as it is).
+  const float* quantize(ClassRounding& r, const float* src, float* dst, size_t size, int channels, int pixels,
+                        bool along_pixels, const QuantOptions& q, const StepInfo& st, std::pair<int, int>& scales) {
+    const FloatFormat f = r.format();
+    if (f == FloatFormat::fp32) return src;
+    if (!is_float8(f)) {
+      r.round(ctx_, src, dst, size, q, st.step, false);
+      return dst;
+    }
+    const int n = shape_.N, cb = channel_blocks(channels);
+    const size_t plane = size_t(pixels) * 16;
+    std::atomic<int> lo{scales.first}, hi{scales.second};
+    if (!along_pixels) {
+      const auto fn = ctx_.kernels().mx_lanes.fn;
+      const int pairs = (cb + 1) / 2;
+      ctx_.parallel_for(int64_t(n) * pairs, [&](int64_t b, int64_t e) {
+        int l = 1 << 20, h = -(1 << 20);
+        for (int64_t t = b; t < e; ++t) {
+          const size_t first = (size_t(t / pairs) * cb + size_t(t % pairs) * 2) * plane;
+          const bool two = size_t(t % pairs) * 2 + 1 < size_t(cb);
+          fn(src + first, two ? src + first + plane : nullptr, dst + first, dst + first + plane, size_t(pixels), f, &l, &h);
+        }
+        fold(lo, hi, l, h);
+      });
+    } else {
+      const auto fn = ctx_.kernels().mx_rows.fn;
+      if (pixels > 1) {
+        ctx_.parallel_for(int64_t(n) * cb, [&](int64_t b, int64_t e) {
+          int l = 1 << 20, h = -(1 << 20);
+          for (int64_t t = b; t < e; ++t) fn(src + size_t(t) * plane, dst + size_t(t) * plane, size_t(pixels), 16, 16, f, &l, &h);
+          fold(lo, hi, l, h);
+        });
+      } else {
+        ctx_.parallel_for(cb, [&](int64_t b, int64_t e) {
+          int l = 1 << 20, h = -(1 << 20);
+          for (int64_t t = b; t < e; ++t) fn(src + size_t(t) * 16, dst + size_t(t) * 16, size_t(n), 16, size_t(cb) * 16, f, &l, &h);
+          fold(lo, hi, l, h);
+        });
+      }
+    }
+    scales = {lo.load(), hi.load()};
+    return dst;
+  }
+
+  const Context& ctx_;
+  ConvShape shape_;
+  const float* w_;
+  size_t w_count_, in_size_, out_size_;
+  ClassFormats fmt_;
+  DfpConvOptions cls_;
+  std::unique_ptr<F32Operator> f_, fb_;  // forward and weight gradient; backward-data
+  ClassRounding round_w_, round_x_, round_dy_;
+  AlignedBuffer<float> wf_, wb_, xq_;  // the weights of each pass, the quantized input
+  AlignedBuffer<float> x_kept_;        // one-pixel images: this step's input, for the weight gradient
+  float* dyq_ = nullptr;               // the quantized dy, in the shared workspace
+  std::pair<int, int> scales_x_{1, 0}, scales_w_{1, 0}, scales_dy_{1, 0};  // smallest, largest X (empty: first > second)
 };
 
 // ---- fp32 ----------------------------------------------------------------------------------------
@@ -396,6 +640,11 @@ std::unique_ptr<WeightedOp> make_weighted_op(const WeightedOpSpec& spec, const L
         if (auto b = spec.ctx->kernels().conv_bf16.fn(spec.ctx->threads(), spec.shape, spec.name))
           return std::make_unique<NativeBf16Op>(spec, p, std::move(b));
       return std::make_unique<RoundedFloatOp>(spec, p);
+    case Precision::mxfp8:
+    case Precision::mxfp6:
+    case Precision::mxfp4:
+    case Precision::mxint8:
+      return std::make_unique<MxOp>(spec, p);
     case Precision::fp32:
       break;
   }

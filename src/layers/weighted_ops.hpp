@@ -16,8 +16,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dfp/conv.hpp"
 #include "dfp/loss_scale.hpp"
@@ -36,6 +38,10 @@ class F32Operator {
   virtual void forward(const float* x, float* y) = 0;
   // dx may be null; gw is overwritten. x is this step's input as forward() saw it.
   virtual void backward(const float* x, const float* dy, float* dx, float* gw) = 0;
+  // The two backward passes apart, each on operands of its own (MX quantizes each pass's
+  // operands along its own reduction): dx from dy with the weights set last; gw from x and dy.
+  virtual void backward_data(const float* dy, float* dx) = 0;
+  virtual void backward_weights(const float* x, const float* dy, float* gw) = 0;
   virtual std::string implementation() const = 0;
 };
 
@@ -86,6 +92,11 @@ class WeightedOp {
   // Adaptive loss scaling's weight-side inputs and the gradients' format; false unless the
   // gradients are 16-bit floats.
   virtual bool adaptive_weight_inputs(AdaptiveInputs& in, FloatFormat& f) const { return false; }
+  // Delayed FP8 scaling's amax histories by class (ReducedPrecision::scaling_histories).
+  virtual void scaling_histories(const std::string& prefix, std::map<std::string, std::vector<float>>& out) const {}
+  virtual bool set_scaling_history(const std::string& cls, const std::vector<float>& values, const std::string& what) {
+    return false;
+  }
   // The INT16 operation's own interface; null for the others.
   virtual Int16Operation* int16() noexcept { return nullptr; }
   virtual const Int16Operation* int16() const noexcept { return nullptr; }
@@ -105,8 +116,8 @@ struct WeightedOpSpec {
   size_t weight_count = 0;
   bool input_gradient = true;  // backward computes dx
   double fan_in = 1;
-  // Makes the layer's FP32 operator (called at most once, for the fp32 and rounded-float
-  // operations).
+  // Makes the layer's FP32 operator (once for the fp32 and rounded-float operations; twice for
+  // MX, whose backward-data pass has weights of its own).
   std::function<std::unique_ptr<F32Operator>()> make_f32;
   bool bf16_operands = false;  // the layer can run the table's conv_bf16 (a Conv2d)
 };

@@ -20,17 +20,23 @@ namespace dfp {
 namespace {
 // Every precision once: its name, and the 16-bit float format a float precision rounds its
 // operands to (fp32: none).
+// (fp8's and MX's recipes give the gradients a format of their own).
 struct PrecisionInfo {
   Precision value;
   const char* name;
-  FloatFormat operands;
+  FloatFormat operands, gradients;
+  bool mx;
 };
 constexpr PrecisionInfo kPrecisions[] = {
-    {Precision::fp32, "fp32", FloatFormat::fp32},
-    {Precision::int16, "int16", FloatFormat::fp32},
-    {Precision::bf16, "bf16", FloatFormat::bf16},
-    {Precision::fp16, "fp16", FloatFormat::fp16},
-    {Precision::fp8, "fp8", FloatFormat::e4m3},
+    {Precision::fp32, "fp32", FloatFormat::fp32, FloatFormat::fp32, false},
+    {Precision::int16, "int16", FloatFormat::fp32, FloatFormat::fp32, false},
+    {Precision::bf16, "bf16", FloatFormat::bf16, FloatFormat::bf16, false},
+    {Precision::fp16, "fp16", FloatFormat::fp16, FloatFormat::fp16, false},
+    {Precision::fp8, "fp8", FloatFormat::e4m3, FloatFormat::e5m2, false},
+    {Precision::mxfp8, "mxfp8", FloatFormat::e4m3, FloatFormat::e5m2, true},
+    {Precision::mxfp6, "mxfp6", FloatFormat::e2m3, FloatFormat::e3m2, true},
+    {Precision::mxfp4, "mxfp4", FloatFormat::e2m1, FloatFormat::e2m1, true},
+    {Precision::mxint8, "mxint8", FloatFormat::int8, FloatFormat::int8, true},
 };
 const PrecisionInfo* info(Precision p) noexcept {
   for (const PrecisionInfo& i : kPrecisions)
@@ -47,6 +53,11 @@ const char* precision_name(Precision p) noexcept {
 FloatFormat operand_format(Precision p) noexcept {
   const PrecisionInfo* i = info(p);
   return i ? i->operands : FloatFormat::fp32;
+}
+
+bool is_mx(Precision p) noexcept {
+  const PrecisionInfo* i = info(p);
+  return i && i->mx;
 }
 
 Precision parse_precision(const std::string& text, const std::string& origin) {
@@ -161,7 +172,8 @@ std::string ClassFormats::names() const {
 
 ClassFormats PrecisionPolicy::class_formats(Precision p) const {
   const FloatFormat own = operand_format(p);
-  const FloatFormat own_gradients = p == Precision::fp8 ? FloatFormat::e5m2 : own;
+  const PrecisionInfo* i = info(p);
+  const FloatFormat own_gradients = i ? i->gradients : own;
   return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own_gradients)};
 }
 
@@ -169,7 +181,7 @@ bool PrecisionPolicy::uses_float8() const {
   std::vector<Precision> used = {precision};
   for (const auto& o : overrides) used.push_back(o.second);
   for (Precision p : used) {
-    if (operand_format(p) == FloatFormat::fp32) continue;
+    if (operand_format(p) == FloatFormat::fp32 || is_mx(p)) continue;  // MX scales by blocks
     const ClassFormats f = class_formats(p);
     if (is_float8(f.weights) || is_float8(f.activations) || is_float8(f.gradients)) return true;
   }
@@ -302,6 +314,18 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
                       "operands rounded to IEEE half (" + ctx.kernels().round_fp16.name +
                       "), exact products accumulated in FP32 as on tensor cores" +
                       (f.gradients == FloatFormat::fp16 ? "; weight gradients stored as FP16" : ""));
+        break;
+      }
+      case Precision::mxfp8:
+      case Precision::mxfp6:
+      case Precision::mxfp4:
+      case Precision::mxint8: {
+        const ClassFormats f = policy.class_formats(p);
+        out.push_back(std::string(precision_name(p)) + ": OCP MX, elements w/x/dy " + f.names() +
+                      " in blocks of 32 along each pass's reduction with E8M0 scales (forward: x and w along the "
+                      "input channels; backward-data: dy and w along the output channels; weight gradient: x and dy "
+                      "along the pixels of each image); EMULATED (" + ctx.kernels().mx_lanes.name + ", " +
+                      ctx.kernels().mx_rows.name + "), exact products accumulated in FP32");
         break;
       }
       case Precision::fp8: {

@@ -97,13 +97,23 @@ std::string extension_note(const LrSchedule& sched, int done, int planned, int e
 
 }  // namespace
 
+// Delayed FP8 scaling's history of a layer's class: "<layer>.<class>@fp8_amax_history".
+const std::string kAmaxHistory = "@fp8_amax_history";
+
 void save_model(Model& m, const PrecisionPolicy& policy, Sgd* sgd, Checkpoint& ck) {
   put_state(ck, m, policy);
   auto& ps = m.parameters();
   for (size_t i = 0; sgd && i < ps.size(); ++i) ck.tensors[ps[i].name + "@momentum"] = sgd->momentum_buffers()[i];
+  for (auto& [key, h] : m.scaling_histories()) ck.tensors[key + kAmaxHistory] = std::move(h);
 }
 
 void load_model(Model& m, Sgd* sgd, const Checkpoint& ck, const std::string& path) {
+  // The histories first: loading the weights rounds them at the scale their history gives.
+  std::map<std::string, std::vector<float>> histories;
+  for (const auto& [name, values] : ck.tensors)
+    if (name.size() > kAmaxHistory.size() && name.ends_with(kAmaxHistory))
+      histories[name.substr(0, name.size() - kAmaxHistory.size())] = values;
+  m.set_scaling_histories(histories, "checkpoint '" + path + "'");
   get_state(m, ck, path);
   auto& ps = m.parameters();
   for (size_t i = 0; sgd && i < ps.size(); ++i) {

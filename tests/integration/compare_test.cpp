@@ -52,11 +52,11 @@ TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
   const dfp::test::TempDir dir("dfp_compare_");
   const fs::path out = dir.path() / "cmp";
   const std::string cmd = dfp_command("compare --model lenet --epochs 2 --batch-size 32 --limit-train 256 --limit-test 64 "
-                                      "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16,fp8 --out '" +
+                                      "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16,fp8,mxfp4 --out '" +
                                           out.string() + "'",
                                       dir.file("compare.log"));
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir.file("compare.log"));
-  const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16", "fp8"};
+  const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16", "fp8", "mxfp4"};
   for (const std::string& l : labels) {
     EXPECT_TRUE(fs::exists(out / l / "metrics.jsonl")) << l;
     EXPECT_TRUE(fs::exists(out / l / "config.json")) << l;
@@ -100,6 +100,8 @@ TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
   EXPECT_NE(fp8.find("\"format\":\"e4m3/e4m3/e5m2\""), std::string::npos);
   EXPECT_NE(fp8.find("\"exp_dy\":"), std::string::npos);
   EXPECT_NE(slurp(out / "summary.md").find("fp8"), std::string::npos);
+  // The MX run records its element format and the range of its block scales.
+  EXPECT_NE(slurp(out / "mxfp4" / "metrics.jsonl").find("\"format\":\"e2m1\""), std::string::npos);
   // The FP16 run with dynamic scaling started at GradScaler's 2^16; the unscaled ones stay at 1.
   EXPECT_EQ(std::stod(last_field(out / "fp16-none" / "metrics.jsonl", "loss_scale")), 1.0);
   EXPECT_GE(std::stod(last_field(out / "fp16" / "metrics.jsonl", "loss_scale")), 1024.0);
@@ -152,7 +154,8 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
       {"train --precision fp8 --fp8-scaling sometimes", "flag --fp8-scaling: unknown fp8 scaling 'sometimes'; expected none, current or delayed"},
       {"train --precision fp8 --fp8-overflow wrap", "flag --fp8-overflow: unknown overflow mode 'wrap'"},
       {"train --precision fp8 --fp8-amax-history 0", "fp8 amax history must be 1..1048576, got 0"},
-      {"train --precision fp8 --gradients-format e3m2", "unknown format 'e3m2'; expected fp32, bf16, fp16, e4m3 or e5m2"},
+      {"train --precision fp8 --gradients-format e3m3", "unknown format 'e3m3'; expected fp32, bf16, fp16, e4m3, e5m2, e3m2, e2m3, e2m1 or int8"},
+      {"train --precision mxfp9", "unknown precision 'mxfp9'; expected fp32, int16, bf16, fp16, fp8, mxfp8, mxfp6, mxfp4 or mxint8"},
       {"train --print-every 0", "flag --print-every: expected >= 1, got 0"},
       {"eval --checkpoint '" + dir.path().string() + "'", "is a directory; expected a checkpoint file"},
       // compare checks the shared settings once, before it starts any run or writes anything

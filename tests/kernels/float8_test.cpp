@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "dfp/context.hpp"
@@ -229,3 +230,137 @@ TEST_P(Float8Isa, KernelBitIdenticalToSpecification) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLevels, Float8Isa, ::testing::ValuesIn(test::isa_names_from(Isa::ref)));
+
+// ---- The OCP Microscaling element formats and blocks ----------------------------------------------
+
+TEST(Mx, ElementFormatsHoldTheSpecificationsValues) {
+  struct Row {
+    FloatFormat f;
+    float max, min_subnormal;
+    int emax, codes;
+  };
+  // OCP MX v1.0, tables of the FP6/FP4 element formats; MXINT8: k/64, |k| <= 127.
+  for (const Row& r : {Row{FloatFormat::e3m2, 28.f, 0.0625f, 4, 64}, Row{FloatFormat::e2m3, 7.5f, 0.125f, 2, 64},
+                       Row{FloatFormat::e2m1, 6.f, 0.5f, 2, 16}, Row{FloatFormat::int8, 127.f / 64, 1.f / 64, 0, 256},
+                       Row{FloatFormat::e4m3, 448.f, 0x1p-9f, 8, 256}, Row{FloatFormat::e5m2, 57344.f, 0x1p-16f, 15, 256}}) {
+    SCOPED_TRACE(float_format_name(r.f));
+    const Float8Info& i = *float8_info(r.f);
+    EXPECT_EQ(i.max_finite, r.max);
+    EXPECT_EQ(float8_to_f32(i.max_code, r.f), r.max);
+    EXPECT_EQ(float8_to_f32(1, r.f), r.min_subnormal);
+    EXPECT_EQ(i.max_exponent(), r.emax);
+    // Every code of a saturating format is finite, and round trips; a larger value saturates.
+    const int half = r.codes / 2;
+    for (int c = 0; c < half && !i.nonfinite; ++c) {
+      const float v = float8_to_f32(uint8_t(c), r.f);
+      ASSERT_TRUE(std::isfinite(v));
+      ASSERT_EQ(f32_to_float8(v, r.f, Overflow::nonfinite), c);
+      ASSERT_EQ(float8_to_f32(uint8_t(c | 0x80), r.f), -v);
+    }
+    if (!i.nonfinite) {
+      EXPECT_EQ(f32_to_float8(1e30f, r.f, Overflow::nonfinite), i.max_code);  // no infinity to go to
+      EXPECT_EQ(f32_to_float8(-INFINITY, r.f, Overflow::nonfinite), 0x80 | i.max_code);
+      EXPECT_TRUE(std::isnan(round_float8(std::nanf(""), r.f, Overflow::saturate, 0, Rounding::nearest_even, 0)));
+    }
+  }
+  // FP4's eight magnitudes, and MXINT8's grid with ties to even.
+  const float e2m1[] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int c = 0; c < 8; ++c) EXPECT_EQ(float8_to_f32(uint8_t(c), FloatFormat::e2m1), e2m1[c]);
+  EXPECT_EQ(round_float8(2.5f, FloatFormat::e2m1, Overflow::saturate, 0, Rounding::nearest_even, 0), 2.f);
+  EXPECT_EQ(round_float8(5.f, FloatFormat::e2m1, Overflow::saturate, 0, Rounding::nearest_even, 0), 4.f);
+  EXPECT_EQ(round_float8(1.5f / 64, FloatFormat::int8, Overflow::saturate, 0, Rounding::nearest_even, 0), 2.f / 64);
+  EXPECT_EQ(round_float8(2.5f / 64, FloatFormat::int8, Overflow::saturate, 0, Rounding::nearest_even, 0), 2.f / 64);
+  EXPECT_EQ(round_float8(-1.99f, FloatFormat::int8, Overflow::saturate, 0, Rounding::nearest_even, 0), -127.f / 64);
+}
+
+TEST(Mx, BlockScaleAndConversionFollowTheSpecification) {
+  // X = floor(log2 max|v|) - emax; the elements are v / 2^X rounded and saturated.
+  EXPECT_EQ(mx_scale_exponent(448.f, FloatFormat::e4m3), 0);
+  EXPECT_EQ(mx_scale_exponent(511.f, FloatFormat::e4m3), 0);
+  EXPECT_EQ(mx_scale_exponent(1.f, FloatFormat::e4m3), -8);
+  EXPECT_EQ(mx_scale_exponent(1.f, FloatFormat::int8), 0);
+  EXPECT_EQ(mx_scale_exponent(3.f, FloatFormat::e2m1), -1);
+  EXPECT_EQ(mx_scale_exponent(0.f, FloatFormat::e2m1), -kFloat8MaxScaleExp);
+  EXPECT_EQ(mx_scale_exponent(1e-40f, FloatFormat::e5m2), -kFloat8MaxScaleExp);
+  EXPECT_EQ(mx_scale_exponent(3e38f, FloatFormat::int8), kFloat8MaxScaleExp);
+  {
+    const float v[] = {1.f, 0.5f, 3.f, -0.2f};
+    float q[4];
+    EXPECT_EQ(mx_round_block(v, q, 4, 1, FloatFormat::e2m1), -1);  // v * 2 on FP4's grid: 2, 1, 6, -0.4 -> -0.5
+    EXPECT_EQ(q[0], 1.f);
+    EXPECT_EQ(q[1], 0.5f);
+    EXPECT_EQ(q[2], 3.f);
+    EXPECT_EQ(q[3], -0.25f);
+  }
+  {
+    // The block's largest value lands in the top binade and saturates above the format's largest
+    // value: 500 with X = 0 becomes 448 (the spec's clipping).
+    const float v[] = {500.f, 1.f, 0.f};
+    float q[3];
+    EXPECT_EQ(mx_round_block(v, q, 3, 1, FloatFormat::e4m3), 0);
+    EXPECT_EQ(q[0], 448.f);
+    EXPECT_EQ(q[1], 1.f);
+    EXPECT_EQ(q[2], 0.f);
+  }
+  {
+    // A strided block, and a NaN or an infinity makes the whole block NaN.
+    float v[] = {1.f, 9.f, INFINITY, 9.f, 2.f, 9.f};
+    EXPECT_EQ(mx_round_block(v, v, 3, 2, FloatFormat::e3m2), kMxNanScale);
+    EXPECT_TRUE(std::isnan(v[0]) && std::isnan(v[2]) && std::isnan(v[4]));
+    EXPECT_EQ(v[1], 9.f);
+  }
+}
+
+class MxIsa : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MxIsa, BlockKernelsBitIdenticalToSpecification) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const simd::KernelTable& k = c.kernels();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto data = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng) * std::ldexp(1.f, int(rng() % 24) - 12);
+    // Blocks of very different magnitude, zeros, ties of the grid, and a few non-finite values.
+    for (size_t i = 0; i < n; i += 97) v[i] = 0.f;
+    for (size_t i = 5; i < n; i += 331) v[i] = std::bit_cast<float>(uint32_t(rng()));
+    v[n / 3] = std::numeric_limits<float>::quiet_NaN();
+    v[n / 2] = -INFINITY;
+    return v;
+  };
+  for (FloatFormat f : {FloatFormat::e4m3, FloatFormat::e5m2, FloatFormat::e3m2, FloatFormat::e2m3, FloatFormat::e2m1,
+                        FloatFormat::int8}) {
+    SCOPED_TRACE(float_format_name(f));
+    for (bool pair : {true, false}) {
+      const size_t pixels = 77;
+      const std::vector<float> a = data(pixels * 16), b = data(pixels * 16);
+      std::vector<float> wa(a.size()), wb(b.size()), ga(a.size()), gb(b.size());
+      int lo0 = 1000, hi0 = -1000, lo1 = 1000, hi1 = -1000;
+      simd::ref::mx_lanes(a.data(), pair ? b.data() : nullptr, wa.data(), wb.data(), pixels, f, &lo0, &hi0);
+      k.mx_lanes.fn(a.data(), pair ? b.data() : nullptr, ga.data(), gb.data(), pixels, f, &lo1, &hi1);
+      ASSERT_EQ(0, std::memcmp(wa.data(), ga.data(), wa.size() * 4)) << k.mx_lanes.name;
+      if (pair) {
+        ASSERT_EQ(0, std::memcmp(wb.data(), gb.data(), wb.size() * 4)) << k.mx_lanes.name;
+      }
+      EXPECT_EQ(lo0, lo1);
+      EXPECT_EQ(hi0, hi1);
+      EXPECT_LT(lo0, hi0);
+    }
+    for (auto [rows, lanes, stride] : {std::tuple<size_t, size_t, size_t>{100, 16, 16}, {64, 9, 9}, {33, 37, 40}, {5, 3, 3}}) {
+      const std::vector<float> x = data(rows * stride);
+      std::vector<float> want = x, got = x;  // the gaps between rows stay as they are
+      int lo0 = 1000, hi0 = -1000, lo1 = 1000, hi1 = -1000;
+      simd::ref::mx_rows(x.data(), want.data(), rows, lanes, stride, f, &lo0, &hi0);
+      k.mx_rows.fn(x.data(), got.data(), rows, lanes, stride, f, &lo1, &hi1);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << k.mx_rows.name << " " << rows << "x" << lanes;
+      EXPECT_EQ(lo0, lo1);
+      EXPECT_EQ(hi0, hi1);
+      std::vector<float> inplace = x;
+      k.mx_rows.fn(inplace.data(), inplace.data(), rows, lanes, stride, f, &lo1, &hi1);
+      ASSERT_EQ(0, std::memcmp(want.data(), inplace.data(), want.size() * 4));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllLevels, MxIsa, ::testing::ValuesIn(test::isa_names_from(Isa::ref)));

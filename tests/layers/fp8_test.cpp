@@ -72,6 +72,28 @@ void expect_same_bits(const Passes& a, const Passes& b, const std::string& what)
   EXPECT_EQ(0, std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * 4)) << what << " dw";
 }
 
+// Whether ResNet-20 halves its loss on a fixed batch of 8 in 25 SGD steps under the policy.
+void expect_learns_a_batch(const PrecisionPolicy& p) {
+  Model m(ctx(), "resnet20");
+  build_model(m, "resnet20", 3, 16, 16, 10);
+  m.build(8, p);
+  Sgd sgd(ctx(), m, {0.9f, 5e-4f, true});
+  const auto x = test::batch_images(m, 9);
+  const std::vector<int32_t> y = {1, 2, 3, 4, 5, 6, 7, 8};
+  double first = 0, last = 0;
+  for (int s = 0; s < 25; ++s) {
+    const double loss = m.forward(x.data(), y.data(), 8, true).loss;
+    ASSERT_TRUE(std::isfinite(loss)) << s;
+    m.backward();
+    sgd.step(0.05f);
+    if (s == 0) first = loss;
+    last = loss;
+  }
+  EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
+  const ClassFormats f = p.for_layer("layer1.0.conv1").formats;
+  EXPECT_EQ(m.numerics().at(1).format, f.all(f.weights) ? std::string(float_format_name(f.weights)) : f.names());
+}
+
 }  // namespace
 
 // Forward, backward-data and weight gradient of an fp8 layer are those of the FP32 layer on x and w
@@ -197,26 +219,101 @@ TEST(Fp8, SettingsRoundTripAndBadOnesAreNamed) {
 TEST(Fp8, SmallResNetLearnsABatchUnderEveryScaling) {
   for (Float8Scaling scaling : {Float8Scaling::current, Float8Scaling::delayed, Float8Scaling::none}) {
     SCOPED_TRACE(float8_scaling_name(scaling));
-    Model m(ctx(), "resnet20");
-    build_model(m, "resnet20", 3, 16, 16, 10);
     PrecisionPolicy p;
     p.precision = Precision::fp8;
     p.fp8.scaling = scaling;
-    m.build(8, p);
-    Sgd sgd(ctx(), m, {0.9f, 5e-4f, true});
-    const auto x = test::batch_images(m, 9);
-    const std::vector<int32_t> y = {1, 2, 3, 4, 5, 6, 7, 8};
-    double first = 0, last = 0;
-    for (int s = 0; s < 25; ++s) {
-      const double loss = m.forward(x.data(), y.data(), 8, true).loss;
-      ASSERT_TRUE(std::isfinite(loss)) << s;
-      m.backward();
-      sgd.step(0.05f);
-      if (s == 0) first = loss;
-      last = loss;
+    expect_learns_a_batch(p);
+  }
+}
+
+// ---- OCP Microscaling --------------------------------------------------------------------------
+
+namespace {
+// The MX rounding of a plain [n][c][p] tensor in blocks of 32 along the channels (at each image
+// and pixel) or along the pixels (at each image and channel; along the images for p == 1).
+std::vector<float> mx_plain(const std::vector<float>& v, int n, int c, int p, bool along_pixels, FloatFormat f) {
+  std::vector<float> q = v;
+  if (!along_pixels) {
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < p; ++j)
+        for (int c0 = 0; c0 < c; c0 += kMxBlock) {
+          float* b = q.data() + (size_t(i) * c + c0) * p + j;
+          mx_round_block(b, b, size_t(std::min(kMxBlock, c - c0)), size_t(p), f);
+        }
+  } else if (p > 1) {
+    for (int i = 0; i < n; ++i)
+      for (int ch = 0; ch < c; ++ch)
+        for (int p0 = 0; p0 < p; p0 += kMxBlock) {
+          float* b = q.data() + (size_t(i) * c + ch) * p + p0;
+          mx_round_block(b, b, size_t(std::min(kMxBlock, p - p0)), 1, f);
+        }
+  } else {
+    for (int ch = 0; ch < c; ++ch)
+      for (int i0 = 0; i0 < n; i0 += kMxBlock) {
+        float* b = q.data() + size_t(i0) * c + ch;
+        mx_round_block(b, b, size_t(std::min(kMxBlock, n - i0)), size_t(c), f);
+      }
+  }
+  return q;
+}
+}  // namespace
+
+// Each pass of an MX layer is the FP32 pass on operands quantized along that pass's reduction:
+// x and w across the input channels (forward), dy and w across the output channels
+// (backward-data), x and dy along each image's pixels (weight gradient); a Linear's weight
+// gradient along the batch. 40 input channels make a block of 32 and one of 8, 36 pixels a block
+// of 32 and one of 4.
+TEST(Mx, EachPassQuantizesItsOperandsAlongItsOwnReduction) {
+  for (Precision prec : {Precision::mxfp8, Precision::mxfp6, Precision::mxfp4, Precision::mxint8}) {
+    SCOPED_TRACE(precision_name(prec));
+    PrecisionPolicy p;
+    p.precision = prec;
+    const ClassFormats f = p.for_layer("x").formats;
+    PrecisionPolicy f32;
+    for (bool linear : {false, true}) {
+      SCOPED_TRACE(linear ? "linear" : "conv");
+      const int n = linear ? 40 : 2, c = 40, k = 20, hw = linear ? 1 : 6, r = linear ? 1 : 3;
+      LayerOpSpec spec;
+      spec.kind = linear ? LayerOpSpec::Kind::linear : LayerOpSpec::Kind::conv2d;
+      spec.in_channels = c;
+      spec.out_channels = k;
+      spec.kernel = r;
+      spec.pad = linear ? 0 : 1;
+      spec.name = "mx";
+      const int px = hw * hw, taps = r * r;
+      const std::vector<float> x = test::random_vec(size_t(n) * c * px, 5, -2.f, 2.f);
+      const std::vector<float> w = test::random_vec(size_t(k) * c * taps, 6, -0.3f, 0.3f);
+      const std::vector<float> dy = test::random_vec(size_t(n) * k * px, 7, -1e-3f, 1e-3f);
+      LayerOp op(ctx(), spec, p), ref(ctx(), spec, f32);
+      const Passes got = run(op, x, w, dy, n, hw, 1);
+      // The weights: [k][c][taps], along c for the forward pass, along k for backward-data.
+      const std::vector<float> w_fwd = mx_plain(w, k, c, taps, false, f.weights);
+      const std::vector<float> w_bwd = mx_plain(w, 1, k, c * taps, false, f.weights);
+      const Passes fwd = run(ref, mx_plain(x, n, c, px, false, f.activations), w_fwd, dy, n, hw, 1);
+      EXPECT_EQ(0, std::memcmp(got.y.data(), fwd.y.data(), got.y.size() * 4)) << "forward";
+      const Passes bwd = run(ref, x, w_bwd, mx_plain(dy, n, k, px, false, f.gradients), n, hw, 2);
+      EXPECT_EQ(0, std::memcmp(got.dx.data(), bwd.dx.data(), got.dx.size() * 4)) << "backward-data";
+      const Passes wg = run(ref, mx_plain(x, n, c, px, true, f.activations), w, mx_plain(dy, n, k, px, true, f.gradients),
+                            n, hw, 3);
+      EXPECT_EQ(0, std::memcmp(got.dw.data(), wg.dw.data(), got.dw.size() * 4)) << "weight gradient";
+      LayerNumerics nm;
+      op.sample_next_step();
+      run(op, x, w, dy, n, hw, 1);
+      ASSERT_TRUE(op.numerics(nm));
+      EXPECT_TRUE(nm.scaled);
+      EXPECT_LE(nm.exp_dy_min.value_or(nm.exp_dy), nm.exp_dy);
+      EXPECT_EQ(nm.format, f.all(f.weights) ? std::string(float_format_name(f.weights)) : f.names());
+      EXPECT_GT(nm.sqnr_x_db, prec == Precision::mxfp4 ? 5 : 15);
     }
-    EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
-    LayerNumerics nm = m.numerics().at(1);
-    EXPECT_EQ(nm.format, "e4m3/e4m3/e5m2") << nm.layer;
+  }
+}
+
+// ResNet-20 learns a fixed batch in each MX precision.
+TEST(Mx, SmallResNetLearnsABatchInEachFormat) {
+  for (Precision prec : {Precision::mxfp8, Precision::mxfp6, Precision::mxfp4, Precision::mxint8}) {
+    SCOPED_TRACE(precision_name(prec));
+    PrecisionPolicy p;
+    p.precision = prec;
+    expect_learns_a_batch(p);
   }
 }

@@ -25,6 +25,7 @@
 #include "dfp/status.hpp"
 #include "dfp/trainer.hpp"
 #include "simd/kernel_table.hpp"
+#include "src/io/checkpoint.hpp"
 #include "src/layers/layer.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/common/tolerance.hpp"
@@ -83,6 +84,47 @@ TEST(Training, FashionMnistSmokeFp32AndInt16) {
   EXPECT_GT(top1[0], 75.0);  // LeNet after 2 epochs on 6400 images reaches ~80%
   EXPECT_GT(top1[1], 75.0);
   EXPECT_NEAR(top1[0], top1[1], 3.0);
+}
+
+// Delayed FP8 scaling's amax histories are training state: the checkpoint keeps them (a history of
+// 4 wraps within an epoch), so a resumed run is the uninterrupted one bit for bit; a history that is
+// not a layer's or holds a NaN is refused by name.
+TEST(Training, Fp8DelayedScalingResumesBitIdentically) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  TrainConfig c = lenet_config(Precision::fp8, 3, 32, 320, 64);
+  c.policy.fp8.amax_history = 4;
+  const test::TempDir ta("dfp_test_a_"), tb("dfp_test_b_");
+  const std::string a = ta.str(), b = tb.str();
+  c.out = a;
+  train(c, nullptr);
+  c.out = b;
+  c.stop_after = 2;
+  train(c, nullptr);
+  Checkpoint ck = read_checkpoint(b + "/checkpoint.dfp");
+  ASSERT_EQ(ck.tensors.count("conv1.activations@fp8_amax_history"), 1u);
+  EXPECT_EQ(ck.tensors.at("conv1.gradients@fp8_amax_history").size(), 4u);
+  c.stop_after = 0;
+  c.resume = b + "/checkpoint.dfp";
+  train(c, nullptr);
+  const Checkpoint whole = read_checkpoint(a + "/checkpoint.dfp"), resumed = read_checkpoint(b + "/checkpoint.dfp");
+  EXPECT_EQ(whole.meta, resumed.meta);
+  for (const auto& [name, values] : whole.tensors)
+    EXPECT_TRUE(resumed.tensors.count(name) && resumed.tensors.at(name) == values) << name << " differs";
+  EXPECT_TRUE(slurp(a + "/checkpoint.dfp") == slurp(b + "/checkpoint.dfp"));
+
+  const std::string bad = a + "/bad.dfp";
+  c.out = a;
+  c.resume = bad;
+  Checkpoint nan = ck;
+  nan.tensors.at("conv1.weights@fp8_amax_history")[0] = std::numeric_limits<float>::quiet_NaN();
+  write_checkpoint(bad, nan);
+  test::expect_error([&] { train(c, nullptr); }, Status::corrupt_data,
+                     {"bad.dfp", "FP8 amax history 'conv1.weights'", "nan", "expected finite values >= 0"});
+  Checkpoint stray = ck;
+  stray.tensors["conv9.weights@fp8_amax_history"] = {1.f};
+  write_checkpoint(bad, stray);
+  test::expect_error([&] { train(c, nullptr); }, Status::corrupt_data,
+                     {"bad.dfp", "FP8 amax history 'conv9.weights'", "belongs to no layer"});
 }
 
 TEST(Training, ResumeIsBitIdenticalAndCorruptCheckpointsAreRefused) {
