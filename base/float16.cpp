@@ -20,13 +20,16 @@ const char* float_format_name(FloatFormat f) noexcept {
     case FloatFormat::e2m3: return "e2m3";
     case FloatFormat::e2m1: return "e2m1";
     case FloatFormat::int8: return "int8";
+    case FloatFormat::posit16: return "posit16";
+    case FloatFormat::posit16es2: return "posit16es2";
   }
   return "?";
 }
 
 FloatFormat parse_float_format(const std::string& text, const std::string& origin) {
   return parse_named(text, {FloatFormat::fp32, FloatFormat::bf16, FloatFormat::fp16, FloatFormat::e4m3, FloatFormat::e5m2,
-                                FloatFormat::e3m2, FloatFormat::e2m3, FloatFormat::e2m1, FloatFormat::int8}, float_format_name, origin,
+                                FloatFormat::e3m2, FloatFormat::e2m3, FloatFormat::e2m1, FloatFormat::int8,
+                                FloatFormat::posit16, FloatFormat::posit16es2}, float_format_name, origin,
                      "format");
 }
 

@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   for (const Config& c : {configs[0], configs[2]}) ratio("train_ratio", c, fp32, int16, "int16:fp32");
   // The emulated formats' steps against FP32's (issue 48's speed target: each <= 1.5x FP32's step).
   ratio("train_ratio", configs[0], fp32, TrainRun::policy(dfp::Precision::fp8), "fp8:fp32");
-  for (dfp::Precision p : {dfp::Precision::mxfp8, dfp::Precision::mxfp4})
+  for (dfp::Precision p : {dfp::Precision::mxfp8, dfp::Precision::mxfp4, dfp::Precision::posit16})
     ratio("train_ratio", configs[0], fp32, TrainRun::policy(p), std::string(dfp::precision_name(p)) + ":fp32");
   // INT16 with exponents per slice against one per tensor (Granularity).
   for (const Config& c : {configs[1], configs[0]}) {

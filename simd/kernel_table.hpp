@@ -20,6 +20,7 @@
 #include "dfp/dfp16.hpp"
 #include "dfp/float16.hpp"
 #include "dfp/float8.hpp"
+#include "dfp/posit.hpp"
 #include "dfp/isa.hpp"
 #include "base/random.hpp"
 
@@ -256,6 +257,10 @@ using RoundToFn = void (*)(const float* src, float* dst, size_t n, Rounding roun
 // what delayed scaling records.
 using RoundFp8Fn = float (*)(const float* src, float* dst, size_t n, FloatFormat format, Overflow overflow,
                              int scale_exp, Rounding rounding, uint32_t key, uint64_t index_base);
+
+// ---- posit16 (include/dfp/posit.hpp is the specification) ------------------------------------------
+// dst[i] = round_posit16(src[i], es) (src == dst allowed).
+using RoundPositFn = void (*)(const float* src, float* dst, size_t n, int es);
 
 // ---- OCP Microscaling blocks (include/dfp/float8.hpp: mx_round_block is the specification) -----
 // Each block's rounded values go to the destination (== the source allowed), and the smallest and

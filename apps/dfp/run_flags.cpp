@@ -62,7 +62,7 @@ std::vector<Flag> policy_flags(RunFlags& s) {
   };
   const std::string g = "Numerics";
   return {
-      {"--precision", "P", "fp32|int16|bf16|fp16|fp8|mxfp8|mxfp6|mxfp4|mxint8",
+      {"--precision", "P", "fp32|int16|bf16|fp16|fp8|mxfp8|mxfp6|mxfp4|mxint8|posit16|posit16es2",
        [&p](const std::string& f, const std::string& v) { p.precision = parse_precision(v, "flag " + f); }, g},
       {"--keep-fp32", "LAYERS", "layers kept in FP32, e.g. conv1,fc (repeatable)",
        [&s](const std::string&, const std::string& v) { s.keep_fp32 += (s.keep_fp32.empty() ? "" : ",") + v; }, g, true},
@@ -103,7 +103,7 @@ std::vector<Flag> policy_flags(RunFlags& s) {
        "DFP16 exponents of the gradients: tensor, or per image (backward-data) and per image pair x 16 channels "
        "(weight gradient)",
        granularity(p.dfp.gradients), g},
-      {"--weights-format", "FMT", "fp32|bf16|fp16|e4m3|e5m2|e3m2|e2m3|e2m1|int8 storage of the weights (float precisions)",
+      {"--weights-format", "FMT", "fp32|bf16|fp16|e4m3|e5m2|e3m2|e2m3|e2m1|int8|posit16|posit16es2 storage of the weights (float precisions)",
        format(p.weights_format), g},
       {"--activations-format", "FMT", "the same for the activations", format(p.activations_format), g},
       {"--gradients-format", "FMT", "the same for the gradients", format(p.gradients_format), g},

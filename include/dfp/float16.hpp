@@ -22,12 +22,15 @@
 namespace dfp {
 
 // e4m3, e5m2: the OCP 8-bit formats; e3m2, e2m3 (FP6), e2m1 (FP4) and int8: the OCP Microscaling
-// element formats (dfp/float8.hpp). Stored at a per-tensor or (MX) per-block scale.
-enum class FloatFormat : uint8_t { fp32, bf16, fp16, e4m3, e5m2, e3m2, e2m3, e2m1, int8 };
+// element formats (dfp/float8.hpp). Stored at a per-tensor or (MX) per-block scale. posit16,
+// posit16es2: posit16 with 1 and 2 exponent bits (dfp/posit.hpp), unscaled.
+enum class FloatFormat : uint8_t { fp32, bf16, fp16, e4m3, e5m2, e3m2, e2m3, e2m1, int8, posit16, posit16es2 };
 const char* float_format_name(FloatFormat f) noexcept;
-// "fp32", "bf16", "fp16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8"; throws naming `origin`
-// otherwise.
+// "fp32", "bf16", "fp16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8", "posit16",
+// "posit16es2"; throws naming `origin` otherwise.
 FloatFormat parse_float_format(const std::string& text, const std::string& origin);
+// The posit16 exponent size of a posit format (1, 2); 0 for the others.
+inline int posit_es(FloatFormat f) noexcept { return f == FloatFormat::posit16 ? 1 : f == FloatFormat::posit16es2 ? 2 : 0; }
 
 // Scalar conversions (the specification; the kernels are bit-identical to these).
 uint16_t f32_to_bf16(float x) noexcept;           // round to nearest even

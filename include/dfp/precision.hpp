@@ -40,7 +40,9 @@ class Context;
 //        channels backward; dy along the channels backward and the pixels in the weight
 //        gradient). Elements: mxfp8 e4m3 (x, w) and e5m2 (dy), mxfp6 e2m3 and e3m2, mxfp4 e2m1,
 //        mxint8 int8; exact products accumulated in FP32.
-enum class Precision { fp32, int16, bf16, fp16, fp8, mxfp8, mxfp6, mxfp4, mxint8 };
+// posit16, posit16es2: posit16 operands (dfp/posit.hpp; 1 or 2 exponent bits), unscaled, their
+//        products accumulated in FP32 (no quire).
+enum class Precision { fp32, int16, bf16, fp16, fp8, mxfp8, mxfp6, mxfp4, mxint8, posit16, posit16es2 };
 const char* precision_name(Precision p) noexcept;
 // Throws invalid_argument naming `origin` and the accepted names.
 Precision parse_precision(const std::string& text, const std::string& origin);

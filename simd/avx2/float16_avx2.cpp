@@ -214,3 +214,68 @@ void mx_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t str
 }
 
 }  // namespace dfp::simd::avx2
+
+// ---- posit16 ------------------------------------------------------------------------------------
+// The AVX-512 form's integer arithmetic (simd/avx512/float16_avx512.cpp) on 8 lanes, masks as
+// lane vectors; the last n % 8 elements run the reference.
+namespace dfp::simd::avx2 {
+namespace {
+inline __m256i splat(int v) { return _mm256_set1_epi32(v); }
+inline __m256i select(__m256i mask, __m256i yes, __m256i no) { return _mm256_blendv_epi8(no, yes, mask); }
+inline __m256i bit_length(__m256i v) {  // v < 2^24; 0 for 0
+  const __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(v)), 23), splat(126));
+  return _mm256_andnot_si256(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()), e);
+}
+}  // namespace
+
+void round_posit16(const float* src, float* dst, size_t n, int es) {
+  const __m128i es_count = _mm_cvtsi32_si128(es);
+  const __m256i one = splat(1), zero = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i b = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i a = _mm256_and_si256(b, splat(0x7FFFFFFF));
+    const __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(a, 23), splat(127));
+    const __m256i k = _mm256_sra_epi32(e, es_count);
+    const __m256i ex = _mm256_sub_epi32(e, _mm256_sll_epi32(k, es_count));
+    const __m256i kc = _mm256_min_epi32(_mm256_max_epi32(k, splat(-14)), splat(13));
+    const __m256i pos = _mm256_cmpgt_epi32(kc, splat(-1));
+    const __m256i rl = select(pos, _mm256_add_epi32(kc, splat(2)), _mm256_sub_epi32(one, kc));
+    const __m256i regime =
+        select(pos, _mm256_slli_epi32(_mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_add_epi32(kc, one)), one), 1), one);
+    const __m256i avail = _mm256_sub_epi32(splat(15), rl);
+    const __m256i t = _mm256_or_si256(_mm256_slli_epi32(ex, 23), _mm256_and_si256(a, splat(0x7FFFFF)));
+    const __m256i sh = _mm256_sub_epi32(splat(es + 23), avail);
+    __m256i body = _mm256_or_si256(_mm256_sllv_epi32(regime, avail), _mm256_srlv_epi32(t, sh));
+    const __m256i rest = _mm256_and_si256(t, _mm256_sub_epi32(_mm256_sllv_epi32(one, sh), one));
+    const __m256i guard = _mm256_and_si256(_mm256_srlv_epi32(rest, _mm256_sub_epi32(sh, one)), one);
+    const __m256i below = _mm256_and_si256(rest, _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(sh, one)), one));
+    const __m256i sticky_or_odd = _mm256_or_si256(_mm256_xor_si256(_mm256_cmpeq_epi32(below, zero), splat(-1)),
+                                                  _mm256_cmpeq_epi32(_mm256_and_si256(body, one), one));
+    body = _mm256_add_epi32(body, _mm256_and_si256(guard, _mm256_srli_epi32(sticky_or_odd, 31)));
+    body = _mm256_min_epi32(body, splat(0x7FFF));
+    body = select(_mm256_cmpgt_epi32(k, splat(13)), splat(0x7FFF), body);
+    body = select(_mm256_or_si256(_mm256_cmpgt_epi32(splat(-14), k), _mm256_cmpgt_epi32(splat(0x00800000), a)), one, body);
+    const __m256i ones = _mm256_cmpeq_epi32(_mm256_and_si256(body, splat(0x4000)), splat(0x4000));
+    const __m256i v = select(ones, _mm256_andnot_si256(body, splat(0x7FFF)), body);
+    const __m256i run = _mm256_sub_epi32(splat(15), bit_length(v));
+    const __m256i kd = select(ones, _mm256_sub_epi32(run, one), _mm256_sub_epi32(zero, run));
+    const __m256i len = _mm256_max_epi32(_mm256_sub_epi32(splat(14), run), zero);
+    const __m256i rest2 = _mm256_and_si256(body, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
+    const __m256i exd = select(_mm256_cmpgt_epi32(len, splat(es - 1)), _mm256_srlv_epi32(rest2, _mm256_sub_epi32(len, splat(es))),
+                               _mm256_sllv_epi32(rest2, _mm256_sub_epi32(splat(es), len)));
+    const __m256i nf = _mm256_max_epi32(_mm256_sub_epi32(len, splat(es)), zero);
+    const __m256i mant =
+        _mm256_or_si256(_mm256_sllv_epi32(one, nf), _mm256_and_si256(rest2, _mm256_sub_epi32(_mm256_sllv_epi32(one, nf), one)));
+    const __m256i scale = _mm256_sub_epi32(_mm256_add_epi32(_mm256_sll_epi32(kd, es_count), exd), nf);
+    const __m256 pow2s = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(scale, splat(127)), 23));
+    __m256i out = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mant), pow2s));
+    out = _mm256_or_si256(out, _mm256_and_si256(b, splat(int(0x80000000u))));
+    out = _mm256_andnot_si256(_mm256_cmpeq_epi32(a, zero), out);
+    out = select(_mm256_cmpgt_epi32(a, splat(0x7F7FFFFF)), splat(0x7FC00000), out);
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(out));
+  }
+  ref::round_posit16(src + i, dst + i, n - i, es);
+}
+
+}  // namespace dfp::simd::avx2

@@ -207,3 +207,72 @@ void mx_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t str
 }
 
 }  // namespace dfp::simd::avx512
+
+// ---- posit16 ------------------------------------------------------------------------------------
+// The scalar encoder's string arithmetic (base/posit.cpp) on 32-bit lanes: the regime's bits, then
+// the exponent and fraction bits that fit after it, the guard and sticky bits below, with shifts
+// of variable length; then the decoder's, with the regime's run length from the bit length of the
+// rest (read off its exact FP32 conversion).
+namespace dfp::simd::avx512 {
+namespace {
+inline __m512i splat(int v) { return _mm512_set1_epi32(v); }
+inline __m512i bit_length(__m512i v) {  // v < 2^24; 0 for 0
+  const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(v)), 23), splat(126));
+  return _mm512_mask_mov_epi32(e, _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512()), _mm512_setzero_si512());
+}
+}  // namespace
+
+void round_posit16(const float* src, float* dst, size_t n, int es) {
+  const __m128i es_count = _mm_cvtsi32_si128(es);
+  const __m512i one = splat(1), zero = _mm512_setzero_si512();
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512i b = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i));
+    const __m512i a = _mm512_and_si512(b, splat(0x7FFFFFFF));
+    // Encode.
+    const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(a, 23), splat(127));
+    const __m512i k = _mm512_sra_epi32(e, es_count);
+    const __m512i ex = _mm512_sub_epi32(e, _mm512_sll_epi32(k, es_count));
+    const __m512i kc = _mm512_min_epi32(_mm512_max_epi32(k, splat(-14)), splat(13));
+    const __mmask16 pos = _mm512_cmpge_epi32_mask(kc, zero);
+    const __m512i rl = _mm512_mask_mov_epi32(_mm512_sub_epi32(one, kc), pos, _mm512_add_epi32(kc, splat(2)));
+    const __m512i regime = _mm512_mask_mov_epi32(
+        one, pos, _mm512_slli_epi32(_mm512_sub_epi32(_mm512_sllv_epi32(one, _mm512_add_epi32(kc, one)), one), 1));
+    const __m512i avail = _mm512_sub_epi32(splat(15), rl);
+    const __m512i t = _mm512_or_si512(_mm512_sll_epi32(ex, _mm_cvtsi32_si128(23)), _mm512_and_si512(a, splat(0x7FFFFF)));
+    const __m512i sh = _mm512_sub_epi32(splat(es + 23), avail);
+    __m512i body = _mm512_or_si512(_mm512_sllv_epi32(regime, avail), _mm512_srlv_epi32(t, sh));
+    const __m512i rest = _mm512_and_si512(t, _mm512_sub_epi32(_mm512_sllv_epi32(one, sh), one));
+    const __m512i guard = _mm512_and_si512(_mm512_srlv_epi32(rest, _mm512_sub_epi32(sh, one)), one);
+    const __mmask16 sticky =
+        _mm512_test_epi32_mask(rest, _mm512_sub_epi32(_mm512_sllv_epi32(one, _mm512_sub_epi32(sh, one)), one));
+    const __mmask16 up = _mm512_test_epi32_mask(guard, guard) & (sticky | _mm512_test_epi32_mask(body, one));
+    body = _mm512_mask_add_epi32(body, up, body, one);
+    body = _mm512_min_epi32(body, splat(0x7FFF));
+    body = _mm512_mask_mov_epi32(body, _mm512_cmpge_epi32_mask(k, splat(14)), splat(0x7FFF));
+    body = _mm512_mask_mov_epi32(body, _mm512_cmple_epi32_mask(k, splat(-15)) | _mm512_cmplt_epi32_mask(a, splat(0x00800000)),
+                                 one);
+    // Decode.
+    const __mmask16 ones = _mm512_test_epi32_mask(body, splat(0x4000));
+    const __m512i v = _mm512_mask_mov_epi32(body, ones, _mm512_andnot_si512(body, splat(0x7FFF)));
+    const __m512i run = _mm512_sub_epi32(splat(15), bit_length(v));
+    const __m512i kd = _mm512_mask_mov_epi32(_mm512_sub_epi32(zero, run), ones, _mm512_sub_epi32(run, one));
+    const __m512i len = _mm512_max_epi32(_mm512_sub_epi32(splat(14), run), zero);
+    const __m512i rest2 = _mm512_and_si512(body, _mm512_sub_epi32(_mm512_sllv_epi32(one, len), one));
+    // The exponent: the es bits after the regime; bits past the string's end are zeros.
+    const __m512i exd = _mm512_mask_mov_epi32(_mm512_sllv_epi32(rest2, _mm512_sub_epi32(splat(es), len)),
+                                              _mm512_cmpge_epi32_mask(len, splat(es)),
+                                              _mm512_srlv_epi32(rest2, _mm512_sub_epi32(len, splat(es))));
+    const __m512i nf = _mm512_max_epi32(_mm512_sub_epi32(len, splat(es)), zero);
+    const __m512i mant = _mm512_or_si512(_mm512_sllv_epi32(one, nf), _mm512_and_si512(rest2, _mm512_sub_epi32(_mm512_sllv_epi32(one, nf), one)));
+    const __m512i scale = _mm512_sub_epi32(_mm512_add_epi32(_mm512_sll_epi32(kd, es_count), exd), nf);
+    const __m512 pow2s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(scale, splat(127)), 23));
+    __m512i out = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(mant), pow2s));
+    out = _mm512_or_si512(out, _mm512_and_si512(b, splat(int(0x80000000u))));
+    out = _mm512_mask_mov_epi32(out, _mm512_cmpeq_epi32_mask(a, zero), zero);
+    out = _mm512_mask_mov_epi32(out, _mm512_cmpge_epu32_mask(a, splat(0x7F800000)), splat(0x7FC00000));
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(out));
+  }
+}
+
+}  // namespace dfp::simd::avx512

@@ -5,6 +5,7 @@
 
 #include "dfp/float16.hpp"
 #include "dfp/float8.hpp"
+#include "dfp/posit.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::ref {
@@ -78,6 +79,10 @@ void mx_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t str
     for (size_t r0 = 0; r0 < rows; r0 += kMxBlock)
       fold(mx_round_block(src + r0 * stride + l, dst + r0 * stride + l, std::min<size_t>(kMxBlock, rows - r0), stride, f),
            lo, hi);
+}
+
+void round_posit16(const float* src, float* dst, size_t n, int es) {
+  for (size_t i = 0; i < n; ++i) dst[i] = dfp::round_posit16(src[i], es);
 }
 
 }  // namespace dfp::simd::ref

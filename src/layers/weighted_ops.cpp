@@ -56,6 +56,11 @@ void convert_tensor(const Context& ctx, Kernel fn, const float* src, Dst* dst, s
 
 // dst = src rounded to `f` (FP32 values).
 void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* dst, size_t n, Rounding r, uint32_t key) {
+  if (const int es = posit_es(f)) {
+    const auto fn = ctx.kernels().round_posit16.fn;
+    for_chunks(ctx, n, [&](size_t b, size_t e) { fn(src + b, dst + b, e - b, es); });
+    return;
+  }
   convert_tensor(ctx, f == FloatFormat::bf16 ? ctx.kernels().round_bf16.fn : ctx.kernels().round_fp16.fn, src, dst, n,
                  r, key);
 }
@@ -636,6 +641,8 @@ std::unique_ptr<WeightedOp> make_weighted_op(const WeightedOpSpec& spec, const L
     case Precision::bf16:
     case Precision::fp16:
     case Precision::fp8:
+    case Precision::posit16:
+    case Precision::posit16es2:
       if (spec.bf16_operands && p.all_bf16())
         if (auto b = spec.ctx->kernels().conv_bf16.fn(spec.ctx->threads(), spec.shape, spec.name))
           return std::make_unique<NativeBf16Op>(spec, p, std::move(b));

@@ -37,6 +37,8 @@ constexpr PrecisionInfo kPrecisions[] = {
     {Precision::mxfp6, "mxfp6", FloatFormat::e2m3, FloatFormat::e3m2, true},
     {Precision::mxfp4, "mxfp4", FloatFormat::e2m1, FloatFormat::e2m1, true},
     {Precision::mxint8, "mxint8", FloatFormat::int8, FloatFormat::int8, true},
+    {Precision::posit16, "posit16", FloatFormat::posit16, FloatFormat::posit16, false},
+    {Precision::posit16es2, "posit16es2", FloatFormat::posit16es2, FloatFormat::posit16es2, false},
 };
 const PrecisionInfo* info(Precision p) noexcept {
   for (const PrecisionInfo& i : kPrecisions)
@@ -197,6 +199,19 @@ void PrecisionPolicy::validate(const std::string& origin) const {
                      "has none (precision " + precision_name(precision) + ")");
   for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients}) q->validate(origin);
   fp8.validate(origin);
+  // Posits round to nearest even only (the kernels have no stochastic form).
+  std::vector<Precision> used = {precision};
+  for (const auto& o : overrides) used.push_back(o.second);
+  for (Precision p : used) {
+    if (operand_format(p) == FloatFormat::fp32) continue;
+    const ClassFormats f = class_formats(p);
+    const std::pair<FloatFormat, const QuantOptions*> classes[] = {
+        {f.weights, &dfp.weights}, {f.activations, &dfp.activations}, {f.gradients, &dfp.gradients}};
+    for (const auto& [fmt, q] : classes)
+      DFP_CHECK(!posit_es(fmt) || q->rounding == Rounding::nearest_even, Status::invalid_argument,
+                origin + ": " + q->name + " rounding '" + rounding_name(q->rounding) + "': " + float_format_name(fmt) +
+                    " rounds to nearest even only");
+  }
   if (any_float)
     for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients})
       DFP_CHECK(q->rounding != Rounding::biased || (precision == Precision::int16 && !class_formats_set), Status::invalid_argument,
@@ -326,6 +341,13 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
                       "input channels; backward-data: dy and w along the output channels; weight gradient: x and dy "
                       "along the pixels of each image); EMULATED (" + ctx.kernels().mx_lanes.name + ", " +
                       ctx.kernels().mx_rows.name + "), exact products accumulated in FP32");
+        break;
+      }
+      case Precision::posit16:
+      case Precision::posit16es2: {
+        const ClassFormats f = policy.class_formats(p);
+        out.push_back(std::string(precision_name(p)) + ": formats w/x/dy " + f.names() + "; EMULATED: operands rounded to " +
+                      "posit16 (" + ctx.kernels().round_posit16.name + "), products accumulated in FP32 (no quire)");
         break;
       }
       case Precision::fp8: {

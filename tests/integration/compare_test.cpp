@@ -52,11 +52,11 @@ TEST(Compare, TinySubsetWritesEveryArtifactAndTheTableEqualsTheMetrics) {
   const dfp::test::TempDir dir("dfp_compare_");
   const fs::path out = dir.path() / "cmp";
   const std::string cmd = dfp_command("compare --model lenet --epochs 2 --batch-size 32 --limit-train 256 --limit-test 64 "
-                                      "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16,fp8,mxfp4 --out '" +
+                                      "--threads 2 --numerics-every 2 --precisions fp32,bf16,fp16,fp16-none,int16,fp8,mxfp4,posit16 --out '" +
                                           out.string() + "'",
                                       dir.file("compare.log"));
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir.file("compare.log"));
-  const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16", "fp8", "mxfp4"};
+  const std::vector<std::string> labels = {"fp32", "bf16", "fp16", "fp16-none", "int16", "fp8", "mxfp4", "posit16"};
   for (const std::string& l : labels) {
     EXPECT_TRUE(fs::exists(out / l / "metrics.jsonl")) << l;
     EXPECT_TRUE(fs::exists(out / l / "config.json")) << l;
@@ -154,8 +154,8 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
       {"train --precision fp8 --fp8-scaling sometimes", "flag --fp8-scaling: unknown fp8 scaling 'sometimes'; expected none, current or delayed"},
       {"train --precision fp8 --fp8-overflow wrap", "flag --fp8-overflow: unknown overflow mode 'wrap'"},
       {"train --precision fp8 --fp8-amax-history 0", "fp8 amax history must be 1..1048576, got 0"},
-      {"train --precision fp8 --gradients-format e3m3", "unknown format 'e3m3'; expected fp32, bf16, fp16, e4m3, e5m2, e3m2, e2m3, e2m1 or int8"},
-      {"train --precision mxfp9", "unknown precision 'mxfp9'; expected fp32, int16, bf16, fp16, fp8, mxfp8, mxfp6, mxfp4 or mxint8"},
+      {"train --precision fp8 --gradients-format e3m3", "unknown format 'e3m3'; expected fp32, bf16, fp16, e4m3, e5m2, e3m2, e2m3, e2m1, int8, posit16 or posit16es2"},
+      {"train --precision mxfp9", "unknown precision 'mxfp9'; expected fp32, int16, bf16, fp16, fp8, mxfp8, mxfp6, mxfp4, mxint8, posit16 or posit16es2"},
       {"train --print-every 0", "flag --print-every: expected >= 1, got 0"},
       {"eval --checkpoint '" + dir.path().string() + "'", "is a directory; expected a checkpoint file"},
       // compare checks the shared settings once, before it starts any run or writes anything

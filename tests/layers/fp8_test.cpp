@@ -1,4 +1,5 @@
-// The fp8 precision (dfp/precision.hpp, dfp/float8.hpp): a layer's three passes are FP32 passes on
+// The fp8, MX and posit16 precisions (dfp/precision.hpp, dfp/float8.hpp, dfp/posit.hpp): a layer's
+// three passes are FP32 passes on
 // operands rounded bit-exactly to e4m3/e5m2 at the scales current and delayed scaling choose, its
 // numerics records name the formats and scales, the policy's text forms carry the fp8 settings,
 // and a network trains.
@@ -12,6 +13,7 @@
 
 #include "dfp/context.hpp"
 #include "dfp/float8.hpp"
+#include "dfp/posit.hpp"
 #include "dfp/layer_op.hpp"
 #include "dfp/model.hpp"
 #include "dfp/models.hpp"
@@ -315,5 +317,38 @@ TEST(Mx, SmallResNetLearnsABatchInEachFormat) {
     PrecisionPolicy p;
     p.precision = prec;
     expect_learns_a_batch(p);
+  }
+}
+
+// ---- posit16 -------------------------------------------------------------------------------------
+
+// A posit16 layer's passes are the FP32 passes on x, w and dy rounded to posit16, unscaled; the
+// policy refuses stochastic rounding for it; ResNet-20 learns a batch with either exponent size.
+TEST(Posit16, PassesAreFp32PassesOnPositOperands) {
+  for (Precision prec : {Precision::posit16, Precision::posit16es2}) {
+    SCOPED_TRACE(precision_name(prec));
+    const int es = prec == Precision::posit16 ? 1 : 2, n = 3, hw = 6;
+    const std::vector<float> x = test::random_vec(size_t(n) * 20 * hw * hw, 1, -3.f, 3.f);
+    const std::vector<float> w = test::random_vec(size_t(12) * 20 * 9, 2, -0.2f, 0.2f);
+    const std::vector<float> dy = test::random_vec(size_t(n) * 12 * hw * hw, 3, -1e-6f, 1e-6f);
+    auto posit = [&](std::vector<float> v) {
+      for (float& e : v) e = round_posit16(e, es);
+      return v;
+    };
+    PrecisionPolicy p, f32;
+    p.precision = prec;
+    LayerOp op(ctx(), conv_spec(), p), ref(ctx(), conv_spec(), f32);
+    expect_same_bits(run(op, x, w, dy, n, hw, 1), run(ref, posit(x), posit(w), posit(dy), n, hw, 1), "posit16");
+    LayerNumerics nm;
+    op.sample_next_step();
+    run(op, x, w, dy, n, hw, 1);
+    ASSERT_TRUE(op.numerics(nm));
+    EXPECT_EQ(nm.format, precision_name(prec));
+    EXPECT_EQ(nm.underflow, 0u);  // posits do not round a nonzero value to zero
+    EXPECT_FALSE(nm.scaled);
+    expect_learns_a_batch(p);
+    p.dfp.gradients.rounding = Rounding::stochastic;
+    test::expect_error([&] { p.validate("flags"); }, Status::invalid_argument,
+                       {"flags", "gradients rounding 'stochastic'", "rounds to nearest even only"});
   }
 }
