@@ -169,8 +169,8 @@ dfp_status dfp_model_node_shape(const dfp_model* model, int node, int* channels,
 dfp_status dfp_model_set_input_grad(dfp_model* model, int on) DFP_NOEXCEPT;
 
 /* Builds the model for batches of up to `batch` images. `precision` is the policy's default
- * precision, as the command line's --precision: "fp32", "int16" (DFP16), "bf16" or "fp16"
- * (NULL: "fp32"). `overrides` (NULL or "": none) sets the precision of layers by name, as
+ * precision, as the command line's --precision: "fp32", "int16" (DFP16), "bf16", "fp16", "fp8",
+ * "mxfp8", "mxfp6", "mxfp4", "mxint8", "posit16" or "posit16es2" (NULL: "fp32"). `overrides` (NULL or "": none) sets the precision of layers by name, as
  * --override: comma-separated "pattern=precision" rules with glob patterns ('*', '?'), first match
  * wins, e.g. "conv1=fp32,fc=fp32". Other policy settings keep their defaults (nearest-even
  * rounding, headroom 2). Once per model. */

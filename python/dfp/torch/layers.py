@@ -254,7 +254,8 @@ class _DfpLayer:
 
 class Conv2d(_DfpLayer, nn.Conv2d):
     """torch.nn.Conv2d run in dfp: forward, backward-data and weight gradient in `precision`
-    ('int16', 'bf16', 'fp16' or 'fp32'; or a dfp.PrecisionPolicy as `policy`, or its keywords:
+    ('int16', 'bf16', 'fp16', 'fp32', or a format of the comparison: 'fp8', 'mxfp8', 'mxfp6', 'mxfp4',
+    'mxint8', 'posit16', 'posit16es2'; or a dfp.PrecisionPolicy as `policy`, or its keywords:
     headroom=, rounding=, weights_rounding=, ...).
 
     Takes torch's arguments (square kernels, equal strides and paddings, padding 'valid' or 'same'
