@@ -101,7 +101,7 @@ struct LayerPrecision {
   // `options` named after `layer` (error messages name "layer.weights" ...), each class with a
   // stochastic stream of its own.
   DfpConvOptions options_for(const std::string& layer) const;
-  // bf16, fp16 or fp8: operands rounded to a smaller float format, FP32 accumulation.
+  // Operands rounded to a smaller format (bf16, fp16, fp8, MX, posit16), FP32 accumulation.
   bool is_float() const noexcept { return operand_format(precision) != FloatFormat::fp32; }
   // BF16 in all three classes: the form BF16-operand kernels (the table's conv_bf16) run.
   bool all_bf16() const noexcept {

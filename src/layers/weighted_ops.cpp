@@ -1,4 +1,4 @@
-// The four operations of a weighted layer (weighted_ops.hpp): int16, native bf16, rounded float,
+// The operations of a weighted layer (weighted_ops.hpp): int16, native bf16, rounded float, MX,
 // fp32.
 #include "src/layers/weighted_ops.hpp"
 
@@ -64,9 +64,10 @@ void round_tensor(const Context& ctx, FloatFormat f, const float* src, float* ds
   convert_tensor(ctx, f == FloatFormat::bf16 ? ctx.kernels().round_bf16.fn : ctx.kernels().round_fp16.fn, src, dst, n,
                  r, key);
 }
-// Rounds the tensors of one class of a layer to the class's format: a 16-bit one directly, an
-// 8-bit one at the power-of-two scale its Float8Options choose (dfp/precision.hpp). Keeps the
-// delayed-scaling history, allocated when the layer is built, and the scale of the last tensor.
+// Rounds the tensors of one class of a layer to the class's format: a 16-bit float or a posit
+// directly, an 8-bit-or-smaller float at the power-of-two scale its Float8Options choose
+// (dfp/precision.hpp). Keeps the delayed-scaling history, allocated when the layer is built, and
+// the scale of the last tensor.
 class ClassRounding {
  public:
   ClassRounding(FloatFormat f, const Float8Options& o) : f_(f), o_(o) {
@@ -78,7 +79,7 @@ class ClassRounding {
   int exponent() const noexcept { return -scale_exp_; }
   // dst = src rounded (src == dst allowed). known_max >= 0: max|src|, measured by the caller.
   // record: add max|src| to the delayed-scaling history (training passes; not the weights, whose
-  // versions record_version adds).
+  // maxima weights_version adds).
   void round(const Context& ctx, const float* src, float* dst, size_t n, const QuantOptions& q, uint64_t step,
              bool record, float known_max = -1.f) {
     const uint32_t key = step_key(q.seed, step);

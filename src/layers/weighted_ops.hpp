@@ -4,11 +4,14 @@
 //   int16:         ConvInt16 (DFP16 operands, all three passes, INT32 chains flushed into FP32).
 //   native bf16:   the kernel table's conv_bf16 (BF16 operands in memory, FP32 accumulation and
 //                  outputs), where the layer has one and all three classes are BF16.
-//   rounded float: x, w, dy rounded to their class formats (bf16/fp16), then the layer's FP32
-//                  operator on them: products of 16-bit floats are exact in FP32, so this is FP32
+//   rounded float: x, w, dy rounded to their class formats (bf16/fp16; fp8 and the MX element
+//                  formats at a per-tensor scale; posit16), then the layer's FP32 operator on
+//                  them: products of 16-bit and smaller floats are exact in FP32, so this is FP32
 //                  accumulation of exact products, the numerics of VDPBF16PS and of tensor
-//                  cores. FP16 weight gradients are stored as FP16 (rounded, overflow to inf), as
-//                  a half-precision wgrad output would be.
+//                  cores (posits' products are rounded once). FP16 weight gradients are stored as
+//                  FP16 (rounded, overflow to inf), as a half-precision wgrad output would be.
+//   MX:            OCP Microscaling: each pass's operands quantized in blocks along that pass's
+//                  reduction, two FP32 operators (the backward-data pass has weights of its own).
 //   fp32:          the layer's FP32 operator.
 // The layer owns the FP32 master weights, the bias and the parameter gradients; an operation
 // reads the master weights through the pointer it is built with.
