@@ -1,4 +1,4 @@
-// A maximum shared by the tasks of one parallel loop. Each task folds its own result in once, so
+// A maximum (or minimum) shared by the tasks of one parallel loop. Each task folds its own result in once, so
 // a compare-exchange loop is enough; NaN never wins (the comparison is false for it).
 #pragma once
 
@@ -11,6 +11,12 @@ template <class T>
 inline void atomic_max(std::atomic<T>& a, T v) {
   T cur = a.load(std::memory_order_relaxed);
   while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
+}
+
+template <class T>
+inline void atomic_min(std::atomic<T>& a, T v) {
+  T cur = a.load(std::memory_order_relaxed);
+  while (v < cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
 }
 
 // The same on an element of a plain array that the loop's tasks share (one per plane, say).

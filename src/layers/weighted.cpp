@@ -518,6 +518,9 @@ class LinearF32Operator final : public F32Operator {
     }
     f_.backward_weights(rows_x_.data(), rows_y_.data(), gw);
   }
+  // backward() uses the rows forward() kept; backward_weights() (MX, with an x of its own
+  // quantization) is handed its x by the layer, which then keeps it for the step.
+  bool backward_reads_input() const override { return false; }
   void backward_data(const float* dy, float* dx) override {
     to_rows(dy, rows_y_.data(), n_, k_);
     f_.backward_data(rows_y_.data(), rows_dx_.data());
@@ -551,6 +554,8 @@ class LinearF32Operator final : public F32Operator {
 class Linear final : public WeightedLayer {
  public:
   Linear(int k, bool bias) : WeightedLayer(k, bias) {}
+  // Only an operation that quantizes x for the weight gradient on its own (MX) reads it.
+  bool backward_reads_input(size_t) const override { return op_ && op_->backward_reads_input(); }
   TensorShape infer(const std::vector<TensorShape>& in) const override {
     DFP_CHECK(in[0].h == 1 && in[0].w == 1, Status::invalid_argument,
               "linear '" + name + "': input must be flat (N x F x 1 x 1); add flatten() or global_avgpool() first");

@@ -416,7 +416,9 @@ class RoundedFloatOp final : public FloatOp {
     if (st.sample) sample_.dy = round_dy_.measure(ctx_, dy, dyr, out_size_);
   }
   // The weight gradient reads x: its rounded copy when activations are rounded.
-  bool backward_reads_input() const override { return fmt_.activations == FloatFormat::fp32; }
+  bool backward_reads_input() const override {
+    return fmt_.activations == FloatFormat::fp32 && f_->backward_reads_input();
+  }
   size_t workspace_bytes() const override {
     return fmt_.gradients != FloatFormat::fp32 ? out_size_ * sizeof(float) : 0;
   }
@@ -456,16 +458,12 @@ class MxOp final : public WeightedOp {
         round_dy_(fmt_.gradients, kUnscaled),
         wf_(w_count_),
         wb_(w_count_),
-        xq_(in_size_) {
-    // A Linear's layer hands backward no x (its FP32 operator keeps its own rows): keep it here.
-    if (shape_.H * shape_.W == 1) x_kept_ = AlignedBuffer<float>(in_size_);
-  }
+        xq_(in_size_) {}
   void forward(const float* x, float* y, const StepInfo& st) override {
     scales_x_ = {1 << 20, -(1 << 20)};
     const float* xq = quantize(round_x_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, false,
                                cls_.activations, st, scales_x_);
     f_->forward(xq, y);
-    if (x_kept_.size() && st.train) std::copy(x, x + in_size_, x_kept_.data());
     if (st.sample) {
       sample_.sampled = true;
       sample_.x = measure_rounded(ctx_, x, xq, in_size_);
@@ -481,7 +479,6 @@ class MxOp final : public WeightedOp {
       if (st.sample) sample_.dy = measure_rounded(ctx_, dy, dq, out_size_);
     }
     std::pair<int, int> ignored{0, 0};
-    if (!x) x = x_kept_.data();
     const float* xq = quantize(round_x_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, true, cls_.activations,
                                st, ignored);
     // Without an input gradient (a first layer) dy's record is the weight gradient's quantization.
@@ -526,8 +523,7 @@ class MxOp final : public WeightedOp {
     f_->set_weights(w);
     fb_->set_weights(w);
   }
-  // The weight gradient's blocks are its own (a layer that hands no x gets the kept copy).
-  bool backward_reads_input() const override { return true; }
+  bool backward_reads_input() const override { return true; }  // the weight gradient's blocks are its own
   size_t workspace_bytes() const override { return out_size_ * sizeof(float); }
   void use_workspace(void* region) override { dyq_ = static_cast<float*>(region); }
   std::string implementation() const override { return f_->implementation(); }
@@ -551,10 +547,8 @@ class MxOp final : public WeightedOp {
   // Classes in another format than an MX element are rounded whole, unscaled.
   static constexpr Float8Options kUnscaled{Float8Scaling::none};
   static void fold(std::atomic<int>& lo, std::atomic<int>& hi, int l, int h) {
-    int cur = lo.load();
-    while (l < cur && !lo.compare_exchange_weak(cur, l)) {}
-    cur = hi.load();
-    while (h > cur && !hi.compare_exchange_weak(cur, h)) {}
+    atomic_min(lo, l);
+    atomic_max(hi, h);
   }
   // A blocked tensor [N][channel blocks][pixels][16] in its class format: MX blocks across the
   // channels (along_pixels false) or along each image's pixels (true; along the batch for one
@@ -611,7 +605,6 @@ class MxOp final : public WeightedOp {
   std::unique_ptr<F32Operator> f_, fb_;  // forward and weight gradient; backward-data
   ClassRounding round_w_, round_x_, round_dy_;
   AlignedBuffer<float> wf_, wb_, xq_;  // the weights of each pass, the quantized input
-  AlignedBuffer<float> x_kept_;        // one-pixel images: this step's input, for the weight gradient
   float* dyq_ = nullptr;               // the quantized dy, in the shared workspace
   std::pair<int, int> scales_x_{1, 0}, scales_w_{1, 0}, scales_dy_{1, 0};  // smallest, largest X (empty: first > second)
 };
@@ -625,7 +618,7 @@ class Fp32Op final : public WeightedOp {
     f_->backward(x, dy, dx, gw);
   }
   void weights_updated(uint64_t, float) override { f_->set_weights(w_); }
-  bool backward_reads_input() const override { return true; }
+  bool backward_reads_input() const override { return f_->backward_reads_input(); }
   std::string implementation() const override { return f_->implementation(); }
 
  private:

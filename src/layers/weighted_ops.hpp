@@ -46,6 +46,9 @@ class F32Operator {
   virtual void backward_data(const float* dy, float* dx) = 0;
   virtual void backward_weights(const float* x, const float* dy, float* gw) = 0;
   virtual std::string implementation() const = 0;
+  // Whether backward and backward_weights read the x they are given (a Linear's operator keeps
+  // its own rows of the forward's input and reads none).
+  virtual bool backward_reads_input() const { return true; }
 };
 
 // Per-tensor-class statistics of the last sampled step.

@@ -179,10 +179,18 @@ ClassFormats PrecisionPolicy::class_formats(Precision p) const {
   return {weights_format.value_or(own), activations_format.value_or(own), gradients_format.value_or(own_gradients)};
 }
 
+namespace {
+// The precisions a policy's layers can have: its default and the overrides', each once.
+std::vector<Precision> used_precisions(const PrecisionPolicy& policy) {
+  std::vector<Precision> used = {policy.precision};
+  for (const auto& o : policy.overrides)
+    if (std::find(used.begin(), used.end(), o.second) == used.end()) used.push_back(o.second);
+  return used;
+}
+}  // namespace
+
 bool PrecisionPolicy::uses_float8() const {
-  std::vector<Precision> used = {precision};
-  for (const auto& o : overrides) used.push_back(o.second);
-  for (Precision p : used) {
+  for (Precision p : used_precisions(*this)) {
     if (operand_format(p) == FloatFormat::fp32 || is_mx(p)) continue;  // MX scales by blocks
     const ClassFormats f = class_formats(p);
     if (is_float8(f.weights) || is_float8(f.activations) || is_float8(f.gradients)) return true;
@@ -200,9 +208,7 @@ void PrecisionPolicy::validate(const std::string& origin) const {
   for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients}) q->validate(origin);
   fp8.validate(origin);
   // Posits round to nearest even only (the kernels have no stochastic form).
-  std::vector<Precision> used = {precision};
-  for (const auto& o : overrides) used.push_back(o.second);
-  for (Precision p : used) {
+  for (Precision p : used_precisions(*this)) {
     if (operand_format(p) == FloatFormat::fp32) continue;
     const ClassFormats f = class_formats(p);
     const std::pair<FloatFormat, const QuantOptions*> classes[] = {
@@ -293,9 +299,7 @@ std::string bf16_convolution_note(const Context& ctx) {
 }  // namespace
 
 std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Context& ctx) {
-  std::vector<Precision> used = {policy.precision};
-  for (const auto& o : policy.overrides)
-    if (std::find(used.begin(), used.end(), o.second) == used.end()) used.push_back(o.second);
+  const std::vector<Precision> used = used_precisions(policy);
   std::vector<std::string> out;
   const CpuFeatures& cpu = ctx.cpu();
   const bool jit = ctx.isa() != Isa::ref;
