@@ -184,6 +184,11 @@ int main(int argc, char** argv) {
   ratio("train_ratio", configs[0], fp32, TrainRun::policy(dfp::Precision::fp8), "fp8:fp32");
   for (dfp::Precision p : {dfp::Precision::mxfp8, dfp::Precision::mxfp4, dfp::Precision::posit16})
     ratio("train_ratio", configs[0], fp32, TrainRun::policy(p), std::string(dfp::precision_name(p)) + ":fp32");
+  // Block DFP (int16 with exponents per block of 32 along each pass's reduction; emulated).
+  dfp::PrecisionPolicy block32 = int16;
+  for (dfp::QuantOptions* q : {&block32.dfp.weights, &block32.dfp.activations, &block32.dfp.gradients})
+    q->granularity = dfp::Granularity::block32;
+  ratio("train_ratio", configs[0], fp32, block32, "int16_block32:fp32");
   // INT16 with exponents per slice against one per tensor (Granularity).
   for (const Config& c : {configs[1], configs[0]}) {
     ratio("train_granularity", c, int16, sliced(true, true, true), "slice:tensor");

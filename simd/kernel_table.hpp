@@ -275,6 +275,20 @@ using MxLanesFn = void (*)(const float* a, const float* b, float* da, float* db,
 using MxRowsFn = void (*)(const float* src, float* dst, size_t rows, size_t lanes, size_t row_stride,
                           FloatFormat element, int* scale_min, int* scale_max);
 
+// ---- Block DFP (include/dfp/dfp16.hpp: dfp16_round_block is the specification) ------------------
+// Each block rounded to DFP16 with an exponent of its own and stored back as floats (dst == src
+// allowed); the smallest and largest exponent of its finite blocks that hold a nonzero value are
+// folded into *exp_min and *exp_max. Nearest-even or biased rounding.
+// Blocks across the channels of a blocked (16-lane) tensor: at each of `pixels` pixels, the 16
+// lanes of `planes` consecutive planes (plane j at src + j * pixels * 16, planes <= 8) form one
+// block.
+using Dfp16LanesFn = void (*)(const float* src, float* dst, size_t planes, size_t pixels, int headroom, Rounding r,
+                              int* exp_min, int* exp_max);
+// Blocks along rows: element (r, l) at src[r * row_stride + l] for r < rows, l < lanes; each lane's
+// rows in blocks of `block`, the last holding the rest.
+using Dfp16RowsFn = void (*)(const float* src, float* dst, size_t rows, size_t lanes, size_t row_stride,
+                             size_t block, int headroom, Rounding r, int* exp_min, int* exp_max);
+
 using PixelKernelFn = void (*)(const PixelKernelArgs&);
 using PairKernelFn = void (*)(const PairKernelArgs&);
 

@@ -32,11 +32,19 @@ struct RunSpec {
   std::string device = "cpu";
   std::string precision;  // fp32 | int16 | bf16 | fp16
   std::string scaling;    // none | static | dynamic | adaptive
-  std::string granularity;  // int16: tensor | slice for every class (--granularity); "" = the flags'
+  std::string granularity;  // int16: tensor | slice | blockN for every class (--granularity); "" = the flags'
 };
 
+bool is_granularity(const std::string& name) {
+  for (dfp::Granularity g : {dfp::Granularity::tensor, dfp::Granularity::slice, dfp::Granularity::block32,
+                             dfp::Granularity::block64, dfp::Granularity::block128})
+    if (name == dfp::granularity_name(g)) return true;
+  return false;
+}
+
 // "<precision>[-<scaling>][-<granularity>]"; fp16 alone means dynamic scaling (what torch.amp
-// users run); int16-slice and int16-tensor compare DFP16 exponent granularities in one report.
+// users run); int16-slice, int16-tensor and int16-block32 (64, 128) compare DFP16 exponent
+// granularities in one report.
 RunSpec parse_spec(const std::string& spec) {
   RunSpec r;
   r.label = spec;
@@ -55,9 +63,10 @@ RunSpec parse_spec(const std::string& spec) {
   dfp::parse_precision(r.precision, origin);
   for (size_t i = 1; i < parts.size(); ++i) {
     const std::string& p = parts[i];
-    if (p == dfp::granularity_name(dfp::Granularity::tensor) || p == dfp::granularity_name(dfp::Granularity::slice)) {
+    if (is_granularity(p)) {
       DFP_CHECK(r.precision == "int16" && r.device == "cpu" && r.granularity.empty(), dfp::Status::invalid_argument,
-                origin + ": a granularity (-tensor, -slice) applies once to an int16 item, e.g. int16-slice");
+                origin + ": a granularity (-tensor, -slice, -block32, -block64, -block128) applies once to an int16 "
+                         "item, e.g. int16-slice");
       r.granularity = p;
     } else {
       DFP_CHECK(r.scaling.empty(), dfp::Status::invalid_argument,
@@ -226,7 +235,7 @@ Run add_compare(CLI::App& root) {
   CompareState* p = s.get();
   p->flags.add({{"--precisions", "LIST",
                  "runs, e.g. fp32,bf16,fp16,int16: items PRECISION[-none|-static|-dynamic|-adaptive] (fp16 alone = "
-                 "fp16-dynamic; cuda-fp16, cuda-fp32 on the GPU); int16-tensor, int16-slice: that DFP16 granularity "
+                 "fp16-dynamic; cuda-fp16, cuda-fp32 on the GPU); int16-tensor, int16-slice, int16-block32|64|128: that DFP16 granularity "
                  "(--granularity) for the run",
                  [p](const std::string&, const std::string& v) { p->specs_text = v; }, "Run"},
                 out_flag(p->out, "directory of the comparison: OUT/<item>/ per run, the report and plots"),

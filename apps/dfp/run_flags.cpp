@@ -87,21 +87,23 @@ std::vector<Flag> policy_flags(RunFlags& s) {
       {"--weights-rounding,--round-weights", "R", "rounding of the weights", rounding(p.dfp.weights), g},
       {"--activations-rounding,--round-activations", "R", "rounding of the activations", rounding(p.dfp.activations), g},
       {"--gradients-rounding,--round-gradients", "R", "rounding of the gradients", rounding(p.dfp.gradients), g},
-      {"--granularity", "G", "tensor|slice: DFP16 shared exponents per tensor, or per slice that a pass keeps "
-                             "apart (image, channel, image pair), for every tensor class (before the per-class flags)",
+      {"--granularity", "G", "tensor|slice|block32|block64|block128: DFP16 shared exponents per tensor, per slice "
+                             "that a pass keeps apart (image, channel, image pair), or per block of 32/64/128 along "
+                             "each pass's reduction (Block DFP, emulated), for every tensor class (before the "
+                             "per-class flags)",
        [all_classes](const std::string& f, const std::string& v) {
          const Granularity gr = parse_granularity(v, f);
          all_classes([gr](QuantOptions& q) { q.granularity = gr; });
        }, g},
-      {"--weights-granularity", "G", "DFP16 exponents of the weights: tensor, or per output/input channel",
+      {"--weights-granularity", "G", "DFP16 exponents of the weights: tensor, per output/input channel (slice), or blockN",
        granularity(p.dfp.weights), g},
       {"--activations-granularity", "G",
        "DFP16 exponents of the activations: tensor, or per image (forward) and per image pair x 16 channels "
-       "(weight gradient)",
+       "(weight gradient) (slice), or blockN",
        granularity(p.dfp.activations), g},
       {"--gradients-granularity", "G",
        "DFP16 exponents of the gradients: tensor, or per image (backward-data) and per image pair x 16 channels "
-       "(weight gradient)",
+       "(weight gradient) (slice), or blockN",
        granularity(p.dfp.gradients), g},
       {"--weights-format", "FMT", "fp32|bf16|fp16|e4m3|e5m2|e3m2|e2m3|e2m1|int8|posit16|posit16es2 storage of the weights (float precisions)",
        format(p.weights_format), g},

@@ -45,9 +45,19 @@ Rounding parse_rounding(const std::string& text, const std::string& origin);
 //           reduces over all images in one call, per 16-channel block over the batch). A tensor
 //           two passes read with different slices is quantized once per slicing. The flat
 //           quantizers below (quantize_dfp16...) always use one exponent.
-enum class Granularity { tensor, slice };
+//   block32, block64, block128: Block DFP, one exponent per block of that many elements along
+//           each pass's reduction, as OCP Microscaling places its block scales (forward: x and w
+//           across the input channels; backward-data: dy and w across the output channels; weight
+//           gradient: x and dy along each image's pixels, along the batch for a fully connected
+//           layer). A reduction then crosses exponents, which the INT16 kernels' flush cannot
+//           follow, so a layer with a block class is emulated: operands rounded to DFP16 block by
+//           block (dfp16_round_block) and summed by the FP32 operator. Nearest or biased
+//           rounding; a tensor-granularity class beside a block one is rounded with one exponent.
+enum class Granularity { tensor, slice, block32, block64, block128 };
 const char* granularity_name(Granularity g) noexcept;
 Granularity parse_granularity(const std::string& text, const std::string& origin);
+// The block size of a block granularity; 0 for tensor and slice.
+int granularity_block(Granularity g) noexcept;
 
 inline constexpr int kDfpMaxHeadroom = 8;
 inline constexpr int kDfpDefaultHeadroom = 2;
@@ -105,5 +115,17 @@ QuantStats quantize_dfp16_with_exponent(const Context& ctx, const float* src, in
                                         int exponent, const QuantOptions& options,
                                         uint64_t index_base = 0);
 void dequantize_dfp16(const Context& ctx, const int16_t* src, int exponent, float* dst, size_t n);
+
+// ---- Block DFP: one block of a tensor as a DFP16 tensor of its own --------------------------------
+// n elements src[0], src[stride], ... rounded as quantize_dfp16 would round them alone (exponent
+// e = dfp16_exponent(max|x|, headroom); i = x * 2^-e rounded to nearest even, or biased, and
+// saturated to +-32767) and stored back as the floats i * 2^e (dst == src allowed; a zero i is
+// +0, as the integer has no sign). Returns e; kDfpBlockZero for a block of zeros;
+// kDfpBlockNonFinite for a block holding
+// a NaN or an infinity, which is stored as NaN (the format has no encoding for either: the
+// training step sees the NaN, as it does MX's NaN scale). Stochastic rounding has no block form.
+inline constexpr int kDfpBlockNonFinite = 1 << 20;
+inline constexpr int kDfpBlockZero = -(1 << 20);
+int dfp16_round_block(const float* src, float* dst, size_t n, size_t stride, int headroom, Rounding r) noexcept;
 
 }  // namespace dfp

@@ -40,7 +40,8 @@ struct LayerNumerics {
   // exponents of the tensor (x ~ its stored value * 2^exp_x; 0 for a class not scaled).
   int exp_x = 0, exp_w = 0, exp_dy = 0;
   bool scaled = false;
-  // With Granularity::slice, where the slices' exponents differ: the smallest (exp_* is the largest).
+  // With Granularity::slice or a block granularity (and MX's block scales), where the slices' or
+  // blocks' exponents differ: the smallest (exp_* is the largest).
   std::optional<int> exp_x_min, exp_w_min, exp_dy_min;
   int chain_fwd = 0, chain_bwd = 0, chain_wgrad = 0;
   uint64_t saturated = 0;

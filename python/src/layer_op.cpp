@@ -108,6 +108,10 @@ py::dict numerics_record(const LayerNumerics& n) {
     d["exp_x"] = n.exp_x;
     d["exp_w"] = n.exp_w;
     d["exp_dy"] = n.exp_dy;
+    // Exponents per slice or block, where they differ: the smallest.
+    if (n.exp_x_min) d["exp_x_min"] = *n.exp_x_min;
+    if (n.exp_w_min) d["exp_w_min"] = *n.exp_w_min;
+    if (n.exp_dy_min) d["exp_dy_min"] = *n.exp_dy_min;
   }
   if (n.format == "int16") {
     d["chain_fwd"] = n.chain_fwd;

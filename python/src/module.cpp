@@ -198,7 +198,8 @@ void set_attributes(py::handle target, const py::kwargs& kwargs, const char* wha
   }
 }
 
-// The policy's keyword form: its attributes, and `headroom` / `rounding` for all three classes.
+// The policy's keyword form: its attributes, and `headroom` / `rounding` / `granularity` for all
+// three classes.
 void apply_policy_kwargs(PrecisionPolicy& p, const py::kwargs& kwargs) {
   py::kwargs rest;
   for (auto item : kwargs) {
@@ -209,6 +210,9 @@ void apply_policy_kwargs(PrecisionPolicy& p, const py::kwargs& kwargs) {
     } else if (key == "rounding") {
       const Rounding r = parse_rounding(item.second.cast<std::string>(), "PrecisionPolicy(rounding=...)");
       p.dfp.weights.rounding = p.dfp.activations.rounding = p.dfp.gradients.rounding = r;
+    } else if (key == "granularity") {
+      const Granularity g = parse_granularity(item.second.cast<std::string>(), "PrecisionPolicy(granularity=...)");
+      p.dfp.weights.granularity = p.dfp.activations.granularity = p.dfp.gradients.granularity = g;
     } else {
       rest[item.first] = item.second;
     }
@@ -222,6 +226,8 @@ bool is_policy_key(const std::string& key) {
                                      "weights_format", "activations_format", "gradients_format",
                                      "weights_headroom", "activations_headroom", "gradients_headroom",
                                      "weights_rounding", "activations_rounding", "gradients_rounding",
+                                     "granularity", "weights_granularity", "activations_granularity",
+                                     "gradients_granularity",
                                      "fp8_scaling", "fp8_amax_history", "fp8_margin", "fp8_overflow"};
   for (const char* k : keys)
     if (key == k) return true;
@@ -550,6 +556,12 @@ PYBIND11_MODULE(_dfp, mod) {
           #cls "_rounding", [](const PrecisionPolicy& p) { return std::string(rounding_name(p.dfp.cls.rounding)); }, \
           [](PrecisionPolicy& p, const std::string& s) {                                              \
             p.dfp.cls.rounding = parse_rounding(s, "PrecisionPolicy." #cls "_rounding");              \
+          })                                                                                          \
+      .def_property(                                                                                  \
+          #cls "_granularity",                                                                        \
+          [](const PrecisionPolicy& p) { return std::string(granularity_name(p.dfp.cls.granularity)); }, \
+          [](PrecisionPolicy& p, const std::string& s) {                                              \
+            p.dfp.cls.granularity = parse_granularity(s, "PrecisionPolicy." #cls "_granularity");     \
           })
       DFP_CLASS_PROPERTIES(weights) DFP_CLASS_PROPERTIES(activations) DFP_CLASS_PROPERTIES(gradients)
 #undef DFP_CLASS_PROPERTIES

@@ -124,6 +124,32 @@ void dequantize(const int16_t* src, float* dst, size_t n, int exponent) {
   for (size_t i = 0; i < n; ++i) dst[i] = std::ldexp(static_cast<float>(src[i]), exponent);
 }
 
+// Block DFP: each block through the specification.
+static void fold_block_exponent(int e, int* lo, int* hi) {
+  if (e == kDfpBlockZero || e == kDfpBlockNonFinite) return;
+  *lo = std::min(*lo, e);
+  *hi = std::max(*hi, e);
+}
+
+void dfp16_lanes(const float* src, float* dst, size_t planes, size_t pixels, int headroom, Rounding r, int* lo, int* hi) {
+  float block[128];
+  const size_t plane = pixels * 16;
+  for (size_t p = 0; p < pixels; ++p) {
+    for (size_t j = 0; j < planes; ++j) std::copy(src + j * plane + p * 16, src + j * plane + p * 16 + 16, block + j * 16);
+    fold_block_exponent(dfp16_round_block(block, block, planes * 16, 1, headroom, r), lo, hi);
+    for (size_t j = 0; j < planes; ++j) std::copy(block + j * 16, block + j * 16 + 16, dst + j * plane + p * 16);
+  }
+}
+
+void dfp16_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t stride, size_t block, int headroom,
+                Rounding r, int* lo, int* hi) {
+  for (size_t l = 0; l < lanes; ++l)
+    for (size_t r0 = 0; r0 < rows; r0 += block)
+      fold_block_exponent(dfp16_round_block(src + r0 * stride + l, dst + r0 * stride + l, std::min(block, rows - r0),
+                                            stride, headroom, r),
+                          lo, hi);
+}
+
 void interleave(const int16_t* a, const int16_t* b, int16_t* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     dst[2 * i] = a[i];

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <bit>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <cmath>
@@ -433,16 +434,19 @@ class RoundedFloatOp final : public FloatOp {
   float* dyr_ = nullptr;     // the rounded dy, in the shared workspace
 };
 
-// ---- OCP Microscaling ------------------------------------------------------------------------------
-// Each pass quantizes its own operands in blocks of 32 along its reduction: x and dy across the
+// ---- Blocks along each pass's reduction: OCP Microscaling and Block DFP -----------------------------
+// Each pass quantizes its own operands in blocks along its reduction: x and dy across the
 // channels at each pixel (forward, backward-data) and along the pixels of each image at each
 // channel (the weight gradient; along the batch where an image is one pixel, as a Linear's);
 // w along its input channels at each output channel and kernel tap (forward) and along its
-// output channels (backward-data), in two FP32 operators, one per set of weights. A class in a
-// format that is not an MX element (fp32, bf16, fp16) is rounded once and used by both passes.
-class MxOp final : public WeightedOp {
+// output channels (backward-data), in two FP32 operators, one per set of weights.
+//   MX (mxfp8, mxfp6, mxfp4, mxint8): blocks of 32 with an E8M0 scale; a class in a format that
+//     is not an MX element (fp32, bf16, fp16) is rounded once and used by both passes.
+//   Block DFP (int16 with a block granularity): DFP16 blocks of 32, 64 or 128, each with its own
+//     exponent; a class of granularity tensor is rounded to DFP16 with one exponent, once.
+class BlockOp final : public WeightedOp {
  public:
-  MxOp(const WeightedOpSpec& s, const LayerPrecision& p)
+  BlockOp(const WeightedOpSpec& s, const LayerPrecision& p)
       : ctx_(*s.ctx),
         shape_(s.shape),
         w_(s.weights),
@@ -451,62 +455,72 @@ class MxOp final : public WeightedOp {
         out_size_(s.out_size),
         fmt_(p.formats),
         cls_(p.options_for(s.name)),
+        dfp_(p.precision == Precision::int16),
         f_(s.make_f32()),
         fb_(s.make_f32()),
         round_w_(fmt_.weights, kUnscaled),
         round_x_(fmt_.activations, kUnscaled),
         round_dy_(fmt_.gradients, kUnscaled),
+        w_blocks_(blocking(fmt_.weights, cls_.weights)),
+        x_blocks_(blocking(fmt_.activations, cls_.activations)),
+        dy_blocks_(blocking(fmt_.gradients, cls_.gradients)),
         wf_(w_count_),
         wb_(w_count_),
-        xq_(in_size_) {}
+        xq_(in_size_) {
+    if (w_blocks_.dfp_tensor || x_blocks_.dfp_tensor || dy_blocks_.dfp_tensor)
+      dfp_scratch_ = AlignedBuffer<int16_t>(std::max({w_count_, in_size_, out_size_}));
+  }
   void forward(const float* x, float* y, const StepInfo& st) override {
-    scales_x_ = {1 << 20, -(1 << 20)};
-    const float* xq = quantize(round_x_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, false,
+    scales_x_ = kNoScales;
+    const float* xq = quantize(round_x_, x_blocks_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, false,
                                cls_.activations, st, scales_x_);
     f_->forward(xq, y);
     if (st.sample) {
       sample_.sampled = true;
       sample_.x = measure_rounded(ctx_, x, xq, in_size_);
-      sample_.w = fmt_.weights != FloatFormat::fp32 ? measure_rounded(ctx_, w_, wf_.data(), w_count_) : FormatStats{};
+      sample_.w = rounds(fmt_.weights, w_blocks_) ? measure_rounded(ctx_, w_, wf_.data(), w_count_) : FormatStats{};
     }
   }
   void backward(const float* x, const float* dy, float* dx, float* gw, const StepInfo& st) override {
     const int pixels = shape_.OH() * shape_.OW();
-    scales_dy_ = {1 << 20, -(1 << 20)};
+    scales_dy_ = kNoScales;
     if (dx) {
-      const float* dq = quantize(round_dy_, dy, dyq_, out_size_, shape_.K, pixels, false, cls_.gradients, st, scales_dy_);
+      const float* dq = quantize(round_dy_, dy_blocks_, dy, dyq_, out_size_, shape_.K, pixels, false, cls_.gradients,
+                                 st, scales_dy_);
       fb_->backward_data(dq, dx);
       if (st.sample) sample_.dy = measure_rounded(ctx_, dy, dq, out_size_);
     }
-    std::pair<int, int> ignored{0, 0};
-    const float* xq = quantize(round_x_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, true, cls_.activations,
-                               st, ignored);
+    std::pair<int, int> ignored = kNoScales;
+    const float* xq = quantize(round_x_, x_blocks_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, true,
+                               cls_.activations, st, ignored);
     // Without an input gradient (a first layer) dy's record is the weight gradient's quantization.
-    const float* dq = quantize(round_dy_, dy, dyq_, out_size_, shape_.K, pixels, true, cls_.gradients, st,
+    ignored = kNoScales;
+    const float* dq = quantize(round_dy_, dy_blocks_, dy, dyq_, out_size_, shape_.K, pixels, true, cls_.gradients, st,
                                dx ? ignored : scales_dy_);
     if (!dx && st.sample) sample_.dy = measure_rounded(ctx_, dy, dq, out_size_);
     f_->backward_weights(xq, dq, gw);
   }
   void weights_updated(uint64_t step, float) override {
-    scales_w_ = {1 << 20, -(1 << 20)};
+    scales_w_ = kNoScales;
     const int k = shape_.K, c = int(w_count_ / size_t(k) / size_t(shape_.R * shape_.S)), rs = shape_.R * shape_.S;
-    if (is_float8(fmt_.weights)) {
-      const auto fn = ctx_.kernels().mx_rows.fn;
+    if (w_blocks_.blocked()) {
       // Forward: along the input channels of each output channel and tap. Backward-data: along the
       // output channels of each input channel and tap.
-      std::atomic<int> lo{1 << 20}, hi{-(1 << 20)};
+      std::atomic<int> lo{kNoScales.first}, hi{kNoScales.second};
       ctx_.parallel_for(k, [&](int64_t b, int64_t e) {
-        int l = 1 << 20, h = -(1 << 20);
+        int l = kNoScales.first, h = kNoScales.second;
         for (int64_t i = b; i < e; ++i)
-          fn(w_ + size_t(i) * c * rs, wf_.data() + size_t(i) * c * rs, size_t(c), size_t(rs), size_t(rs), fmt_.weights, &l, &h);
+          round_rows(w_blocks_, cls_.weights, w_ + size_t(i) * c * rs, wf_.data() + size_t(i) * c * rs, size_t(c),
+                     size_t(rs), size_t(rs), &l, &h);
         fold(lo, hi, l, h);
       });
       const size_t cols = size_t(c) * rs;
       ctx_.parallel_for(int64_t((cols + 15) / 16), [&](int64_t b, int64_t e) {
-        int l = 1 << 20, h = -(1 << 20);
+        int l = kNoScales.first, h = kNoScales.second;
         for (int64_t i = b; i < e; ++i) {
           const size_t first = size_t(i) * 16;
-          fn(w_ + first, wb_.data() + first, size_t(k), std::min<size_t>(16, cols - first), cols, fmt_.weights, &l, &h);
+          round_rows(w_blocks_, cls_.weights, w_ + first, wb_.data() + first, size_t(k), std::min<size_t>(16, cols - first),
+                     cols, &l, &h);
         }
         (void)l, (void)h;  // the forward blocks' scales are the ones reported
       });
@@ -516,7 +530,9 @@ class MxOp final : public WeightedOp {
       return;
     }
     const float* w = w_;
-    if (fmt_.weights != FloatFormat::fp32) {
+    if (w_blocks_.dfp_tensor) {
+      w = round_dfp16_tensor(w_, wf_.data(), w_count_, cls_.weights, scales_w_);
+    } else if (fmt_.weights != FloatFormat::fp32) {
       round_w_.round(ctx_, w_, wf_.data(), w_count_, cls_.weights, step, false);
       w = wf_.data();
     }
@@ -529,9 +545,14 @@ class MxOp final : public WeightedOp {
   std::string implementation() const override { return f_->implementation(); }
   bool numerics(const std::string& layer, LayerNumerics& n) const override {
     n.layer = layer;
-    n.format = fmt_.all(fmt_.weights) ? std::string(float_format_name(fmt_.weights)) : fmt_.names();
+    if (dfp_)
+      n.format = "int16";
+    else
+      n.format = fmt_.all(fmt_.weights) ? std::string(float_format_name(fmt_.weights)) : fmt_.names();
     report_sample(sample_, n);
-    n.scaled = true;  // the largest and smallest block scale of each operand (forward's x and w, backward's dy)
+    // The largest and smallest block scale (MX) or DFP16 exponent (Block DFP) of each operand
+    // (forward's x and w, backward's dy).
+    n.scaled = !dfp_;
     auto put = [](const std::pair<int, int>& s, int& hi, std::optional<int>& lo) {
       if (s.first > s.second) return;
       hi = s.second;
@@ -544,20 +565,63 @@ class MxOp final : public WeightedOp {
   }
 
  private:
+  // How one class is rounded.
+  struct Blocking {
+    FloatFormat mx = FloatFormat::fp32;  // an MX element format; fp32: no MX blocks
+    int dfp_block = 0;                   // DFP16 blocks of this many elements; 0: none
+    bool dfp_tensor = false;             // DFP16 with one exponent per tensor
+    bool blocked() const noexcept { return dfp_block > 0 || mx != FloatFormat::fp32; }
+  };
+  Blocking blocking(FloatFormat f, const QuantOptions& q) const {
+    Blocking b;
+    if (dfp_) {
+      b.dfp_block = granularity_block(q.granularity);
+      b.dfp_tensor = b.dfp_block == 0;
+    } else if (is_float8(f)) {
+      b.mx = f;
+    }
+    return b;
+  }
+  static bool rounds(FloatFormat f, const Blocking& b) { return b.blocked() || b.dfp_tensor || f != FloatFormat::fp32; }
   // Classes in another format than an MX element are rounded whole, unscaled.
   static constexpr Float8Options kUnscaled{Float8Scaling::none};
+  static constexpr std::pair<int, int> kNoScales{1 << 20, -(1 << 20)};  // smallest, largest (empty: first > second)
   static void fold(std::atomic<int>& lo, std::atomic<int>& hi, int l, int h) {
     atomic_min(lo, l);
     atomic_max(hi, h);
   }
-  // A blocked tensor [N][channel blocks][pixels][16] in its class format: MX blocks across the
-  // channels (along_pixels false) or along each image's pixels (true; along the batch for one
-  // pixel); a class in another format rounded whole (fp32: as it is).
-  const float* quantize(ClassRounding& r, const float* src, float* dst, size_t size, int channels, int pixels,
-                        bool along_pixels, const QuantOptions& q, const StepInfo& st, std::pair<int, int>& scales) {
-    const FloatFormat f = r.format();
-    if (f == FloatFormat::fp32) return src;
-    if (!is_float8(f)) {
+  // Blocks along rows (mx_rows / dfp16_rows).
+  void round_rows(const Blocking& b, const QuantOptions& q, const float* src, float* dst, size_t rows, size_t lanes,
+                  size_t stride, int* lo, int* hi) const {
+    if (b.dfp_block)
+      ctx_.kernels().dfp16_rows.fn(src, dst, rows, lanes, stride, size_t(b.dfp_block), q.headroom, q.rounding, lo, hi);
+    else
+      ctx_.kernels().mx_rows.fn(src, dst, rows, lanes, stride, b.mx, lo, hi);
+  }
+  // DFP16 with one exponent (the quantizer's rounding, dequantized); non-finite elements make the
+  // tensor NaN, as a block holding one is.
+  const float* round_dfp16_tensor(const float* src, float* dst, size_t size, const QuantOptions& q,
+                                  std::pair<int, int>& scales) {
+    QuantOptions o = q;
+    o.nonfinite = NonFinitePolicy::count;
+    const QuantStats s = quantize_dfp16(ctx_, src, dfp_scratch_.data(), size, o);
+    if (s.nonfinite) {
+      std::fill(dst, dst + size, std::numeric_limits<float>::quiet_NaN());
+      return dst;
+    }
+    dequantize_dfp16(ctx_, dfp_scratch_.data(), s.exponent, dst, size);
+    if (s.max_abs > 0.f) scales = {s.exponent, s.exponent};
+    return dst;
+  }
+  // A blocked tensor [N][channel blocks][pixels][16] in its class's blocks: across the channels
+  // (along_pixels false) or along each image's pixels (true; along the batch for one pixel); a
+  // class that is not blocked rounded whole (fp32: as it is).
+  const float* quantize(ClassRounding& r, const Blocking& b, const float* src, float* dst, size_t size, int channels,
+                        int pixels, bool along_pixels, const QuantOptions& q, const StepInfo& st,
+                        std::pair<int, int>& scales) {
+    if (b.dfp_tensor) return round_dfp16_tensor(src, dst, size, q, scales);
+    if (!b.blocked()) {
+      if (r.format() == FloatFormat::fp32) return src;
       r.round(ctx_, src, dst, size, q, st.step, false);
       return dst;
     }
@@ -565,32 +629,37 @@ class MxOp final : public WeightedOp {
     const size_t plane = size_t(pixels) * 16;
     std::atomic<int> lo{scales.first}, hi{scales.second};
     if (!along_pixels) {
-      const auto fn = ctx_.kernels().mx_lanes.fn;
-      const int pairs = (cb + 1) / 2;
-      ctx_.parallel_for(int64_t(n) * pairs, [&](int64_t b, int64_t e) {
-        int l = 1 << 20, h = -(1 << 20);
-        for (int64_t t = b; t < e; ++t) {
-          const size_t first = (size_t(t / pairs) * cb + size_t(t % pairs) * 2) * plane;
-          const bool two = size_t(t % pairs) * 2 + 1 < size_t(cb);
-          fn(src + first, two ? src + first + plane : nullptr, dst + first, dst + first + plane, size_t(pixels), f, &l, &h);
+      // Planes per block: 2 for MX's 32, block / 16 for DFP16's.
+      const int per = b.dfp_block ? b.dfp_block / 16 : 2;
+      const int groups = (cb + per - 1) / per;
+      ctx_.parallel_for(int64_t(n) * groups, [&](int64_t from, int64_t to) {
+        int l = kNoScales.first, h = kNoScales.second;
+        for (int64_t t = from; t < to; ++t) {
+          const size_t first_plane = size_t(t / groups) * cb + size_t(t % groups) * per;
+          const size_t planes = std::min<size_t>(per, size_t(cb) - size_t(t % groups) * per);
+          const size_t first = first_plane * plane;
+          if (b.dfp_block)
+            ctx_.kernels().dfp16_lanes.fn(src + first, dst + first, planes, size_t(pixels), q.headroom, q.rounding, &l, &h);
+          else
+            ctx_.kernels().mx_lanes.fn(src + first, planes == 2 ? src + first + plane : nullptr, dst + first,
+                                       dst + first + plane, size_t(pixels), b.mx, &l, &h);
         }
         fold(lo, hi, l, h);
       });
+    } else if (pixels > 1) {
+      ctx_.parallel_for(int64_t(n) * cb, [&](int64_t from, int64_t to) {
+        int l = kNoScales.first, h = kNoScales.second;
+        for (int64_t t = from; t < to; ++t)
+          round_rows(b, q, src + size_t(t) * plane, dst + size_t(t) * plane, size_t(pixels), 16, 16, &l, &h);
+        fold(lo, hi, l, h);
+      });
     } else {
-      const auto fn = ctx_.kernels().mx_rows.fn;
-      if (pixels > 1) {
-        ctx_.parallel_for(int64_t(n) * cb, [&](int64_t b, int64_t e) {
-          int l = 1 << 20, h = -(1 << 20);
-          for (int64_t t = b; t < e; ++t) fn(src + size_t(t) * plane, dst + size_t(t) * plane, size_t(pixels), 16, 16, f, &l, &h);
-          fold(lo, hi, l, h);
-        });
-      } else {
-        ctx_.parallel_for(cb, [&](int64_t b, int64_t e) {
-          int l = 1 << 20, h = -(1 << 20);
-          for (int64_t t = b; t < e; ++t) fn(src + size_t(t) * 16, dst + size_t(t) * 16, size_t(n), 16, size_t(cb) * 16, f, &l, &h);
-          fold(lo, hi, l, h);
-        });
-      }
+      ctx_.parallel_for(cb, [&](int64_t from, int64_t to) {
+        int l = kNoScales.first, h = kNoScales.second;
+        for (int64_t t = from; t < to; ++t)
+          round_rows(b, q, src + size_t(t) * 16, dst + size_t(t) * 16, size_t(n), 16, size_t(cb) * 16, &l, &h);
+        fold(lo, hi, l, h);
+      });
     }
     scales = {lo.load(), hi.load()};
     return dst;
@@ -602,11 +671,14 @@ class MxOp final : public WeightedOp {
   size_t w_count_, in_size_, out_size_;
   ClassFormats fmt_;
   DfpConvOptions cls_;
+  bool dfp_;                              // Block DFP (an int16 layer), else MX
   std::unique_ptr<F32Operator> f_, fb_;  // forward and weight gradient; backward-data
   ClassRounding round_w_, round_x_, round_dy_;
+  Blocking w_blocks_, x_blocks_, dy_blocks_;
   AlignedBuffer<float> wf_, wb_, xq_;  // the weights of each pass, the quantized input
+  AlignedBuffer<int16_t> dfp_scratch_;  // DFP16 values of a class rounded with one exponent
   float* dyq_ = nullptr;               // the quantized dy, in the shared workspace
-  std::pair<int, int> scales_x_{1, 0}, scales_w_{1, 0}, scales_dy_{1, 0};  // smallest, largest X (empty: first > second)
+  std::pair<int, int> scales_x_ = kNoScales, scales_w_ = kNoScales, scales_dy_ = kNoScales;
 };
 
 // ---- fp32 ----------------------------------------------------------------------------------------
@@ -630,8 +702,13 @@ class Fp32Op final : public WeightedOp {
 
 std::unique_ptr<WeightedOp> make_weighted_op(const WeightedOpSpec& spec, const LayerPrecision& p) {
   switch (p.precision) {
-    case Precision::int16:
+    case Precision::int16: {
+      const DfpConvOptions o = p.options_for(spec.name);
+      if (granularity_block(o.weights.granularity) || granularity_block(o.activations.granularity) ||
+          granularity_block(o.gradients.granularity))
+        return std::make_unique<BlockOp>(spec, p);
       return std::make_unique<Int16Op>(spec, p);
+    }
     case Precision::bf16:
     case Precision::fp16:
     case Precision::fp8:
@@ -645,7 +722,7 @@ std::unique_ptr<WeightedOp> make_weighted_op(const WeightedOpSpec& spec, const L
     case Precision::mxfp6:
     case Precision::mxfp4:
     case Precision::mxint8:
-      return std::make_unique<MxOp>(spec, p);
+      return std::make_unique<BlockOp>(spec, p);
     case Precision::fp32:
       break;
   }

@@ -10,8 +10,9 @@
 //                  accumulation of exact products, the numerics of VDPBF16PS and of tensor
 //                  cores (posits' products are rounded once). FP16 weight gradients are stored as
 //                  FP16 (rounded, overflow to inf), as a half-precision wgrad output would be.
-//   MX:            OCP Microscaling: each pass's operands quantized in blocks along that pass's
-//                  reduction, two FP32 operators (the backward-data pass has weights of its own).
+//   blocks:        OCP Microscaling, and Block DFP (int16 with a block granularity): each pass's
+//                  operands quantized in blocks along that pass's reduction, two FP32 operators
+//                  (the backward-data pass has weights of its own).
 //   fp32:          the layer's FP32 operator.
 // The layer owns the FP32 master weights, the bias and the parameter gradients; an operation
 // reads the master weights through the pointer it is built with.

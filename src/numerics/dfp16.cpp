@@ -111,22 +111,32 @@ const char* granularity_name(Granularity g) noexcept {
   switch (g) {
     case Granularity::tensor: return "tensor";
     case Granularity::slice: return "slice";
+    case Granularity::block32: return "block32";
+    case Granularity::block64: return "block64";
+    case Granularity::block128: return "block128";
   }
   return "?";
 }
 
 Granularity parse_granularity(const std::string& text, const std::string& origin) {
-  return parse_named(text, {Granularity::tensor, Granularity::slice}, granularity_name, origin, "granularity");
+  return parse_named(text,
+                     {Granularity::tensor, Granularity::slice, Granularity::block32, Granularity::block64,
+                      Granularity::block128},
+                     granularity_name, origin, "granularity");
+}
+
+int granularity_block(Granularity g) noexcept {
+  switch (g) {
+    case Granularity::block32: return 32;
+    case Granularity::block64: return 64;
+    case Granularity::block128: return 128;
+    default: return 0;
+  }
 }
 
 Rounding parse_rounding(const std::string& text, const std::string& origin) {
   return parse_named(text, {Rounding::nearest_even, Rounding::stochastic, Rounding::biased}, rounding_name, origin,
                      "rounding");
-}
-
-int dfp16_exponent(float max_abs, int headroom) noexcept {
-  if (!(max_abs > 0.f) || !std::isfinite(max_abs)) return 0;
-  return std::ilogb(max_abs) - 14 + headroom;  // ilogb is exact for denormals too
 }
 
 float max_abs(const Context& ctx, const float* x, size_t n, uint64_t* nonfinite) {

@@ -218,6 +218,19 @@ void PrecisionPolicy::validate(const std::string& origin) const {
                 origin + ": " + q->name + " rounding '" + rounding_name(q->rounding) + "': " + float_format_name(fmt) +
                     " rounds to nearest even only");
   }
+  // Block DFP: nearest or biased rounding (the block kernels have no stochastic stream), and no
+  // INT16-operator slices beside emulated blocks.
+  const QuantOptions* const classes[] = {&dfp.weights, &dfp.activations, &dfp.gradients};
+  const bool any_block = std::any_of(std::begin(classes), std::end(classes),
+                                     [](const QuantOptions* q) { return granularity_block(q->granularity) > 0; });
+  for (const QuantOptions* q : classes) {
+    DFP_CHECK(!granularity_block(q->granularity) || q->rounding != Rounding::stochastic, Status::invalid_argument,
+              origin + ": " + q->name + " granularity '" + granularity_name(q->granularity) +
+                  "' rounds to nearest or biased; stochastic rounding has no block form");
+    DFP_CHECK(!any_block || q->granularity != Granularity::slice, Status::invalid_argument,
+              origin + ": " + q->name + " granularity 'slice' beside a block granularity: a layer with DFP16 blocks is "
+                                        "emulated and takes tensor or block classes");
+  }
   if (any_float)
     for (const QuantOptions* q : {&dfp.weights, &dfp.activations, &dfp.gradients})
       DFP_CHECK(q->rounding != Rounding::biased || (precision == Precision::int16 && !class_formats_set), Status::invalid_argument,
@@ -264,6 +277,15 @@ namespace {
 // x per image pair and 16-channel block, dy per tensor". A fully connected layer's weight gradient
 // reduces over every pair in one call, so its sliced operands take one exponent per block there.
 std::string int16_exponents_note(const DfpConvOptions& o) {
+  const int bw = granularity_block(o.weights.granularity), bx = granularity_block(o.activations.granularity),
+            bdy = granularity_block(o.gradients.granularity);
+  if (bw || bx || bdy) {
+    auto cls = [](const char* what, int b) {
+      return std::string(what) + (b ? " per block of " + std::to_string(b) : std::string(" per tensor"));
+    };
+    return "Block DFP, EMULATED: " + cls("w", bw) + ", " + cls("x", bx) + ", " + cls("dy", bdy) +
+           " along each pass's reduction; operands rounded to DFP16 per block, summed by the FP32 operators";
+  }
   const bool w = o.weights.granularity == Granularity::slice, x = o.activations.granularity == Granularity::slice,
              dy = o.gradients.granularity == Granularity::slice;
   const char* pairs = " per image pair and 16-channel block";
@@ -310,8 +332,13 @@ std::vector<std::string> precision_notes(const PrecisionPolicy& policy, const Co
                       (jit ? "" : " (scalar reference: DFP_ISA=ref)"));
         break;
       case Precision::int16:
-        out.push_back(std::string("int16: DFP16 operands, INT32 chains flushed into FP32; kernels ") +
-                      ctx.kernels().conv_s16_pixel.name + ", " + ctx.kernels().conv_s16_pair.name);
+        if (granularity_block(policy.dfp.weights.granularity) || granularity_block(policy.dfp.activations.granularity) ||
+            granularity_block(policy.dfp.gradients.granularity))
+          out.push_back(std::string("int16: DFP16 blocks rounded by ") + ctx.kernels().dfp16_lanes.name + ", " +
+                        ctx.kernels().dfp16_rows.name + "; FP32 convolutions " + ctx.kernels().conv_f32.name);
+        else
+          out.push_back(std::string("int16: DFP16 operands, INT32 chains flushed into FP32; kernels ") +
+                        ctx.kernels().conv_s16_pixel.name + ", " + ctx.kernels().conv_s16_pair.name);
         out.push_back("int16: shared exponents " + int16_exponents_note(policy.dfp));
         break;
       case Precision::bf16: {

@@ -162,7 +162,9 @@ TEST(Cli, BadFlagValuesNameTheFlag) {
       {"compare --precisions fp32,int16 --momentum -1 --out '" + dir.file("never") + "'",
        "flag --momentum: expected a finite number >= 0, got -1"},
       {"compare --precisions fp32-slice --out '" + dir.file("never") + "'",
-       "flag --precisions item 'fp32-slice': a granularity (-tensor, -slice) applies once to an int16 item"},
+       "flag --precisions item 'fp32-slice': a granularity (-tensor, -slice, -block32, -block64, -block128) applies "
+       "once to an int16 item"},
+      {"compare --precisions fp8-block32 --out '" + dir.file("never") + "'", "item 'fp8-block32': a granularity"},
       {"compare --precisions int16-slice-tensor --out '" + dir.file("never") + "'", "applies once to an int16 item"},
       {"compare --precisions int16-slice --weights-granularity tensor --out '" + dir.file("never") + "'",
        "flag --weights-granularity and the --precisions item 'int16-slice' both set the granularity"},
@@ -223,15 +225,15 @@ TEST(Compare, EarlierComparisonIsReplacedOnlyWithOverwrite) {
   EXPECT_NE(slurp(dir.file("cmp/fp32/checkpoint.dfp")), first);
 }
 
-// int16-tensor and int16-slice items compare DFP16 granularities in one report: each run trains
-// with its own (recorded in its config.json), and the report names it.
+// int16-tensor, int16-slice and int16-block32 items compare DFP16 granularities in one report:
+// each run trains with its own (recorded in its config.json), and the report names it.
 TEST(Compare, Int16GranularitiesSideBySide) {
   if (!have_fashion_mnist())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const dfp::test::TempDir dir("dfp_compare_granularity_");
   const fs::path out = dir.path() / "cmp";
   const std::string cmd = dfp_command("compare --model lenet --epochs 1 --batch-size 32 --limit-train 128 --limit-test 32 "
-                                      "--threads 2 --numerics-every 2 --precisions int16,int16-slice --out '" +
+                                      "--threads 2 --numerics-every 2 --precisions int16,int16-slice,int16-block32 --out '" +
                                           out.string() + "'",
                                       dir.file("compare.log"));
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir.file("compare.log"));
@@ -243,12 +245,16 @@ TEST(Compare, Int16GranularitiesSideBySide) {
     EXPECT_NE(tensor_config.substr(t, tensor_config.find('}', t) - t).find("granularity=tensor"), std::string::npos) << g;
     EXPECT_NE(slice_config.substr(s, slice_config.find('}', s) - s).find("granularity=slice"), std::string::npos) << g;
   }
+  const std::string block_config = slurp(out / "int16-block32" / "config.json");
+  EXPECT_NE(block_config.find("granularity=block32"), std::string::npos) << block_config;
+  EXPECT_EQ(block_config.find("granularity=tensor"), std::string::npos) << block_config;
   EXPECT_NE(slurp(dir.file("compare.log")).find("== int16-slice: dfp train ... --precision int16 --loss-scaling none "
                                                 "--granularity slice --out"),
             std::string::npos);
   const std::string sqnr = slurp(out / "plots" / "sqnr_layers_dy.gp");
   EXPECT_NE(sqnr.find("title 'int16 (tensor)'"), std::string::npos) << sqnr;
   EXPECT_NE(sqnr.find("title 'int16-slice (slice: w, x, dy)'"), std::string::npos) << sqnr;
+  EXPECT_NE(sqnr.find("title 'int16-block32 (block32: w, x, dy)'"), std::string::npos) << sqnr;
   const std::string csv = slurp(out / "summary.csv");
   EXPECT_NE(csv.find(",tensor\n"), std::string::npos) << csv;
   EXPECT_NE(csv.find(",\"slice: w, x, dy\"\n"), std::string::npos) << csv;

@@ -790,6 +790,14 @@ TEST(Report, ReadRunTakesTheGranularityTheRunRecorded) {
     EXPECT_EQ(run_title(r[i]), want[i].second) << r[i].label;
   }
   EXPECT_FALSE(r[4].int16);
+  // Block granularities group like slices, the finer classes first.
+  RunSummary mixed;
+  mixed.label = "int16-b";
+  mixed.int16 = true;
+  mixed.granularity_w = "tensor";
+  mixed.granularity_x = "block64";
+  mixed.granularity_dy = "block32";
+  EXPECT_EQ(granularity_text(mixed), "block64: x; block32: dy; tensor: w");
   // The slices' smallest exponents as logged (NaN where the line has none).
   EXPECT_EQ(r[1].layers[0].points[2].exp_dy_min, -26);
   EXPECT_EQ(r[1].layers[0].points[1].exp_w_min, -16);

@@ -1,5 +1,5 @@
-// The fp8, MX and posit16 precisions (dfp/precision.hpp, dfp/float8.hpp, dfp/posit.hpp): a layer's
-// three passes are FP32 passes on
+// The fp8, MX, Block DFP and posit16 precisions (dfp/precision.hpp, dfp/float8.hpp, dfp/dfp16.hpp,
+// dfp/posit.hpp): a layer's three passes are FP32 passes on
 // operands rounded bit-exactly to e4m3/e5m2 at the scales current and delayed scaling choose, its
 // numerics records name the formats and scales, the policy's text forms carry the fp8 settings,
 // and a network trains.
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dfp/context.hpp"
+#include "dfp/conv.hpp"
 #include "dfp/float8.hpp"
 #include "dfp/posit.hpp"
 #include "dfp/layer_op.hpp"
@@ -39,6 +40,18 @@ LayerOpSpec conv_spec() {
   s.kernel = 3;
   s.pad = 1;
   s.name = "conv";
+  return s;
+}
+
+// A Conv2d (r x r, padded to keep the size) or a Linear from c to k channels.
+LayerOpSpec weighted_spec(bool linear, int c, int k, int r, const char* name) {
+  LayerOpSpec s;
+  s.kind = linear ? LayerOpSpec::Kind::linear : LayerOpSpec::Kind::conv2d;
+  s.in_channels = c;
+  s.out_channels = k;
+  s.kernel = r;
+  s.pad = linear ? 0 : r / 2;
+  s.name = name;
   return s;
 }
 
@@ -93,7 +106,10 @@ void expect_learns_a_batch(const PrecisionPolicy& p) {
   }
   EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
   const ClassFormats f = p.for_layer("layer1.0.conv1").formats;
-  EXPECT_EQ(m.numerics().at(1).format, f.all(f.weights) ? std::string(float_format_name(f.weights)) : f.names());
+  const std::string format = p.precision == Precision::int16 ? "int16"
+                             : f.all(f.weights)              ? std::string(float_format_name(f.weights))
+                                                             : f.names();
+  EXPECT_EQ(m.numerics().at(1).format, format);
 }
 
 }  // namespace
@@ -231,32 +247,31 @@ TEST(Fp8, SmallResNetLearnsABatchUnderEveryScaling) {
 // ---- OCP Microscaling --------------------------------------------------------------------------
 
 namespace {
-// The MX rounding of a plain [n][c][p] tensor in blocks of 32 along the channels (at each image
-// and pixel) or along the pixels (at each image and channel; along the images for p == 1).
-std::vector<float> mx_plain(const std::vector<float>& v, int n, int c, int p, bool along_pixels, FloatFormat f) {
+// A plain [n][c][p] tensor rounded block by block by round(block, count, stride): blocks of `size`
+// along the channels (at each image and pixel) or along the pixels (at each image and channel;
+// along the images for p == 1).
+template <class Round>
+std::vector<float> blocks_plain(const std::vector<float>& v, int n, int c, int p, bool along_pixels, int size,
+                                Round round) {
   std::vector<float> q = v;
   if (!along_pixels) {
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < p; ++j)
-        for (int c0 = 0; c0 < c; c0 += kMxBlock) {
-          float* b = q.data() + (size_t(i) * c + c0) * p + j;
-          mx_round_block(b, b, size_t(std::min(kMxBlock, c - c0)), size_t(p), f);
-        }
+        for (int c0 = 0; c0 < c; c0 += size) round(q.data() + (size_t(i) * c + c0) * p + j, std::min(size, c - c0), p);
   } else if (p > 1) {
     for (int i = 0; i < n; ++i)
       for (int ch = 0; ch < c; ++ch)
-        for (int p0 = 0; p0 < p; p0 += kMxBlock) {
-          float* b = q.data() + (size_t(i) * c + ch) * p + p0;
-          mx_round_block(b, b, size_t(std::min(kMxBlock, p - p0)), 1, f);
-        }
+        for (int p0 = 0; p0 < p; p0 += size) round(q.data() + (size_t(i) * c + ch) * p + p0, std::min(size, p - p0), 1);
   } else {
     for (int ch = 0; ch < c; ++ch)
-      for (int i0 = 0; i0 < n; i0 += kMxBlock) {
-        float* b = q.data() + size_t(i0) * c + ch;
-        mx_round_block(b, b, size_t(std::min(kMxBlock, n - i0)), size_t(c), f);
-      }
+      for (int i0 = 0; i0 < n; i0 += size) round(q.data() + size_t(i0) * c + ch, std::min(size, n - i0), c);
   }
   return q;
+}
+// The MX rounding in blocks of 32.
+std::vector<float> mx_plain(const std::vector<float>& v, int n, int c, int p, bool along_pixels, FloatFormat f) {
+  return blocks_plain(v, n, c, p, along_pixels, kMxBlock,
+                      [f](float* b, int count, int stride) { mx_round_block(b, b, size_t(count), size_t(stride), f); });
 }
 }  // namespace
 
@@ -275,13 +290,7 @@ TEST(Mx, EachPassQuantizesItsOperandsAlongItsOwnReduction) {
     for (bool linear : {false, true}) {
       SCOPED_TRACE(linear ? "linear" : "conv");
       const int n = linear ? 40 : 2, c = 40, k = 20, hw = linear ? 1 : 6, r = linear ? 1 : 3;
-      LayerOpSpec spec;
-      spec.kind = linear ? LayerOpSpec::Kind::linear : LayerOpSpec::Kind::conv2d;
-      spec.in_channels = c;
-      spec.out_channels = k;
-      spec.kernel = r;
-      spec.pad = linear ? 0 : 1;
-      spec.name = "mx";
+      const LayerOpSpec spec = weighted_spec(linear, c, k, r, "mx");
       const int px = hw * hw, taps = r * r;
       const std::vector<float> x = test::random_vec(size_t(n) * c * px, 5, -2.f, 2.f);
       const std::vector<float> w = test::random_vec(size_t(k) * c * taps, 6, -0.3f, 0.3f);
@@ -318,6 +327,130 @@ TEST(Mx, SmallResNetLearnsABatchInEachFormat) {
     p.precision = prec;
     expect_learns_a_batch(p);
   }
+}
+
+// ---- Block DFP -------------------------------------------------------------------------------------
+
+namespace {
+// The Block DFP rounding of a plain tensor: DFP16 blocks of `size` (0: one exponent for the whole
+// tensor), as the class's options say.
+std::vector<float> dfp_plain(const std::vector<float>& v, int n, int c, int p, bool along_pixels, const QuantOptions& q) {
+  const int size = granularity_block(q.granularity);
+  if (!size) {
+    std::vector<float> out(v.size());
+    dfp16_round_block(v.data(), out.data(), v.size(), 1, q.headroom, q.rounding);
+    return out;
+  }
+  return blocks_plain(v, n, c, p, along_pixels, size, [&](float* b, int count, int stride) {
+    dfp16_round_block(b, b, size_t(count), size_t(stride), q.headroom, q.rounding);
+  });
+}
+}  // namespace
+
+// An int16 layer with block granularities: each pass is the FP32 pass on operands rounded to
+// DFP16 blocks along that pass's reduction (MX's axes), a tensor class with one exponent; 136
+// channels and 144 pixels leave a partial block at every size.
+TEST(BlockDfp, EachPassRoundsItsOperandsToDfp16BlocksAlongItsOwnReduction) {
+  struct Setting {
+    Granularity w, x, dy;
+    int headroom;
+    Rounding rounding;
+  };
+  for (const Setting& st : {Setting{Granularity::block32, Granularity::block32, Granularity::block32, 2, Rounding::nearest_even},
+                            Setting{Granularity::block64, Granularity::block64, Granularity::block64, 0, Rounding::nearest_even},
+                            Setting{Granularity::block128, Granularity::block128, Granularity::block128, 2, Rounding::biased},
+                            Setting{Granularity::tensor, Granularity::block64, Granularity::block32, 1, Rounding::nearest_even}}) {
+    PrecisionPolicy p, f32;
+    p.precision = Precision::int16;
+    p.dfp.weights.granularity = st.w;
+    p.dfp.activations.granularity = st.x;
+    p.dfp.gradients.granularity = st.dy;
+    for (QuantOptions* q : {&p.dfp.weights, &p.dfp.activations, &p.dfp.gradients}) {
+      q->headroom = st.headroom;
+      q->rounding = st.rounding;
+    }
+    p.validate("test");
+    SCOPED_TRACE(p.describe());
+    for (bool linear : {false, true}) {
+      SCOPED_TRACE(linear ? "linear" : "conv");
+      const int n = linear ? 40 : 2, c = 136, k = 20, hw = linear ? 1 : 12, r = linear ? 1 : 3;
+      const LayerOpSpec spec = weighted_spec(linear, c, k, r, "bdfp");
+      const int px = hw * hw, taps = r * r;
+      std::vector<float> x = test::random_vec(size_t(n) * c * px, 5, -2.f, 2.f);
+      for (size_t i = 0; i < x.size(); ++i)
+        if (i / (size_t(c) * px) % 2) x[i] *= 1e-3f;  // odd images far below the others: blocks apart
+      const std::vector<float> w = test::random_vec(size_t(k) * c * taps, 6, -0.3f, 0.3f);
+      std::vector<float> dy = test::random_vec(size_t(n) * k * px, 7, -1e-3f, 1e-3f);
+      for (size_t i = 0; i < dy.size(); i += 5) dy[i] *= 1e-4f;
+      LayerOp op(ctx(), spec, p), ref(ctx(), spec, f32);
+      const Passes got = run(op, x, w, dy, n, hw, 1);
+      const std::vector<float> w_fwd = dfp_plain(w, k, c, taps, false, p.dfp.weights);
+      const std::vector<float> w_bwd = dfp_plain(w, 1, k, c * taps, false, p.dfp.weights);
+      const Passes fwd = run(ref, dfp_plain(x, n, c, px, false, p.dfp.activations), w_fwd, dy, n, hw, 1);
+      EXPECT_EQ(0, std::memcmp(got.y.data(), fwd.y.data(), got.y.size() * 4)) << "forward";
+      const Passes bwd = run(ref, x, w_bwd, dfp_plain(dy, n, k, px, false, p.dfp.gradients), n, hw, 2);
+      EXPECT_EQ(0, std::memcmp(got.dx.data(), bwd.dx.data(), got.dx.size() * 4)) << "backward-data";
+      const Passes wg = run(ref, dfp_plain(x, n, c, px, true, p.dfp.activations), w,
+                            dfp_plain(dy, n, k, px, true, p.dfp.gradients), n, hw, 3);
+      EXPECT_EQ(0, std::memcmp(got.dw.data(), wg.dw.data(), got.dw.size() * 4)) << "weight gradient";
+      LayerNumerics nm;
+      op.sample_next_step();
+      run(op, x, w, dy, n, hw, 1);
+      ASSERT_TRUE(op.numerics(nm));
+      EXPECT_EQ(nm.format, "int16");
+      EXPECT_FALSE(nm.scaled);  // exp_* are DFP16 exponents
+      EXPECT_TRUE(nm.exp_x_min.has_value());  // blocks of 1e-3 and of 1 have different exponents
+      EXPECT_EQ(nm.exp_w_min.has_value(), st.w != Granularity::tensor);
+      EXPECT_GT(nm.sqnr_x_db, 60);
+    }
+  }
+}
+
+// Block DFP keeps more of a gradient with a wide range than one exponent per tensor does, and
+// a small ResNet learns a batch with it; the policy refuses what has no block form.
+TEST(BlockDfp, BlocksKeepWhatOneExponentLosesAndANetworkLearns) {
+  const int n = 4, hw = 6;
+  std::vector<float> dy = test::random_vec(size_t(n) * 12 * hw * hw, 3, -1.f, 1.f);
+  for (size_t i = dy.size() / 2; i < dy.size(); ++i) dy[i] *= 1e-5f;  // two images far below the others
+  const std::vector<float> x = test::random_vec(size_t(n) * 20 * hw * hw, 1, -1.f, 1.f);
+  const std::vector<float> w = test::random_vec(size_t(12) * 20 * 9, 2, -0.2f, 0.2f);
+  double sqnr[2] = {};
+  uint64_t underflow[2] = {};
+  for (int blocked = 0; blocked < 2; ++blocked) {
+    PrecisionPolicy p;
+    p.precision = Precision::int16;
+    if (blocked) p.dfp.gradients.granularity = Granularity::block32;
+    LayerOp op(ctx(), conv_spec(), p);
+    op.sample_next_step();
+    run(op, x, w, dy, n, hw, 1);
+    LayerNumerics nm;
+    ASSERT_TRUE(op.numerics(nm));
+    sqnr[blocked] = nm.sqnr_dy_db;
+    underflow[blocked] = nm.underflow_dy;
+  }
+  EXPECT_GT(sqnr[1], sqnr[0]);
+  EXPECT_LT(underflow[1], underflow[0]);
+
+  PrecisionPolicy p;
+  p.precision = Precision::int16;
+  p.dfp.gradients.granularity = Granularity::block64;
+  expect_learns_a_batch(p);
+  p.dfp.gradients.rounding = Rounding::stochastic;
+  test::expect_error([&] { p.validate("flags"); }, Status::invalid_argument,
+                     {"flags", "gradients granularity 'block64'", "stochastic rounding has no block form"});
+  p.dfp.gradients.rounding = Rounding::nearest_even;
+  p.dfp.weights.granularity = Granularity::slice;
+  test::expect_error([&] { p.validate("flags"); }, Status::invalid_argument,
+                     {"flags", "weights granularity 'slice' beside a block granularity"});
+  test::expect_error([&] { (void)parse_granularity("block48", "--granularity"); }, Status::invalid_argument,
+                     {"--granularity", "block48", "block32"});
+  // The INT16 convolution itself has no block form; the layers emulate it.
+  ConvShape shape;
+  shape.N = 2; shape.C = 16; shape.H = 4; shape.W = 4; shape.K = 16; shape.R = 3; shape.S = 3; shape.pad_h = 1; shape.pad_w = 1;
+  DfpConvOptions o;
+  o.activations.granularity = Granularity::block128;
+  test::expect_error([&] { ConvInt16 conv(ctx(), shape, o, "c"); }, Status::invalid_argument,
+                     {"convolution 'c'", "activations granularity 'block128'", "takes tensor or slice"});
 }
 
 // ---- posit16 -------------------------------------------------------------------------------------

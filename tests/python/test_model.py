@@ -118,6 +118,25 @@ def test_fp8_policy_settings_and_numerics(ctx):
     assert n["exp_dy"] < 0 and n["sqnr_x_db"] > 20
 
 
+def test_block_dfp_granularity_settings_and_numerics(ctx):
+    p = dfp.PrecisionPolicy(precision="int16", granularity="block32", weights_granularity="tensor")
+    assert (p.weights_granularity, p.activations_granularity, p.gradients_granularity) == ("tensor", "block32", "block32")
+    assert "granularity=block32" in p.describe()
+    with pytest.raises(dfp.InvalidArgumentError, match="unknown granularity 'block48'"):
+        p.gradients_granularity = "block48"
+    with pytest.raises(dfp.InvalidArgumentError, match="stochastic rounding has no block form"):
+        dfp.PrecisionPolicy(precision="int16", granularity="block64", rounding="stochastic")
+    m, _ = small_model(ctx, policy=p)
+    m.set_numerics_interval(1)
+    x, y = random_batch(4, 3, 8, 8, 5)
+    m.forward(x, y, train=True)
+    m.backward()
+    n = m.numerics()[1]
+    assert n["format"] == "int16" and n["chain_fwd"] == 0  # emulated: no INT32 chains
+    assert n["sqnr_x_db"] > 60 and "exp_w_min" not in n  # the weights keep one exponent
+    assert n["exp_x_min"] < n["exp_x"]  # the input's blocks do not
+
+
 def test_build_takes_a_policy_object(ctx):
     m, _ = small_model(ctx, policy=dfp.PrecisionPolicy(precision="bf16"))
     assert "bf16" in m.summary()

@@ -2,6 +2,7 @@
 // per-layer tables (see layers.hpp).
 #include "apps/dfp/report/layers.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -27,15 +28,20 @@ constexpr ClassGranularity kClassGranularity[] = {
 
 std::string granularity_text(const RunSummary& run) {
   if (!run.int16) return "";
-  std::string slice, tensor;
+  // The classes of each granularity, the finer ones first: "slice: w, dy; tensor: x".
+  std::vector<std::pair<std::string, std::string>> groups;  // granularity, classes
   for (const auto& c : kClassGranularity) {
     const std::string& g = run.*c.granularity;
     if (g.empty()) return "";  // not recorded: nothing to show rather than a guess
-    std::string& list = g == "tensor" ? tensor : slice;
-    list += (list.empty() ? "" : ", ") + std::string(c.key);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == g; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {g, ""});
+    it->second += (it->second.empty() ? "" : ", ") + std::string(c.key);
   }
-  if (slice.empty()) return "tensor";
-  return "slice: " + slice + (tensor.empty() ? "" : "; tensor: " + tensor);
+  if (groups.size() == 1 && groups[0].first == "tensor") return "tensor";
+  std::stable_partition(groups.begin(), groups.end(), [](const auto& e) { return e.first != "tensor"; });
+  std::string out;
+  for (const auto& [g, classes] : groups) out += (out.empty() ? "" : "; ") + g + ": " + classes;
+  return out;
 }
 
 std::string run_title(const RunSummary& run) {

@@ -116,7 +116,14 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
   step_x = opt.activations;
   step_dy = opt.gradients;
   set_step(0);
-  for (const QuantOptions* q : {&opt.weights, &opt.activations, &opt.gradients}) q->validate("convolution '" + name + "'");
+  for (const QuantOptions* q : {&opt.weights, &opt.activations, &opt.gradients}) {
+    q->validate("convolution '" + name + "'");
+    // A block's exponent changes along the reduction, which one INT32 chain's flush cannot follow:
+    // the layers emulate Block DFP (FP32 sums of the rounded operands).
+    DFP_CHECK(!granularity_block(q->granularity), Status::invalid_argument,
+              "convolution '" + name + "': " + q->name + " granularity '" + granularity_name(q->granularity) +
+                  "': the INT16 convolution takes tensor or slice (Block DFP runs as a layer's emulated operation)");
+  }
   DFP_CHECK(opt.chain_override >= 0, Status::invalid_argument,
             "convolution '" + name + "': chain_override expected >= 0, got " + std::to_string(opt.chain_override));
   CB = channel_blocks(sh.C);
