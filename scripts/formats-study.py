@@ -63,6 +63,7 @@ def main():
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--epoch", type=int, default=0, help="the epoch whose numerics are tabulated (0: the last)")
     ap.add_argument("--svg", help="write per-layer figures here")
+    ap.add_argument("--title", default="", help="the figures' title")
     a = ap.parse_args()
 
     runs = {}  # label -> list of (seed, epochs)
@@ -92,7 +93,7 @@ def main():
     where = []
     for label in order:
         t = top1(label)
-        sd = statistics.stdev(t) if len(t) > 1 else float("nan")
+        sd = f"{statistics.stdev(t):.2f}" if len(t) > 1 else "–"
         figs = []
         for _, ep in runs[label]:
             e = ep[a.epoch - 1] if a.epoch else ep[-1]
@@ -107,7 +108,7 @@ def main():
         def share(key):
             return f"{statistics.mean(f[key] for f in figs):.3g} %" if figs else "–"
         diff = f"{statistics.mean(t) - base:+.2f}" if base is not None and label != "fp32" else "–"
-        print(f"| {label} | {len(t)} | {statistics.mean(t):.2f} ± {sd:.2f} | {diff} | {cell('sqnr_x')} | "
+        print(f"| {label} | {len(t)} | {statistics.mean(t):.2f} ± {sd} | {diff} | {cell('sqnr_x')} | "
               f"{cell('sqnr_w')} | {cell('sqnr_dy')} | {share('under_dy')} | {share('under_x')} |")
         if figs:
             f = figs[0]
@@ -139,6 +140,8 @@ def main():
             gp = os.path.join(a.svg, f"{what}.gp")
             with open(gp, "w") as f:
                 f.write(f"set terminal svg size 1000,480 font 'sans,11'\nset output '{what}.svg'\n")
+                if a.title:
+                    f.write(f"set title '{a.title}'\n")
                 f.write(f"set ylabel '{ylabel}'\nset xtics rotate by -60 font ',8'\nset key outside right\n"
                         "set grid ytics\nset datafile missing 'NaN'\n")
                 plots = [f"'{what}.dat' using {k + 2}:xtic(1) with linespoints title '{l}'" for k, (l, _) in enumerate(sampled)]
