@@ -4,7 +4,8 @@
 Usage: scripts/formats-study.py [--epoch E] [--svg DIR] COMPARE_DIR...
 
 Each COMPARE_DIR holds one run per precision (its sub-directories, as `dfp compare --out` writes
-them); directories of different seeds are pooled by run label. Prints Markdown:
+them); directories of different seeds are pooled by run label. A run that has not finished its
+epochs is left out (and named on stderr). Prints Markdown:
   - per format: test top-1 (mean and sample standard deviation over the seeds, and the seeds'
     count), its difference from fp32's mean, and the numerics of epoch E's last sampled step
     (default: the last epoch) averaged over the seeds: SQNR of x, w and dy (mean over the
@@ -28,8 +29,9 @@ def read_run(path):
     cfg = json.load(open(os.path.join(path, "config.json")))
     epochs = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl")) if line.strip()]
     epochs = [e for e in epochs if "epoch" in e]
-    if not epochs:
-        raise SystemExit(f"{path}/metrics.jsonl: no epoch line")
+    if len(epochs) < cfg.get("epochs", 1):
+        print(f"{path}: {len(epochs)} of {cfg.get('epochs')} epochs; left out", file=sys.stderr)
+        return cfg, None
     return cfg, epochs
 
 
@@ -74,6 +76,8 @@ def main():
             if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
                 continue
             cfg, epochs = read_run(path)
+            if epochs is None:
+                continue
             label = cfg.get("label", name)
             if label not in runs:
                 runs[label] = []
