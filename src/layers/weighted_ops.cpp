@@ -484,19 +484,27 @@ class BlockOp final : public WeightedOp {
   void backward(const float* x, const float* dy, float* dx, float* gw, const StepInfo& st) override {
     const int pixels = shape_.OH() * shape_.OW();
     scales_dy_ = kNoScales;
+    const float* dq_data = nullptr;
     if (dx) {
-      const float* dq = quantize(round_dy_, dy_blocks_, dy, dyq_, out_size_, shape_.K, pixels, false, cls_.gradients,
-                                 st, scales_dy_);
-      fb_->backward_data(dq, dx);
-      if (st.sample) sample_.dy = measure_rounded(ctx_, dy, dq, out_size_);
+      dq_data = quantize(round_dy_, dy_blocks_, dy, dyq_, out_size_, shape_.K, pixels, false, cls_.gradients, st,
+                         scales_dy_);
+      fb_->backward_data(dq_data, dx);
+      if (st.sample) sample_.dy = measure_rounded(ctx_, dy, dq_data, out_size_);
     }
+    // A class rounded whole has one rounding for the step: the forward's x (kept in xq_, or x
+    // itself in FP32), backward-data's dy. Blocked classes take the weight gradient's own blocks.
     std::pair<int, int> ignored = kNoScales;
-    const float* xq = quantize(round_x_, x_blocks_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, true,
-                               cls_.activations, st, ignored);
+    const float* xq = x_blocks_.blocked()
+                          ? quantize(round_x_, x_blocks_, x, xq_.data(), in_size_, shape_.C, shape_.H * shape_.W, true,
+                                     cls_.activations, st, ignored)
+                      : x_blocks_.dfp_tensor || round_x_.format() != FloatFormat::fp32 ? xq_.data()
+                                                                                       : x;
     // Without an input gradient (a first layer) dy's record is the weight gradient's quantization.
     ignored = kNoScales;
-    const float* dq = quantize(round_dy_, dy_blocks_, dy, dyq_, out_size_, shape_.K, pixels, true, cls_.gradients, st,
-                               dx ? ignored : scales_dy_);
+    const float* dq = dq_data && !dy_blocks_.blocked()
+                          ? dq_data
+                          : quantize(round_dy_, dy_blocks_, dy, dyq_, out_size_, shape_.K, pixels, true, cls_.gradients,
+                                     st, dx ? ignored : scales_dy_);
     if (!dx && st.sample) sample_.dy = measure_rounded(ctx_, dy, dq, out_size_);
     f_->backward_weights(xq, dq, gw);
   }
