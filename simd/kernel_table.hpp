@@ -170,6 +170,32 @@ struct PairKernelArgs {
 // a row's values are mostly far below its largest (gradients are).
 using PairRowL1Fn = void (*)(const int16_t* pairs, int rows, int cols, int64_t row_stride, int32_t* l1);
 
+// One block of a convolution's DFP16 weights (16 output channels k by 16 input channels c, every
+// tap) into the pixel kernels' two weight layouts, with each unit's per-lane L1 norms (what the
+// chain tables are measured from). Row l of the block (output channel l) is at
+// src + l * row_stride and holds [16 c][taps]: v[l][c][t] = src[l * row_stride + c * taps + t].
+// For each tap t, with j in [0, 8), p in {0, 1}:
+//   f[t * 256 + j * 32 + 2l + p] = v[l][2j + p][t]   forward: lane k = l, pairs along c
+//   b[t * 256 + j * 32 + 2l + p] = v[2j + p][l][t]   backward-data: lane c = l, pairs along k
+//   l1_f[l * l1_f_stride + t] = sum over c of |v[l][c][t]|
+//   l1_b[l * l1_b_stride + t] = sum over k of |v[k][l][t]|
+// pair_max[0] (f) and pair_max[1] (b) are raised to the largest |v0| + |v1| of a pair written.
+// A null f (or b) skips that layout with its norms and pair maximum. Exact for every INT16 value
+// (|-32768| is 32768).
+struct PackWeightsArgs {
+  const int16_t* src;
+  int64_t row_stride;
+  int taps;
+  int16_t* f;
+  int16_t* b;
+  int32_t* l1_f;
+  int64_t l1_f_stride;
+  int32_t* l1_b;
+  int64_t l1_b_stride;
+  int32_t* pair_max;  // [2]
+};
+using PackWeightsFn = void (*)(const PackWeightsArgs& a);
+
 // ---- element-wise FP32 (ReLU, residual add) ---------------------------------------------------
 // ReLU keeps one bit per element for its backward pass (bit i % 16 of mask[i / 16] is x[i] > 0)
 // instead of its FP32 output: 1/32 of the memory, and backward reads 1/32 of the bytes.

@@ -133,4 +133,33 @@ void pair_row_l1(const int16_t* pairs, int rows, int cols, int64_t row_stride, i
   }
 }
 
+void pack_weights(const PackWeightsArgs& a) {
+  auto v = [&](int k, int c, int t) { return a.src[k * a.row_stride + int64_t(c) * a.taps + t]; };
+  for (int t = 0; t < a.taps; ++t) {
+    for (int l = 0; l < 16; ++l) {
+      int32_t f_sum = 0, b_sum = 0;
+      for (int j = 0; j < 8; ++j) {
+        if (a.f) {
+          const int16_t f0 = v(l, 2 * j, t), f1 = v(l, 2 * j + 1, t);
+          a.f[t * 256 + j * 32 + 2 * l] = f0;
+          a.f[t * 256 + j * 32 + 2 * l + 1] = f1;
+          const int32_t pair = std::abs(int32_t{f0}) + std::abs(int32_t{f1});
+          a.pair_max[0] = std::max(a.pair_max[0], pair);
+          f_sum += pair;
+        }
+        if (a.b) {
+          const int16_t b0 = v(2 * j, l, t), b1 = v(2 * j + 1, l, t);
+          a.b[t * 256 + j * 32 + 2 * l] = b0;
+          a.b[t * 256 + j * 32 + 2 * l + 1] = b1;
+          const int32_t pair = std::abs(int32_t{b0}) + std::abs(int32_t{b1});
+          a.pair_max[1] = std::max(a.pair_max[1], pair);
+          b_sum += pair;
+        }
+      }
+      if (a.f) a.l1_f[l * a.l1_f_stride + t] = f_sum;
+      if (a.b) a.l1_b[l * a.l1_b_stride + t] = b_sum;
+    }
+  }
+}
+
 }  // namespace dfp::simd::ref

@@ -707,6 +707,93 @@ TEST(ConvInt16, PairRowL1AtEveryLevelMatchesTheReference) {
   }
 }
 
+// The weight packing kernel at every level this CPU runs, against the reference, which the test
+// checks against the layouts' definitions: 1 to 25 taps, row strides past the block, one layout
+// or both, random words and the extremes (-32768 counts 32768), and pair maxima raised from what
+// the caller had.
+TEST(ConvInt16, PackWeightsAtEveryLevelMatchesTheReference) {
+  const CpuFeatures cpu = detect_cpu_features();
+  uint32_t seed = 400;
+  for (int taps : {1, 2, 9, 25}) {
+    for (int layouts = 1; layouts <= 3; ++layouts) {
+      for (int extreme = 0; extreme < 3; ++extreme) {
+        const int64_t row_stride = int64_t(16) * taps + 24, l1_f_stride = taps + 3, l1_b_stride = taps + 5;
+        std::vector<int16_t> src(size_t(16 * row_stride));
+        const auto r = random_ints(src.size(), seed++, -32768, 32767);
+        for (size_t i = 0; i < src.size(); ++i)
+          src[i] = static_cast<int16_t>(extreme == 0 ? r[i] / (1 + int(i % 7) * 300)
+                                        : extreme == 1 ? -32768 : (int(r[i]) % 2 ? 32767 : -32768));
+        struct Out {
+          std::vector<int16_t> f, b;
+          std::vector<int32_t> l1_f, l1_b;
+          int32_t pair_max[2] = {5, 70000};  // raised, never lowered
+        };
+        auto run = [&](simd::PackWeightsFn fn, Out& o) {
+          o.f.assign(size_t(taps) * 256, 7);
+          o.b.assign(size_t(taps) * 256, 7);
+          o.l1_f.assign(size_t(16 * l1_f_stride), -1);
+          o.l1_b.assign(size_t(16 * l1_b_stride), -1);
+          simd::PackWeightsArgs a{src.data(), row_stride, taps, (layouts & 1) ? o.f.data() : nullptr,
+                                  (layouts & 2) ? o.b.data() : nullptr, o.l1_f.data(), l1_f_stride,
+                                  o.l1_b.data(), l1_b_stride, o.pair_max};
+          fn(a);
+        };
+        Out want;
+        run(&simd::ref::pack_weights, want);
+        auto v = [&](int k, int c, int t) { return src[size_t(k * row_stride + c * taps + t)]; };
+        int64_t f_pair = 5, b_pair = 70000;
+        for (int t = 0; t < taps; ++t)
+          for (int l = 0; l < 16; ++l) {
+            int64_t f_sum = 0, b_sum = 0;
+            for (int c = 0; c < 16; ++c) {
+              const size_t at = size_t(t * 256 + (c / 2) * 32 + 2 * l + c % 2);
+              if (layouts & 1) {
+                ASSERT_EQ(want.f[at], v(l, c, t)) << "forward, tap " << t << " k " << l << " c " << c;
+              }
+              if (layouts & 2) {
+                ASSERT_EQ(want.b[at], v(c, l, t)) << "backward, tap " << t << " c " << l << " k " << c;
+              }
+              f_sum += std::abs(int64_t{v(l, c, t)});
+              b_sum += std::abs(int64_t{v(c, l, t)});
+            }
+            for (int j = 0; j < 8; ++j) {
+              f_pair = std::max(f_pair, std::abs(int64_t{v(l, 2 * j, t)}) + std::abs(int64_t{v(l, 2 * j + 1, t)}));
+              b_pair = std::max(b_pair, std::abs(int64_t{v(2 * j, l, t)}) + std::abs(int64_t{v(2 * j + 1, l, t)}));
+            }
+            if (layouts & 1) {
+              ASSERT_EQ(want.l1_f[size_t(l * l1_f_stride + t)], f_sum);
+            }
+            if (layouts & 2) {
+              ASSERT_EQ(want.l1_b[size_t(l * l1_b_stride + t)], b_sum);
+            }
+          }
+        ASSERT_EQ(want.pair_max[0], (layouts & 1) ? f_pair : 5);
+        ASSERT_EQ(want.pair_max[1], (layouts & 2) ? b_pair : 70000);
+        if (!(layouts & 1)) {
+          ASSERT_EQ(want.f, std::vector<int16_t>(size_t(taps) * 256, 7)) << "f written";
+        }
+        if (!(layouts & 2)) {
+          ASSERT_EQ(want.b, std::vector<int16_t>(size_t(taps) * 256, 7)) << "b written";
+        }
+        for (Isa isa : kIsaLevels) {
+          if (isa == Isa::ref || !cpu.supports(isa)) continue;
+          const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+          Out got;
+          run(t.pack_weights.fn, got);
+          const std::string what = std::string(t.pack_weights.name) + ", taps " + std::to_string(taps) +
+                                   " layouts " + std::to_string(layouts) + " extreme " + std::to_string(extreme);
+          ASSERT_EQ(want.f, got.f) << what;
+          ASSERT_EQ(want.b, got.b) << what;
+          ASSERT_EQ(want.l1_f, got.l1_f) << what;
+          ASSERT_EQ(want.l1_b, got.l1_b) << what;
+          ASSERT_EQ(want.pair_max[0], got.pair_max[0]) << what;
+          ASSERT_EQ(want.pair_max[1], got.pair_max[1]) << what;
+        }
+      }
+    }
+  }
+}
+
 // The AVX2 micro-kernels, both forms (VPMADDWD + VPADDD, and AVX-VNNI's VPDPWSSD where the CPU has
 // it: a CPU picks one, so the table alone would test one), called directly against the scalar
 // model on random arguments: every pixel count up to max_pixels(nob) (the kernels split calls

@@ -468,9 +468,6 @@ struct ConvInt16::Impl {
   // ---- weights (weights.cpp) and their chains (chains.cpp) ----------------------------------
   void set_weights(const float* w, float known_max);
   void pack_weights(bool fwd_layout, bool bwd_layout);
-  template <bool FWD, bool BWD>
-  void pack_unit(const int16_t (&v)[16][16], int16_t* f, int16_t* b, int kb, int cb, int t, int64_t& f_pair,
-                 int64_t& b_pair);
   void measure_chains(PixelPass& pp, const int32_t* unit_l1, int64_t pair_l1, int headroom);
   int choose_chains(PixelPass& pp, int64_t a);
   // Calls f(chain, taps, ntaps) for every tap sequence of a pass: each phase's row groups (a

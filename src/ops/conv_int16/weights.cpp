@@ -96,74 +96,57 @@ void ConvInt16::Impl::quantize_w_in_channels(const float* w) {
 }
 
 // Packs wq into the forward (fwd) and backward-data (bwd) layouts and measures the L1 norms that
-// bound their INT32 chains, one (kb, cb, tap) unit per task item: units write disjoint blocks, and
-// the maxima do not depend on the order.
+// bound their INT32 chains, a (kb, cb) block of every tap per task item (the pack_weights kernel):
+// blocks write disjoint units, and the maxima do not depend on the order.
 void ConvInt16::Impl::pack_weights(bool fwd_layout, bool bwd_layout) {
   std::atomic<int64_t> f_pair_max{0}, b_pair_max{0};
-  auto wv = [&](int k, int c, int t) -> int16_t {
-    return (k < sh.K && c < sh.C) ? wq[weight_index(k, c, t)] : int16_t{0};
-  };
-  ctx.parallel_for(int64_t(KB) * CB * T, [&](int64_t u0, int64_t u1) {
-    int64_t f_pair = 0, b_pair = 0;
-    alignas(64) int16_t v[16][16];  // the unit: v[k lane][c lane], zero past K and C
+  const auto& kt = ctx.kernels();
+  ctx.parallel_for(int64_t(KB) * CB, [&](int64_t u0, int64_t u1) {
+    int32_t pair_max[2] = {0, 0};
+    alignas(64) int16_t v[16][16];  // an edge unit: v[k lane][c lane], zero past K and C
     for (int64_t u = u0; u < u1; ++u) {
-      const int kb = static_cast<int>(u / (int64_t(CB) * T)), cb = static_cast<int>(u / T % CB),
-                t = static_cast<int>(u % T);
-      // Each weight is read once, for both layouts; a whole unit inside the tensor skips the
-      // bounds checks and the index map, which make the loop several times slower
-      // (docs/design/kernels.md).
+      const int kb = static_cast<int>(u / CB), cb = static_cast<int>(u % CB);
+      simd::PackWeightsArgs a{};
+      a.f = fwd_layout ? wf.data() + (size_t(kb) * CB + cb) * T * 256 : nullptr;
+      a.b = bwd_layout ? wb.data() + (size_t(cb) * KB + kb) * T * 256 : nullptr;
+      a.l1_f = unit_l1_f + size_t(kb) * 16 * CB * T + size_t(cb) * T;
+      a.l1_f_stride = int64_t(CB) * T;
+      a.l1_b = unit_l1_b + size_t(cb) * 16 * KB * T + size_t(kb) * T;
+      a.l1_b_stride = int64_t(KB) * T;
+      a.pair_max = pair_max;
       if (!unfold && kb * 16 + 16 <= sh.K && cb * 16 + 16 <= sh.C) {
-        const int16_t* base = wq + (size_t(kb) * 16 * sh.C + size_t(cb) * 16) * T + t;
-        for (int l = 0; l < 16; ++l)
-          for (int c = 0; c < 16; ++c) v[l][c] = base[(size_t(l) * sh.C + c) * T];
-      } else {
-        for (int l = 0; l < 16; ++l)
-          for (int c = 0; c < 16; ++c) v[l][c] = wv(kb * 16 + l, cb * 16 + c, t);
+        // A whole block inside the tensor: its rows are runs of the [K][C][taps] weights.
+        a.src = wq + (size_t(kb) * 16 * sh.C + size_t(cb) * 16) * T;
+        a.row_stride = int64_t(sh.C) * T;
+        a.taps = T;
+        kt.pack_weights.fn(a);
+        continue;
       }
-      int16_t* f = wf.data() + ((size_t(kb) * CB + cb) * T + t) * 256;
-      int16_t* b = wb.data() + ((size_t(cb) * KB + kb) * T + t) * 256;
-      if (fwd_layout && bwd_layout)
-        pack_unit<true, true>(v, f, b, kb, cb, t, f_pair, b_pair);
-      else if (fwd_layout)
-        pack_unit<true, false>(v, f, b, kb, cb, t, f_pair, b_pair);
-      else
-        pack_unit<false, true>(v, f, b, kb, cb, t, f_pair, b_pair);
+      // Past K or C, or columns unfolded into the channels: each tap's unit through the index
+      // map, zero outside the tensor.
+      simd::PackWeightsArgs e = a;
+      e.src = &v[0][0];
+      e.row_stride = 16;
+      e.taps = 1;
+      for (int t = 0; t < T; ++t) {
+        for (int l = 0; l < 16; ++l)
+          for (int c = 0; c < 16; ++c) {
+            const int k = kb * 16 + l, ch = cb * 16 + c;
+            v[l][c] = k < sh.K && ch < sh.C ? wq[weight_index(k, ch, t)] : int16_t{0};
+          }
+        e.f = a.f ? a.f + size_t(t) * 256 : nullptr;
+        e.b = a.b ? a.b + size_t(t) * 256 : nullptr;
+        e.l1_f = a.l1_f + t;
+        e.l1_b = a.l1_b + t;
+        kt.pack_weights.fn(e);
+      }
     }
-    atomic_max(f_pair_max, f_pair);
-    atomic_max(b_pair_max, b_pair);
+    atomic_max(f_pair_max, int64_t{pair_max[0]});
+    atomic_max(b_pair_max, int64_t{pair_max[1]});
   });
   // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
   if (fwd_layout) measure_chains(fwd, unit_l1_f, f_pair_max.load(), opt.activations.headroom);
   if (bwd_layout) measure_chains(bwd, unit_l1_b, b_pair_max.load(), opt.gradients.headroom);
-}
-
-// One unit v[k lane][c lane] into the layouts asked for, with its per-lane L1 norms.
-template <bool FWD, bool BWD>
-void ConvInt16::Impl::pack_unit(const int16_t (&v)[16][16], int16_t* f, int16_t* b, int kb, int cb, int t,
-                                int64_t& f_pair, int64_t& b_pair) {
-  for (int l = 0; l < 16; ++l) {
-    int32_t fu = 0, bu = 0;
-    for (int j = 0; j < 8; ++j) {
-      if constexpr (FWD) {
-        const int16_t f0 = v[l][2 * j], f1 = v[l][2 * j + 1];  // lane k = l, pair along c
-        f[j * 32 + l * 2] = f0;
-        f[j * 32 + l * 2 + 1] = f1;
-        const int32_t fp = std::abs(int32_t(f0)) + std::abs(int32_t(f1));
-        f_pair = std::max<int64_t>(f_pair, fp);
-        fu += fp;
-      }
-      if constexpr (BWD) {
-        const int16_t b0 = v[2 * j][l], b1 = v[2 * j + 1][l];  // lane c = l, pair along k
-        b[j * 32 + l * 2] = b0;
-        b[j * 32 + l * 2 + 1] = b1;
-        const int32_t bp = std::abs(int32_t(b0)) + std::abs(int32_t(b1));
-        b_pair = std::max<int64_t>(b_pair, bp);
-        bu += bp;
-      }
-    }
-    if constexpr (FWD) unit_l1_f[(size_t(kb) * 16 + l) * CB * T + size_t(cb) * T + t] = fu;
-    if constexpr (BWD) unit_l1_b[(size_t(cb) * 16 + l) * KB * T + size_t(kb) * T + t] = bu;
-  }
 }
 
 }  // namespace dfp
