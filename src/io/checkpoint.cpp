@@ -78,8 +78,7 @@ std::string read_exactly(int fd, uint64_t offset, char* dst, size_t n) {
 
 }  // namespace
 
-std::string checkpoint_bytes(const Checkpoint& ck) {
-  std::string buf(kCheckpointMagic, 8);
+void checkpoint_bytes(const Checkpoint& ck, const std::function<void(const void*, size_t)>& sink) {
   std::string meta;
   for (const auto& [k, v] : ck.meta) {
     // One line per field: a line break or a key's '=' would split or shift fields on reading.
@@ -88,25 +87,40 @@ std::string checkpoint_bytes(const Checkpoint& ck) {
               "expected");
     meta += k + "=" + v + "\n";
   }
+  uLong crc = crc32_z(0L, nullptr, 0);
+  auto out = [&](const void* p, size_t n) {
+    crc = crc32_z(crc, static_cast<const Bytef*>(p), n);
+    sink(p, n);
+  };
   auto record = [&](const std::string& name, const float* data, uint64_t n) {
     const uint32_t len = uint32_t(name.size());
-    put(buf, &len, 4);
-    put(buf, name.data(), len);
-    put(buf, &n, 8);
-    put(buf, data, n * sizeof(float));
+    out(&len, 4);
+    out(name.data(), len);
+    out(&n, 8);
+    out(data, n * sizeof(float));
   };
+  out(kCheckpointMagic, 8);
   // Each byte as its value 0..255 (through unsigned char: a plain char is signed on x86, and
   // UTF-8 text has bytes above 127).
   std::vector<float> meta_f(meta.size());
   for (size_t i = 0; i < meta.size(); ++i) meta_f[i] = float(static_cast<unsigned char>(meta[i]));
   record("meta", meta_f.data(), meta_f.size());
   for (const auto& [name, v] : ck.tensors) record(name, v.data(), v.size());
-  const uint32_t crc = uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(buf.data()), buf.size()));
-  put(buf, &crc, 4);
+  const uint32_t crc32 = uint32_t(crc);
+  sink(&crc32, 4);
+}
+
+std::string checkpoint_bytes(const Checkpoint& ck) {
+  std::string buf;
+  checkpoint_bytes(ck, [&](const void* p, size_t n) { put(buf, p, n); });
   return buf;
 }
 
 void write_file_atomically(const std::string& path, std::string_view bytes, const std::string& what) {
+  write_file_atomically(path, [&](const auto& write) { return write(bytes.data(), bytes.size()); }, what);
+}
+
+void write_file_atomically(const std::string& path, const FileFill& fill, const std::string& what) {
   // A name of this writer alone: two processes writing the same path never share a file.
   char suffix[32];
   std::snprintf(suffix, sizeof suffix, ".%ld-%08x.tmp", long(::getpid()), unsigned(std::chrono::steady_clock::now().time_since_epoch().count()));
@@ -116,7 +130,7 @@ void write_file_atomically(const std::string& path, std::string_view bytes, cons
             what + " '" + tmp + "': cannot create the temporary file: " + std::strerror(errno));
   // The data reaches the disk before the rename, and the rename before we return: after a power
   // loss the path holds the old file or the new one, never a renamed empty file.
-  std::string failed = write_all(fd, bytes);
+  std::string failed = fill([&](const void* p, size_t n) { return write_all(fd, {static_cast<const char*>(p), n}); });
   if (failed.empty() && ::fsync(fd) != 0) failed = std::string("fsync failed: ") + std::strerror(errno);
   if (::close(fd) != 0 && failed.empty()) failed = std::string("close failed: ") + std::strerror(errno);
   if (failed.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)  // atomic on POSIX
@@ -133,8 +147,29 @@ void write_file_atomically(const std::string& path, std::string_view bytes, cons
   }
 }
 
+// The records go to the file as they are made, small pieces gathered into writes of up to
+// kChunk bytes: a copy of the whole file in memory would add its size (twice, while a string
+// grows) to the process's peak, which a ResNet-50's 188 MB checkpoint made 570 MB above
+// training's.
 void write_checkpoint(const std::string& path, const Checkpoint& ck) {
-  write_file_atomically(path, checkpoint_bytes(ck), "checkpoint");
+  write_file_atomically(path, [&](const auto& write) {
+    constexpr size_t kChunk = size_t(1) << 20;
+    std::string pending, failed;
+    auto flush = [&] {
+      if (failed.empty() && !pending.empty()) failed = write(pending.data(), pending.size());
+      pending.clear();
+    };
+    checkpoint_bytes(ck, [&](const void* p, size_t n) {
+      if (pending.size() + n > kChunk) flush();
+      if (n >= kChunk) {
+        if (failed.empty()) failed = write(p, n);
+      } else {
+        put(pending, p, n);
+      }
+    });
+    flush();
+    return failed;
+  }, "checkpoint");
 }
 
 void remove_checkpoint_temporaries(const std::string& path) {

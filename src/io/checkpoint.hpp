@@ -6,6 +6,8 @@
 // lines "key=value"; files of older versions hold a byte above 127 as -128..-1), and finally a u32 CRC-32 of everything before it.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -20,7 +22,10 @@ struct Checkpoint {
   std::map<std::string, std::vector<float>> tensors;
 };
 
-// The file's bytes for ck.
+// The file's bytes for ck, in order, to `sink` (pieces of any size; the CRC is computed as they
+// go, so no copy of the whole file is made).
+void checkpoint_bytes(const Checkpoint& ck, const std::function<void(const void*, size_t)>& sink);
+// The same as one string.
 std::string checkpoint_bytes(const Checkpoint& ck);
 
 // Writes ck to `path` so that `path` holds the old checkpoint or the new one whatever happens: the
@@ -31,6 +36,10 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck);
 
 // The same for any file's bytes; `what` ("checkpoint", "torch state_dict") names it in errors.
 void write_file_atomically(const std::string& path, std::string_view bytes, const std::string& what);
+// The same with the bytes written by `fill` through its argument (pieces in order); fill returns
+// "" or what failed.
+using FileFill = std::function<std::string(const std::function<std::string(const void*, size_t)>& write)>;
+void write_file_atomically(const std::string& path, const FileFill& fill, const std::string& what);
 
 // Removes the temporary files that writers of `path` killed before their rename left behind. Only
 // for the owner of the directory (a run holding its lock): another writer's file would go too.
