@@ -15,8 +15,9 @@ See docs/python.md.
 from .layers import Conv2d, Linear, context, dfp_layers, make_policy, set_context
 from .convert import convert
 from .compile import CompiledModule, UnsupportedError, compile
+from .segment import Segment
 
-__all__ = ["Conv2d", "Linear", "convert", "compile", "CompiledModule", "UnsupportedError", "context",
+__all__ = ["Conv2d", "Linear", "convert", "compile", "CompiledModule", "Segment", "UnsupportedError", "context",
            "set_context", "make_policy", "numerics",
            "sample_numerics", "set_numerics_interval", "weights_updated", "layer_times", "reset_layer_times"]
 
@@ -28,13 +29,20 @@ def numerics(model):
     'chain_bwd', 'chain_wgrad', 'saturated' and 'overflow_events'; once sampled (sample_numerics,
     set_numerics_interval) 'sqnr_x_db', 'sqnr_w_db', 'sqnr_dy_db', 'overflow', 'underflow',
     'nonzero' of the last sampled step, and 'underflow' and 'nonzero' per operand ('underflow_x',
-    'underflow_w', 'underflow_dy', 'nonzero_x', ...). FP32 layers have none."""
+    'underflow_w', 'underflow_dy', 'nonzero_x', ...). FP32 layers have none. The layers of a
+    segment (convert(example_input=)) are there by their module names too."""
     out = {}
     for name, m in dfp_layers(model):
         rec = m.dfp_numerics()
         if rec is not None:
             out[name] = rec
+    for _, s in _segments(model):
+        out.update(s.dfp_numerics())
     return out
+
+
+def _segments(model):
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, Segment)]
 
 
 def sample_numerics(model):
@@ -42,6 +50,8 @@ def sample_numerics(model):
     `model` in its next training step."""
     for _, m in dfp_layers(model):
         m._op.sample_next_step()
+    for _, s in _segments(model):
+        s.sample_next_step()
 
 
 def set_numerics_interval(model, interval):
@@ -49,7 +59,7 @@ def set_numerics_interval(model, interval):
     dfp train --numerics-every does."""
     if interval < 0:
         raise ValueError(f"dfp.torch.set_numerics_interval: interval must be >= 0, got {interval}")
-    for _, m in dfp_layers(model):
+    for _, m in dfp_layers(model) + _segments(model):
         m.numerics_interval = int(interval)
 
 
@@ -57,7 +67,7 @@ def weights_updated(model):
     """Make every dfp layer of `model` load its weights again on its next call: after writes that
     torch's version counter does not see (param.data[...] = ..., or memory written outside torch).
     Writes through torch's in-place operations (optimizers, load_state_dict, nn.init) are seen."""
-    for _, m in dfp_layers(model):
+    for _, m in dfp_layers(model) + _segments(model):
         m.weights_updated()
 
 
@@ -65,7 +75,8 @@ def layer_times(model):
     """{module name: times} of every dfp layer since it was made or reset_layer_times(): seconds in
     layout conversions (NCHW <-> dfp's blocked layout), weight loads (copy, quantization, packing),
     dfp's forward and backward passes, the whole call as torch sees it (python_forward_seconds,
-    python_backward_seconds), and the counts (forwards, backwards, weight_loads)."""
+    python_backward_seconds), and the counts (forwards, backwards, weight_loads). Segments
+    (convert(example_input=)) are not timed per layer."""
     return {name: m.dfp_times() for name, m in dfp_layers(model)}
 
 

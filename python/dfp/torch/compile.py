@@ -34,8 +34,14 @@ def _pair(v, what, where):
 class _Mapper:
     """Turns the nodes of an fx graph into the layers of a dfp Model, one by one."""
 
-    def __init__(self, gm, model, example):
+    def __init__(self, gm, model, example, prefix="", features=False):
         self.torch = torch
+        # Layer names: prefix + the traced module's names (a block converted inside a bigger
+        # model keeps its full names). features: the output is a feature map (N, C, H, W), not
+        # logits (the block's output; see output()).
+        self.prefix = prefix
+        self.features = features
+        self.out_shape = None
         self.gm = gm
         self.m = model
         self.values = {}         # fx node -> dfp node, or ("size", fx node) for x.size(0)
@@ -112,13 +118,13 @@ class _Mapper:
     def module(self, node, mod):
         nn = self.torch.nn
         x = self.arg(node, node.args[0]) if node.args else None
-        name = node.target
+        name = self.prefix + node.target
         if any(True for _ in mod.parameters(recurse=False)):
             if name in self.named:
                 raise UnsupportedError(f"'{node.name}': module '{name}' is called twice; dfp layers share no weights")
             self.named.add(name)
         else:
-            name = node.name  # a parameter-free module may be called many times: each call its own layer
+            name = self.lname(node)  # a parameter-free module may be called many times: each call its own layer
         if isinstance(mod, nn.Conv2d):
             where = f"Conv2d '{name}'"
             if _pair(mod.dilation, "dilation", where) != 1:
@@ -205,6 +211,10 @@ class _Mapper:
                                    "one (output size 1)")
         return self.m.global_avgpool(x, name)
 
+    def lname(self, node):
+        """The dfp layer name of a function or method call node."""
+        return self.prefix + node.name
+
     # ---- functions and methods ----
     def function(self, node, f):
         torch = self.torch
@@ -212,25 +222,25 @@ class _Mapper:
         a = node.args
         kw = node.kwargs
         if f in (F.relu, torch.relu, torch.relu_):
-            self.values[node] = self.m.relu(self.arg(node, a[0]), node.name)
+            self.values[node] = self.m.relu(self.arg(node, a[0]), self.lname(node))
         elif f in (operator.add, operator.iadd, torch.add):
             if len(a) != 2 or kw.get("alpha", 1) != 1 or not all(v in self.values for v in a):
                 raise UnsupportedError(f"'{node.name}': add of two layer outputs (no scalars, alpha 1) expected")
-            self.values[node] = self.m.add(self.arg(node, a[0]), self.arg(node, a[1]), node.name)
+            self.values[node] = self.m.add(self.arg(node, a[0]), self.arg(node, a[1]), self.lname(node))
         elif f is torch.cat:
             dim = a[1] if len(a) > 1 else kw.get("dim", 0)
             if dim not in (1, -3):
                 raise UnsupportedError(f"'{node.name}': cat along dim {dim}; dfp concatenates channels (dim 1)")
-            self.values[node] = self.m.concat([self.arg(node, v) for v in a[0]], node.name)
+            self.values[node] = self.m.concat([self.arg(node, v) for v in a[0]], self.lname(node))
         elif f is torch.flatten:
             start = a[1] if len(a) > 1 else kw.get("start_dim", 0)
             end = a[2] if len(a) > 2 else kw.get("end_dim", -1)
             if start != 1 or end != -1:
                 raise UnsupportedError(f"'{node.name}': flatten({start}, {end}); expected start_dim 1, end_dim -1")
-            self.values[node] = self.m.flatten(self.arg(node, a[0]), node.name)
+            self.values[node] = self.m.flatten(self.arg(node, a[0]), self.lname(node))
         elif f is F.adaptive_avg_pool2d:
             self.values[node] = self.adaptive(node, self.arg(node, a[0]), a[1] if len(a) > 1 else kw["output_size"],
-                                              node.name)
+                                              self.lname(node))
         elif f is F.max_pool2d:
             names = ["kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"]
             v = dict(zip(names, a[1:]), **kw)
@@ -241,18 +251,18 @@ class _Mapper:
             stride = v.get("stride") or v["kernel_size"]
             self.values[node] = self.m.maxpool(self.arg(node, a[0]), k, _pair(stride, "stride", where),
                                                _pair(v.get("padding", 0), "padding", where),
-                                               bool(v.get("ceil_mode", False)), node.name)
+                                               bool(v.get("ceil_mode", False)), self.lname(node))
         elif f is F.avg_pool2d:
             names = ["kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"]
             v = dict(zip(names, a[1:]), **kw)
             self.values[node] = self.avgpool(node, self.arg(node, a[0]), v["kernel_size"], v.get("stride"),
                                              v.get("padding", 0), v.get("ceil_mode", False),
-                                             v.get("count_include_pad", True), v.get("divisor_override"), node.name)
+                                             v.get("count_include_pad", True), v.get("divisor_override"), self.lname(node))
         elif f is F.dropout:
             p = a[1] if len(a) > 1 else kw.get("p", 0.5)
             training = a[2] if len(a) > 2 else kw.get("training", True)
             x = self.arg(node, a[0])
-            self.values[node] = self.m.dropout(x, float(p), node.name) if training and p > 0 else x
+            self.values[node] = self.m.dropout(x, float(p), self.lname(node)) if training and p > 0 else x
         elif f is getattr:
             raise UnsupportedError(f"'{node.name}': reads attribute '{a[1]}' of a tensor")
         else:
@@ -261,14 +271,14 @@ class _Mapper:
     def method(self, node, name):
         a = node.args
         if name in ("relu", "relu_"):
-            self.values[node] = self.m.relu(self.arg(node, a[0]), node.name)
+            self.values[node] = self.m.relu(self.arg(node, a[0]), self.lname(node))
         elif name in ("add", "add_") and len(a) == 2 and not node.kwargs:
-            self.values[node] = self.m.add(self.arg(node, a[0]), self.arg(node, a[1]), node.name)
+            self.values[node] = self.m.add(self.arg(node, a[0]), self.arg(node, a[1]), self.lname(node))
         elif name == "flatten":
             start = a[1] if len(a) > 1 else node.kwargs.get("start_dim", 0)
             if start != 1 or (len(a) > 2 and a[2] != -1):
                 raise UnsupportedError(f"'{node.name}': flatten from dim {start}; expected flatten(1)")
-            self.values[node] = self.m.flatten(self.arg(node, a[0]), node.name)
+            self.values[node] = self.m.flatten(self.arg(node, a[0]), self.lname(node))
         elif name == "size" and len(a) == 2 and a[1] == 0:
             self.values[node] = ("size", a[0])  # only as the first size of view/reshape
         elif name in ("view", "reshape"):
@@ -278,7 +288,7 @@ class _Mapper:
                 (first in self.values and self.values[first] == ("size", a[0]))
             if len(dims) != 2 or dims[1] != -1 or not batch_dim:
                 raise UnsupportedError(f"'{node.name}': {name} to {dims}; dfp flattens to (N, -1) only")
-            self.values[node] = self.m.flatten(self.arg(node, a[0]), node.name)
+            self.values[node] = self.m.flatten(self.arg(node, a[0]), self.lname(node))
         elif name == "contiguous":
             self.values[node] = self.arg(node, a[0])
         else:
@@ -290,6 +300,16 @@ class _Mapper:
             raise UnsupportedError(f"'{node.name}': the model returns {type(out).__name__}; dfp models return "
                                    "one logits tensor (N, classes)")
         shape = out.meta["tensor_meta"].shape
+        if self.features:
+            # A block's feature map leaves dfp as plain NCHW through a flatten: the loss layer then
+            # reads (N, C*H*W) "logits", which logits() returns and backward(logits_grad) takes.
+            if len(shape) != 4:
+                raise UnsupportedError(f"'{node.name}': output of shape {tuple(shape)}; expected (N, C, H, W)")
+            self.out_shape = tuple(int(v) for v in shape[1:])
+            flat = self.m.flatten(self.values[out], self.prefix + "dfp_output")
+            self.m.softmax_cross_entropy(flat)
+            self.logits_node = flat
+            return
         if len(shape) != 2:
             raise UnsupportedError(f"'{node.name}': output of shape {tuple(shape)}; expected logits (N, classes)")
         self.m.softmax_cross_entropy(self.values[out])
@@ -317,7 +337,7 @@ class _Step(torch.autograd.Function):
         images = x.detach().to(torch.float32).contiguous().numpy()
         logits = compiled._run(lambda m: m.logits(images, train=True))
         ctx.forward_number = compiled._forwards
-        return torch.from_numpy(logits)
+        return compiled._shaped(torch.from_numpy(logits))
 
     @staticmethod
     def backward(ctx, grad):
@@ -329,7 +349,7 @@ class _Step(torch.autograd.Function):
                              "torch.no_grad() and eval() ones included): dfp keeps one forward's state, so run "
                              "each output's backward before the module's next forward")
             m = c.dfp_model
-            m.backward(grad.detach().to(torch.float32).contiguous().numpy())
+            m.backward(grad.detach().to(torch.float32).reshape(grad.shape[0], -1).contiguous().numpy())
             grads = [torch.from_numpy(g.copy()) for g in c._grad_views]
             dx = torch.from_numpy(m.input_grad()) if ctx.needs_input_grad[1] else None
         return (None, dx, *grads)
@@ -346,16 +366,20 @@ class CompiledModule(torch.nn.Module):
     forward's state; a later backward raises dfp.Error). Calls from several threads run one at
     a time."""
 
-    def __init__(self, module, dfp_model, param_names, buffer_names, input_grad):
+    def __init__(self, module, dfp_model, param_names, buffer_names, input_grad, prefix="", out_shape=None):
         super().__init__()
         self.module = module
         self._dfp_model = dfp_model
         self._param_names = param_names
+        # dfp's names of the module's tensors (prefix + the module's own), and the feature map's
+        # (C, H, W) of a block that returns one instead of logits.
+        self._dfp_names = [prefix + n for n in param_names + buffer_names]
+        self._out_shape = out_shape
         # Zero-copy views of dfp's tensors and gradients, taken once: the model's buffers do not
         # move after build, and state()/state_dict() build their lists anew on every call.
         self._views = dfp_model.state_dict()
         state = dfp_model.state()
-        self._grad_views = [state[n].grad for n in param_names]
+        self._grad_views = [state[prefix + n].grad for n in param_names]
         self._buffer_names = buffer_names
         self._input_grad = input_grad
         self._params = [module.get_parameter(n) for n in param_names]
@@ -397,7 +421,7 @@ class CompiledModule(torch.nn.Module):
                 return
             sd = self._views
             with torch.no_grad():
-                for n, t in zip(self._param_names + self._buffer_names, self._params + self._tracked):
+                for n, t in zip(self._dfp_names, self._params + self._tracked):
                     np.copyto(sd[n], t.detach().to(torch.float32).reshape(sd[n].shape).numpy())
             self._dfp_model.weights_updated()
             self._seen = v
@@ -406,7 +430,7 @@ class CompiledModule(torch.nn.Module):
     def _copy_back_buffers(self):
         sd = self._views
         with torch.no_grad():
-            for n, t in zip(self._buffer_names, self._tracked):
+            for n, t in zip(self._dfp_names[len(self._params):], self._tracked):
                 t.copy_(torch.from_numpy(sd[n]))
             for bn in self._bns:
                 if bn.num_batches_tracked is not None:
@@ -435,9 +459,13 @@ class CompiledModule(torch.nn.Module):
         with torch.no_grad():
             images = x.detach().to(torch.float32).contiguous().numpy()
             if images.shape[0] == 0:  # as torch's modules: no images, no logits
-                return torch.empty((0, self._dfp_model.classes), dtype=torch.float32)
+                return self._shaped(torch.empty((0, self._dfp_model.classes), dtype=torch.float32))
             outs = [self._run(lambda m: m.predict(images[i:i + batch])) for i in range(0, images.shape[0], batch)]
-            return torch.from_numpy(np.concatenate(outs))
+            return self._shaped(torch.from_numpy(np.concatenate(outs)))
+
+    def _shaped(self, y):
+        """dfp's (N, classes) output as the module returns it: a block's (N, C, H, W) feature map."""
+        return y if self._out_shape is None else y.reshape(y.shape[0], *self._out_shape)
 
 
 def compile(model, example_input, precision="int16", ctx=None, input_grad=False, **policy):
@@ -457,24 +485,31 @@ def compile(model, example_input, precision="int16", ctx=None, input_grad=False,
     if example.dim() != 4 or example.shape[0] < 1:
         raise _invalid(f"dfp.torch.compile: example_input of shape {tuple(example.shape)}; expected (N, C, H, W) "
                        "with N >= 1 (the batch the dfp model is planned for)")
+    return _build(model, example, ctx, input_grad, dict(precision=precision, **policy))
+
+
+def _build(model, example, ctx, input_grad, build_args, prefix="", features=False):
+    """compile()'s work: `build_args` go to dfp.Model.build (precision= and policy keywords, or
+    policy=). prefix: put before every layer's name; features: the model returns a feature map
+    (N, C, H, W), as a block inside a converted model does (convert(example_input=))."""
     gm = fx.symbolic_trace(model)
     m = _dfp.Model(ctx or _dfp.default_context(), type(model).__name__)
-    mapper = _Mapper(gm, m, example)
+    mapper = _Mapper(gm, m, example, prefix, features)
     mapper.run()
-    m.build(int(example.shape[0]), precision=precision, input_grad=input_grad, **policy)
+    m.build(int(example.shape[0]), input_grad=input_grad, **build_args)
     dfp_names = set(m.state_dict().keys())
     tsd = dict(model.state_dict())
     params = [n for n, _ in model.named_parameters()]
     buffers = [n for n, _ in model.named_buffers() if not n.endswith("num_batches_tracked")]
-    missing = sorted(set(params + buffers) - dfp_names)
-    extra = sorted(dfp_names - set(params + buffers))
+    missing = sorted(set(prefix + n for n in params + buffers) - dfp_names)
+    extra = sorted(dfp_names - set(prefix + n for n in params + buffers))
     if missing or extra:
         raise UnsupportedError("dfp.torch.compile: the dfp model's tensors differ from the module's: "
                                f"only in torch {missing}, only in dfp {extra}")
     for n in params + buffers:
-        if tuple(tsd[n].shape) != tuple(m.tensor(n).shape):
-            raise UnsupportedError(f"dfp.torch.compile: tensor '{n}' has shape {tuple(tsd[n].shape)} in torch and "
-                                   f"{tuple(m.tensor(n).shape)} in dfp")
-    compiled = CompiledModule(model, m, params, buffers, input_grad)
+        if tuple(tsd[n].shape) != tuple(m.tensor(prefix + n).shape):
+            raise UnsupportedError(f"dfp.torch.compile: tensor '{prefix + n}' has shape {tuple(tsd[n].shape)} in torch "
+                                   f"and {tuple(m.tensor(prefix + n).shape)} in dfp")
+    compiled = CompiledModule(model, m, params, buffers, input_grad, prefix, mapper.out_shape)
     compiled.sync_weights()
     return compiled
