@@ -547,8 +547,10 @@ struct Model::Impl {
   // The logits of the last forward pass as plain [count][classes].
   void copy_logits(float* out) const {
     const int K = nodes[loss_node].shape.c, KP = channel_blocks(K) * 16;
-    for (int n = 0; n < last_count; ++n)
-      std::memcpy(out + size_t(n) * K, nodes[loss_node].act + size_t(n) * KP, size_t(K) * sizeof(float));
+    ctx.parallel_for(last_count, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        std::memcpy(out + size_t(n) * K, nodes[loss_node].act + size_t(n) * KP, size_t(K) * sizeof(float));
+    });
   }
 
   // Parallel y = y * a + x * b over n floats (b == 0: x unused). With a = b = 1, the usual sum of
@@ -597,17 +599,23 @@ struct Model::Impl {
     // Built-in: d(scale * mean loss)/d(logits) = scale * (p - target) / batch; else scale * the caller's.
     NodeInfo& ln = nodes[loss_node];
     const int K = ln.shape.c, KP = channel_blocks(K) * 16;
-    std::memset(ln.grad, 0, ln.elements * sizeof(float));
-    for (int n = 0; n < batch; ++n)
-      for (int k = 0; k < K; ++k) {
-        const size_t nk = size_t(n) * K + k;
-        if (logits_grad) {
-          ln.grad[size_t(n) * KP + k] = static_cast<float>(loss_scale * logits_grad[nk]);
-        } else {
-          const double target = (k == labels[n] ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
-          ln.grad[size_t(n) * KP + k] = static_cast<float>(loss_scale * (probs[nk] - target) / batch);
+    // Per image on the context's threads: a block's feature map read as logits (dfp.torch's
+    // segments) has C*H*W of them.
+    ctx.parallel_for(batch, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        float* g = ln.grad + size_t(n) * KP;
+        std::fill(g + K, g + KP, 0.f);
+        for (int k = 0; k < K; ++k) {
+          const size_t nk = size_t(n) * K + k;
+          if (logits_grad) {
+            g[k] = static_cast<float>(loss_scale * logits_grad[nk]);
+          } else {
+            const double target = (k == labels[n] ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
+            g[k] = static_cast<float>(loss_scale * (probs[nk] - target) / batch);
+          }
         }
       }
+    });
     ln.grad_written = true;
     ln.grad_max = -1.f;
     ln.grad_planes = nullptr;

@@ -19,28 +19,32 @@ class Flatten final : public Layer {
     in_ = in[0];
     out_ = out;
   }
+  // Each 16-channel block of an image is a run of its NCHW row: the layout kernels copy it bit
+  // for bit (to_blocked zeroes the padding lanes).
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    const auto from_blocked = ctx.kernels().from_blocked.fn;
+    const size_t hw = size_t(in_.h) * in_.w, row_len = size_t(channel_blocks(out_.c)) * 16;
     ctx.parallel_for(in_.n, [&](int64_t b, int64_t e) {
       for (int64_t n = b; n < e; ++n) {
-        float* row = y + size_t(n) * channel_blocks(out_.c) * 16;
-        std::fill(row, row + channel_blocks(out_.c) * 16, 0.f);
-        for (int c = 0; c < in_.c; ++c)
-          for (int h = 0; h < in_.h; ++h)
-            for (int w = 0; w < in_.w; ++w) row[(size_t(c) * in_.h + h) * in_.w + w] = x[0][bidx(in_, int(n), c, h, w)];
+        float* row = y + size_t(n) * row_len;
+        for (int blk = 0; blk < cb_of(in_); ++blk)
+          from_blocked(x[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_), std::min(16, in_.c - 16 * blk),
+                       row + size_t(blk) * 16 * hw, hw, hw);
+        std::fill(row + size_t(in_.c) * hw, row + row_len, 0.f);
       }
     });
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     if (!dx[0]) return;
+    const auto to_blocked = ctx.kernels().to_blocked.fn;
+    const size_t hw = size_t(in_.h) * in_.w, row_len = size_t(channel_blocks(out_.c)) * 16;
     ctx.parallel_for(in_.n, [&](int64_t b, int64_t e) {
       for (int64_t n = b; n < e; ++n) {
-        const float* row = dy + size_t(n) * channel_blocks(out_.c) * 16;
-        float* d = dx[0] + size_t(n) * cb_of(in_) * plane(in_);
-        std::fill(d, d + cb_of(in_) * plane(in_), 0.f);
-        for (int c = 0; c < in_.c; ++c)
-          for (int h = 0; h < in_.h; ++h)
-            for (int w = 0; w < in_.w; ++w) dx[0][bidx(in_, int(n), c, h, w)] = row[(size_t(c) * in_.h + h) * in_.w + w];
+        const float* row = dy + size_t(n) * row_len;
+        for (int blk = 0; blk < cb_of(in_); ++blk)
+          to_blocked(row + size_t(blk) * 16 * hw, hw, std::min(16, in_.c - 16 * blk),
+                     dx[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_), hw);
       }
     });
   }
