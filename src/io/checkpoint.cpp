@@ -89,6 +89,7 @@ void checkpoint_bytes(const Checkpoint& ck, const std::function<void(const void*
   }
   uLong crc = crc32_z(0L, nullptr, 0);
   auto out = [&](const void* p, size_t n) {
+    if (n == 0) return;  // an empty tensor's data() may be null, and crc32_z(crc, null, 0) restarts at 0
     crc = crc32_z(crc, static_cast<const Bytef*>(p), n);
     sink(p, n);
   };
@@ -106,8 +107,8 @@ void checkpoint_bytes(const Checkpoint& ck, const std::function<void(const void*
   for (size_t i = 0; i < meta.size(); ++i) meta_f[i] = float(static_cast<unsigned char>(meta[i]));
   record("meta", meta_f.data(), meta_f.size());
   for (const auto& [name, v] : ck.tensors) record(name, v.data(), v.size());
-  const uint32_t crc32 = uint32_t(crc);
-  sink(&crc32, 4);
+  const uint32_t crc_bytes = uint32_t(crc);
+  sink(&crc_bytes, 4);
 }
 
 std::string checkpoint_bytes(const Checkpoint& ck) {

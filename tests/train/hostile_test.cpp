@@ -333,6 +333,26 @@ TEST(Hostile, FailedCheckpointWriteLeavesNoTemporaryFile) {
   EXPECT_EQ(slurp(path), good);
 }
 
+// The file is written as its records are made (small pieces gathered, a tensor over the 1 MiB
+// chunk written directly) and holds exactly checkpoint_bytes(): the same records and CRC.
+TEST(Hostile, StreamedCheckpointHoldsItsBytes) {
+  TempDir dir;
+  Checkpoint ck;
+  ck.meta["epochs_done"] = "3";
+  ck.tensors["a.small"] = {1.f, -2.f, 3.5f};
+  ck.tensors["b.large"] = std::vector<float>(300000, 0.25f);  // 1.2 MB: past the chunk
+  ck.tensors["b.large"][123456] = -7.f;
+  ck.tensors["c.medium"] = std::vector<float>(200000, -1.f);  // 0.8 MB: gathered, then flushed
+  ck.tensors["d.empty"] = {};
+  const std::string path = dir.file("checkpoint.dfp");
+  write_checkpoint(path, ck);
+  const std::string bytes = slurp(path);
+  EXPECT_EQ(bytes, checkpoint_bytes(ck));
+  const Checkpoint back = parse_checkpoint(bytes, path);
+  EXPECT_EQ(back.tensors, ck.tensors);
+  EXPECT_EQ(back.meta.at("epochs_done"), "3");
+}
+
 // Temporary files of writers killed before their rename go when a run takes the directory; two
 // writers never share a temporary name.
 TEST(Hostile, LeftoverTemporaryFilesGoWhenARunTakesTheDirectory) {
