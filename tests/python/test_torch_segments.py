@@ -49,6 +49,17 @@ class Sigmoid(nn.Module):
         return torch.sigmoid(x)
 
 
+class Branch(nn.Module):
+    """Control flow on a tensor's value: torch.fx cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(32, 32, 1)
+
+    def forward(self, x):
+        return self.conv(x) if x.sum() > 0 else x
+
+
 def test_blocks_run_whole_in_dfp_as_torch_does_in_fp32(ctx):
     x = torch.randn(8, 3, 12, 12)
     ref, m = Net(), Net()
@@ -131,6 +142,16 @@ def test_blocks_dfp_cannot_run_whole_stay_layer_by_layer(ctx):
     y = m(x)
     y.sum().backward()
     assert torch.isfinite(m.mid[0].weight.grad).all()
+    # A block torch.fx cannot trace: its layers convert one by one.
+    m = Net(mid=nn.Sequential(Branch()))
+    names = dt.convert(m, "int16", ctx=ctx, example_input=x)
+    assert "mid.0.conv" in names and isinstance(m.mid[0].conv, dt.Conv2d)
+    # A block that takes the images (VGG's features) is planned without the input gradient.
+    v = nn.Sequential(nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2)),
+                      nn.Flatten(), nn.Linear(16 * 6 * 6, 10))
+    assert dt.convert(v, "int16", ctx=ctx, example_input=x) == ["0", "2"]
+    F.cross_entropy(v(x), torch.arange(4)).backward()
+    assert list(v[0]._dfp_plans) == [(4, False)] and torch.isfinite(v[0][0].weight.grad).all()
     # Bad inputs name what was expected.
     with pytest.raises(ValueError, match=r"example_input of shape \(3, 12, 12\)"):
         dt.convert(Net(), "int16", ctx=ctx, example_input=x[0])

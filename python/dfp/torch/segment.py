@@ -10,7 +10,7 @@ convolution and runs those layers in torch. Each block is one dfp Model planned 
 import torch
 import torch.nn as nn
 
-from .compile import UnsupportedError, _build
+from .compile import _build
 from .layers import _policy_fields, make_policy
 
 # Models kept per block: the training batch and, with drop_last=False, the last partial batch.
@@ -89,7 +89,7 @@ class Segment(nn.Module):
         if x.device.type != "cpu":
             raise RuntimeError(f"dfp.torch segment '{self._dfp_name}': dfp runs on the CPU; got input on {x.device}")
         if self.training:
-            c = self.plan(x.shape[0], torch.is_grad_enabled() and x.requires_grad)
+            c = self.plan(x.shape[0], x.requires_grad)
             m = c.dfp_model
             sample = self._dfp_sample_next or (self.numerics_interval > 0 and
                                                getattr(c, "_steps", 0) % self.numerics_interval == 0)
@@ -97,7 +97,7 @@ class Segment(nn.Module):
             self._dfp_sample_next = False
             c._steps = getattr(c, "_steps", 0) + 1
         else:
-            c = next(iter(self._dfp_plans.values()), None) or self.plan(x.shape[0], False)
+            c = next(iter(self._dfp_plans.values()), None) or self.plan(max(1, x.shape[0]), False)
         c.training = self.training
         y = c(x)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
@@ -128,13 +128,15 @@ def find_blocks(model, example, policy, ctx, keep_fp32, matches):
     module (not the model itself) with children of its own and a Conv2d among them, called once
     in a forward of `example` (run in eval mode without gradients) with one (N, C, H, W) tensor and
     returning one, whose modules keep_fp32 does not name, and whose graph dfp maps. A block that
-    fails is searched for smaller blocks inside it."""
+    fails (a node dfp has no layer for, control flow torch.fx cannot trace) is searched for
+    smaller blocks inside it."""
     seen = {}
 
     def hook(mod, inputs, output):
         ok = (id(mod) not in seen and len(inputs) == 1 and torch.is_tensor(inputs[0]) and inputs[0].dim() == 4
               and torch.is_tensor(output) and output.dim() == 4)
-        seen[id(mod)] = tuple(inputs[0].shape[1:]) if ok else None
+        # The shape, and whether the input is the images (no input gradient in training then).
+        seen[id(mod)] = (tuple(inputs[0].shape[1:]), inputs[0] is example) if ok else None
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if m is not model]
     was_training = model.training
@@ -152,16 +154,16 @@ def find_blocks(model, example, policy, ctx, keep_fp32, matches):
     def visit(prefix, module):
         for cname, child in module.named_children():
             full = prefix + cname
-            shape = seen.get(id(child))
+            info = seen.get(id(child))
             names = [full] + [full + "." + n for n, _ in child.named_modules() if n]
-            if (shape is not None and any(True for _ in child.children()) and
+            if (info is not None and any(True for _ in child.children()) and
                     any(type(m) is nn.Conv2d for m in child.modules()) and
                     not any(matches(n, keep_fp32) for n in names) and
                     all(p.device.type == "cpu" for p in child.parameters())):
-                seg = Segment(child, full, shape, policy, ctx)
+                seg = Segment(child, full, info[0], policy, ctx)
                 try:
-                    seg.plan(example.shape[0], True)
-                except UnsupportedError:
+                    seg.plan(example.shape[0], not info[1])
+                except Exception:  # noqa: BLE001 - nodes dfp has no layer for, or a forward fx cannot trace
                     seg = None
                 if seg is not None:
                     chosen[id(child)] = (full, seg)
