@@ -53,6 +53,10 @@ inline size_t blocked_size(int n, int c, int h, int w) noexcept {
 }
 void to_blocked(const float* nchw, float* blocked, int n, int c, int h, int w);
 void from_blocked(const float* blocked, float* nchw, int n, int c, int h, int w);
+// The same on the context's threads and vector kernels (the same bits): for tensors of megabytes,
+// such as the feature maps a model hands to its caller.
+void to_blocked(const Context& ctx, const float* nchw, float* blocked, int n, int c, int h, int w);
+void from_blocked(const Context& ctx, const float* blocked, float* nchw, int n, int c, int h, int w);
 
 // ---- INT16 ---------------------------------------------------------------------------------
 

@@ -396,11 +396,12 @@ int image_count(const Model& m, const FloatArray& images, const char* what) {
   return int(images.shape(0));
 }
 
-// The NCHW images in dfp's blocked layout (to run without the GIL).
-std::vector<float> blocked_images(const Model& m, const float* nchw, int count) {
+// The NCHW images in dfp's blocked layout (to run without the GIL), on the model's threads (a
+// dfp.torch segment's input is a feature map of megabytes). Every element is written: no zeroing.
+std::unique_ptr<float[]> blocked_images(const Model& m, const float* nchw, int count) {
   const TensorShape in = m.shape(0);
-  std::vector<float> blocked(blocked_size(count, in.c, in.h, in.w));
-  to_blocked(nchw, blocked.data(), count, in.c, in.h, in.w);
+  std::unique_ptr<float[]> blocked(new float[blocked_size(count, in.c, in.h, in.w)]);
+  to_blocked(m.context(), nchw, blocked.get(), count, in.c, in.h, in.w);
   return blocked;
 }
 
@@ -440,7 +441,7 @@ StepResult forward(Model& m, const FloatArray& images, const py::object& labels,
   const std::vector<int32_t> y = class_labels(m, labels, count, "Model.forward");
   const float* x = images.data();
   py::gil_scoped_release unlocked;
-  return m.forward(blocked_images(m, x, count).data(), y.data(), count, train);
+  return m.forward(blocked_images(m, x, count).get(), y.data(), count, train);
 }
 
 py::array_t<float> logits(Model& m, const FloatArray& images, bool train, const char* what) {
@@ -451,7 +452,7 @@ py::array_t<float> logits(Model& m, const FloatArray& images, bool train, const 
   float* z = out.mutable_data();
   {
     py::gil_scoped_release unlocked;
-    m.logits(blocked_images(m, x, count).data(), count, train, z);
+    m.logits(blocked_images(m, x, count).get(), count, train, z);
   }
   return out;
 }

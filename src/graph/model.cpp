@@ -830,7 +830,7 @@ void Model::input_grad(float* out) const {
   DFP_CHECK(m.have_input_grad, Status::invalid_argument,
             "model '" + m.name + "': input_grad() needs a backward pass first (and no forward since)");
   const TensorShape& s = m.nodes[0].shape;
-  from_blocked(m.nodes[0].grad, out, s.n, s.c, s.h, s.w);
+  from_blocked(m.ctx, m.nodes[0].grad, out, s.n, s.c, s.h, s.w);
   const double scale = m.nodes[0].grad_scale;  // the loss scale the gradient carries
   if (scale != 1)
     for (size_t i = 0, e = size_t(s.n) * s.c * s.h * s.w; i < e; ++i) out[i] = static_cast<float>(out[i] / scale);

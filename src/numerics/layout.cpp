@@ -3,8 +3,10 @@
 #include <cstring>
 #include <string>
 
+#include "dfp/context.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
 
 namespace dfp {
 
@@ -55,6 +57,34 @@ void from_blocked(const float* blocked, float* nchw, int n, int c, int h, int w)
       float* dst = nchw + (size_t(in) * c + ch) * hw;
       for (size_t p = 0; p < hw; ++p) dst[p] = src[p * kChannelBlock];
     }
+}
+
+// One (image, 16-channel block) plane per task item: the layout kernels copy its lanes bit for bit
+// (to_blocked zeroes the padding lanes).
+void to_blocked(const Context& ctx, const float* nchw, float* blocked, int n, int c, int h, int w) {
+  const int cb = channel_blocks(c);
+  const size_t hw = size_t(h) * w;
+  const auto kernel = ctx.kernels().to_blocked.fn;
+  ctx.parallel_for(int64_t(n) * cb, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int in = static_cast<int>(t / cb), b = static_cast<int>(t % cb);
+      kernel(nchw + (size_t(in) * c + size_t(b) * kChannelBlock) * hw, hw, std::min(kChannelBlock, c - b * kChannelBlock),
+             blocked + size_t(t) * hw * kChannelBlock, hw);
+    }
+  });
+}
+
+void from_blocked(const Context& ctx, const float* blocked, float* nchw, int n, int c, int h, int w) {
+  const int cb = channel_blocks(c);
+  const size_t hw = size_t(h) * w;
+  const auto kernel = ctx.kernels().from_blocked.fn;
+  ctx.parallel_for(int64_t(n) * cb, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int in = static_cast<int>(t / cb), b = static_cast<int>(t % cb);
+      kernel(blocked + size_t(t) * hw * kChannelBlock, std::min(kChannelBlock, c - b * kChannelBlock),
+             nchw + (size_t(in) * c + size_t(b) * kChannelBlock) * hw, hw, hw);
+    }
+  });
 }
 
 }  // namespace dfp

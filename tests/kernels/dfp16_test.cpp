@@ -649,6 +649,28 @@ TEST_P(Dfp16Isa, LayoutTransposesBitIdenticalToReference) {
     }
 }
 
+// The whole-tensor conversions on a context (its threads, this level's kernels) give the serial
+// ones' bits: padding lanes zero, NaN and -0 kept, channel counts around the 16-lane block.
+TEST_P(Dfp16Isa, WholeTensorLayoutOnAContextMatchesTheSerialOne) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 2, .isa = GetParam()});
+  for (int ch : {1, 3, 16, 21, 40}) {
+    const int n = 3, h = 5, w = 7;
+    std::vector<float> x = test::random_vec(size_t(n) * ch * h * w, 40 + ch, -2.f, 2.f);
+    x[1] = -0.f;
+    x[x.size() - 2] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> b0(blocked_size(n, ch, h, w), 9.f), b1 = b0;
+    to_blocked(x.data(), b0.data(), n, ch, h, w);
+    to_blocked(c, x.data(), b1.data(), n, ch, h, w);
+    ASSERT_EQ(0, std::memcmp(b0.data(), b1.data(), b0.size() * sizeof(float))) << ch;
+    std::vector<float> y0(x.size(), 4.f), y1 = y0;
+    from_blocked(b0.data(), y0.data(), n, ch, h, w);
+    from_blocked(c, b0.data(), y1.data(), n, ch, h, w);
+    ASSERT_EQ(0, std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float))) << ch;
+    ASSERT_EQ(0, std::memcmp(y0.data(), x.data(), x.size() * sizeof(float))) << ch;
+  }
+}
+
 // The BatchNorm kernels match their scalar twins bit for bit (no fused multiply-add on either
 // side), sums continuing from non-zero lanes, the max ignoring NaN.
 TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
