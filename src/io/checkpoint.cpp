@@ -131,7 +131,14 @@ void write_file_atomically(const std::string& path, const FileFill& fill, const 
             what + " '" + tmp + "': cannot create the temporary file: " + std::strerror(errno));
   // The data reaches the disk before the rename, and the rename before we return: after a power
   // loss the path holds the old file or the new one, never a renamed empty file.
-  std::string failed = fill([&](const void* p, size_t n) { return write_all(fd, {static_cast<const char*>(p), n}); });
+  std::string failed;
+  try {
+    failed = fill([&](const void* p, size_t n) { return write_all(fd, {static_cast<const char*>(p), n}); });
+  } catch (...) {  // what fill refused (a checkpoint's bad meta field): no temporary file stays
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
   if (failed.empty() && ::fsync(fd) != 0) failed = std::string("fsync failed: ") + std::strerror(errno);
   if (::close(fd) != 0 && failed.empty()) failed = std::string("close failed: ") + std::strerror(errno);
   if (failed.empty() && ::rename(tmp.c_str(), path.c_str()) != 0)  // atomic on POSIX

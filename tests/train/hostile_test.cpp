@@ -351,6 +351,12 @@ TEST(Hostile, StreamedCheckpointHoldsItsBytes) {
   const Checkpoint back = parse_checkpoint(bytes, path);
   EXPECT_EQ(back.tensors, ck.tensors);
   EXPECT_EQ(back.meta.at("epochs_done"), "3");
+  // A meta field the format cannot hold is refused before anything replaces the file, and no
+  // temporary file stays.
+  ck.meta["note"] = "two\nlines";
+  test::expect_error([&] { write_checkpoint(path, ck); }, Status::invalid_argument, {"meta field 'note'"});
+  EXPECT_TRUE(temporaries(dir.str()).empty());
+  EXPECT_EQ(slurp(path), bytes);
 }
 
 // Temporary files of writers killed before their rename go when a run takes the directory; two
