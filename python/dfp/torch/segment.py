@@ -35,6 +35,7 @@ class Segment(nn.Module):
         self._dfp_plans = {}  # (batch, input_grad) -> CompiledModule
         self.numerics_interval = 0
         self._dfp_sample_next = False
+        self._dfp_steps = 0  # training forwards, for numerics_interval
 
     # ---- pickling and copying: the dfp Models are planned again on first use
     def __getstate__(self):
@@ -90,12 +91,12 @@ class Segment(nn.Module):
             raise RuntimeError(f"dfp.torch segment '{self._dfp_name}': dfp runs on the CPU; got input on {x.device}")
         if self.training:
             c = self.plan(x.shape[0], x.requires_grad)
-            m = c.dfp_model
+            # Numerics sampled on this segment's training steps, whichever plan runs them.
             sample = self._dfp_sample_next or (self.numerics_interval > 0 and
-                                               getattr(c, "_steps", 0) % self.numerics_interval == 0)
-            m.set_numerics_interval(1 if sample else 0)
+                                               self._dfp_steps % self.numerics_interval == 0)
+            c.dfp_model.set_numerics_interval(1 if sample else 0)
             self._dfp_sample_next = False
-            c._steps = getattr(c, "_steps", 0) + 1
+            self._dfp_steps += 1
         else:
             c = next(iter(self._dfp_plans.values()), None) or self.plan(max(1, x.shape[0]), False)
         c.training = self.training
@@ -124,7 +125,7 @@ class Segment(nn.Module):
 
 
 def find_blocks(model, example, policy, ctx, keep_fp32, matches):
-    """{id(module): Segment} for the largest blocks of `model` that dfp runs whole: a child
+    """{id(module): (name, Segment)} for the largest blocks of `model` that dfp runs whole: a child
     module (not the model itself) with children of its own and a Conv2d among them, called once
     in a forward of `example` (run in eval mode without gradients) with one (N, C, H, W) tensor and
     returning one, whose modules keep_fp32 does not name, and whose graph dfp maps. A block that
