@@ -88,7 +88,7 @@ def main():
     for k in variants:
         print(f"  {k:9s} {med[k] * 1e3:9.1f} ms/step  {a.batch / med[k]:8.1f} img/s   "
               f"(rounds: {', '.join(f'{t * 1e3:.0f}' for t in times[k])} ms)")
-    print(f"  compiled / dfp   {med['dfp'] / med['compiled']:.3f}  (target >= 0.95)")
+    print(f"  compiled / dfp   {med['dfp'] / med['compiled']:.3f}  (target >= 0.97, issue 46)")
     print(f"  compiled / torch {med['torch'] / med['compiled']:.3f}  (target >= 1.8)")
     print(f"  weight copies into dfp: {compiled.weight_syncs} for "
           f"{2 + a.rounds * a.steps} steps (one per optimizer step)")
