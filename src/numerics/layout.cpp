@@ -59,31 +59,38 @@ void from_blocked(const float* blocked, float* nchw, int n, int c, int h, int w)
     }
 }
 
-// One (image, 16-channel block) plane per task item: the layout kernels copy its lanes bit for bit
-// (to_blocked zeroes the padding lanes).
-void to_blocked(const Context& ctx, const float* nchw, float* blocked, int n, int c, int h, int w) {
+namespace {
+
+// f(t, nchw_offset, lanes) for every (image, 16-channel block) plane t of an n x c tensor, one
+// plane per task item on the context's threads; the plane's channels start at nchw_offset
+// elements of the NCHW tensor, and blocked plane t at t * hw * 16.
+template <class F>
+void for_each_block_plane(const Context& ctx, int n, int c, size_t hw, F&& f) {
   const int cb = channel_blocks(c);
-  const size_t hw = size_t(h) * w;
-  const auto kernel = ctx.kernels().to_blocked.fn;
   ctx.parallel_for(int64_t(n) * cb, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int in = static_cast<int>(t / cb), b = static_cast<int>(t % cb);
-      kernel(nchw + (size_t(in) * c + size_t(b) * kChannelBlock) * hw, hw, std::min(kChannelBlock, c - b * kChannelBlock),
-             blocked + size_t(t) * hw * kChannelBlock, hw);
+      f(size_t(t), (size_t(in) * c + size_t(b) * kChannelBlock) * hw, std::min(kChannelBlock, c - b * kChannelBlock));
     }
   });
 }
 
+}  // namespace
+
+// The layout kernels copy each plane's lanes bit for bit (to_blocked zeroes the padding lanes).
+void to_blocked(const Context& ctx, const float* nchw, float* blocked, int n, int c, int h, int w) {
+  const size_t hw = size_t(h) * w;
+  const auto kernel = ctx.kernels().to_blocked.fn;
+  for_each_block_plane(ctx, n, c, hw, [&](size_t t, size_t offset, int lanes) {
+    kernel(nchw + offset, hw, lanes, blocked + t * hw * kChannelBlock, hw);
+  });
+}
+
 void from_blocked(const Context& ctx, const float* blocked, float* nchw, int n, int c, int h, int w) {
-  const int cb = channel_blocks(c);
   const size_t hw = size_t(h) * w;
   const auto kernel = ctx.kernels().from_blocked.fn;
-  ctx.parallel_for(int64_t(n) * cb, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int in = static_cast<int>(t / cb), b = static_cast<int>(t % cb);
-      kernel(blocked + size_t(t) * hw * kChannelBlock, std::min(kChannelBlock, c - b * kChannelBlock),
-             nchw + (size_t(in) * c + size_t(b) * kChannelBlock) * hw, hw, hw);
-    }
+  for_each_block_plane(ctx, n, c, hw, [&](size_t t, size_t offset, int lanes) {
+    kernel(blocked + t * hw * kChannelBlock, lanes, nchw + offset, hw, hw);
   });
 }
 
