@@ -1,6 +1,6 @@
 // The CUDA device's model runner: plans a host Model's graph onto a Backend (buffers, cuDNN
 // convolutions, parameter segments) once, then runs training steps and evaluations with the same
-// semantics as the CPU Model (every layer of src/layers/, the softmax cross-entropy of model.cpp,
+// semantics as the CPU Model (every layer of src/layers/, the softmax cross-entropy of model_step.cpp,
 // SGD of optim.cpp) and the LossScaler state machine on the host.
 //
 // A training step: stage the batch (laid out as NHWC on the host's threads into pinned memory,

@@ -1,10 +1,5 @@
 // The model graph: construction with shape inference, one-time planning of every buffer, and the
-// forward / loss / backward passes of a training step.
-//
-// Gradients at nodes read by several layers (residual branch points, Inception inputs) are sums:
-// backward runs in reverse construction order; the first consumer writes a node's gradient, later
-// ones write into that node's own accumulation buffer, which is then added in. Nodes with one
-// consumer need no extra buffer or pass.
+// public API over them. The training step's passes are in model_step.cpp.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,688 +19,328 @@
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
 #include "base/named_enum.hpp"
+#include "src/graph/model_impl.hpp"
 
 namespace dfp {
 
-struct Model::Impl {
-  struct NodeInfo {
-    std::unique_ptr<model::Layer> layer;  // null for the input
-    std::vector<int> inputs;
-    TensorShape shape;
-    LayerSpec spec;
-    int consumers = 0;
-    // Planned views of the arena (see plan_memory): the FP32 output, its gradient, and the
-    // second-consumer gradient of fan-out nodes. `elements` is the size of each.
-    float* act = nullptr;
-    float* grad = nullptr;
-    float* acc = nullptr;
-    size_t elements = 0;
-    bool grad_written = false;
-    size_t param_begin = 0, param_end = 0;  // this layer's entries in params
-    double grad_scale = 1;   // loss scale carried by this node's gradient
-    double adapt_scale = 1;  // the adaptive part of it (product of per-layer factors)
-    // max|act| and max|grad| when the layer that wrote them measured it (negative: unknown),
-    // handed to the next layer through StepInfo (fusion only).
-    float act_max = -1.f, grad_max = -1.f;
-    const float* act_planes = nullptr;  // the same per plane (MeasuresMaxima::output_plane_max), or null
-    const float* grad_planes = nullptr;
-    // Fusion: the node whose input this layer feeds as spans, computed from this layer's own
-    // input (see FeedsSpans, layer.hpp), or -1.
-    int feeds_spans_to = -1;
-    // The layer's optional interfaces that a step asks for (model::Layer::as), found when it is added.
-    model::MeasuresMaxima* maxima = nullptr;
-    model::ReducedPrecision* reduced = nullptr;
-    double fwd_seconds = 0, bwd_seconds = 0;  // profiling (set_profiling)
-    uint64_t fwd_steps = 0;
-  };
-  bool profiling = false;
-  double loss_fwd_seconds = 0, loss_bwd_seconds = 0;
-  using ProfileClock = std::chrono::steady_clock;
-  static double seconds_between(ProfileClock::time_point a, ProfileClock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
+Model::Node Model::Impl::add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname,
+                             LayerKind kind, LayerParams params) {
+  const std::string& text = layer_kind(kind).short_name;
+  DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': layers cannot be added after build()");
+  DFP_CHECK(!nodes.empty(), Status::invalid_argument, "model '" + name + "': call input() first");
+  for (int i : inputs)
+    DFP_CHECK(i >= 0 && i < int(nodes.size()), Status::invalid_argument,
+              "model '" + name + "': " + text + " layer refers to unknown node " + std::to_string(i));
+  if (lname.empty()) lname = text + std::to_string(nodes.size());
+  for (const NodeInfo& n : nodes)
+    DFP_CHECK(!n.layer || n.layer->name != lname, Status::invalid_argument,
+              "model '" + name + "': duplicate layer name '" + lname + "'");
+  layer->name = lname;
+  layer->kind = text;
+  std::vector<TensorShape> in;
+  for (int i : inputs) {
+    in.push_back(nodes[i].shape);
+    ++nodes[i].consumers;
   }
-  const Context& ctx;
-  std::string name;
-  std::vector<NodeInfo> nodes;
-  std::vector<int> counts;  // per kind, for default names
-  int loss_node = -1;
-  float label_smoothing = 0.f;
-  bool built = false;
-  int batch = 0;
-  PrecisionPolicy policy;  // as build() got it
-  std::vector<Parameter> params;
-  std::vector<int32_t> labels;
-  AlignedBuffer<float> probs;  // softmax of the logits, [batch][classes]
-  int last_count = 0;
-  uint64_t step = 0;
-  std::vector<const float*> xs;  // per-layer input pointers, reused every step (no allocation)
-  std::vector<float*> dxs;
-  double loss_scale = 1;
-  bool adaptive = false;
-  model::AdaptiveScaling adaptive_opts;
-  int numerics_interval = 0;
-  AlignedBuffer<float> arena;            // every node's act/grad/acc, placed by lifetime
-  AlignedBuffer<std::byte> workspace;    // shared transient scratch of the layers
-  MemoryPlan plan;
-  bool poison = false;
-  bool fusion = true;
-  bool have_training_forward = false;    // what backward() needs was saved by a training forward
-  bool have_labels = false;              // ... by a labelled one (the built-in loss can backpropagate)
-  bool input_grad = false;               // set_input_grad: the input node's gradient is planned and computed
-  bool have_input_grad = false;          // the last backward computed it, and no forward ran since
-  std::function<void(size_t, size_t)> gradient_hook;  // set_gradient_hook
-  std::function<void(double*, size_t)> statistics_sum;  // set_statistics_sum
-  int batch_offset = 0;                                 // set_batch_offset
+  NodeInfo n;
+  n.shape = layer->infer(in);
+  n.spec.kind = kind;
+  n.spec.name = lname;
+  n.spec.inputs = inputs;
+  n.spec.params = std::move(params);
+  n.layer = std::move(layer);
+  n.maxima = n.layer->as<model::MeasuresMaxima>();
+  n.reduced = n.layer->as<model::ReducedPrecision>();
+  n.inputs = std::move(inputs);
+  nodes.push_back(std::move(n));
+  return int(nodes.size()) - 1;
+}
 
-  bool sample_step() const { return numerics_interval > 0 && step % uint64_t(numerics_interval) == 0; }
+std::vector<TensorShape> Model::Impl::in_shapes(const NodeInfo& n) const {
+  std::vector<TensorShape> v;
+  for (int i : n.inputs) v.push_back(nodes[i].shape);
+  return v;
+}
 
-  Impl(const Context& c, std::string n) : ctx(c), name(std::move(n)) {}
-
-  Node add(std::unique_ptr<model::Layer> layer, std::vector<int> inputs, std::string lname, LayerKind kind,
-           LayerParams params) {
-    const std::string& text = layer_kind(kind).short_name;
-    DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': layers cannot be added after build()");
-    DFP_CHECK(!nodes.empty(), Status::invalid_argument, "model '" + name + "': call input() first");
-    for (int i : inputs)
-      DFP_CHECK(i >= 0 && i < int(nodes.size()), Status::invalid_argument,
-                "model '" + name + "': " + text + " layer refers to unknown node " + std::to_string(i));
-    if (lname.empty()) lname = text + std::to_string(nodes.size());
+void Model::Impl::build(int b, const PrecisionPolicy& policy) {
+  DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': build() called twice");
+  DFP_CHECK(b >= 1, Status::invalid_argument, "model '" + name + "': batch expected >= 1, got " + std::to_string(b));
+  DFP_CHECK(loss_node >= 0, Status::invalid_argument, "model '" + name + "': no loss; call softmax_cross_entropy()");
+  policy.validate("model '" + name + "'");
+  // An override that names no layer is a typo or a pattern for another model: refused, with
+  // the names it could have matched, rather than silently leaving the layer in the default.
+  for (const auto& [pattern, p] : policy.overrides) {
+    bool hit = false;
+    std::string names;
     for (const NodeInfo& n : nodes)
-      DFP_CHECK(!n.layer || n.layer->name != lname, Status::invalid_argument,
-                "model '" + name + "': duplicate layer name '" + lname + "'");
-    layer->name = lname;
-    layer->kind = text;
-    std::vector<TensorShape> in;
-    for (int i : inputs) {
-      in.push_back(nodes[i].shape);
-      ++nodes[i].consumers;
-    }
-    NodeInfo n;
-    n.shape = layer->infer(in);
-    n.spec.kind = kind;
-    n.spec.name = lname;
-    n.spec.inputs = inputs;
-    n.spec.params = std::move(params);
-    n.layer = std::move(layer);
-    n.maxima = n.layer->as<model::MeasuresMaxima>();
-    n.reduced = n.layer->as<model::ReducedPrecision>();
-    n.inputs = std::move(inputs);
-    nodes.push_back(std::move(n));
-    return int(nodes.size()) - 1;
-  }
-
-  std::vector<TensorShape> in_shapes(const NodeInfo& n) const {
-    std::vector<TensorShape> v;
-    for (int i : n.inputs) v.push_back(nodes[i].shape);
-    return v;
-  }
-
-  void build(int b, const PrecisionPolicy& policy) {
-    DFP_CHECK(!built, Status::invalid_argument, "model '" + name + "': build() called twice");
-    DFP_CHECK(b >= 1, Status::invalid_argument, "model '" + name + "': batch expected >= 1, got " + std::to_string(b));
-    DFP_CHECK(loss_node >= 0, Status::invalid_argument, "model '" + name + "': no loss; call softmax_cross_entropy()");
-    policy.validate("model '" + name + "'");
-    // An override that names no layer is a typo or a pattern for another model: refused, with
-    // the names it could have matched, rather than silently leaving the layer in the default.
-    for (const auto& [pattern, p] : policy.overrides) {
-      bool hit = false;
-      std::string names;
-      for (const NodeInfo& n : nodes)
-        if (n.layer) {
-          hit = hit || PrecisionPolicy::matches(pattern, n.layer->name);
-          if (names.size() < 240) names.append(names.empty() ? "" : ", ").append(n.layer->name);
-        }
-      DFP_CHECK(hit, Status::invalid_argument,
-                "model '" + name + "': precision override '" + pattern + "=" + precision_name(p) +
-                    "' matches no layer; layer names are " + names + (names.size() >= 240 ? ", ..." : ""));
-    }
-    batch = b;
-    this->policy = policy;
-    size_t max_inputs = 1;
-    for (const NodeInfo& n : nodes) max_inputs = std::max(max_inputs, n.inputs.size());
-    xs.reserve(max_inputs);
-    dxs.reserve(max_inputs);
-    std::mt19937_64 rng(ctx.seed() * 0x9e3779b97f4a7c15ULL + 12345);
-    for (NodeInfo& n : nodes) n.shape.n = b;
-    if (fusion)  // a ReLU that alone reads a layer's output can be applied by that layer
-      for (NodeInfo& n : nodes)
-        if (n.layer && n.spec.kind == LayerKind::relu) {
-          NodeInfo& producer = nodes[n.inputs[0]];
-          auto* absorbs = producer.layer ? producer.layer->as<model::AbsorbsRelu>() : nullptr;
-          if (producer.consumers == 1 && absorbs && absorbs->absorb_relu()) {
-            n.layer->as<model::PassesThrough>()->pass_through();
-            n.spec.fused = true;
-          }
-        }
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      NodeInfo& n = nodes[i];
-      n.elements = n.shape.blocked_elements();
       if (n.layer) {
-        n.layer->needs_input_grad.clear();
-        for (int j : n.inputs) n.layer->needs_input_grad.push_back(j != 0 || input_grad);
-        // Out of memory says which layer at which batch, whichever allocator ran out.
-        const auto out_of_memory = [&](const std::string& detail) {
-          fail(Status::out_of_memory, "model '" + name + "': out of memory building " + n.spec.kind_name() + " layer '" +
-                                          n.layer->name + "' (output " + std::to_string(b) + "x" +
-                                          std::to_string(n.shape.c) + "x" + std::to_string(n.shape.h) + "x" +
-                                          std::to_string(n.shape.w) + ", batch " + std::to_string(b) + "): " + detail +
-                                          "; a smaller batch needs less");
-        };
-        try {
-          n.layer->build(ctx, in_shapes(n), n.shape, policy.for_layer(n.layer->name), rng);
-        } catch (const std::bad_alloc&) {
-          out_of_memory("its weights, operators and buffers do not fit");
-        } catch (const Error& e) {
-          if (e.status() != Status::out_of_memory) throw;
-          out_of_memory(e.what());
+        hit = hit || PrecisionPolicy::matches(pattern, n.layer->name);
+        if (names.size() < 240) names.append(names.empty() ? "" : ", ").append(n.layer->name);
+      }
+    DFP_CHECK(hit, Status::invalid_argument,
+              "model '" + name + "': precision override '" + pattern + "=" + precision_name(p) +
+                  "' matches no layer; layer names are " + names + (names.size() >= 240 ? ", ..." : ""));
+  }
+  batch = b;
+  this->policy = policy;
+  size_t max_inputs = 1;
+  for (const NodeInfo& n : nodes) max_inputs = std::max(max_inputs, n.inputs.size());
+  xs.reserve(max_inputs);
+  dxs.reserve(max_inputs);
+  std::mt19937_64 rng(ctx.seed() * 0x9e3779b97f4a7c15ULL + 12345);
+  for (NodeInfo& n : nodes) n.shape.n = b;
+  if (fusion)  // a ReLU that alone reads a layer's output can be applied by that layer
+    for (NodeInfo& n : nodes)
+      if (n.layer && n.spec.kind == LayerKind::relu) {
+        NodeInfo& producer = nodes[n.inputs[0]];
+        auto* absorbs = producer.layer ? producer.layer->as<model::AbsorbsRelu>() : nullptr;
+        if (producer.consumers == 1 && absorbs && absorbs->absorb_relu()) {
+          n.layer->as<model::PassesThrough>()->pass_through();
+          n.spec.fused = true;
         }
-        n.param_begin = params.size();
-        n.layer->parameters(params);
-        n.param_end = params.size();
+      }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    NodeInfo& n = nodes[i];
+    n.elements = n.shape.blocked_elements();
+    if (n.layer) {
+      n.layer->needs_input_grad.clear();
+      for (int j : n.inputs) n.layer->needs_input_grad.push_back(j != 0 || input_grad);
+      // Out of memory says which layer at which batch, whichever allocator ran out.
+      const auto out_of_memory = [&](const std::string& detail) {
+        fail(Status::out_of_memory, "model '" + name + "': out of memory building " + n.spec.kind_name() + " layer '" +
+                                        n.layer->name + "' (output " + std::to_string(b) + "x" +
+                                        std::to_string(n.shape.c) + "x" + std::to_string(n.shape.h) + "x" +
+                                        std::to_string(n.shape.w) + ", batch " + std::to_string(b) + "): " + detail +
+                                        "; a smaller batch needs less");
+      };
+      try {
+        n.layer->build(ctx, in_shapes(n), n.shape, policy.for_layer(n.layer->name), rng);
+      } catch (const std::bad_alloc&) {
+        out_of_memory("its weights, operators and buffers do not fit");
+      } catch (const Error& e) {
+        if (e.status() != Status::out_of_memory) throw;
+        out_of_memory(e.what());
+      }
+      n.param_begin = params.size();
+      n.layer->parameters(params);
+      n.param_end = params.size();
+    }
+  }
+  if (fusion)  // a layer reading only what a BatchNorm (and its fused ReLU) writes takes it as spans
+    for (size_t c = 0; c < nodes.size(); ++c) {
+      NodeInfo& n = nodes[c];
+      for (size_t k = 0; n.layer && k < n.inputs.size(); ++k) {
+        int src = n.inputs[k];
+        const auto* takes = n.layer->as<model::TakesInputSpans>();
+        if (!takes || !takes->accepts_input_spans(k) || std::count(n.inputs.begin(), n.inputs.end(), src) != 1) continue;
+        if (nodes[src].spec.fused) {  // the ReLU node: its producer computes the values
+          if (nodes[src].consumers != 1) continue;
+          src = nodes[src].inputs[0];
+        }
+        NodeInfo& producer = nodes[src];
+        if (!producer.layer || producer.consumers != 1) continue;
+        auto* feeds = producer.layer->as<model::FeedsSpans>();
+        if (feeds && feeds->feed_spans_to(n.layer.get(), k)) {
+          n.spec.input_spans = true;
+          producer.feeds_spans_to = int(c);
+        }
       }
     }
-    if (fusion)  // a layer reading only what a BatchNorm (and its fused ReLU) writes takes it as spans
-      for (size_t c = 0; c < nodes.size(); ++c) {
-        NodeInfo& n = nodes[c];
-        for (size_t k = 0; n.layer && k < n.inputs.size(); ++k) {
-          int src = n.inputs[k];
-          const auto* takes = n.layer->as<model::TakesInputSpans>();
-          if (!takes || !takes->accepts_input_spans(k) || std::count(n.inputs.begin(), n.inputs.end(), src) != 1) continue;
-          if (nodes[src].spec.fused) {  // the ReLU node: its producer computes the values
-            if (nodes[src].consumers != 1) continue;
-            src = nodes[src].inputs[0];
-          }
-          NodeInfo& producer = nodes[src];
-          if (!producer.layer || producer.consumers != 1) continue;
-          auto* feeds = producer.layer->as<model::FeedsSpans>();
-          if (feeds && feeds->feed_spans_to(n.layer.get(), k)) {
-            n.spec.input_spans = true;
-            producer.feeds_spans_to = int(c);
-          }
-        }
-      }
-    for (size_t c = 1; c < nodes.size(); ++c)  // add(x, x): both parts of x's gradient need x's one spare buffer
-      for (size_t k = 1; k < nodes[c].inputs.size(); ++k) {
-        const int i = nodes[c].inputs[k];
-        if (i == 0 || std::find(nodes[c].inputs.begin(), nodes[c].inputs.begin() + k, i) == nodes[c].inputs.begin() + k)
-          continue;
-        DFP_CHECK(std::count(nodes[c].inputs.begin(), nodes[c].inputs.end(), i) == 2, Status::unsupported,
+  for (size_t c = 1; c < nodes.size(); ++c)  // add(x, x): both parts of x's gradient need x's one spare buffer
+    for (size_t k = 1; k < nodes[c].inputs.size(); ++k) {
+      const int i = nodes[c].inputs[k];
+      if (i == 0 || std::find(nodes[c].inputs.begin(), nodes[c].inputs.begin() + k, i) == nodes[c].inputs.begin() + k)
+        continue;
+      DFP_CHECK(std::count(nodes[c].inputs.begin(), nodes[c].inputs.end(), i) == 2, Status::unsupported,
+                "model '" + name + "': layer '" + nodes[c].spec.name + "' reads '" + nodes[i].spec.name +
+                    "' more than twice");
+      for (size_t r = c + 1; r < nodes.size(); ++r)
+        DFP_CHECK(std::find(nodes[r].inputs.begin(), nodes[r].inputs.end(), i) == nodes[r].inputs.end(),
+                  Status::unsupported,
                   "model '" + name + "': layer '" + nodes[c].spec.name + "' reads '" + nodes[i].spec.name +
-                      "' more than twice");
-        for (size_t r = c + 1; r < nodes.size(); ++r)
-          DFP_CHECK(std::find(nodes[r].inputs.begin(), nodes[r].inputs.end(), i) == nodes[r].inputs.end(),
-                    Status::unsupported,
-                    "model '" + name + "': layer '" + nodes[c].spec.name + "' reads '" + nodes[i].spec.name +
-                        "' twice, and the later layer '" + nodes[r].spec.name +
-                        "' reads it too; a layer that reads a tensor twice must be its last reader");
-      }
-    const TensorShape& ls = nodes[loss_node].shape;
-    labels.assign(b, 0);
-    probs = AlignedBuffer<float>(size_t(b) * ls.c);
-    plan_memory();
-    built = true;
-    weights_updated(nullptr);
-  }
+                      "' twice, and the later layer '" + nodes[r].spec.name +
+                      "' reads it too; a layer that reads a tensor twice must be its last reader");
+    }
+  const TensorShape& ls = nodes[loss_node].shape;
+  labels.assign(b, 0);
+  probs = AlignedBuffer<float>(size_t(b) * ls.c);
+  plan_memory();
+  built = true;
+  weights_updated(nullptr);
+}
 
-  // ---- memory plan ----------------------------------------------------------------------------
-  // One step on a time line: node i's forward at time i, the loss at N (= node count), node i's
-  // backward at 2N - i. Each buffer lives over a closed interval of it:
-  //   act i:  from its forward to the last forward that reads it, or to the backward of a layer
-  //           that reads it there (backward_reads_input/output), or to the loss for the logits;
-  //   grad i: from the backward of its last consumer (the first to write it) to its own backward;
-  //   acc i:  from the backward of its second-to-last consumer to that of its first.
-  // Buffers whose intervals intersect get disjoint bytes of one arena (graph::place); the rest
-  // share.
-  // A training step then allocates nothing, and in INT16, where the layers keep their own 16-bit
-  // copies, almost no FP32 activation outlives the forward pass.
-  using Lifetime = graph::Lifetime;
+// Whether `consumer` adds its part of input k's gradient to the gradient itself (the planner
+// then leaves the part's buffer out, and backward hands the layer the gradient): a layer that
+// accumulates, reading that input once, in a slot StepInfo::accumulate_dx can flag.
+bool Model::Impl::adds_own_part(const NodeInfo& consumer, size_t k) {
+  return k < 32 && consumer.layer->accumulates_input_grad(k) &&
+         std::count(consumer.inputs.begin(), consumer.inputs.end(), consumer.inputs[k]) == 1;
+}
 
-  // Whether `consumer` adds its part of input k's gradient to the gradient itself (the planner
-  // then leaves the part's buffer out, and backward hands the layer the gradient): a layer that
-  // accumulates, reading that input once, in a slot StepInfo::accumulate_dx can flag.
-  static bool adds_own_part(const NodeInfo& consumer, size_t k) {
-    return k < 32 && consumer.layer->accumulates_input_grad(k) &&
-           std::count(consumer.inputs.begin(), consumer.inputs.end(), consumer.inputs[k]) == 1;
-  }
-
-  void plan_memory() {
-    const int N = int(nodes.size());
-    std::vector<std::vector<std::pair<int, size_t>>> readers(nodes.size());  // (consumer, input slot)
-    for (int j = 1; j < N; ++j)
-      for (size_t k = 0; k < nodes[j].inputs.size(); ++k) readers[nodes[j].inputs[k]].push_back({j, k});
-    std::vector<Lifetime> lt;
-    std::vector<int> act_of(N, -1), grad_of(N, -1);  // index in lt
-    std::vector<int> last_consumer(N, -1);          // the first to write the node's gradient
-    auto bytes_of = [](size_t elements) { return (elements * sizeof(float) + 63) / 64 * 64; };
-    size_t naive = 0;
-    for (int i = 0; i < N; ++i) {
-      NodeInfo& n = nodes[i];
-      int end = i;
-      for (auto [j, k] : readers[i]) {
-        end = std::max(end, j);
-        if (nodes[j].layer->backward_reads_input(k)) end = std::max(end, 2 * N - j);
-        end = std::max(end, nodes[j].feeds_spans_to);  // the spans are computed from it then
-      }
-      if (i == loss_node) end = std::max(end, N);
-      if (n.layer && n.layer->backward_reads_output()) end = std::max(end, 2 * N - i);
-      act_of[i] = int(lt.size());
-      lt.push_back({bytes_of(n.elements), i, end, &n.act});
+void Model::Impl::plan_memory() {
+  const int N = int(nodes.size());
+  std::vector<std::vector<std::pair<int, size_t>>> readers(nodes.size());  // (consumer, input slot)
+  for (int j = 1; j < N; ++j)
+    for (size_t k = 0; k < nodes[j].inputs.size(); ++k) readers[nodes[j].inputs[k]].push_back({j, k});
+  std::vector<Lifetime> lt;
+  std::vector<int> act_of(N, -1), grad_of(N, -1);  // index in lt
+  std::vector<int> last_consumer(N, -1);          // the first to write the node's gradient
+  auto bytes_of = [](size_t elements) { return (elements * sizeof(float) + 63) / 64 * 64; };
+  size_t naive = 0;
+  for (int i = 0; i < N; ++i) {
+    NodeInfo& n = nodes[i];
+    int end = i;
+    for (auto [j, k] : readers[i]) {
+      end = std::max(end, j);
+      if (nodes[j].layer->backward_reads_input(k)) end = std::max(end, 2 * N - j);
+      end = std::max(end, nodes[j].feeds_spans_to);  // the spans are computed from it then
+    }
+    if (i == loss_node) end = std::max(end, N);
+    if (n.layer && n.layer->backward_reads_output()) end = std::max(end, 2 * N - i);
+    act_of[i] = int(lt.size());
+    lt.push_back({bytes_of(n.elements), i, end, &n.act});
+    naive += bytes_of(n.elements);
+    if (i == 0 && !input_grad) continue;
+    std::vector<int> cons;
+    for (auto [j, k] : readers[i]) cons.push_back(j);
+    std::sort(cons.rbegin(), cons.rend());  // backward order: the last consumer runs first
+    if (!cons.empty()) last_consumer[i] = cons[0];
+    if (cons.empty() && i != loss_node) continue;  // nothing ever writes its gradient
+    // The input's gradient (set_input_grad) lives to the end of the step (its "backward" at 2N),
+    // so it still holds the values when the caller reads it after backward().
+    const int first_write = i == loss_node ? N : 2 * N - cons[0];
+    grad_of[i] = int(lt.size());
+    lt.push_back({bytes_of(n.elements), first_write, 2 * N - i, &n.grad});
+    naive += bytes_of(n.elements);
+    // Consumers after the first write their part into acc, to be summed, unless each of them
+    // adds it to the gradient itself: always at one scale, so without adaptive loss scaling.
+    // (A consumer reading the node twice, add(x, x), writes a second part of its own.)
+    bool summed_in_place = !adaptive;
+    for (auto [j, k] : readers[i])
+      summed_in_place = summed_in_place && std::count(cons.begin(), cons.end(), j) == 1 &&
+                        (j == cons[0] || adds_own_part(nodes[j], k));
+    n.acc = nullptr;
+    if (n.consumers > 1 && !summed_in_place) {
+      lt.push_back({bytes_of(n.elements), 2 * N - cons[1], 2 * N - cons.back(), &n.acc});
       naive += bytes_of(n.elements);
-      if (i == 0 && !input_grad) continue;
-      std::vector<int> cons;
-      for (auto [j, k] : readers[i]) cons.push_back(j);
-      std::sort(cons.rbegin(), cons.rend());  // backward order: the last consumer runs first
-      if (!cons.empty()) last_consumer[i] = cons[0];
-      if (cons.empty() && i != loss_node) continue;  // nothing ever writes its gradient
-      // The input's gradient (set_input_grad) lives to the end of the step (its "backward" at 2N),
-      // so it still holds the values when the caller reads it after backward().
-      const int first_write = i == loss_node ? N : 2 * N - cons[0];
-      grad_of[i] = int(lt.size());
-      lt.push_back({bytes_of(n.elements), first_write, 2 * N - i, &n.grad});
-      naive += bytes_of(n.elements);
-      // Consumers after the first write their part into acc, to be summed, unless each of them
-      // adds it to the gradient itself: always at one scale, so without adaptive loss scaling.
-      // (A consumer reading the node twice, add(x, x), writes a second part of its own.)
-      bool summed_in_place = !adaptive;
-      for (auto [j, k] : readers[i])
-        summed_in_place = summed_in_place && std::count(cons.begin(), cons.end(), j) == 1 &&
-                          (j == cons[0] || adds_own_part(nodes[j], k));
-      n.acc = nullptr;
-      if (n.consumers > 1 && !summed_in_place) {
-        lt.push_back({bytes_of(n.elements), 2 * N - cons[1], 2 * N - cons.back(), &n.acc});
-        naive += bytes_of(n.elements);
-      }
     }
-    // In place: an element-wise layer may write its output over an input that nothing else reads
-    // (BN -> ReLU in INT16, where BN keeps its own DFP16 copy), and its input gradient over its
-    // output gradient when it is the first to write that input's gradient. Such pairs become one
-    // buffer living over the union of their lifetimes; it also saves the copy in Add's backward.
-    std::vector<int> group(lt.size());
-    for (size_t g = 0; g < group.size(); ++g) group[g] = int(g);
-    std::function<int(int)> root = [&](int a) { return group[a] == a ? a : group[a] = root(group[a]); };
-    auto unite = [&](int a, int b) { group[root(a)] = root(b); };
-    // A residual Add passes dy unchanged to every input, so all of them can read the Add's own
-    // gradient buffer and its backward copies nothing (what the copy costs: docs/design/memory.md).
-    // That holds while nothing writes the shared buffer before the last sharer
-    // has read it. Backward visits the inputs from the highest node index down, so:
-    //   - every input but the lowest: no other consumer (whose part would be summed into the
-    //     buffer), and its layer must not write its input gradient over the buffer (keep_grad);
-    //   - the lowest: its other consumers sum their parts into the buffer after they run, which
-    //     must be after the other inputs have read it (so they precede those inputs in the graph,
-    //     or are the next-lowest input's own layer, which reads the buffer before it is summed).
-    // An Add that is itself such an input (not the lowest) keeps its copy: its inputs would read
-    // the buffer too, so Adds are visited from the last one back.
-    // Adaptive loss scaling rescales a node's gradient in place before its backward, so it gets
-    // the copying plan (set_loss_scaling plans again when the mode changes).
-    std::vector<char> keep_grad(N, 0), shares(N, 0);
-    for (int n = N - 1; n >= 1 && !adaptive; --n) {
-      if (!nodes[n].layer->backward_passes_gradient() || grad_of[n] < 0 || keep_grad[n]) continue;
-      std::vector<int> ins = nodes[n].inputs;
-      std::sort(ins.rbegin(), ins.rend());
-      bool ok = ins.size() >= 2 && std::adjacent_find(ins.begin(), ins.end()) == ins.end();  // add(x, x): two parts
-      for (size_t k = 0; ok && k < ins.size(); ++k) {
-        const int i = ins[k];
-        ok = i != 0 && grad_of[i] >= 0 && last_consumer[i] == n && nodes[i].elements == nodes[n].elements;
-        if (k + 1 < ins.size()) {
-          ok = ok && nodes[i].consumers == 1;
-        } else {
-          for (auto [c, slot] : readers[i]) ok = ok && (c == n || c <= ins[k - 1]);
-        }
-      }
-      if (!ok) continue;
-      shares[n] = 1;
-      for (size_t k = 0; k < ins.size(); ++k) {
-        unite(grad_of[ins[k]], grad_of[n]);
-        if (k + 1 < ins.size()) keep_grad[ins[k]] = 1;
-      }
-    }
-    for (int n = 1; n < N; ++n) {
-      const model::Layer& layer = *nodes[n].layer;
-      bool fwd = false, bwd = keep_grad[n] || shares[n];
-      for (size_t k = 0; k < nodes[n].inputs.size(); ++k) {
-        const int i = nodes[n].inputs[k];
-        if (i == 0 || nodes[i].elements != nodes[n].elements) continue;
-        if (!fwd && layer.forward_in_place(k) && readers[i].size() == 1 && !layer.backward_reads_input(k) &&
-            !nodes[i].layer->backward_reads_output() && i != loss_node) {
-          unite(act_of[i], act_of[n]);
-          fwd = true;
-        }
-        const auto reads = std::count(nodes[n].inputs.begin(), nodes[n].inputs.end(), i);  // add(x, x): 2
-        if (!bwd && layer.backward_in_place(k) && grad_of[i] >= 0 && grad_of[n] >= 0 && last_consumer[i] == n &&
-            reads == 1) {
-          unite(grad_of[i], grad_of[n]);
-          bwd = true;
-        }
-      }
-    }
-    std::vector<Lifetime> merged;  // one per group
-    std::vector<int> merged_of(lt.size(), -1);
-    for (size_t g = 0; g < lt.size(); ++g) {
-      const int r = root(int(g));
-      if (merged_of[r] < 0) {
-        merged_of[r] = int(merged.size());
-        merged.push_back({0, lt[g].begin, lt[g].end, nullptr});
-      }
-      Lifetime& m = merged[merged_of[r]];
-      m.bytes = std::max(m.bytes, lt[g].bytes);
-      m.begin = std::min(m.begin, lt[g].begin);
-      m.end = std::max(m.end, lt[g].end);
-    }
-    const size_t total = graph::place(merged);
-    size_t ws = 0;
-    for (NodeInfo& n : nodes)
-      if (n.layer) ws = std::max(ws, n.layer->workspace_bytes());
-    try {
-      arena = AlignedBuffer<float>(total / sizeof(float));
-      workspace = AlignedBuffer<std::byte>((ws + 63) / 64 * 64);
-    } catch (const std::bad_alloc&) {
-      fail(Status::out_of_memory, "model '" + name + "': out of memory allocating the activations and gradients (" +
-                                      std::to_string(total >> 20) + " MiB planned for batch " + std::to_string(batch) +
-                                      ") and the layers' workspace (" + std::to_string(ws >> 20) +
-                                      " MiB); a smaller batch needs less");
-    }
-    for (size_t g = 0; g < lt.size(); ++g)
-      *lt[g].view = arena.data() + merged[merged_of[root(int(g))]].offset / sizeof(float);
-    for (NodeInfo& n : nodes)
-      if (n.layer && n.layer->workspace_bytes()) n.layer->use_workspace(workspace.data());
-    plan.arena_bytes = total;
-    plan.unshared_bytes = naive;
-    plan.workspace_bytes = workspace.size();
   }
-
-  // Testing aid (set_debug_poison): a buffer about to be written for the first time in its
-  // lifetime, and the workspace before every layer call, are filled with NaN, as fresh memory
-  // could hold anything. A layer reading what it did not write, or what the plan let another
-  // buffer reuse, then produces NaN.
-  void poison_fresh(float* p, size_t elements) const {
-    if (poison) std::fill(p, p + elements, std::numeric_limits<float>::quiet_NaN());
-  }
-  void poison_workspace() {
-    if (poison) std::fill(workspace.data(), workspace.data() + workspace.size(), std::byte{0xFF});
-  }
-
-  // max_abs: per parameter, or null (all measured by the layers); each layer gets its own.
-  void weights_updated(const float* max_abs) {
-    for (NodeInfo& n : nodes)
-      if (n.layer)
-        n.layer->weights_updated(step, max_abs ? std::span<const float>(max_abs + n.param_begin, n.param_end - n.param_begin)
-                                               : std::span<const float>());
-  }
-
-  // The layers' forward pass on `count` images; the loss node's act then holds the logits.
-  void run_layers(const float* images, int count, bool train) {
-    DFP_CHECK(built, Status::invalid_argument, "model '" + name + "': forward() before build()");
-    DFP_CHECK(count >= 1 && count <= batch, Status::invalid_argument,
-              "model '" + name + "': batch of " + std::to_string(count) + " images, planned for 1.." + std::to_string(batch));
-    DFP_CHECK(!train || count == batch, Status::invalid_argument,
-              "model '" + name + "': training batches must be full (" + std::to_string(batch) +
-                  " images; BatchNorm statistics would include padding), got " + std::to_string(count));
-    have_training_forward = false;
-    have_input_grad = false;
-    const TensorShape& is = nodes[0].shape;
-    const size_t per_image = is.blocked_elements() / size_t(batch);
-    const size_t given = per_image * count;  // the rest of the planned batch: zeros
-    // A NaN or Inf pixel is refused here, in every precision: a ReLU or a max pool would map it
-    // to a finite value, so the logits would look plausible where torch's are NaN.
-    std::atomic<size_t> first_bad{given};
-    model::for_chunks(ctx, per_image * batch, [&](size_t b, size_t e) {
-      if (b < given) {
-        const size_t end = std::min(e, given);
-        std::memcpy(nodes[0].act + b, images + b, (end - b) * sizeof(float));
-        bool bad = false;
-        for (size_t i = b; i < end; ++i) bad |= !(std::fabs(images[i]) <= std::numeric_limits<float>::max());
-        if (bad) {
-          size_t i = b;
-          while (std::fabs(images[i]) <= std::numeric_limits<float>::max()) ++i;
-          for (size_t seen = first_bad.load(); i < seen && !first_bad.compare_exchange_weak(seen, i);) {
-          }
-        }
-      }
-      if (e > given) std::memset(nodes[0].act + std::max(b, given), 0, (e - std::max(b, given)) * sizeof(float));
-    });
-    if (const size_t i = first_bad.load(); i < given)
-      fail(Status::numerical_error,
-           "model '" + name + "': input image " + std::to_string(i / per_image) + " of " + std::to_string(count) +
-               " holds a non-finite value (" + std::to_string(images[i]) + " at element " +
-               std::to_string(i % per_image) + " of the image); expected finite values");
-    model::StepInfo st{count, train, step, train && sample_step()};
-    if (train && statistics_sum) st.statistics_sum = &statistics_sum;
-    st.first_image = batch_offset;
-    const bool timed = profiling && train;  // evaluation passes are not profiled
-    st.timed = timed;
-    for (size_t i = 1; i < nodes.size(); ++i) {
-      NodeInfo& n = nodes[i];
-      xs.clear();
-      for (int j : n.inputs) xs.push_back(nodes[j].act);
-      if (std::find(xs.begin(), xs.end(), n.act) == xs.end()) poison_fresh(n.act, n.elements);  // not in place
-      // The workspace holds what a producer already quantized for this layer (input spans), and
-      // a fused ReLU node uses none.
-      const auto* takes = poison ? n.layer->as<model::TakesInputSpans>() : nullptr;  // a debug run only
-      if (poison && !(takes && takes->input_taken()) && !n.spec.fused) poison_workspace();
-      model::StepInfo sti = st;
-      if (fusion && n.inputs.size() == 1) {
-        sti.input_max_abs = nodes[n.inputs[0]].act_max;
-        sti.input_plane_max = nodes[n.inputs[0]].act_planes;
-      }
-      const auto t0 = timed ? ProfileClock::now() : ProfileClock::time_point{};
-      n.layer->forward(ctx, xs, n.act, sti);
-      n.act_max = fusion && n.maxima ? n.maxima->output_max_abs() : -1.f;
-      n.act_planes = fusion && n.maxima ? n.maxima->output_plane_max() : nullptr;
-      if (timed) {
-        n.fwd_seconds += seconds_between(t0, ProfileClock::now());
-        ++n.fwd_steps;
-      }
-    }
-    last_count = count;
-    have_training_forward = train;
-    have_labels = false;
-  }
-
-  StepResult forward(const float* images, const int32_t* lab, int count, bool train) {
-    run_layers(images, count, train);
-    const bool timed = profiling && train;
-    const auto loss_t0 = timed ? ProfileClock::now() : ProfileClock::time_point{};
-    // Softmax cross-entropy in double, per image.
-    const TensorShape& ls = nodes[loss_node].shape;
-    const int K = ls.c, KP = channel_blocks(K) * 16;
-    const float* logits = nodes[loss_node].act;
-    StepResult r;
-    r.count = count;
-    double loss = 0;
-    for (int n = 0; n < count; ++n) {
-      const int y = lab[n];
-      DFP_CHECK(y >= 0 && y < K, Status::invalid_argument,
-                "model '" + name + "': label " + std::to_string(y) + " of image " + std::to_string(n) +
-                    " outside [0, " + std::to_string(K) + ")");
-      labels[n] = y;
-      const float* z = logits + size_t(n) * KP;
-      DFP_CHECK(std::isfinite(z[0]), Status::numerical_error,
-                "model '" + name + "': non-finite logits for image " + std::to_string(n) + " (training diverged)");
-      const float zmax = *std::max_element(z, z + K);
-      double sum = 0;
-      for (int k = 0; k < K; ++k) sum += std::exp(double(z[k]) - zmax);
-      const double lse = zmax + std::log(sum);
-      double l = 0;
-      for (int k = 0; k < K; ++k) {
-        const double logp = z[k] - lse;
-        probs[size_t(n) * K + k] = static_cast<float>(std::exp(logp));
-        const double target = (k == y ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
-        l -= target * logp;
-      }
-      loss += l;
-      int rank = 0;  // how many logits beat the label's
-      for (int k = 0; k < K; ++k) rank += (z[k] > z[y]) || (z[k] == z[y] && k < y);
-      r.correct1 += rank < 1;
-      r.correct5 += rank < 5;
-    }
-    r.loss = loss / count;
-    if (timed) loss_fwd_seconds += seconds_between(loss_t0, ProfileClock::now());
-    have_labels = train;
-    return r;
-  }
-
-  // The logits of the last forward pass as plain [count][classes].
-  void copy_logits(float* out) const {
-    const int K = nodes[loss_node].shape.c, KP = channel_blocks(K) * 16;
-    ctx.parallel_for(last_count, [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n)
-        std::memcpy(out + size_t(n) * K, nodes[loss_node].act + size_t(n) * KP, size_t(K) * sizeof(float));
-    });
-  }
-
-  // Parallel y = y * a + x * b over n floats (b == 0: x unused). With a = b = 1, the usual sum of
-  // two consumers' gradients, it is the add kernel: multiplying by 1 is exact, so the bits agree.
-  void scale_add(float* y, float a, const float* x, float b, size_t n) const {
-    const auto add = ctx.kernels().add.fn;
-    model::for_chunks(ctx, n, [&](size_t lo, size_t e) {
-      if (x && a == 1.f && b == 1.f) {
-        add(y + lo, x + lo, y + lo, e - lo);
-      } else if (x) {
-        for (size_t q = lo; q < e; ++q) y[q] = y[q] * a + x[q] * b;
+  // In place: an element-wise layer may write its output over an input that nothing else reads
+  // (BN -> ReLU in INT16, where BN keeps its own DFP16 copy), and its input gradient over its
+  // output gradient when it is the first to write that input's gradient. Such pairs become one
+  // buffer living over the union of their lifetimes; it also saves the copy in Add's backward.
+  std::vector<int> group(lt.size());
+  for (size_t g = 0; g < group.size(); ++g) group[g] = int(g);
+  std::function<int(int)> root = [&](int a) { return group[a] == a ? a : group[a] = root(group[a]); };
+  auto unite = [&](int a, int b) { group[root(a)] = root(b); };
+  // A residual Add passes dy unchanged to every input, so all of them can read the Add's own
+  // gradient buffer and its backward copies nothing (what the copy costs: docs/design/memory.md).
+  // That holds while nothing writes the shared buffer before the last sharer
+  // has read it. Backward visits the inputs from the highest node index down, so:
+  //   - every input but the lowest: no other consumer (whose part would be summed into the
+  //     buffer), and its layer must not write its input gradient over the buffer (keep_grad);
+  //   - the lowest: its other consumers sum their parts into the buffer after they run, which
+  //     must be after the other inputs have read it (so they precede those inputs in the graph,
+  //     or are the next-lowest input's own layer, which reads the buffer before it is summed).
+  // An Add that is itself such an input (not the lowest) keeps its copy: its inputs would read
+  // the buffer too, so Adds are visited from the last one back.
+  // Adaptive loss scaling rescales a node's gradient in place before its backward, so it gets
+  // the copying plan (set_loss_scaling plans again when the mode changes).
+  std::vector<char> keep_grad(N, 0), shares(N, 0);
+  for (int n = N - 1; n >= 1 && !adaptive; --n) {
+    if (!nodes[n].layer->backward_passes_gradient() || grad_of[n] < 0 || keep_grad[n]) continue;
+    std::vector<int> ins = nodes[n].inputs;
+    std::sort(ins.rbegin(), ins.rend());
+    bool ok = ins.size() >= 2 && std::adjacent_find(ins.begin(), ins.end()) == ins.end();  // add(x, x): two parts
+    for (size_t k = 0; ok && k < ins.size(); ++k) {
+      const int i = ins[k];
+      ok = i != 0 && grad_of[i] >= 0 && last_consumer[i] == n && nodes[i].elements == nodes[n].elements;
+      if (k + 1 < ins.size()) {
+        ok = ok && nodes[i].consumers == 1;
       } else {
-        for (size_t q = lo; q < e; ++q) y[q] *= a;
+        for (auto [c, slot] : readers[i]) ok = ok && (c == n || c <= ins[k - 1]);
       }
-    });
-  }
-
-  // Divides a layer's parameter gradients by the scale its output gradient carried; returns
-  // whether all of them are finite (x * 0 is NaN exactly for NaN and inf, and NaN poisons the sum).
-  bool unscale_params(const NodeInfo& n) {
-    bool finite = true;
-    const float inv = static_cast<float>(1.0 / n.grad_scale);
-    for (size_t p = n.param_begin; p < n.param_end; ++p) {
-      float* g = params[p].grad;
-      float poison = 0.f;
-      if (inv != 1.f) {
-        for (size_t q = 0; q < params[p].size; ++q) { g[q] *= inv; poison += g[q] * 0.f; }
-      } else {
-        for (size_t q = 0; q < params[p].size; ++q) poison += g[q] * 0.f;
-      }
-      finite &= poison == 0.f;
     }
-    return finite;
-  }
-
-  // logits_grad: the caller's d(loss)/d(logits), [batch][classes]; null: the built-in loss's.
-  bool backward(const float* logits_grad) {
-    DFP_CHECK(built && have_training_forward && last_count == batch, Status::invalid_argument,
-              "model '" + name + "': backward() needs a training forward() first (and no other forward in between)");
-    DFP_CHECK(logits_grad || have_labels, Status::invalid_argument,
-              "model '" + name + "': backward() without a logits gradient needs a labelled training forward(); after "
-              "logits(), pass the gradient of the loss with respect to the logits");
-    have_training_forward = have_labels = false;  // planned memory reused: one backward per training forward
-    for (NodeInfo& n : nodes) n.grad_written = false;
-    const auto loss_t0 = profiling ? ProfileClock::now() : ProfileClock::time_point{};
-    // Built-in: d(scale * mean loss)/d(logits) = scale * (p - target) / batch; else scale * the caller's.
-    NodeInfo& ln = nodes[loss_node];
-    const int K = ln.shape.c, KP = channel_blocks(K) * 16;
-    // Per image on the context's threads: a block's feature map read as logits (dfp.torch's
-    // segments) has C*H*W of them.
-    ctx.parallel_for(batch, [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        float* g = ln.grad + size_t(n) * KP;
-        std::fill(g + K, g + KP, 0.f);
-        for (int k = 0; k < K; ++k) {
-          const size_t nk = size_t(n) * K + k;
-          if (logits_grad) {
-            g[k] = static_cast<float>(loss_scale * logits_grad[nk]);
-          } else {
-            const double target = (k == labels[n] ? 1.0 - label_smoothing : 0.0) + label_smoothing / K;
-            g[k] = static_cast<float>(loss_scale * (probs[nk] - target) / batch);
-          }
-        }
-      }
-    });
-    ln.grad_written = true;
-    ln.grad_max = -1.f;
-    ln.grad_planes = nullptr;
-    ln.grad_scale = loss_scale;
-    ln.adapt_scale = 1;
-    if (profiling) loss_bwd_seconds += seconds_between(loss_t0, ProfileClock::now());
-    bool finite = true;
-    model::StepInfo st{batch, true, step, sample_step()};
-    if (statistics_sum) st.statistics_sum = &statistics_sum;
-    st.timed = profiling;
-    st.first_image = batch_offset;
-    for (size_t i = nodes.size() - 1; i >= 1; --i) {
-      NodeInfo& n = nodes[i];
-      if (!n.grad_written) continue;  // does not reach the loss
-      // The layer's time includes its share of the bookkeeping: its adaptive scaling, unscaling
-      // its parameter gradients, and summing its input gradient with another consumer's.
-      const auto t0 = profiling ? ProfileClock::now() : ProfileClock::time_point{};
-      if (adaptive) {
-        // Zhao et al.: this layer's own factor, applied to the gradient it receives (so to its
-        // own rounding of dy, its weight gradient and everything it passes on).
-        const double alpha = n.reduced ? n.reduced->adaptive_factor(ctx, n.grad, n.adapt_scale, adaptive_opts) : 1;
-        if (alpha != 1) {
-          n.grad_max = -1.f;
-          n.grad_planes = nullptr;
-          scale_add(n.grad, static_cast<float>(alpha), nullptr, 0.f, n.elements);
-          n.grad_scale *= alpha;
-          n.adapt_scale *= alpha;
-        }
-      }
-      xs.clear();
-      dxs.clear();
-      model::StepInfo stb = st;
-      for (size_t k = 0; k < n.inputs.size(); ++k) {
-        NodeInfo& in = nodes[n.inputs[k]];
-        // Only what the layer declared is still planned to hold the forward values.
-        xs.push_back(n.layer->backward_reads_input(k) ? in.act : nullptr);
-        // A second slot of the same node in this layer (add(x, x)) is a second part too.
-        const bool again = std::find(n.inputs.begin(), n.inputs.begin() + k, n.inputs[k]) != n.inputs.begin() + k;
-        if (n.inputs[k] == 0 && !input_grad) {
-          dxs.push_back(nullptr);  // no gradient for the data
-        } else if (in.grad_written && in.grad_scale == n.grad_scale && adds_own_part(n, k)) {
-          // Second consumer at the same scale: the layer adds its part to the gradient itself.
-          dxs.push_back(in.grad);
-          stb.accumulate_dx |= uint32_t{1} << k;
-        } else {
-          const bool second = in.grad_written || again;
-          DFP_CHECK(!second || in.acc, Status::internal,
-                    "model '" + name + "': no buffer planned for a second part of the gradient of '" + in.spec.name + "'");
-          dxs.push_back(second ? in.acc : in.grad);
-          if (dxs.back() != n.grad) poison_fresh(dxs.back(), in.elements);  // not in place
-        }
-      }
-      poison_workspace();
-      if (fusion) {
-        stb.grad_max_abs = n.grad_max;
-        stb.grad_plane_max = n.grad_planes;
-      }
-      n.layer->backward(ctx, xs, n.layer->backward_reads_output() ? n.act : nullptr, n.grad, dxs, stb);
-      finite &= unscale_params(n);
-      for (size_t k = 0; k < n.inputs.size(); ++k) {
-        const int j = n.inputs[k];
-        if (j == 0 && !input_grad) continue;
-        NodeInfo& in = nodes[j];
-        // The max a layer measured holds for its input's gradient only if no other consumer adds to it.
-        const bool measured = !in.grad_written && fusion && n.inputs.size() == 1 && n.maxima;
-        in.grad_max = measured ? n.maxima->input_grad_max_abs() : -1.f;
-        in.grad_planes = measured ? n.maxima->input_grad_plane_max() : nullptr;
-        if (k < 32 && (stb.accumulate_dx >> k & 1)) {
-          // Summed by the layer, at the common scale.
-        } else if (in.grad_written) {
-          // Second consumer: sum at the smaller of the two scales, so neither part can overflow.
-          const double target = std::min(in.grad_scale, n.grad_scale);
-          scale_add(in.grad, static_cast<float>(target / in.grad_scale), in.acc,
-                    static_cast<float>(target / n.grad_scale), in.elements);
-          in.adapt_scale = in.grad_scale == target ? in.adapt_scale : n.adapt_scale;
-          in.grad_scale = target;
-        } else {
-          in.grad_scale = n.grad_scale;
-          in.adapt_scale = n.adapt_scale;
-        }
-        in.grad_written = true;
-      }
-      if (profiling) n.bwd_seconds += seconds_between(t0, ProfileClock::now());
-      if (gradient_hook) gradient_hook(n.param_begin, n.param_end);
+    if (!ok) continue;
+    shares[n] = 1;
+    for (size_t k = 0; k < ins.size(); ++k) {
+      unite(grad_of[ins[k]], grad_of[n]);
+      if (k + 1 < ins.size()) keep_grad[ins[k]] = 1;
     }
-    ++step;
-    have_input_grad = input_grad && nodes[0].grad_written;
-    return finite;
   }
-};
+  for (int n = 1; n < N; ++n) {
+    const model::Layer& layer = *nodes[n].layer;
+    bool fwd = false, bwd = keep_grad[n] || shares[n];
+    for (size_t k = 0; k < nodes[n].inputs.size(); ++k) {
+      const int i = nodes[n].inputs[k];
+      if (i == 0 || nodes[i].elements != nodes[n].elements) continue;
+      if (!fwd && layer.forward_in_place(k) && readers[i].size() == 1 && !layer.backward_reads_input(k) &&
+          !nodes[i].layer->backward_reads_output() && i != loss_node) {
+        unite(act_of[i], act_of[n]);
+        fwd = true;
+      }
+      const auto reads = std::count(nodes[n].inputs.begin(), nodes[n].inputs.end(), i);  // add(x, x): 2
+      if (!bwd && layer.backward_in_place(k) && grad_of[i] >= 0 && grad_of[n] >= 0 && last_consumer[i] == n &&
+          reads == 1) {
+        unite(grad_of[i], grad_of[n]);
+        bwd = true;
+      }
+    }
+  }
+  std::vector<Lifetime> merged;  // one per group
+  std::vector<int> merged_of(lt.size(), -1);
+  for (size_t g = 0; g < lt.size(); ++g) {
+    const int r = root(int(g));
+    if (merged_of[r] < 0) {
+      merged_of[r] = int(merged.size());
+      merged.push_back({0, lt[g].begin, lt[g].end, nullptr});
+    }
+    Lifetime& m = merged[merged_of[r]];
+    m.bytes = std::max(m.bytes, lt[g].bytes);
+    m.begin = std::min(m.begin, lt[g].begin);
+    m.end = std::max(m.end, lt[g].end);
+  }
+  const size_t total = graph::place(merged);
+  size_t ws = 0;
+  for (NodeInfo& n : nodes)
+    if (n.layer) ws = std::max(ws, n.layer->workspace_bytes());
+  try {
+    arena = AlignedBuffer<float>(total / sizeof(float));
+    workspace = AlignedBuffer<std::byte>((ws + 63) / 64 * 64);
+  } catch (const std::bad_alloc&) {
+    fail(Status::out_of_memory, "model '" + name + "': out of memory allocating the activations and gradients (" +
+                                    std::to_string(total >> 20) + " MiB planned for batch " + std::to_string(batch) +
+                                    ") and the layers' workspace (" + std::to_string(ws >> 20) +
+                                    " MiB); a smaller batch needs less");
+  }
+  for (size_t g = 0; g < lt.size(); ++g)
+    *lt[g].view = arena.data() + merged[merged_of[root(int(g))]].offset / sizeof(float);
+  for (NodeInfo& n : nodes)
+    if (n.layer && n.layer->workspace_bytes()) n.layer->use_workspace(workspace.data());
+  plan.arena_bytes = total;
+  plan.unshared_bytes = naive;
+  plan.workspace_bytes = workspace.size();
+}
+
+// Testing aid (set_debug_poison): a buffer about to be written for the first time in its
+// lifetime, and the workspace before every layer call, are filled with NaN, as fresh memory
+// could hold anything. A layer reading what it did not write, or what the plan let another
+// buffer reuse, then produces NaN.
+void Model::Impl::poison_fresh(float* p, size_t elements) const {
+  if (poison) std::fill(p, p + elements, std::numeric_limits<float>::quiet_NaN());
+}
+
+void Model::Impl::poison_workspace() {
+  if (poison) std::fill(workspace.data(), workspace.data() + workspace.size(), std::byte{0xFF});
+}
+
+// max_abs: per parameter, or null (all measured by the layers); each layer gets its own.
+void Model::Impl::weights_updated(const float* max_abs) {
+  for (NodeInfo& n : nodes)
+    if (n.layer)
+      n.layer->weights_updated(step, max_abs ? std::span<const float>(max_abs + n.param_begin, n.param_end - n.param_begin)
+                                             : std::span<const float>());
+}
 
 Model::Model(const Context& ctx, std::string name) : impl_(std::make_unique<Impl>(ctx, std::move(name))) {}
 const Context& Model::context() const noexcept { return impl_->ctx; }
