@@ -259,7 +259,7 @@ Checkpoint parse_checkpoint(std::string_view buf, const std::string& path) {
               "checkpoint '" + path + "': record #" + std::to_string(r + 1) + " " + quoted_name(rec.name) +
                   " repeats an earlier record's name; expected each name once");
     std::vector<float> v(rec.count);
-    std::memcpy(v.data(), buf.data() + rec.offset, rec.count * sizeof(float));
+    if (rec.count) std::memcpy(v.data(), buf.data() + rec.offset, rec.count * sizeof(float));  // an empty vector's data() may be null
     const std::string& name = rec.name;
     if (name == "meta") {
       std::string text;

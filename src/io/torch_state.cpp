@@ -192,7 +192,7 @@ WeightsReport load_sources(Model& m, std::vector<Source>& sources, const Weights
     }
   }
   for (size_t i = 0; i < plan.size(); ++i) {
-    std::memcpy(plan[i].first->data, values[i].data(), values[i].size() * sizeof(float));
+    if (!values[i].empty()) std::memcpy(plan[i].first->data, values[i].data(), values[i].size() * sizeof(float));
     r.loaded.push_back(plan[i].first->name);
   }
   m.weights_updated();

@@ -116,7 +116,7 @@ struct FileSource final : ZipReader::Source {
 struct BytesSource final : ZipReader::Source {
   std::string_view bytes;
   std::string read(uint64_t offset, void* dst, size_t n) const override {
-    std::memcpy(dst, bytes.data() + offset, n);
+    if (n) std::memcpy(dst, bytes.data() + offset, n);  // an empty entry's dst may be null
     return "";
   }
 };
