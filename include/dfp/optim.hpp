@@ -1,6 +1,7 @@
 // dfp: SGD on FP32 master weights, and learning-rate schedules.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,22 @@ struct SgdOptions {
   float weight_decay = 5e-4f;
   bool nesterov = false;
 };
+
+// One SGD step over tensors the caller owns (what Sgd::step and dfp.torch.optim.SGD run): per
+// tensor g' = g + weight_decay*w; v = momentum*v + g'; w -= lr * (nesterov ? g' + momentum*v : v),
+// in one pass on the context's threads (large tensors split among them). A velocity of zeros is
+// torch's first step (its buffer then equals g'). Writes max|w| of each tensor after the update
+// into max_abs (NaN if any value is NaN, inf if any is infinite), for
+// Model::weights_updated(max_abs). Allocates nothing; throws if the sizes of tensors and max_abs differ.
+struct SgdTensor {
+  float* value;
+  const float* grad;
+  float* velocity;
+  size_t size;
+  float weight_decay;
+};
+void sgd_update(const Context& ctx, std::span<const SgdTensor> tensors, float lr, float momentum, bool nesterov,
+                std::span<float> max_abs);
 
 // torch.optim.SGD semantics: g' = g + wd*w; v = momentum*v + g'; w -= lr * (nesterov ? g' + momentum*v : v).
 class Sgd {
@@ -27,6 +44,7 @@ class Sgd {
   Model& model_;
   SgdOptions opt_;
   std::vector<std::vector<float>> velocity_;
+  std::vector<SgdTensor> tensors_;  // the parameters with their velocities, as sgd_update takes them
   std::vector<float> max_abs_;  // max|w| of each parameter from the last update pass, for the model
 };
 

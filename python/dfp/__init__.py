@@ -30,6 +30,7 @@ from ._dfp import (
     TrainConfig,
     exponent_for,
     layer_kinds,
+    sgd_update,
 )
 from . import models
 

@@ -754,11 +754,23 @@ PYBIND11_MODULE(_dfp, mod) {
       .def("input_grad", &input_grad,
            "d(loss)/d(images) of the last training batch as float32 (batch, C, H, W) NCHW (a copy); needs "
            "set_input_grad(True) before build() and a backward since the last forward.")
-      .def("weights_updated", [](Model& m) {
+      .def("weights_updated", [](Model& m, const std::optional<std::vector<float>>& max_abs) {
         const auto lock = model_lock(m);
-        py::gil_scoped_release unlocked;
-        m.weights_updated();
-      }, "Re-quantizes and re-packs the weights after their values were changed (through the NumPy views).")
+        check_built(m, "Model.weights_updated");
+        if (max_abs) {
+          DFP_CHECK(max_abs->size() == m.parameters().size(), Status::invalid_argument,
+                    "Model.weights_updated: max_abs has " + std::to_string(max_abs->size()) + " entries; expected " +
+                        std::to_string(m.parameters().size()) + " (one per parameter, in parameters() order)");
+          py::gil_scoped_release unlocked;
+          m.weights_updated(*max_abs);
+        } else {
+          py::gil_scoped_release unlocked;
+          m.weights_updated();
+        }
+      }, py::arg("max_abs") = py::none(),
+      "Re-quantizes and re-packs the weights after their values were changed (through the NumPy views). "
+      "max_abs: max|value| of each parameter (parameters() order) as the caller measured it (dfp.sgd_update "
+      "returns them), saving a pass; a negative entry is measured here.")
       .def("parameters", &parameter_views, "The trainable tensors as dfp.Parameter (NumPy views, no copies).")
       .def(
           "state",
@@ -849,6 +861,61 @@ PYBIND11_MODULE(_dfp, mod) {
         py::gil_scoped_release unlocked;
         s.sgd.step(float(lr));
       }, py::arg("lr"), "Updates every parameter, then re-quantizes and re-packs the weights.");
+
+  mod.def(
+      "sgd_update",
+      [](const Context& ctx, const std::vector<py::array>& values, const std::vector<py::array>& grads,
+         const std::vector<py::array>& velocities, double lr, double momentum, double weight_decay, bool nesterov) {
+        auto factor = [](double v, const char* name) {
+          DFP_CHECK(std::isfinite(v) && v >= 0 && v <= std::numeric_limits<float>::max(),
+                    Status::invalid_argument,
+                    std::string("dfp.sgd_update: ") + name + ": expected a finite number >= 0, got " +
+                        std::string(py::str(py::float_(v))));
+        };
+        factor(lr, "lr");
+        factor(momentum, "momentum");
+        factor(weight_decay, "weight_decay");
+        DFP_CHECK(values.size() == grads.size() && values.size() == velocities.size(), Status::invalid_argument,
+                  "dfp.sgd_update: " + std::to_string(values.size()) + " values, " + std::to_string(grads.size()) +
+                      " gradients and " + std::to_string(velocities.size()) + " velocities; expected as many of each");
+        // The values and velocities are updated where they are: float32, C-contiguous and
+        // writable, or refused (a converted copy would take the update and drop it).
+        auto in_place = [](py::array a, const char* what, size_t i) {
+          DFP_CHECK(a.dtype().is(py::dtype::of<float>()) && (a.flags() & py::array::c_style) && a.writeable(),
+                    Status::invalid_argument,
+                    std::string("dfp.sgd_update: ") + what + "[" + std::to_string(i) +
+                        "]: expected a writable C-contiguous float32 array (it is updated in place), got dtype " +
+                        std::string(py::str(a.dtype())));
+          return static_cast<float*>(a.mutable_data());
+        };
+        std::vector<FloatArray> grad_arrays;
+        std::vector<SgdTensor> tensors;
+        for (size_t i = 0; i < values.size(); ++i) {
+          float* w = in_place(values[i], "values", i);
+          float* v = in_place(velocities[i], "velocities", i);
+          grad_arrays.push_back(FloatArray::ensure(grads[i]));
+          DFP_CHECK(grad_arrays.back() && size_t(grad_arrays.back().size()) == size_t(values[i].size()) &&
+                        velocities[i].size() == values[i].size(),
+                    Status::invalid_argument,
+                    "dfp.sgd_update: tensor " + std::to_string(i) + ": " + std::to_string(values[i].size()) +
+                        " values, " + std::to_string(grad_arrays.back() ? grad_arrays.back().size() : -1) +
+                        " gradients (float32), " + std::to_string(velocities[i].size()) +
+                        " velocities; expected as many of each");
+          tensors.push_back({w, grad_arrays.back().data(), v, size_t(values[i].size()), float(weight_decay)});
+        }
+        std::vector<float> max_abs(tensors.size());
+        {
+          py::gil_scoped_release unlocked;
+          sgd_update(ctx, tensors, float(lr), float(momentum), nesterov, max_abs);
+        }
+        return max_abs;
+      },
+      py::arg("ctx"), py::arg("values"), py::arg("grads"), py::arg("velocities"), py::arg("lr"),
+      py::arg("momentum") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false,
+      "One torch.optim.SGD step (dampening 0) over NumPy arrays, in place and in one pass on ctx's threads: "
+      "g' = g + weight_decay*w; v = momentum*v + g'; w -= lr*(nesterov ? g' + momentum*v : v). Velocities of "
+      "zeros are torch's first step. Returns max|w| of each tensor after the update (for "
+      "Model.weights_updated(max_abs)).");
 
   mod.def("model_names", &model_names);
   mod.def(

@@ -1,7 +1,9 @@
 // SGD with momentum / Nesterov / weight decay on FP32 master weights, and LR schedules.
 #include "dfp/optim.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <numbers>
 
 #include "dfp/context.hpp"
@@ -16,19 +18,52 @@ Sgd::Sgd(const Context& ctx, Model& model, const SgdOptions& o) : ctx_(ctx), mod
   DFP_CHECK(o.momentum >= 0.f && o.weight_decay >= 0.f, Status::invalid_argument,
             "Sgd: momentum and weight decay must be >= 0");
   for (const Parameter& p : model.parameters()) velocity_.emplace_back(p.size, 0.f);
+  for (size_t i = 0; i < model.parameters().size(); ++i) {
+    Parameter& p = model.parameters()[i];
+    tensors_.push_back({p.value, p.grad, velocity_[i].data(), p.size, p.decay ? o.weight_decay : 0.f});
+  }
   max_abs_.assign(model.parameters().size(), -1.f);
 }
 
-void Sgd::step(float lr) {
-  auto& params = model_.parameters();
-  const auto update = ctx_.kernels().sgd_update.fn;
-  ctx_.parallel_for(int64_t(params.size()), [&](int64_t b, int64_t e) {
+void sgd_update(const Context& ctx, std::span<const SgdTensor> tensors, float lr, float momentum, bool nesterov,
+                std::span<float> max_abs) {
+  DFP_CHECK(max_abs.size() == tensors.size(), Status::invalid_argument,
+            "sgd_update: " + std::to_string(tensors.size()) + " tensors and " + std::to_string(max_abs.size()) +
+                " max_abs entries; expected one each");
+  // Pieces of up to kPiece values, so that one large tensor does not leave a thread idle. The
+  // update is per value, so how a tensor is cut changes no bit; the maxima of a tensor's pieces
+  // combine as the kernel's own do (NaN wins, then the largest).
+  constexpr size_t kPiece = size_t(1) << 16;
+  auto pieces_of = [](const SgdTensor& t) { return int64_t((t.size + kPiece - 1) / kPiece); };
+  int64_t pieces = 0;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    pieces += pieces_of(tensors[t]);
+    max_abs[t] = 0.f;
+  }
+  const auto update = ctx.kernels().sgd_update.fn;
+  ctx.parallel_for(pieces, [&](int64_t b, int64_t e) {
+    size_t t = 0;
+    int64_t first = 0;  // the index of tensor t's first piece
+    while (first + pieces_of(tensors[t]) <= b) first += pieces_of(tensors[t++]);
     for (int64_t i = b; i < e; ++i) {
-      Parameter& p = params[i];
-      const simd::SgdArgs a{lr, opt_.momentum, p.decay ? opt_.weight_decay : 0.f, opt_.nesterov};
-      max_abs_[size_t(i)] = update(p.value, p.grad, velocity_[i].data(), p.size, a);
+      while (i >= first + pieces_of(tensors[t])) first += pieces_of(tensors[t++]);
+      const SgdTensor& x = tensors[t];
+      const size_t begin = size_t(i - first) * kPiece, n = std::min(kPiece, x.size - begin);
+      const float v = update(x.value + begin, x.grad + begin, x.velocity + begin, n,
+                             simd::SgdArgs{lr, momentum, x.weight_decay, nesterov});
+      std::atomic_ref<float> m(max_abs[t]);
+      float old = m.load(std::memory_order_relaxed);
+      while (!std::isnan(old) && (std::isnan(v) || v > old) && !m.compare_exchange_weak(old, v, std::memory_order_relaxed)) {
+      }
     }
   });
+}
+
+void Sgd::step(float lr) {
+  // The velocities are handed out (momentum_buffers(): a checkpoint's restore, the GPU's copy):
+  // their storage is taken afresh each step.
+  for (size_t i = 0; i < tensors_.size(); ++i) tensors_[i].velocity = velocity_[i].data();
+  sgd_update(ctx_, tensors_, lr, opt_.momentum, opt_.nesterov, max_abs_);
   model_.weights_updated(max_abs_);
 }
 

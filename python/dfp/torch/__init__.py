@@ -16,8 +16,9 @@ from .layers import Conv2d, Linear, context, dfp_layers, make_policy, set_contex
 from .convert import convert
 from .compile import CompiledModule, UnsupportedError, compile
 from .segment import Segment
+from . import optim
 
-__all__ = ["Conv2d", "Linear", "convert", "compile", "CompiledModule", "Segment", "UnsupportedError", "context",
+__all__ = ["Conv2d", "Linear", "convert", "compile", "CompiledModule", "Segment", "UnsupportedError", "optim", "context",
            "set_context", "make_policy", "numerics",
            "sample_numerics", "set_numerics_interval", "weights_updated", "layer_times", "reset_layer_times"]
 
@@ -64,11 +65,15 @@ def set_numerics_interval(model, interval):
 
 
 def weights_updated(model):
-    """Make every dfp layer of `model` load its weights again on its next call: after writes that
-    torch's version counter does not see (param.data[...] = ..., or memory written outside torch).
-    Writes through torch's in-place operations (optimizers, load_state_dict, nn.init) are seen."""
+    """Make every dfp layer of `model` (a converted model or a compiled module) load its weights
+    again on its next call: after writes that torch's version counter does not see
+    (param.data[...] = ..., or memory written outside torch). Writes through torch's in-place
+    operations (optimizers, load_state_dict, nn.init) are seen."""
     for _, m in dfp_layers(model) + _segments(model):
         m.weights_updated()
+    for m in model.modules():
+        if isinstance(m, CompiledModule):
+            m._seen = None
 
 
 def layer_times(model):

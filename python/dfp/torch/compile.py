@@ -8,6 +8,7 @@ re-quantizes them once per change of their version, not per call. See docs/pytho
 """
 import operator
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -316,6 +317,30 @@ class _Mapper:
         self.logits_node = self.values[out]
 
 
+# A parameter that views dfp's master weights -> (weakref to its CompiledModule, its place in that
+# module's parameter list): the optimizer's way to the model whose INT16 weights it has to
+# re-quantize. Keyed by id (a tensor's == is elementwise) with a weak reference to the parameter,
+# whose end removes the entry.
+_masters = {}
+
+
+def _set_master(p, compiled, i):
+    key = id(p)
+    _masters[key] = (weakref.ref(p, lambda _: _masters.pop(key, None)), weakref.ref(compiled), i)
+
+
+def master_of(p):
+    """(CompiledModule, index in its dfp_model.parameters()) whose master weights parameter p views,
+    or None (p's data is its own)."""
+    entry = _masters.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return None
+    c, i = entry[1](), entry[2]
+    if c is None or p.data_ptr() != c._views[c._dfp_names[i]].ctypes.data:
+        return None
+    return c, c._dfp_index[i]
+
+
 def _invalid(message):
     """dfp.InvalidArgumentError as the C++ side raises it (a dfp.Error and a ValueError)."""
     e = _dfp.InvalidArgumentError(message)
@@ -350,7 +375,7 @@ class _Step(torch.autograd.Function):
                              "each output's backward before the module's next forward")
             m = c.dfp_model
             m.backward(grad.detach().to(torch.float32).reshape(grad.shape[0], -1).contiguous().numpy())
-            grads = [torch.from_numpy(g.copy()) for g in c._grad_views]
+            grads = [torch.from_numpy(g).clone() for g in c._grad_views]  # torch copies on its threads
             dx = torch.from_numpy(m.input_grad()) if ctx.needs_input_grad[1] else None
         return (None, dx, *grads)
 
@@ -380,13 +405,16 @@ class CompiledModule(torch.nn.Module):
         self._views = dfp_model.state_dict()
         state = dfp_model.state()
         self._grad_views = [state[prefix + n].grad for n in param_names]
+        order = {p.name: k for k, p in enumerate(dfp_model.parameters())}
+        self._dfp_index = [order[prefix + n] for n in param_names]  # each parameter's place in dfp's list
         self._buffer_names = buffer_names
         self._input_grad = input_grad
         self._params = [module.get_parameter(n) for n in param_names]
         self._tracked = [module.get_buffer(n) for n in buffer_names]
         self._bns = [b for b in module.modules() if isinstance(b, torch.nn.BatchNorm2d)]
         self._seen = None  # the versions of the parameters and buffers dfp holds
-        self.weight_syncs = 0  # copies of the torch tensors into dfp (once per change of version)
+        self.weight_syncs = 0  # re-quantizations of dfp's weights (once per change of version)
+        self.weight_copies = 0  # tensors copied from torch into dfp (a parameter once, then viewed)
         # Forwards run so far: each overwrites the state dfp keeps for a backward (_Step).
         self._forwards = 0
         # One forward or backward at a time: they share the dfp model and the version bookkeeping.
@@ -412,19 +440,43 @@ class CompiledModule(torch.nn.Module):
     def _versions(self):
         return [t._version for t in self._params] + [t._version for t in self._tracked]
 
-    def sync_weights(self):
-        """Copies the torch parameters and buffers into dfp and re-quantizes, if any changed since
-        the last copy (their version counters say so). Runs before every forward."""
+    def sync_weights(self, max_abs=None):
+        """Brings dfp's weights up to date and re-quantizes them, if any torch parameter or buffer
+        changed since the last time (their version counters say so). Runs before every forward.
+
+        A float32 parameter is copied into dfp once and from then on is a view of dfp's master
+        weights (its .data replaced; the Parameter object stays), so torch's optimizer updates
+        dfp's weights in place and no copy follows. A parameter whose data is not dfp's (replaced,
+        another dtype, or viewing another plan of the same block) is copied. Buffers (BatchNorm's
+        running statistics) are copied: dfp's writes to them must bump torch's version counter.
+        max_abs: {index in dfp_model.parameters(): max|value|} as an optimizer's update measured
+        it (dfp.torch.optim.SGD), saving the re-quantization a pass over those weights."""
         with self._lock:
             v = self._versions()
             if v == self._seen:
                 return
             sd = self._views
             with torch.no_grad():
-                for n, t in zip(self._dfp_names, self._params + self._tracked):
-                    np.copyto(sd[n], t.detach().to(torch.float32).reshape(sd[n].shape).numpy())
-            self._dfp_model.weights_updated()
-            self._seen = v
+                for i, (n, t) in enumerate(zip(self._dfp_names, self._params + self._tracked)):
+                    view = sd[n]
+                    if self._seen is not None and v[i] == self._seen[i]:
+                        continue  # unchanged since dfp took it
+                    if t.data_ptr() == view.ctypes.data and t.dtype == torch.float32 and t.is_contiguous():
+                        continue  # a view of dfp's weights: already there
+                    np.copyto(view, t.detach().to(torch.float32).reshape(view.shape).numpy())
+                    self.weight_copies += 1
+                    if i < len(self._params) and t.dtype == torch.float32 and t.device.type == "cpu" and \
+                            t.layout == torch.strided:
+                        t.data = torch.from_numpy(view).view(t.shape)
+                        _set_master(t, self, i)
+            if max_abs:
+                measured = [-1.0] * len(self._dfp_index)
+                for k, v in max_abs.items():
+                    measured[k] = v
+                self._dfp_model.weights_updated(measured)
+            else:
+                self._dfp_model.weights_updated()
+            self._seen = self._versions()
             self.weight_syncs += 1
 
     def _copy_back_buffers(self):
