@@ -3,7 +3,8 @@
 PyTorch FP32, in one process on the same threads (issue 46's target: INT16 >= 1.5x PyTorch FP32
 on AVX-512 VNNI), with where the converted layers' time goes. Two conversions run side by side:
 layer by layer (convert(model)), and with example_input (convert(model, example_input=x): the
-blocks dfp runs whole become segments).
+blocks dfp runs whole become segments), the latter also with dfp.torch.optim.SGD (the update in
+dfp's pass, the segments' weights re-quantized from its maxima).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_bridge_bench.py [--threads 2] [--batch 64]
         [--model resnet18c] [--precision int16] [--reps 5] [--steps 2] [--warmup 2] [--keep-fp32 conv1]
@@ -83,11 +84,14 @@ def main():
     y = torch.randint(0, 10, (a.batch,))
     segmented = copy.deepcopy(ref)
     seg_names = dt.convert(segmented, a.precision, keep_fp32=keep, ctx=ctx, example_input=x)
+    segmented_f = copy.deepcopy(ref)
+    dt.convert(segmented_f, a.precision, keep_fp32=keep, ctx=ctx, example_input=x)
     runs = {}
-    for label, m in (("pytorch fp32", ref), (f"dfp.torch {a.precision}", model),
-                     (f"segments {a.precision}", segmented)):
+    for label, m, sgd in (("pytorch fp32", ref, torch.optim.SGD), (f"dfp.torch {a.precision}", model, torch.optim.SGD),
+                          (f"segments {a.precision}", segmented, torch.optim.SGD),
+                          (f"+ dfp.torch.optim", segmented_f, dt.optim.SGD)):
         m.train()
-        runs[label] = (m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4), [])
+        runs[label] = (m, sgd(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4), [])
         timed_steps(m, runs[label][1], x, y, a.warmup)
     for _ in range(a.reps):
         for label, (m, opt, times) in runs.items():
@@ -105,9 +109,9 @@ def main():
         print(f"{label:>18}: {a.batch / med[label]:7.1f} images/s  (step {1000 * med[label]:.0f} ms; reps "
               + ", ".join(f"{1000 * t:.0f}" for t in times) + " ms)")
     base, conv = med["pytorch fp32"], med[f"dfp.torch {a.precision}"]
-    seg = med[f"segments {a.precision}"]
-    print(f"ratio dfp.torch {a.precision} / pytorch fp32: {base / conv:.2f}; with segments {base / seg:.2f}  "
-          "(target >= 1.5 for resnet18c int16 on AVX-512 VNNI)")
+    seg, seg_f = med[f"segments {a.precision}"], med["+ dfp.torch.optim"]
+    print(f"ratio dfp.torch {a.precision} / pytorch fp32: {base / conv:.2f}; with segments {base / seg:.2f}, "
+          f"and dfp.torch.optim.SGD {base / seg_f:.2f}  (target >= 1.5 for resnet18c int16 on AVX-512 VNNI)")
 
     steps = a.steps
     print("\nper converted layer, ms per step (the last rep):")

@@ -38,6 +38,8 @@ struct ContextOptions {
   static constexpr int kMaxThreads = 1024;
   // Kernel level: "" = the environment variable DFP_ISA if set, else the best the CPU supports.
   // Otherwise "ref", "avx2", "avx512bw" or "avx512vnni"; a level the CPU lacks is an error.
+  // "avx2-vpmaddwd" is the avx2 level in its VPMADDWD + VPADDD form where the CPU has AVX-VNNI
+  // (what an AVX2 CPU without it runs; same bits).
   std::string isa;
   // Base seed for every random stream (stochastic rounding, initialisation, shuffling).
   uint64_t seed = 1;

@@ -53,6 +53,13 @@ Context::Context(const ContextOptions& o) : impl_(std::make_unique<Impl>()) {
     requested = env;
     origin = "environment variable DFP_ISA";
   }
+  // "avx2-vpmaddwd": the avx2 level in the form a CPU without AVX-VNNI runs (VPMADDWD + VPADDD),
+  // so that such CPUs (AMD Zen 2/3, Intel Haswell to Skylake client) can be measured on one that has it.
+  CpuFeatures kernel_cpu = impl_->cpu;
+  if (requested == "avx2-vpmaddwd") {
+    requested = "avx2";
+    kernel_cpu.avx_vnni = false;
+  }
   if (!requested.empty()) {
     const Isa want = parse_isa(requested, origin);
     DFP_CHECK(impl_->cpu.supports(want), Status::unsupported,
@@ -60,7 +67,7 @@ Context::Context(const ContextOptions& o) : impl_(std::make_unique<Impl>()) {
                   ") lacks; the best it supports is '" + isa_name(impl_->cpu.best()) + "'");
     isa = want;
   }
-  impl_->kernels = simd::make_kernel_table(isa, impl_->cpu);
+  impl_->kernels = simd::make_kernel_table(isa, kernel_cpu);
   bind_openmp();
 }
 

@@ -778,6 +778,25 @@ TEST(Context, DfpIsaVariableForcesTheKernelLevel) {
                      {"environment variable DFP_ISA", "avx9000"});
 }
 
+// "avx2-vpmaddwd" is the avx2 level in the form of a CPU without AVX-VNNI, wherever AVX2 runs
+// (the name of the INT16 pixel kernel says which form); a CPU without AVX2 refuses it as "avx2".
+TEST(Context, Avx2VpmaddwdRunsTheAvx2FormWithoutAvxVnni) {
+  Context probe(ContextOptions{.threads = 1});
+  if (!probe.cpu().supports(Isa::avx2)) {
+    test::expect_error([&] { Context c(ContextOptions{.threads = 1, .isa = "avx2-vpmaddwd"}); }, Status::unsupported,
+                       {"avx2"});
+    return;
+  }
+  Context c(ContextOptions{.threads = 1, .isa = "avx2-vpmaddwd"});
+  EXPECT_EQ(c.isa(), Isa::avx2);
+  const std::string name = c.kernels().conv_s16_pixel.name;
+  EXPECT_NE(name.find("vpmaddwd"), std::string::npos) << name;
+  EXPECT_EQ(name.find("avxvnni"), std::string::npos) << name;
+  test::ScopedEnv isa("DFP_ISA", "avx2-vpmaddwd");
+  Context d(ContextOptions{.threads = 1});
+  EXPECT_EQ(std::string(d.kernels().conv_s16_pixel.name), name);
+}
+
 // One thread setting sizes the one OpenMP pool that runs dfp's loops and oneDNN's primitives.
 // A loop covers [0, n) exactly once; an exception in a chunk reaches the caller; inside another
 // parallel region a loop runs on that region's thread alone.
