@@ -2,7 +2,8 @@
 // (issue 45: every non-convolution kind in INT16 at most 0.6x its FP32 time). From Model's
 // profiled layer times (Model::set_profiling) and the optimizer's time the bench measured.
 // Rows: the Conv2d/Linear passes apart from INT16's operand quantization (forward, and backward =
-// backward-data + weight gradient), that quantization (x and dy), every other kind by its short
+// backward-data + weight gradient; INT16's two backward passes also apart, indented: oneDNN's FP32
+// layers are timed as one backward), that quantization (x and dy), every other kind by its short
 // name (forward + backward), the optimizer (update with the weights' re-quantization and packing),
 // and the step.
 #pragma once
@@ -23,7 +24,8 @@ struct KindColumn {
 };
 
 inline void print_kind_table(const std::vector<KindColumn>& cols) {
-  std::vector<std::string> order = {"conv fwd", "conv bwd", "fc fwd", "fc bwd", "quantize x+dy"};
+  std::vector<std::string> order = {"conv fwd", "conv bwd", "  bwd data", "  bwd weights", "fc fwd", "fc bwd",
+                                    "quantize x+dy"};
   std::vector<std::map<std::string, double>> ms(cols.size());
   for (size_t i = 0; i < cols.size(); ++i) {
     for (const LayerTime& t : cols[i].times) {
@@ -33,6 +35,10 @@ inline void print_kind_table(const std::vector<KindColumn>& cols) {
       if (t.kind == "conv" || t.kind == "fc") {
         ms[i][t.kind + " fwd"] += (t.forward_seconds - q.quantize_x) * per;
         ms[i][t.kind + " bwd"] += (t.backward_seconds - q.quantize_dy) * per;
+        if (t.kind == "conv") {
+          ms[i]["  bwd data"] += q.backward_data * per;
+          ms[i]["  bwd weights"] += q.backward_weights * per;
+        }
         ms[i]["quantize x+dy"] += (q.quantize_x + q.quantize_dy) * per;
         continue;
       }
@@ -62,7 +68,7 @@ inline void print_kind_table(const std::vector<KindColumn>& cols) {
     std::printf("%-14s", k.c_str());
     for (size_t i = 0; i < cols.size(); ++i) {
       const double v = ms[i].count(k) ? ms[i].at(k) : 0;
-      total[i] += v;
+      if (k[0] != ' ') total[i] += v;  // an indented row is part of the one above
       std::printf(" %9.1f", v);
     }
     if (fp32 >= 0 && int16 >= 0) {
