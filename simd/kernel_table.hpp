@@ -196,6 +196,23 @@ struct PackWeightsArgs {
 };
 using PackWeightsFn = void (*)(const PackWeightsArgs& a);
 
+// INT32 chain bounds (the INT16 convolution's chain tables, from pack_weights' unit L1 norms): for
+// each lane l < lanes, the sequence v_l[m] = l1[l * lane_stride + seq[m]] (m < units); for each
+// candidate length n[i] (i < nc, at most kChainWindowCandidates), best[i] is raised to the
+// largest sum of a v_l over the aligned windows [j * n[i], min((j + 1) * n[i], units)). Each value
+// is a unit's L1 norm, 0 .. 16 * 32768. Exact integer sums: every form gives the reference's maxima.
+inline constexpr int kChainWindowCandidates = 64;
+struct ChainWindowArgs {
+  const int32_t* l1;
+  int64_t lane_stride;
+  int lanes;
+  const int32_t* seq;
+  int units;
+  const int32_t* n;
+  int nc;
+};
+using ChainWindowMaxFn = void (*)(const ChainWindowArgs& a, int64_t* best);
+
 // ---- element-wise FP32 (ReLU, residual add) ---------------------------------------------------
 // ReLU keeps one bit per element for its backward pass (bit i % 16 of mask[i / 16] is x[i] > 0)
 // instead of its FP32 output: 1/32 of the memory, and backward reads 1/32 of the bytes.

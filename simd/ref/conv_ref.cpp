@@ -133,6 +133,41 @@ void pair_row_l1(const int16_t* pairs, int rows, int cols, int64_t row_stride, i
   }
 }
 
+// Per lane, prefix sums over chunks of its sequence: one pass over the units, then about
+// units / n differences per candidate n, each candidate's open window carried from chunk to chunk
+// (a 512-channel 3x3 layer has 512 lanes of 288 units: scanning them once per candidate would
+// cost 20 times the work).
+void chain_window_max(const ChainWindowArgs& a, int64_t* best) {
+  constexpr int kChunk = 1024;  // units per prefix-sum chunk (8 KiB of stack)
+  int64_t open_sum[kChainWindowCandidates];  // the open (not yet full) window of each candidate
+  int open_len[kChainWindowCandidates];
+  int64_t pre[kChunk + 1];
+  for (int lane = 0; lane < a.lanes; ++lane) {
+    const int32_t* u = a.l1 + lane * a.lane_stride;
+    std::fill_n(open_sum, a.nc, 0);
+    std::fill_n(open_len, a.nc, 0);
+    for (int m0 = 0; m0 < a.units; m0 += kChunk) {
+      const int len = std::min(kChunk, a.units - m0);
+      pre[0] = 0;
+      for (int k = 0; k < len; ++k) pre[k + 1] = pre[k] + u[a.seq[m0 + k]];
+      for (int i = 0; i < a.nc; ++i) {
+        const int need = a.n[i] - open_len[i];  // >= 1
+        if (need > len) {
+          open_sum[i] += pre[len];
+          open_len[i] += len;
+          continue;
+        }
+        best[i] = std::max(best[i], open_sum[i] + pre[need]);
+        int k = need;
+        for (; k + a.n[i] <= len; k += a.n[i]) best[i] = std::max(best[i], pre[k + a.n[i]] - pre[k]);
+        open_sum[i] = pre[len] - pre[k];
+        open_len[i] = len - k;
+      }
+    }
+    for (int i = 0; i < a.nc; ++i) best[i] = std::max(best[i], open_sum[i]);  // the last, partial window
+  }
+}
+
 void pack_weights(const PackWeightsArgs& a) {
   auto v = [&](int k, int c, int t) { return a.src[k * a.row_stride + int64_t(c) * a.taps + t]; };
   for (int t = 0; t < a.taps; ++t) {

@@ -794,6 +794,54 @@ TEST(ConvInt16, PackWeightsAtEveryLevelMatchesTheReference) {
   }
 }
 
+// The chain tables' window maxima at every level this CPU runs, against the reference, which the
+// test checks against a direct sum of every window: lane counts around the vector widths, unit
+// sequences around the vector forms' 256-unit chunks and the reference's 1024, past the INT32
+// limit of the vector forms (4096 units, which go to the reference), repeated and scattered
+// offsets, the largest unit L1 (16 * 32768) everywhere, and maxima raised from what the caller had.
+TEST(ConvInt16, ChainWindowMaxAtEveryLevelMatchesTheReference) {
+  const CpuFeatures cpu = detect_cpu_features();
+  uint32_t seed = 500;
+  for (int units : {1, 7, 255, 256, 257, 600, 1025, 4095, 4100}) {
+    for (int lanes : {1, 15, 16, 17, 40}) {
+      for (int extreme = 0; extreme < 2; ++extreme) {
+        const int64_t stride = units + 11;
+        const auto vals = random_ints(size_t(lanes * stride), seed++, 0, 16 * 32768);
+        std::vector<int32_t> l1(vals.begin(), vals.end());
+        if (extreme) std::fill(l1.begin(), l1.end(), 16 * 32768);
+        const auto offs = random_ints(size_t(units), seed++, 0, int(stride) - 1);
+        std::vector<int32_t> seq(offs.begin(), offs.end());
+        std::vector<int32_t> n;
+        for (int c = 1; c <= units; c = c < 16 ? c + 1 : c + c / 2) n.push_back(c);
+        if (n.back() != units) n.push_back(units);
+        const simd::ChainWindowArgs a{l1.data(), stride, lanes, seq.data(), units, n.data(), int(n.size())};
+        std::vector<int64_t> start(n.size());
+        for (size_t i = 0; i < n.size(); ++i) start[i] = i % 3 == 0 ? int64_t(1) << 40 : int64_t(i);  // raised, never lowered
+        std::vector<int64_t> want = start;
+        simd::ref::chain_window_max(a, want.data());
+        for (size_t i = 0; i < n.size(); ++i) {
+          int64_t top = start[i];
+          for (int lane = 0; lane < lanes; ++lane)
+            for (int w0 = 0; w0 < units; w0 += n[i]) {
+              int64_t sum = 0;
+              for (int m = w0; m < std::min(units, w0 + n[i]); ++m) sum += l1[size_t(lane * stride + seq[size_t(m)])];
+              top = std::max(top, sum);
+            }
+          ASSERT_EQ(want[i], top) << "reference, units " << units << " lanes " << lanes << " n " << n[i];
+        }
+        for (Isa isa : kIsaLevels) {
+          if (isa == Isa::ref || !cpu.supports(isa)) continue;
+          const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+          std::vector<int64_t> got = start;
+          t.chain_window_max.fn(a, got.data());
+          ASSERT_EQ(want, got) << t.chain_window_max.name << ", units " << units << " lanes " << lanes << " extreme "
+                               << extreme;
+        }
+      }
+    }
+  }
+}
+
 // The AVX2 micro-kernels, both forms (VPMADDWD + VPADDD, and AVX-VNNI's VPDPWSSD where the CPU has
 // it: a CPU picks one, so the table alone would test one), called directly against the scalar
 // model on random arguments: every pixel count up to max_pixels(nob) (the kernels split calls

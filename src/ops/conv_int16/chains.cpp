@@ -39,41 +39,20 @@ void ChainTable::measure(const Context& ctx, const int32_t* unit_l1, int lanes, 
                          const int32_t* taps, int ntaps, int64_t a_min) {
   const int units = nib * ntaps;
   const size_t nc = n.size();
+  // The sequence as unit offsets in a lane's row: ib outer, taps[] inner, as the kernel runs it.
+  seq.resize(size_t(units));
+  for (int ib = 0, m = 0; ib < nib; ++ib)
+    for (int t = 0; t < ntaps; ++t) seq[size_t(m++)] = ib * T + taps[t];
   std::array<std::atomic<int64_t>, kMaxCandidates> best{};
-  const int64_t grain = std::max<int64_t>(1, 8192 / std::max(1, units));  // lanes per task item
+  const auto window_max = ctx.kernels().chain_window_max.fn;
+  // Lanes per task item: a multiple of 16, so that the kernel's vectors of lanes are full.
+  const int64_t grain = std::max<int64_t>(16, 8192 / std::max(1, units) / 16 * 16);
   ctx.parallel_for((lanes + grain - 1) / grain, [&](int64_t g0, int64_t g1) {
     int64_t local[kMaxCandidates] = {};
-    int64_t open_sum[kMaxCandidates];  // the open (not yet full) window of each candidate
-    int open_len[kMaxCandidates];
-    int64_t pre[kPrefixChunk + 1];
-    for (int64_t lane = g0 * grain; lane < std::min<int64_t>(lanes, g1 * grain); ++lane) {
-      const int32_t* u = unit_l1 + lane * lane_stride;
-      std::fill_n(open_sum, nc, 0);
-      std::fill_n(open_len, nc, 0);
-      int ib = 0, t = 0;  // the sequence: ib outer, taps[] inner, as the kernel runs it
-      for (int m0 = 0; m0 < units; m0 += kPrefixChunk) {
-        const int len = std::min(kPrefixChunk, units - m0);
-        pre[0] = 0;
-        for (int k = 0; k < len; ++k) {
-          pre[k + 1] = pre[k] + u[int64_t(ib) * T + taps[t]];
-          if (++t == ntaps) t = 0, ++ib;
-        }
-        for (size_t i = 0; i < nc; ++i) {
-          const int need = n[i] - open_len[i];  // >= 1
-          if (need > len) {
-            open_sum[i] += pre[len];
-            open_len[i] += len;
-            continue;
-          }
-          local[i] = std::max(local[i], open_sum[i] + pre[need]);
-          int k = need;
-          for (; k + n[i] <= len; k += n[i]) local[i] = std::max(local[i], pre[k + n[i]] - pre[k]);
-          open_sum[i] = pre[len] - pre[k];
-          open_len[i] = len - k;
-        }
-      }
-      for (size_t i = 0; i < nc; ++i) local[i] = std::max(local[i], open_sum[i]);  // the last, partial window
-    }
+    const int64_t l0 = g0 * grain, l1_end = std::min<int64_t>(lanes, g1 * grain);
+    window_max(simd::ChainWindowArgs{unit_l1 + l0 * lane_stride, lane_stride, int(l1_end - l0), seq.data(), units,
+                                     n.data(), int(nc)},
+               local);
     for (size_t i = 0; i < nc; ++i) atomic_max(best[i], local[i]);
   });
   for (size_t i = 0; i < nc; ++i) {

@@ -117,13 +117,11 @@ struct ChainTable {
   // [0, nib) outer, taps[] inner, as the kernel runs it. Lengths past the first that overflows
   // for sources of magnitude a_min are not measured: calls whose bound is below a_min take a_min's
   // chain (measure_floor()).
-  // Lanes run on the context's threads, and each lane's windows come from prefix sums over
-  // chunks of its unit sequence: one pass over the units, then about units / n differences per
-  // candidate n, with each candidate's open window carried from chunk to chunk (a 512-channel 3x3
-  // layer has 512 lanes of 288 units; scanning them once per candidate would take a third of its
-  // set_weights, serially). The maxima do not depend on how the lanes are split.
-  static constexpr size_t kMaxCandidates = 64;  // 16 lengths, then x1.5 steps: enough for 10^6 units
-  static constexpr int kPrefixChunk = 1024;     // units per prefix-sum chunk (8 KiB of stack)
+  // Lanes run on the context's threads, each range through the kernel table's chain_window_max
+  // (prefix sums over the unit sequence, a vector of lanes at a time). The maxima do not depend
+  // on how the lanes are split.
+  static constexpr size_t kMaxCandidates = simd::kChainWindowCandidates;  // 16 lengths, then x1.5 steps: enough for 10^6 units
+  std::vector<int32_t> seq;  // the sequence's unit offsets, measure()'s (kept: set_weights allocates nothing again)
   void measure(const Context& ctx, const int32_t* unit_l1, int lanes, int64_t lane_stride, int nib, int T,
                const int32_t* taps, int ntaps, int64_t a_min);
   // Steps per INT32 chain for sources of magnitude <= a.
