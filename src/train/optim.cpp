@@ -2,8 +2,8 @@
 #include "dfp/optim.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <numbers>
 
 #include "dfp/context.hpp"
@@ -61,8 +61,13 @@ void sgd_update(const Context& ctx, std::span<const SgdTensor> tensors, float lr
 
 void Sgd::step(float lr) {
   // The velocities are handed out (momentum_buffers(): a checkpoint's restore, the GPU's copy):
-  // their storage is taken afresh each step.
-  for (size_t i = 0; i < tensors_.size(); ++i) tensors_[i].velocity = velocity_[i].data();
+  // their storage, and the parameters', is taken afresh each step.
+  const auto& params = model_.parameters();
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    tensors_[i].value = params[i].value;
+    tensors_[i].grad = params[i].grad;
+    tensors_[i].velocity = velocity_[i].data();
+  }
   sgd_update(ctx_, tensors_, lr, opt_.momentum, opt_.nesterov, max_abs_);
   model_.weights_updated(max_abs_);
 }

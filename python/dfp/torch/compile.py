@@ -336,7 +336,7 @@ def master_of(p):
     if entry is None or entry[0]() is not p:
         return None
     c, i = entry[1](), entry[2]
-    if c is None or p.data_ptr() != c._views[c._dfp_names[i]].ctypes.data:
+    if c is None or c._dfp_index[i] < 0 or p.data_ptr() != c._views[c._dfp_names[i]].ctypes.data:
         return None
     return c, c._dfp_index[i]
 
@@ -406,7 +406,8 @@ class CompiledModule(torch.nn.Module):
         state = dfp_model.state()
         self._grad_views = [state[prefix + n].grad for n in param_names]
         order = {p.name: k for k, p in enumerate(dfp_model.parameters())}
-        self._dfp_index = [order[prefix + n] for n in param_names]  # each parameter's place in dfp's list
+        # Each parameter's place in dfp's list (-1: dfp holds it as a buffer, no optimizer reaches it).
+        self._dfp_index = [order.get(prefix + n, -1) for n in param_names]
         self._buffer_names = buffer_names
         self._input_grad = input_grad
         self._params = [module.get_parameter(n) for n in param_names]
@@ -471,8 +472,8 @@ class CompiledModule(torch.nn.Module):
                         _set_master(t, self, i)
             if max_abs:
                 measured = [-1.0] * len(self._dfp_index)
-                for k, v in max_abs.items():
-                    measured[k] = v
+                for k, m in max_abs.items():
+                    measured[k] = m
                 self._dfp_model.weights_updated(measured)
             else:
                 self._dfp_model.weights_updated()
