@@ -44,7 +44,7 @@ class Sgd {
   Model& model_;
   SgdOptions opt_;
   std::vector<std::vector<float>> velocity_;
-  std::vector<SgdTensor> tensors_;  // the parameters with their velocities, as sgd_update takes them
+  std::vector<SgdTensor> tensors_;  // step()'s list for sgd_update (sized once: a step allocates nothing)
   std::vector<float> max_abs_;  // max|w| of each parameter from the last update pass, for the model
 };
 

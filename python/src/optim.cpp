@@ -32,27 +32,27 @@ struct BoundSgd {
   Sgd sgd;
 };
 
+// A factor of the update (lr, momentum, weight decay), as the C API checks it: one that is not
+// finite, is negative or overflows float would make every weight NaN.
+void check_factor(double v, const std::string& what) {
+  DFP_CHECK(std::isfinite(v) && v >= 0 && v <= std::numeric_limits<float>::max(), Status::invalid_argument,
+            what + ": expected a finite number >= 0, got " + std::string(py::str(py::float_(v))));
+}
+
 }  // namespace
 
 void bind_optim(py::module_& mod) {
   py::class_<BoundSgd>(mod, "Sgd", "torch.optim.SGD on the model's FP32 master weights.")
       .def(py::init([](const Context& ctx, Model& model, float momentum, float weight_decay, bool nesterov) {
-             // As the C API: a factor that is not finite or negative would make every weight NaN.
-             auto need = [](float v, const char* name) {
-               DFP_CHECK(std::isfinite(v) && v >= 0.f, Status::invalid_argument,
-                         std::string("dfp.Sgd: ") + name + ": expected a finite number >= 0, got " +
-                             std::string(py::str(py::float_(v))));
-             };
-             need(momentum, "momentum");
-             need(weight_decay, "weight_decay");
+             check_factor(momentum, "dfp.Sgd: momentum");
+             check_factor(weight_decay, "dfp.Sgd: weight_decay");
              const auto lock = model_lock(model);
              return std::make_unique<BoundSgd>(ctx, model, SgdOptions{momentum, weight_decay, nesterov});
            }),
            py::arg("ctx"), py::arg("model"), py::arg("momentum") = 0.9f, py::arg("weight_decay") = 5e-4f,
            py::arg("nesterov") = false, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
       .def("step", [](BoundSgd& s, double lr) {
-        DFP_CHECK(std::isfinite(lr) && lr >= 0 && lr <= std::numeric_limits<float>::max(), Status::invalid_argument,
-                  "Sgd.step: lr: expected a finite learning rate >= 0, got " + std::string(py::str(py::float_(lr))));
+        check_factor(lr, "Sgd.step: lr");
         const auto lock = model_lock(s.model);
         py::gil_scoped_release unlocked;
         s.sgd.step(float(lr));
@@ -62,15 +62,9 @@ void bind_optim(py::module_& mod) {
       "sgd_update",
       [](const Context& ctx, const std::vector<py::array>& values, const std::vector<py::array>& grads,
          const std::vector<py::array>& velocities, double lr, double momentum, double weight_decay, bool nesterov) {
-        auto factor = [](double v, const char* name) {
-          DFP_CHECK(std::isfinite(v) && v >= 0 && v <= std::numeric_limits<float>::max(),
-                    Status::invalid_argument,
-                    std::string("dfp.sgd_update: ") + name + ": expected a finite number >= 0, got " +
-                        std::string(py::str(py::float_(v))));
-        };
-        factor(lr, "lr");
-        factor(momentum, "momentum");
-        factor(weight_decay, "weight_decay");
+        check_factor(lr, "dfp.sgd_update: lr");
+        check_factor(momentum, "dfp.sgd_update: momentum");
+        check_factor(weight_decay, "dfp.sgd_update: weight_decay");
         DFP_CHECK(values.size() == grads.size() && values.size() == velocities.size(), Status::invalid_argument,
                   "dfp.sgd_update: " + std::to_string(values.size()) + " values, " + std::to_string(grads.size()) +
                       " gradients and " + std::to_string(velocities.size()) + " velocities; expected as many of each");

@@ -18,10 +18,7 @@ Sgd::Sgd(const Context& ctx, Model& model, const SgdOptions& o) : ctx_(ctx), mod
   DFP_CHECK(o.momentum >= 0.f && o.weight_decay >= 0.f, Status::invalid_argument,
             "Sgd: momentum and weight decay must be >= 0");
   for (const Parameter& p : model.parameters()) velocity_.emplace_back(p.size, 0.f);
-  for (size_t i = 0; i < model.parameters().size(); ++i) {
-    Parameter& p = model.parameters()[i];
-    tensors_.push_back({p.value, p.grad, velocity_[i].data(), p.size, p.decay ? o.weight_decay : 0.f});
-  }
+  tensors_.resize(model.parameters().size());
   max_abs_.assign(model.parameters().size(), -1.f);
 }
 
@@ -60,13 +57,12 @@ void sgd_update(const Context& ctx, std::span<const SgdTensor> tensors, float lr
 }
 
 void Sgd::step(float lr) {
-  // The velocities are handed out (momentum_buffers(): a checkpoint's restore, the GPU's copy):
-  // their storage, and the parameters', is taken afresh each step.
+  // Listed each step (into storage sized once): the velocities are handed out
+  // (momentum_buffers(): a checkpoint's restore, the GPU's copy) and may have moved.
   const auto& params = model_.parameters();
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    tensors_[i].value = params[i].value;
-    tensors_[i].grad = params[i].grad;
-    tensors_[i].velocity = velocity_[i].data();
+    const Parameter& p = params[i];
+    tensors_[i] = {p.value, p.grad, velocity_[i].data(), p.size, p.decay ? opt_.weight_decay : 0.f};
   }
   sgd_update(ctx_, tensors_, lr, opt_.momentum, opt_.nesterov, max_abs_);
   model_.weights_updated(max_abs_);
