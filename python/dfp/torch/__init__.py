@@ -73,7 +73,7 @@ def weights_updated(model):
         m.weights_updated()
     for m in model.modules():
         if isinstance(m, CompiledModule):
-            m._seen = None
+            m.weights_updated()
 
 
 def layer_times(model):

@@ -336,7 +336,7 @@ def master_of(p):
     if entry is None or entry[0]() is not p:
         return None
     c, i = entry[1](), entry[2]
-    if c is None or c._dfp_index[i] < 0 or p.data_ptr() != c._views[c._dfp_names[i]].ctypes.data:
+    if c is None or c._dfp_index[i] < 0 or not c._views_dfp(i):
         return None
     return c, c._dfp_index[i]
 
@@ -438,6 +438,17 @@ class CompiledModule(torch.nn.Module):
             self._forwards += 1
             return call(self._dfp_model)
 
+    def _views_dfp(self, i):
+        """Whether parameter or buffer i (parameters first) is a view of dfp's own tensor."""
+        t = self._params[i] if i < len(self._params) else self._tracked[i - len(self._params)]
+        return t.data_ptr() == self._views[self._dfp_names[i]].ctypes.data and t.dtype == torch.float32 and \
+            t.is_contiguous()
+
+    def weights_updated(self):
+        """Re-copy (what is not a view of dfp's) and re-quantize before the next forward: after writes
+        torch's version counter does not see."""
+        self._seen = None
+
     def _versions(self):
         return [t._version for t in self._params] + [t._version for t in self._tracked]
 
@@ -462,7 +473,7 @@ class CompiledModule(torch.nn.Module):
                     view = sd[n]
                     if self._seen is not None and v[i] == self._seen[i]:
                         continue  # unchanged since dfp took it
-                    if t.data_ptr() == view.ctypes.data and t.dtype == torch.float32 and t.is_contiguous():
+                    if self._views_dfp(i):
                         continue  # a view of dfp's weights: already there
                     np.copyto(view, t.detach().to(torch.float32).reshape(view.shape).numpy())
                     self.weight_copies += 1

@@ -117,7 +117,7 @@ class Segment(nn.Module):
 
     def weights_updated(self):
         for c in self._dfp_plans.values():
-            c._seen = None
+            c.weights_updated()
 
     def extra_repr(self):
         return f"dfp segment {self._dfp_name!r} of {self._dfp_block_type.__name__}, input (N, " + \
