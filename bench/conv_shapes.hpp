@@ -1,5 +1,5 @@
-// The convolution layers dfp is measured on: ResNet-20 (CIFAR-10, batch 128), ResNet-50 and VGG-16
-// (ImageNet 224x224). One table for the benchmarks and any test that wants realistic shapes.
+// The convolution layers dfp is measured on: ResNet-20 (CIFAR-10, batch 128), ResNet-18c (CIFAR,
+// batch 64), ResNet-50 and VGG-16 (ImageNet 224x224). One table for the benchmarks and any test that wants realistic shapes.
 //
 // Names follow <net>_b<N>_c<C>_k<K>_in<H>_<R>x<S>_s<stride>; bench/ratio_table.py parses C, R and
 // S back out of them, so keep the pattern (fully connected layers: <net>_fc_b<N>_c<C>_k<K>).
@@ -33,7 +33,7 @@ constexpr ConvShape square_conv(int n, int c, int k, int hw, int r, int stride, 
   return s;
 }
 
-inline constexpr std::array<ConvLayer, 41> kConvLayers = {{
+inline constexpr std::array<ConvLayer, 52> kConvLayers = {{
     // ResNet-20, CIFAR-10, batch 128. The first layer (C = 3) has no input-gradient pass in
     // training, but its other two passes are benchmarked: three channels fill few reduction lanes.
     // (The backward-data row runs an operator built with an input gradient; the weight-gradient
@@ -69,6 +69,20 @@ inline constexpr std::array<ConvLayer, 41> kConvLayers = {{
     {"resnet50_b32_c512_k2048_in7_1x1_s1", square_conv(32, 512, 2048, 7, 1, 1, 0)},
     {"resnet50_b32_c2048_k512_in7_1x1_s1", square_conv(32, 2048, 512, 7, 1, 1, 0)},
     {"resnet50_b32_c512_k512_in7_3x3_s1", square_conv(32, 512, 512, 7, 3, 1, 1)},
+    // ResNet-18c (torchvision's ResNet-18 with a 3x3 stride-1 stem and no max pool: the CIFAR
+    // form train_bench and bench/torch_compile_bench.py train), batch 64: every distinct
+    // convolution, stage by stage (the downsampling 1x1 shortcuts where a stage begins).
+    {"resnet18c_b64_c3_k64_in32_3x3_s1", square_conv(64, 3, 64, 32, 3, 1, 1)},
+    {"resnet18c_b64_c64_k64_in32_3x3_s1", square_conv(64, 64, 64, 32, 3, 1, 1)},
+    {"resnet18c_b64_c64_k128_in32_3x3_s2", square_conv(64, 64, 128, 32, 3, 2, 1)},
+    {"resnet18c_b64_c64_k128_in32_1x1_s2", square_conv(64, 64, 128, 32, 1, 2, 0)},
+    {"resnet18c_b64_c128_k128_in16_3x3_s1", square_conv(64, 128, 128, 16, 3, 1, 1)},
+    {"resnet18c_b64_c128_k256_in16_3x3_s2", square_conv(64, 128, 256, 16, 3, 2, 1)},
+    {"resnet18c_b64_c128_k256_in16_1x1_s2", square_conv(64, 128, 256, 16, 1, 2, 0)},
+    {"resnet18c_b64_c256_k256_in8_3x3_s1", square_conv(64, 256, 256, 8, 3, 1, 1)},
+    {"resnet18c_b64_c256_k512_in8_3x3_s2", square_conv(64, 256, 512, 8, 3, 2, 1)},
+    {"resnet18c_b64_c256_k512_in8_1x1_s2", square_conv(64, 256, 512, 8, 1, 2, 0)},
+    {"resnet18c_b64_c512_k512_in4_3x3_s1", square_conv(64, 512, 512, 4, 3, 1, 1)},
     // VGG-16, ImageNet, batch 32: every distinct convolution (a 224x224 pass takes about a
     // quarter of a second here, so these rows run few iterations).
     {"vgg16_b32_c3_k64_in224_3x3_s1", square_conv(32, 3, 64, 224, 3, 1, 1)},

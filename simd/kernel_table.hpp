@@ -141,6 +141,11 @@ inline constexpr int max_pixels(int nob) { return kPixelAccumulators / nob; }
 // accumulate, dw = fma(sum, scale, dw) (an add when scale is 1); without, the call sums unscaled
 // from its first flush (dw need not be zeroed), scales dw once at the end, and always writes dw.
 // The bits are those of an FMA per flush either way (see Flush in simd/avx512/conv_s16_kernels.hpp).
+// Planes: `planes` grids of rows x cols positions, plane i's x_plane * i and dy_plane * i further,
+// run in order as one sequence, the flush counter starting again at each plane (with the chain
+// plane_chain[i], or `chain` where plane_chain is null) and a flush at each plane's end. With
+// accumulate that is a call per plane, in order, with dw read once and written once: the weight
+// gradient of a small image runs the batch's image pairs as planes (docs/design/kernels.md).
 struct PairKernelArgs {
   const int16_t* x;   // [..][16 c][2 images]
   const int16_t* dy;  // [..][16 k][2 images]
@@ -158,6 +163,9 @@ struct PairKernelArgs {
   // than issued as a burst before it, which stalls on the full miss queue (docs/design/kernels.md).
   const char* prefetch = nullptr;
   const char* prefetch_end = nullptr;
+  int planes = 1;
+  int64_t x_plane = 0, dy_plane = 0;
+  const int* plane_chain = nullptr;
 };
 
 // Per-row L1 norms of a pair-layout operand, for the weight gradient's chain bounds. For each of

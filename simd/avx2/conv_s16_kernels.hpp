@@ -292,21 +292,26 @@ void pair_kernel(const PairKernelArgs& a) {
   // loop, GCC reloaded them and multiplied per position (the inline asm's memory operands may
   // alias the arguments), a dozen scalar instructions beside 12 dot-product steps.
   const int64_t x_col = a.x_col, dy_col = a.dy_col, x_row = a.x_row, dy_row = a.dy_row;
-  const int rows = a.rows, cols = a.cols, chain = a.chain;
+  const int rows = a.rows, cols = a.cols;
   int pending = 0;
-  const int16_t* xr = a.x;
-  const int16_t* gr = a.dy;
-  for (int r = 0; r < rows; ++r, xr += x_row, gr += dy_row) {
-    const int16_t* xp = xr;
-    const int16_t* g = gr;
-    for (int c = 0; c < cols; ++c, xp += x_col, g += dy_col) {
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
-      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 16));
+  for (int p = 0; p < a.planes; ++p) {
+    if (pending > 0) flush(false);  // the previous plane's last chain
+    pending = 0;
+    const int chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+    const int16_t* xr = a.x + p * a.x_plane;
+    const int16_t* gr = a.dy + p * a.dy_plane;
+    for (int r = 0; r < rows; ++r, xr += x_row, gr += dy_row) {
+      const int16_t* xp = xr;
+      const int16_t* g = gr;
+      for (int c = 0; c < cols; ++c, xp += x_col, g += dy_col) {
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 16));
 #pragma GCC unroll 8
-      for (int k = 0; k < NK; ++k) Dot::step2(acc[k][0], acc[k][1], x0, x1, g + 2 * k);
-      if (++pending == chain) {
-        flush(false);
-        pending = 0;
+        for (int k = 0; k < NK; ++k) Dot::step2(acc[k][0], acc[k][1], x0, x1, g + 2 * k);
+        if (++pending == chain) {
+          flush(false);
+          pending = 0;
+        }
       }
     }
   }

@@ -343,23 +343,29 @@ void pair_kernel(const PairKernelArgs& a) {
   // _mm_prefetch under a branch, GCC copied all 16 accumulators to other registers around every
   // step and spilled one).
   const char* pf = a.prefetch;
-  for (int r = 0; r < a.rows; ++r) {
-    const int16_t* xr = a.x + r * a.x_row;
-    const int16_t* gr = a.dy + r * a.dy_row;
-    for (int c0 = 0; c0 < a.cols; c0 += SETS) {
+  for (int p = 0; p < a.planes; ++p) {
+    if (pending > 0) { flush(false); pending = 0; }  // the previous plane's last chain
+    const int chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+    const int16_t* x = a.x + p * a.x_plane;
+    const int16_t* dy = a.dy + p * a.dy_plane;
+    for (int r = 0; r < a.rows; ++r) {
+      const int16_t* xr = x + r * a.x_row;
+      const int16_t* gr = dy + r * a.dy_row;
+      for (int c0 = 0; c0 < a.cols; c0 += SETS) {
 #pragma GCC unroll 3
-      for (int s = 0; s < SETS; ++s) {
-        const int c = c0 + s;
-        if (c >= a.cols) break;
-        const __m512i xv = _mm512_loadu_si512(xr + c * a.x_col);
-        const int16_t* g = gr + c * a.dy_col;
+        for (int s = 0; s < SETS; ++s) {
+          const int c = c0 + s;
+          if (c >= a.cols) break;
+          const __m512i xv = _mm512_loadu_si512(xr + c * a.x_col);
+          const int16_t* g = gr + c * a.dy_col;
 #pragma GCC unroll 16
-        for (int k = 0; k < NK; ++k) Dot::step(acc[s][k], xv, g + 2 * k);
-        if constexpr (PREFETCH) {
-          asm volatile("prefetcht1 %0" ::"m"(*pf));
-          pf += pf + 64 < a.prefetch_end ? 64 : 0;
+          for (int k = 0; k < NK; ++k) Dot::step(acc[s][k], xv, g + 2 * k);
+          if constexpr (PREFETCH) {
+            asm volatile("prefetcht1 %0" ::"m"(*pf));
+            pf += pf + 64 < a.prefetch_end ? 64 : 0;
+          }
+          if (++pending == chain) { flush(false); pending = 0; }
         }
-        if (++pending == a.chain) { flush(false); pending = 0; }
       }
     }
   }

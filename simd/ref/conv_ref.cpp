@@ -102,14 +102,19 @@ void conv_s16_pair(const PairKernelArgs& a) {
       Lane lane;
       LaneOut out{a.dw + k * a.dw_k + l, a.scale, a.accumulate};
       int steps = 0;
-      for (int r = 0; r < a.rows; ++r) {
-        for (int c = 0; c < a.cols; ++c) {
-          const int16_t* x = a.x + r * a.x_row + c * a.x_col + 2 * l;
-          const int16_t* g = a.dy + r * a.dy_row + c * a.dy_col + 2 * k;
-          lane.step(x[0], g[0], x[1], g[1], a.overflow_events);
-          if (++steps == a.chain) {
-            out.flush(lane);
-            steps = 0;
+      for (int p = 0; p < a.planes; ++p) {
+        if (steps > 0) out.flush(lane);  // the previous plane's last chain
+        steps = 0;
+        const int chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+        for (int r = 0; r < a.rows; ++r) {
+          for (int c = 0; c < a.cols; ++c) {
+            const int16_t* x = a.x + p * a.x_plane + r * a.x_row + c * a.x_col + 2 * l;
+            const int16_t* g = a.dy + p * a.dy_plane + r * a.dy_row + c * a.dy_col + 2 * k;
+            lane.step(x[0], g[0], x[1], g[1], a.overflow_events);
+            if (++steps == chain) {
+              out.flush(lane);
+              steps = 0;
+            }
           }
         }
       }

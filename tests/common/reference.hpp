@@ -41,6 +41,15 @@ inline std::vector<float> random_ints(size_t n, uint32_t seed, int lo, int hi) {
   return v;
 }
 
+// Kernel operands over the quantizer's whole range, [-32767, 32767] (it never writes -32768): one
+// step's pair sum fits INT32, and sums past 2^24 make every flush's rounding show.
+inline std::vector<int16_t> random_int16(size_t n, uint32_t seed) {
+  const std::vector<float> r = random_ints(n, seed, -32767, 32767);
+  std::vector<int16_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<int16_t>(r[i]);
+  return v;
+}
+
 // y[n][k][oh][ow] = sum x[n][c][ih][iw] w[k][c][r][s] (NCHW, OIHW, FP64), and alongside it the
 // same sum over |x|*ax + |w|*aw + ax*aw (the quantization error bound, see tolerance.hpp).
 inline void conv_fwd_ref(const ConvShape& s, const std::vector<float>& x, const std::vector<float>& w,

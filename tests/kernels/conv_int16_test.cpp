@@ -859,13 +859,7 @@ TEST(ConvInt16, Avx2MicroKernelsMatchTheScalarModel) {
     pair.emplace_back("avxvnni", &simd::avxvnni::conv_s16_pair);
   }
   uint32_t seed = 100;
-  // Operands in [-32767, 32767] (the quantizer never writes -32768): one step's pair sum fits INT32.
-  auto operands = [&](size_t n) {
-    std::vector<int16_t> v(n);
-    const auto r = random_ints(n, seed++, -32767, 32767);
-    for (size_t i = 0; i < n; ++i) v[i] = static_cast<int16_t>(r[i]);
-    return v;
-  };
+  auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
   for (int nob : {1, 2}) {
     for (int npix = 1; npix <= simd::max_pixels(nob); ++npix) {
       for (int variant = 0; variant < 4; ++variant) {
@@ -932,4 +926,85 @@ TEST(ConvInt16, Avx2MicroKernelsMatchTheScalarModel) {
       }
     }
   }
+}
+
+// The pair kernel's planes (the weight gradient's image pairs in one call) at every level, and
+// the AVX2 kernel's two forms, against the reference; and the reference's planes, accumulating,
+// against a call per plane: 1-4 planes of 1-3 rows x 1-5 columns, a chain per plane (dividing
+// its positions exactly, shorter, longer, one position) or one for all, every row count.
+// Full-range operands, so every flush point shows in the FP32 rounding; half the cases with a
+// prefetch range (the AVX-512 kernels' other form).
+TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
+  const CpuFeatures cpu = detect_cpu_features();
+  std::vector<std::pair<std::string, simd::PairKernelFn>> fns;
+  for (Isa isa : kIsaLevels) {
+    if (isa == Isa::ref || !cpu.supports(isa)) continue;
+    const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+    fns.emplace_back(t.conv_s16_pair.name, t.conv_s16_pair.fn);
+  }
+  if (cpu.supports(Isa::avx2)) fns.emplace_back("avx2 direct", &simd::avx2::conv_s16_pair);
+  if (cpu.supports(Isa::avx2) && cpu.avx_vnni) fns.emplace_back("avxvnni direct", &simd::avxvnni::conv_s16_pair);
+  uint32_t seed = 700;
+  auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
+  int cases = 0;
+  for (int nk : {1, 3, 8, 12, 16}) {
+    for (int planes = 1; planes <= 4; ++planes) {
+      for (int shape = 0; shape < 3; ++shape) {
+        const int rows = 1 + shape, cols = shape == 0 ? 5 : shape == 1 ? 4 : 3;
+        const int64_t x_col = 32, x_row = cols * x_col + 64, x_plane = rows * x_row + 96;
+        const int64_t dy_col = 40, dy_row = cols * dy_col + 8, dy_plane = rows * dy_row + 32;
+        const std::vector<int16_t> x = operands(size_t(planes * x_plane + 32));
+        const std::vector<int16_t> dy = operands(size_t(planes * dy_plane + 32));
+        const int n = rows * cols;
+        for (int chains = 0; chains < 4; ++chains) {
+          // chains 0: one for all planes; 1-3: per plane.
+          std::vector<int> plane_chain(static_cast<size_t>(planes), 0);
+          for (int p = 0; p < planes; ++p)
+            plane_chain[size_t(p)] = chains == 1 ? n : chains == 2 ? 1 + (p * 5 + 2) % (n + 2) : p % 2 ? 1 : cols;
+          for (bool accumulate : {false, true}) {
+            const int64_t dw_k = 24;
+            const std::vector<float> start = random_vec(size_t(16 * dw_k), seed++, -1e6f, 1e6f);
+            simd::PairKernelArgs a{};
+            a.x = x.data(); a.dy = dy.data(); a.dw_k = dw_k; a.nk = nk; a.rows = rows; a.cols = cols;
+            a.x_row = x_row; a.x_col = x_col; a.dy_row = dy_row; a.dy_col = dy_col; a.chain = 3;
+            a.scale = 1.f; a.accumulate = accumulate;
+            a.planes = planes; a.x_plane = x_plane; a.dy_plane = dy_plane;
+            a.plane_chain = chains ? plane_chain.data() : nullptr;
+            if (chains % 2) {  // the kernels' prefetching forms (a hint: same result)
+              a.prefetch = reinterpret_cast<const char*>(x.data());
+              a.prefetch_end = a.prefetch + 64 * (n * planes / 2 + 1);
+            }
+            std::vector<float> want = start;
+            a.dw = want.data();
+            simd::ref::conv_s16_pair(a);
+            if (accumulate) {  // the reference's planes are its calls, one per plane
+              std::vector<float> each = start;
+              simd::PairKernelArgs one = a;
+              one.planes = 1;
+              one.plane_chain = nullptr;
+              one.dw = each.data();
+              for (int p = 0; p < planes; ++p) {
+                one.x = x.data() + p * x_plane;
+                one.dy = dy.data() + p * dy_plane;
+                one.chain = chains ? plane_chain[size_t(p)] : a.chain;
+                simd::ref::conv_s16_pair(one);
+              }
+              ASSERT_EQ(0, std::memcmp(want.data(), each.data(), want.size() * 4))
+                  << "reference planes " << planes << " nk " << nk << " shape " << shape << " chains " << chains;
+            }
+            for (const auto& [name, fn] : fns) {
+              std::vector<float> got = start;
+              a.dw = got.data();
+              fn(a);
+              ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+                  << name << " planes " << planes << " nk " << nk << " shape " << shape << " chains " << chains
+                  << " accumulate " << accumulate;
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 5 * 4 * 3 * 4 * 2);
 }

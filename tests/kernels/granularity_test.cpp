@@ -86,12 +86,7 @@ TEST(Granularity, PixelKernelScalesMatchTheScalarModel) {
   const auto kernels = pixel_kernels();
   if (kernels.empty()) GTEST_SKIP() << "no vector level on this CPU";
   uint32_t seed = 500;
-  auto operands = [&](size_t n) {
-    std::vector<int16_t> v(n);
-    const auto r = random_ints(n, seed++, -32767, 32767);
-    for (size_t i = 0; i < n; ++i) v[i] = static_cast<int16_t>(r[i]);
-    return v;
-  };
+  auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
   auto powers = [&](size_t n, int lo, int hi) {
     std::vector<float> v(n);
     const auto r = random_ints(n, seed++, lo, hi);

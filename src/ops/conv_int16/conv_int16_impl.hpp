@@ -68,6 +68,7 @@ constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
 constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
 constexpr int kWgradKbGroup = 2;    // weight-gradient output blocks sharing one x tile (4: slower, L1)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
+constexpr int kWgradPlanes = 32;    // image pairs per weight-gradient call over planes
 // The weight gradient fetches the next step's dy rows ahead only when dy is larger than this
 // (a quarter of this CPU's 32 MiB L3): smaller, its rows come from L3, which the hardware
 // prefetcher streams well enough, and the burst of prefetches before each call costs more than
@@ -441,6 +442,15 @@ struct ConvInt16::Impl {
   // Granularity::slice: the weight gradient's exponents (x_blk, dy_blk) per image pair, as each
   // call reads one pair; a fully connected layer's call reduces over all pairs: one over the batch.
   bool wgrad_pairs() const { return !gemm; }
+  // The weight gradient runs the image pairs as the pair kernel's planes (kWgradPlanes per call)
+  // where one tile holds a whole output image and the pairs share one exponent: a call per pair
+  // read and wrote its 16 dW rows for a few positions (a 4x4 layer: 16), and ResNet-18c's 4x4
+  // layers ran their weight gradient at 28% of the INT16 peak. dy is then quantized into whole
+  // pairs (dyp), which the calls read in place. Each pair keeps its own positions, chains and
+  // flushes, so the bits are those of a call per pair.
+  bool wgrad_planes() const {
+    return !gemm && !x_slices && !dy_slices && OW <= kPairTile && OH <= kPairTile / OW;
+  }
 
   simd::PixelKernelFn pixel_fn() const {
     return opt.verify ? &simd::ref::conv_s16_pixel : ctx.kernels().conv_s16_pixel.fn;

@@ -193,7 +193,7 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
     }
   }
   xq_bytes = round64(size_t(sh.N) * CB * Hp * Wp * 16 * sizeof(int16_t));
-  dy_whole_pairs = gemm || !opt.input_gradient || dy_slices;
+  dy_whole_pairs = gemm || !opt.input_gradient || dy_slices || wgrad_planes();
   dyq_bytes = opt.input_gradient ? round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t)) : 0;
   dyp_bytes = dy_whole_pairs ? round64(size_t(NP) * KB * OH * OW * 32 * sizeof(int16_t)) : 0;
   dyp_row_l1.assign(dy_whole_pairs && !gemm ? size_t(NP) * KB * OH : 0, 0);

@@ -135,6 +135,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
           int16_t* d = pair + (((size_t(p) * B + b) * h2 + y / pair_step + top2) * w2 + left2) * 32;
           if (pair_step == 1) {
             inter(a, a2, d, row_len);
+            if (pair_row_l1) row_l1(d, 1, w, 0, pair_row_l1 + (size_t(p) * B + b) * h2 + y + top2);
             return;
           }
           // Every pair_step-th pixel of both rows, gathered a piece at a time, then interleaved.
@@ -522,7 +523,7 @@ void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max, con
   } else {
     stats.dy = quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
                                 dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data(),
-                                false, nullptr, 1, nullptr, opt.input_gradient ? nullptr : dyp_row_l1_out());
+                                false, nullptr, 1, nullptr, dyp_row_l1_out());
     dy_pairs = stats.dy;
   }
   have_dy = true;

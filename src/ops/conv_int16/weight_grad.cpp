@@ -135,6 +135,102 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   // scale themselves, and so do Granularity::slice's calls of one image pair (an FMA each flush:
   // their pairs' units differ).
   base.scale = direct ? scale : 1.f;
+  // wgrad_planes(): the calls of kWgradPlanes image pairs at a time as one call over planes, dy
+  // read in place from dyp with its stored row norms. The same calls as the loop in `reduce`
+  // below, and in the same order for every dW value (pairs ascending), with the same chains:
+  // per pair, from that pair's bounds.
+  const bool planes = wgrad_planes();
+  // Tap t's output positions in [oh0, oh1) x [ow0, ow1) that read inside the image (the rest read
+  // padding: zero products): a.rows, a.cols and (lo_r, lo_c), the first; a.x at them in image pair
+  // p, block cb. False where there are none.
+  auto at_tap = [&](simd::PairKernelArgs& a, int t, int p, int cb, int oh0, int oh1, int ow0, int ow1, int& lo_r,
+                    int& lo_c) {
+    const int r = t / sh.S, s2 = t % sh.S;
+    lo_r = std::max(oh0, tap_rows[r].first);
+    lo_c = std::max(ow0, tap_cols[s2].first);
+    const int hi_r = std::min(oh1, tap_rows[r].second), hi_c = std::min(ow1, tap_cols[s2].second);
+    if (lo_r >= hi_r || lo_c >= hi_c) return false;
+    a.rows = hi_r - lo_r;
+    a.cols = hi_c - lo_c;
+    a.x = xp.data() + (((size_t(p) * CB + cb) * xp_h + size_t(lo_r) * x_row_step + r - sh.pad_h) * xp_w +
+                       size_t(lo_c) * x_col_step + s2 - sh.pad_w) * 32;
+    return true;
+  };
+  // The kernel on a (x, dy, chain and scale set) into dW block (kb, cb) of tap t in acc; with lanes
+  // over K (lanes_k), dy's channels take the lanes and x's channel pairs are broadcast.
+  auto call = [&](simd::PairKernelArgs& a, float* acc, int t, int cb, int kb) {
+    if (!lanes_k) {
+      a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
+      fn(a);
+      return;
+    }
+    simd::PairKernelArgs b = a;
+    b.x = a.dy;
+    b.x_row = a.dy_row;
+    b.x_col = a.dy_col;
+    b.x_plane = a.dy_plane;
+    b.dy = a.x;
+    b.dy_row = a.x_row;
+    b.dy_col = a.x_col;
+    b.dy_plane = a.x_plane;
+    b.nk = std::min(16, sh.C - cb * 16);
+    b.dw = acc + size_t(cb) * 16 * dw_k + size_t(t) * KB * 16 + size_t(kb) * 16;
+    fn(b);
+  };
+  auto reduce_planes = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
+    int plane_chain[kWgradPlanes];
+    int32_t x_bound[kWgradPlanes], dy_bound[kWgradPlanes][kWgradKbGroup];
+    int chains[kWgradPlanes][kWgradKbGroup], l1_rows[kWgradPlanes][kWgradKbGroup];
+    const int ih0 = -sh.pad_h, ih1 = (OH - 1) * sh.stride_h - sh.pad_h + sh.R;
+    a.dy_row = int64_t(OW) * 32;
+    a.x_plane = int64_t(CB) * xp_h * xp_w * 32;
+    a.dy_plane = int64_t(KB) * OH * OW * 32;
+    a.plane_chain = plane_chain;
+    for (int q0 = p0; q0 < p1; q0 += kWgradPlanes) {
+      const int np = std::min(p1 - q0, kWgradPlanes);
+      a.planes = np;
+      for (int kg = kb0; kg < kb1; kg += kWgradKbGroup) {
+        const int kg1 = std::min(kb1, kg + kWgradKbGroup);
+        for (int q = 0; q < np; ++q)
+          for (int kb = kg; kb < kg1; ++kb) {
+            int32_t& m = dy_bound[q][kb - kg];
+            m = 0;
+            for (int n = 2 * (q0 + q); n < std::min(sh.N, 2 * (q0 + q) + 2); ++n)
+              m = std::max(m, span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, 0, OH, OH));
+          }
+        for (int cb = 0; cb < CB; ++cb) {
+          for (int q = 0; q < np; ++q) {
+            const int p = q0 + q;
+            x_bound[q] = 0;
+            for (int n = 2 * p; n < std::min(sh.N, 2 * p + 2); ++n)
+              x_bound[q] = std::max(x_bound[q], span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
+            for (int kb = kg; kb < kg1; ++kb) {
+              const int i = kb - kg;
+              chains[q][i] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound[q], dy_bound[q][i]));
+              l1_rows[q][i] = opt.chain_override || chains[q][i] >= OH * OW
+                                  ? 0
+                                  : rows_within(dyp_row_l1.data() + (size_t(p) * KB + kb) * OH, OH, kInt32Max / x_bound[q]);
+            }
+          }
+          for (int t = 0; t < T; ++t) {
+            int lo_r, lo_c;
+            if (!at_tap(a, t, q0, cb, 0, OH, 0, OW, lo_r, lo_c)) continue;
+            for (int kb = kg; kb < kg1; ++kb) {
+              const int i = kb - kg;
+              for (int q = 0; q < np; ++q) {  // as call_chain in `reduce`
+                const int m = l1_rows[q][i];
+                plane_chain[q] = m >= a.rows ? kMaxChain : std::max(chains[q][i], m * a.cols);
+              }
+              a.dy = dyp_at(q0, kb, lo_r, lo_c);
+              call(a, acc, t, cb, kb);
+            }
+          }
+        }
+      }
+    }
+    a.planes = 1;  // plane_chain is this call's
+    a.plane_chain = nullptr;
+  };
   // All reduction work for image pairs [p0, p1) and output blocks [kb0, kb1), into acc.
   auto reduce = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
     if (gemm) {  // fully connected: positions are the image pairs, one call per dW block
@@ -200,6 +296,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         }
     };
     if (p0 >= p1) return;  // an empty slice (fewer image pairs than slices)
+    if (planes) return reduce_planes(a, acc, p0, p1, kb0, kb1);
     Step step{p0, 0, 0, kb0};
     do {
       const int p = step.p, oh0 = step.oh0, ow0 = step.ow0, kg = step.kg;
@@ -297,46 +394,58 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           x_end = next_x + lines * 64;
         }
         for (int t = 0; t < T; ++t) {
-          const int r = t / sh.S, s2 = t % sh.S;
-          // This tap's positions inside the image (the rest read padding: zero products).
-          const int lo_r = std::max(oh0, tap_rows[r].first), hi_r = std::min(oh1, tap_rows[r].second);
-          const int lo_c = std::max(ow0, tap_cols[s2].first), hi_c = std::min(ow1, tap_cols[s2].second);
-          if (lo_r >= hi_r || lo_c >= hi_c) continue;
-          a.rows = hi_r - lo_r;
-          a.cols = hi_c - lo_c;
-          a.x = xp.data() + (((size_t(p) * CB + cb) * xp_h + size_t(lo_r) * x_row_step + r - sh.pad_h) * xp_w +
-                             size_t(lo_c) * x_col_step + s2 - sh.pad_w) * 32;
+          int lo_r, lo_c;
+          if (!at_tap(a, t, p, cb, oh0, oh1, ow0, ow1, lo_r, lo_c)) continue;
           for (int kb = kg; kb < kg1; ++kb) {
-            const int16_t* g = dy_at(kb, lo_r, lo_c);
+            a.dy = dy_at(kb, lo_r, lo_c);
             a.prefetch = next_x ? next_x + (size_t(t) * (kg1 - kg) + kb - kg) * x_share : nullptr;
             a.prefetch_end = next_x ? std::min(x_end, a.prefetch + x_share) : nullptr;
-            if (lanes_k) {  // lanes over k from the dy tile, x's channel pairs broadcast
-              simd::PairKernelArgs b = a;
-              b.x = g;
-              b.x_row = a.dy_row;
-              b.x_col = 32;
-              b.dy = a.x;
-              b.dy_row = a.x_row;
-              b.dy_col = a.x_col;
-              b.nk = std::min(16, sh.C - cb * 16);
-              b.chain = call_chain(kb - kg, a.rows, a.cols);
-              b.scale = call_scale(p, cb, kb);
-              b.dw = acc + size_t(cb) * 16 * dw_k + size_t(t) * KB * 16 + size_t(kb) * 16;
-              ahead.issue(share);
-              fn(b);
-              continue;
-            }
-            a.dy = g;
             a.chain = call_chain(kb - kg, a.rows, a.cols);
             a.scale = call_scale(p, cb, kb);
-            a.dw = acc + size_t(kb) * 16 * dw_k + size_t(t) * CB * 16 + size_t(cb) * 16;
             ahead.issue(share);
-            fn(a);
+            call(a, acc, t, cb, kb);
           }
         }
       }
     } while (next(step));
   };
+  // The common layout's partials, [K16][T][C16], into dW [K][C][T] for rows [k0, k1): as
+  // sum_into_dw below (16 channels at a time, each tap's partials read in order, the slices
+  // summed in order), with the pointers stepped and one scale (a convolution's is per layer).
+  // Through sum_into_dw's index lambdas and per-element scale, ResNet-18c's 512-channel 4x4
+  // layer spent 15% of its weight gradient here (perf; docs/design/kernels.md).
+  const float layer_scale = call_scales ? 1.f : scale;
+  auto common_rows = [&](int64_t k0, int64_t k1) {
+    const int64_t tap = int64_t(CB) * 16;
+    for (int64_t k = k0; k < k1; ++k) {
+      const float* in = dw_part + size_t(k) * dw_k;
+      float* out = dw + size_t(k) * sh.C * T;
+      if (T == 1 && ns == 1) {  // 1x1: the row as it is
+        for (int c = 0; c < sh.C; ++c) out[c] = in[c] * layer_scale;
+        continue;
+      }
+      for (int c0 = 0; c0 < sh.C; c0 += 16) {
+        const int c1 = std::min(sh.C, c0 + 16);
+        for (int t = 0; t < T; ++t) {
+          const float* row = in + t * tap;
+          float* o = out + t;
+          if (ns == 1) {
+            for (int c = c0; c < c1; ++c) o[size_t(c) * T] = row[c] * layer_scale;
+            continue;
+          }
+          for (int c = c0; c < c1; ++c) {
+            float v = row[c];
+            for (int sl = 1; sl < ns; ++sl) v += row[size_t(sl) * part + c];
+            o[size_t(c) * T] = v * layer_scale;
+          }
+        }
+      }
+    }
+  };
+  // By output blocks (one partial), a task writes its own rows of dW as it ends, while its
+  // partials are still in L2: a pass over all of them afterwards read them back from memory
+  // (9 MiB for a 512-channel 3x3 layer).
+  const bool rows_in_task = by_output_block() && !gemm && !lanes_k && !unfold;
   if (by_output_block()) {
     // Enough output blocks to share out: each task owns 16 rows of dW over all positions, so
     // there are no partial sums to store or add (large layers would make them memory-bound).
@@ -358,6 +467,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         std::memset(acc + size_t(kb0) * 16 * dw_k, 0, size_t(kb1 - kb0) * 16 * dw_k * sizeof(float));
       }
       reduce(a, acc, 0, NP, kb0, kb1);
+      if (rows_in_task) common_rows(int64_t(kb0) * 16, std::min<int64_t>(sh.K, int64_t(kb1) * 16));
     });
   } else {
     run_calls(ns, base, [&](simd::PairKernelArgs& a, int64_t sl) {
@@ -366,12 +476,12 @@ void ConvInt16::Impl::backward_weights(float* dw) {
       reduce(a, acc, int(sl * NP / ns), int((sl + 1) * NP / ns), 0, KB);
     });
   }
-  if (direct) return;
+  if (direct || rows_in_task) return;
   // Sum the slices in a fixed order into dW [K][C][R][S], 16 channels at a time: each tap's
   // partials of a channel block are read in order (with taps innermost, a 512-channel 3x3
   // layer would read them 2 KiB apart) and the block's 16 * T results written in order, in L1.
-  // partial(k, c, t) is a partial's offset and out(k, c, t) its place in dW; the common layout
-  // spells both out, so its loop has no per-element branches or index map (through
+  // partial(k, c, t) is a partial's offset and out(k, c, t) its place in dW, for the layouts
+  // with an index map; the common layout has its own loop in the same order (common_rows; through
   // weight_index(), large layers spend much of their weight gradient here;
   // docs/design/kernels.md).
   auto sum_into_dw = [&](auto partial, auto out) {
@@ -408,7 +518,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   } else if (unfold) {
     sum_into_dw(rows_k, mapped);
   } else {
-    sum_into_dw(rows_k, [&](int64_t k, int c, int t) { return (size_t(k) * sh.C + c) * T + t; });
+    ctx.parallel_for(sh.K, common_rows);
   }
 }
 
