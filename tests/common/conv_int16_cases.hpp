@@ -41,6 +41,10 @@ inline const std::vector<ConvShape>& edge_shapes() {
       // GEMM with whole channel blocks and >= 4 output blocks: the weight gradient writes dW in
       // place; and with 2 KiB input rows (C = 1024): tiles of 8 images, not 14.
       make(7, 48, 1, 1, 72, 1, 1, 1, 0),  make(17, 1024, 1, 1, 40, 1, 1, 1, 0),
+      // Weights over kPixelWeightBytes: row calls split the output-block groups between items
+      // (forward 2 of 3 groups per item, backward-data 6 of 8); the weight gradient's pairs as
+      // planes, the last pair with one image.
+      make(5, 256, 4, 4, 96, 3, 3, 1, 1),
   };
   return v;
 }

@@ -116,8 +116,19 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
     });
     return base.chain;
   }
-  // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls.
-  run_calls(pp.row_begin.back(), base, [&](simd::PixelKernelArgs& a, int64_t r) {
+  // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls,
+  // each for output-block groups [g0, g1). Where the weights are larger than kPixelWeightBytes,
+  // items take as many groups as fit in it, with the groups outermost: a thread's consecutive
+  // items then share those groups' weights in L2 over all images. With every group in each item,
+  // ResNet-18c's 512-channel 4x4 layer (4.7 MB of weights, 4 output rows per image) read its
+  // weights from L3 once per row and ran its forward at 40% of the INT16 peak, slower than
+  // oneDNN's FP32 (docs/design/kernels.md).
+  const int64_t group_bytes = wei_group * int64_t(sizeof(int16_t));
+  const int span = int(std::clamp<int64_t>(kPixelWeightBytes / group_bytes, 1, ngroups));
+  const int64_t row_items = pp.row_begin.back();
+  run_calls(row_items * ((ngroups + span - 1) / span), base, [&](simd::PixelKernelArgs& a, int64_t item) {
+    const int g0 = int(item / row_items) * span, g1 = std::min(ngroups, g0 + span);
+    const int64_t r = item % row_items;
     size_t q = 0;  // the phase of item r
     while (r >= pp.row_begin[q + 1]) ++q;
     const Phase& p = pp.phases[q];
@@ -134,7 +145,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       a.src_pix = pp.src_row;
       a.dst_pix = pp.dst_row;
       a.src = src_n + i0 * pp.src_row + col.col * pp.src_col;
-      for (int g = 0; g < ngroups; ++g) {
+      for (int g = g0; g < g1; ++g) {
         a.nob = std::min(2, pp.out_blocks - 2 * g);
         a.wei = wei + g * wei_group;
         if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
@@ -149,7 +160,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
     use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), bound(p, n, i, i + 1));
     const int16_t* src_row = src_n + i * pp.src_row;
     float* dst_row = dst_n + i * pp.dst_row;
-    for (int g = 0; g < ngroups; ++g) {
+    for (int g = g0; g < g1; ++g) {
       a.nob = std::min(2, pp.out_blocks - 2 * g);
       const RowBlocks& rb = pp.blocks[q];
       const auto& bs = a.nob == 2 ? rb.start2 : rb.start1;
