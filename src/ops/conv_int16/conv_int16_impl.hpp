@@ -88,10 +88,11 @@ constexpr int kUnfoldPixels = 64;   // pixels per gather tile of the column unfo
 // two L1 sets and thrash them (14 images are slower than the rows). With 4-pixel rows the row
 // tiles are faster than image tiles. Figures: docs/design/kernels.md, "Tiling and weight packing".
 constexpr int kImageTileMaxRow = 2;
-// Row calls take the weights of at most this many bytes of output-block groups per item (at least
-// one group), so that they stay in L2 across a thread's items (512 KiB: Zen 2's L2).
-constexpr int64_t kPixelWeightBytes = int64_t(384) << 10;
 constexpr int kImageTileNarrow = 8;
+// Row calls take the weights of at most this many bytes of output-block groups per item (at least
+// one group), so that they stay in L2 across a thread's items (under Zen 2's 512 KiB, the smallest
+// L2 of the CPUs dfp runs on).
+constexpr int64_t kPixelWeightBytes = int64_t(384) << 10;
 
 // The pixel kernel flushes after every `chain` steps counted from the start of each call, so an
 // output lane's INT32 sum spans a window of consecutive (input block, tap) units of 8 steps, the
