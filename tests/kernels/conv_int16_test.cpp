@@ -340,6 +340,29 @@ TEST(ConvInt16, ChainsFollowTheRowsEachCallReads) {
   }
 }
 
+// Images whose weight-gradient tile is the whole output (8x8 here) run their image pairs as one
+// kernel call's planes, each plane with its own pair's chain. Big values sit in image 4 of x and
+// of dy (pair 2) and in rows 3 and 4 of image 1 of dy (pair 0); everything else, weights aside,
+// is 1/64 of them. Pair 2's center tap reads 64 big products, over the 57 that fit INT32:
+// a plane whose chain came from another pair's bounds, or from no bound, would overflow, and
+// verification counts it. Five pairs in one call, the last with one image.
+TEST(ConvInt16, ChainsFollowThePairOfEachPlane) {
+  const ConvShape s = make(9, 64, 8, 8, 64, 3, 3, 1, 1);
+  const int OH = s.OH(), OW = s.OW();
+  const float big = 1.5f, small = 1.5f / 64;
+  std::vector<float> x(size_t(s.N) * s.C * s.H * s.W), dy(size_t(s.N) * s.K * OH * OW);
+  const std::vector<float> w(size_t(s.K) * s.C * 9, big);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = i / (size_t(s.C) * s.H * s.W) == 4 ? big : small;
+  for (size_t i = 0; i < dy.size(); ++i) {
+    const size_t n = i / (size_t(s.K) * OH * OW), h = i / OW % OH;
+    dy[i] = n == 4 || (n == 1 && (h == 3 || h == 4)) ? big : small;
+  }
+  Context ctx(ContextOptions{.threads = 2});
+  const Outputs r = run_verified_exact(ctx, s, x, w, dy);
+  EXPECT_EQ(r.stats.x.max_abs_int, 6144);
+  EXPECT_LT(r.stats.chain_wgrad, 64);  // the bound really shortened a chain
+}
+
 // Image tiles (rows of at most 2 pixels: 8 images at one position) and GEMM layers (1x1 over 1x1
 // images: 14 images per call) bound each call by the largest |q| over the images it takes. One
 // image of x and one of dy are big, each in the second tile; every weight is big. A call whose
