@@ -1,5 +1,6 @@
 // The convolution layers dfp is measured on: ResNet-20 (CIFAR-10, batch 128), ResNet-18c (CIFAR,
-// batch 64), ResNet-50 and VGG-16 (ImageNet 224x224). One table for the benchmarks and any test that wants realistic shapes.
+// batch 64), ResNet-50 and VGG-16 (ImageNet 224x224). One table for the benchmarks and any test
+// that wants realistic shapes.
 //
 // Names follow <net>_b<N>_c<C>_k<K>_in<H>_<R>x<S>_s<stride>; bench/ratio_table.py parses C, R and
 // S back out of them, so keep the pattern (fully connected layers: <net>_fc_b<N>_c<C>_k<K>).
