@@ -345,7 +345,8 @@ TEST(ConvInt16, ChainsFollowTheRowsEachCallReads) {
 // of dy (pair 2) and in rows 3 and 4 of image 1 of dy (pair 0); everything else, weights aside,
 // is 1/64 of them. Pair 2's center tap reads 64 big products, over the 57 that fit INT32:
 // a plane whose chain came from another pair's bounds, or from no bound, would overflow, and
-// verification counts it. Five pairs in one call, the last with one image.
+// verification counts it. Five pairs: a call of kWgradPlanes (4) and one of the last pair, which
+// has one image.
 TEST(ConvInt16, ChainsFollowThePairOfEachPlane) {
   const ConvShape s = make(9, 64, 8, 8, 64, 3, 3, 1, 1);
   const int OH = s.OH(), OW = s.OW();

@@ -68,7 +68,10 @@ constexpr int kMaxChain = 1 << 24;  // "unbounded": longer than any reduction
 constexpr int kPairTile = 128;      // weight-gradient positions per kernel call (dy pairs: 8 KiB)
 constexpr int kWgradKbGroup = 2;    // weight-gradient output blocks sharing one x tile (4: slower, L1)
 constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the thread count
-constexpr int kWgradPlanes = 32;    // image pairs per weight-gradient call over planes
+// Image pairs per weight-gradient call over planes: with 4, a call's x (one input block of each
+// pair) stays in L1 across its taps and output blocks; 32 ran ResNet-18c's 4x4 and 8x8 weight
+// gradients 10-25% slower (docs/design/kernels.md).
+constexpr int kWgradPlanes = 4;
 // The weight gradient fetches the next step's dy rows ahead only when dy is larger than this
 // (a quarter of this CPU's 32 MiB L3): smaller, its rows come from L3, which the hardware
 // prefetcher streams well enough, and the burst of prefetches before each call costs more than
