@@ -411,17 +411,24 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   };
   // The common layout's partials, [K16][T][C16], into dW [K][C][T] for rows [k0, k1): as
   // sum_into_dw below (16 channels at a time, each tap's partials read in order, the slices
-  // summed in order), with the pointers stepped and one scale (a convolution's is per layer).
-  // Through sum_into_dw's index lambdas and per-element scale, ResNet-18c's 512-channel 4x4
-  // layer spent 15% of its weight gradient here (perf; docs/design/kernels.md).
+  // summed in order), with the pointers stepped and, for T > 1, one scale (a convolution's is
+  // per layer). Through sum_into_dw's index lambdas and per-element scale, ResNet-18c's
+  // 512-channel 4x4 layer spent 15% of its weight gradient here (perf; docs/design/kernels.md).
   const float layer_scale = call_scales ? 1.f : scale;
   auto common_rows = [&](int64_t k0, int64_t k1) {
     const int64_t tap = int64_t(CB) * 16;
     for (int64_t k = k0; k < k1; ++k) {
       const float* in = dw_part + size_t(k) * dw_k;
       float* out = dw + size_t(k) * sh.C * T;
-      if (T == 1 && ns == 1) {  // 1x1: the row as it is
-        for (int c = 0; c < sh.C; ++c) out[c] = in[c] * layer_scale;
+      if (T == 1) {
+        // 1x1: a partial's row k is dW's row k (and padding), so whole rows go at a time, slice by
+        // slice: the additions of the loop below, in the same order, in vector form (element by
+        // element, large layers spent a visible share here; docs/design/kernels.md).
+        // A fully connected layer's scales may differ per block pair (Granularity::slice).
+        std::memcpy(out, in, size_t(sh.C) * sizeof(float));
+        for (int sl = 1; sl < ns; ++sl)
+          for (int c = 0; c < sh.C; ++c) out[c] += in[size_t(sl) * part + c];
+        for (int c = 0; c < sh.C; ++c) out[c] *= scale_of(k, c);
         continue;
       }
       for (int c0 = 0; c0 < sh.C; c0 += 16) {
@@ -445,7 +452,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   // By output blocks (one partial), a task writes its own rows of dW as it ends, while its
   // partials are still in L2: a pass over all of them afterwards read them back from memory
   // (9 MiB for a 512-channel 3x3 layer).
-  const bool rows_in_task = by_output_block() && !gemm && !lanes_k && !unfold;
+  const bool rows_in_task = by_output_block() && !direct && !lanes_k && !unfold;
   if (by_output_block()) {
     // Enough output blocks to share out: each task owns 16 rows of dW over all positions, so
     // there are no partial sums to store or add (large layers would make them memory-bound).
@@ -499,21 +506,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   };
   const auto rows_k = [&](int64_t k, int c, int t) { return size_t(k) * dw_k + size_t(t) * CB * 16 + c; };  // [K16][T][C16]
   const auto mapped = [&](int64_t k, int c, int t) { return weight_index(int(k), c, t); };
-  if (T == 1 && !lanes_k && !unfold) {
-    // 1x1: a partial's row k is dW's row k (and padding), so whole rows go at a time, slice by
-    // slice: the same additions in the same order as v above, in vector form (element by element
-    // through the general loop costs large layers a visible share; docs/design/kernels.md).
-    ctx.parallel_for(sh.K, [&](int64_t k0, int64_t k1) {
-      for (int64_t k = k0; k < k1; ++k) {
-        float* out = dw + size_t(k) * sh.C;
-        const float* in = dw_part + size_t(k) * dw_k;
-        std::memcpy(out, in, size_t(sh.C) * sizeof(float));
-        for (int sl = 1; sl < ns; ++sl)
-          for (int c = 0; c < sh.C; ++c) out[c] += in[size_t(sl) * part + c];
-        for (int c = 0; c < sh.C; ++c) out[c] *= scale_of(k, c);
-      }
-    });
-  } else if (lanes_k) {  // [C16][T][K16]
+  if (lanes_k) {  // [C16][T][K16]
     sum_into_dw([&](int64_t k, int c, int t) { return size_t(c) * dw_k + size_t(t) * KB * 16 + size_t(k); }, mapped);
   } else if (unfold) {
     sum_into_dw(rows_k, mapped);
