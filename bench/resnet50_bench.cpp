@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/conv_layers.hpp"
 #include "bench/kind_table.hpp"
 #include "bench/train_case.hpp"
 #include "dfp/context.hpp"
@@ -42,6 +43,11 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using dfp::bench::convolutions;
+using dfp::bench::ConvRow;
+using dfp::bench::print_conv_layer_header;
+using dfp::bench::print_conv_layer_row;
+using dfp::bench::shape_key;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double median(std::vector<double> v) {
@@ -120,39 +126,6 @@ struct Contender {
   std::unique_ptr<dfp::bench::TrainRun> run;
   std::vector<double> step_s, opt_s;  // per round: seconds per step, of which the optimizer
 };
-
-// A convolution of the network, with its input shape.
-struct ConvRow {
-  std::string name;
-  dfp::ConvShape shape;
-};
-
-std::vector<ConvRow> convolutions(const dfp::Model& m, int batch) {
-  std::vector<ConvRow> out;
-  const std::vector<dfp::LayerSpec> g = m.graph();
-  for (const dfp::LayerSpec& s : g) {
-    if (s.kind != dfp::LayerKind::conv) continue;
-    const dfp::ConvParams& q = s.get<dfp::ConvParams>();
-    const dfp::TensorShape& in = g[size_t(s.inputs[0])].shape;
-    dfp::ConvShape c;
-    c.N = batch;
-    c.C = in.c;
-    c.H = in.h;
-    c.W = in.w;
-    c.K = q.out_channels;
-    c.R = c.S = q.kernel;
-    c.stride_h = c.stride_w = q.stride;
-    c.pad_h = c.pad_w = q.pad;
-    out.push_back({s.name, c});
-  }
-  return out;
-}
-
-std::string shape_key(const dfp::ConvShape& s) {
-  char b[96];
-  std::snprintf(b, sizeof b, "%dx%dx%d>%d %dx%d/%d", s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h);
-  return b;
-}
 
 // The three passes of one shape alone, as conv_bench times them: seconds of the fastest of `reps`.
 struct AloneTimes {
@@ -262,11 +235,7 @@ void run_batch(const Options& opt, int batch) {
       if (!alone.count(key)) alone[key] = run_alone(ctx, rows[i].shape, i == 0, 3);
     }
   double ops_all = 0, in_training = 0, passes_only = 0, alone_all = 0, quant = 0, f32_conv = 0;
-  if (opt.layers)
-    std::printf("\nINT16 convolutions, ms per step (GOP/s of the pass): quantize x | forward | quantize dy | "
-                "backward-data | weight gradient; alone: the same passes by themselves; fp32: the layer's "
-                "forward + backward\n%-22s %-22s %7s %16s %7s %16s %16s %24s %8s\n",
-                "layer", "shape", "qx", "fwd", "qdy", "bwd_data", "bwd_weights", "alone fwd/bwd_d/bwd_w", "fp32");
+  if (opt.layers) print_conv_layer_header(opt.kernels ? "alone: the same passes by themselves" : "");
   for (size_t i = 0; i < rows.size(); ++i) {
     const dfp::LayerTime& t = by_name.at(rows[i].name);
     const dfp::LayerTime::Int16Parts& p = t.int16;
@@ -284,17 +253,11 @@ void run_batch(const Options& opt, int batch) {
     alone_all += a.fwd + a.bwd_data + a.bwd_weights;
     f32_conv += f32_ms / 1e3;
     if (opt.layers) {
-      auto gops = [&](double s) { return s > 0 ? ops / s / 1e9 : 0.0; };
-      // A first layer has no backward-data pass (its time is the bookkeeping's, not a rate).
-      const double bwd_data_gops = first ? 0.0 : gops(p.backward_data * per);
       char alone_text[64] = "";
+      auto gops = [&](double sec) { return sec > 0 ? ops / sec / 1e9 : 0.0; };
       if (opt.kernels)
         std::snprintf(alone_text, sizeof alone_text, "%.0f/%.0f/%.0f", gops(a.fwd), gops(a.bwd_data), gops(a.bwd_weights));
-      std::printf("%-22s %-22s %7.2f %7.2f (%5.0f) %7.2f %7.2f (%5.0f) %7.2f (%5.0f) %24s %8.2f\n", rows[i].name.c_str(),
-                  shape_key(rows[i].shape).c_str(), p.quantize_x * per * 1e3, p.forward * per * 1e3,
-                  gops(p.forward * per), p.quantize_dy * per * 1e3, p.backward_data * per * 1e3,
-                  bwd_data_gops, p.backward_weights * per * 1e3, gops(p.backward_weights * per),
-                  alone_text, f32_ms);
+      print_conv_layer_row(rows[i], t, f32_by_name.at(rows[i].name), first, alone_text);
     }
   }
   std::printf("\nINT16 convolutions over the network (%zu layers, %.0f GOP per step):\n", rows.size(), ops_all / 1e9);

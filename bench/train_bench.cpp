@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench/conv_layers.hpp"
 #include "bench/kind_table.hpp"
 #include "bench/train_case.hpp"
 #include "dfp/context.hpp"
@@ -81,8 +83,9 @@ void train_ratio(benchmark::State& state, Config cfg, int threads, const dfp::Pr
 
 // --kinds=MODEL_CxH (e.g. resnet18c_3x32): the step's time by layer kind, FP32 and INT16 side by
 // side (bench/kind_table.hpp), over rounds of kRatioBlock steps of each in turn on 2 threads, with
-// the layers' profiling on (two clock reads per layer and pass).
-int kind_table(const Config& cfg, int rounds) {
+// the layers' profiling on (two clock reads per layer and pass); with --layers, then a row per
+// convolution (bench/conv_layers.hpp).
+int kind_table(const Config& cfg, int rounds, bool layers) {
   using clock = std::chrono::steady_clock;
   dfp::ContextOptions o;
   o.threads = 2;
@@ -123,6 +126,14 @@ int kind_table(const Config& cfg, int rounds) {
   }
   std::printf("  int16 over fp32: %.3fx\n", cols[0].step_s / cols[1].step_s);
   dfp::bench::print_kind_table(table);
+  if (!layers) return 0;
+  std::map<std::string, dfp::LayerTime> fp32, int16;
+  for (const dfp::LayerTime& t : table[0].times) fp32[t.layer] = t;
+  for (const dfp::LayerTime& t : table[1].times) int16[t.layer] = t;
+  const std::vector<dfp::bench::ConvRow> rows = dfp::bench::convolutions(cols[1].run->model, cfg.batch);
+  dfp::bench::print_conv_layer_header();
+  for (size_t i = 0; i < rows.size(); ++i)
+    dfp::bench::print_conv_layer_row(rows[i], int16.at(rows[i].name), fp32.at(rows[i].name), i == 0);
   return 0;
 }
 
@@ -139,11 +150,14 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a.rfind("--kinds=", 0) != 0) continue;
     int rounds = 3;
-    for (int j = 1; j < argc; ++j)
+    bool layers = false;
+    for (int j = 1; j < argc; ++j) {
       if (std::string(argv[j]).rfind("--rounds=", 0) == 0) rounds = std::max(1, std::atoi(argv[j] + 9));
+      layers |= std::string(argv[j]) == "--layers";
+    }
     for (const Config& c : configs)
       if (a.substr(8) == std::string(c.model) + "_" + std::to_string(c.c) + "x" + std::to_string(c.h))
-        return kind_table(c, rounds);
+        return kind_table(c, rounds, layers);
     std::fprintf(stderr, "train_bench: --kinds=%s: expected one of resnet20_3x32, resnet20_1x28, resnet18c_3x32, "
                  "vgg11bn_3x32\n", a.substr(8).c_str());
     return 2;
