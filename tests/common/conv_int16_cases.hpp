@@ -45,6 +45,9 @@ inline const std::vector<ConvShape>& edge_shapes() {
       // (forward 2 of 3 groups per item, backward-data 6 of 8); the weight gradient's pairs as
       // planes, the last pair with one image.
       make(5, 256, 4, 4, 96, 3, 3, 1, 1),
+      // 2x2 output images, by output blocks: the weight gradient's calls across image pairs, in
+      // two chunks of pairs (32 and 2, the last pair with one image).
+      make(67, 16, 2, 2, 64, 3, 3, 1, 1),
   };
   return v;
 }

@@ -382,6 +382,29 @@ TEST(ConvInt16, ChainsFollowTheImagesEachTileReads) {
   }
 }
 
+
+// Output images of at most kWgradAcrossPairs positions (2x2; 3x4 at stride 2) chain the weight
+// gradient across image pairs. Every image but the first pair's is big in x and dy, so that 29
+// positions overflow INT32 and a call of 32 pairs must flush inside: a chain bounded by one
+// pair's operands (the first's) would overflow, and verification counts it. By output blocks
+// (K 64), with an odd batch, and by slices of pairs (K 40).
+TEST(ConvInt16, ChainsAcrossImagePairsFollowEveryPairTheyRead) {
+  for (const ConvShape& s : {make(64, 64, 2, 2, 64, 3, 3, 1, 1), make(63, 32, 3, 4, 64, 3, 3, 2, 1),
+                             make(63, 32, 2, 2, 40, 3, 3, 1, 1)}) {
+    SCOPED_TRACE(describe(s));
+    const int OH = s.OH(), OW = s.OW();
+    const float big = 1.5f, small = 1.5f / 64;
+    std::vector<float> x(size_t(s.N) * s.C * s.H * s.W), dy(size_t(s.N) * s.K * OH * OW);
+    const std::vector<float> w(size_t(s.K) * s.C * s.R * s.S, big);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = i / (size_t(s.C) * s.H * s.W) < 2 ? small : big;
+    for (size_t i = 0; i < dy.size(); ++i) dy[i] = i / (size_t(s.K) * OH * OW) < 2 ? small : big;
+    Context ctx(ContextOptions{.threads = 2});
+    const Outputs r = run_verified_exact(ctx, s, x, w, dy);
+    EXPECT_EQ(r.stats.x.max_abs_int, 6144);
+    EXPECT_LT(r.stats.chain_wgrad, 29);
+  }
+}
+
 TEST(ConvInt16, IndependentOfThreadCount) {
   // K = 40: the weight gradient sums fixed slices of image pairs; K = 72 (5 output blocks): it
   // runs by groups of output blocks, grouped differently for each thread count.

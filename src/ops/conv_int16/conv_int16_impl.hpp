@@ -72,6 +72,16 @@ constexpr int kWgradSlices = 8;     // fixed, so results do not depend on the th
 // pair) stays in L1 across its taps and output blocks; 32 ran ResNet-18c's 4x4 and 8x8 weight
 // gradients 10-25% slower (docs/design/kernels.md).
 constexpr int kWgradPlanes = 4;
+// Output images of at most this many positions (VGG's 2x2 layers on CIFAR) run the weight
+// gradient's calls across image pairs (wgrad_across_pairs()): per pair, a 3x3 tap reads one to
+// four positions, and a flush after each ran those layers' weight gradients at a quarter of
+// their forward's rate. 4x4 images (16) ran slower across pairs than as planes (ResNet-18c's
+// 512-channel layers by 15-30%; docs/design/kernels.md): ResNets' images keep their planes.
+constexpr int kWgradAcrossPairs = 4;
+constexpr int kAcrossPairsChunk = 32;  // image pairs per such call at most
+// Such a call's operands, copied next to each other: x of one input block and dy of
+// kWgradKbGroup output blocks for its pairs, within this many bytes (in L1).
+constexpr size_t kAcrossPairsTileBytes = 24 << 10;
 // The weight gradient fetches the next step's dy rows ahead only when dy is larger than this
 // (a quarter of this CPU's 32 MiB L3): smaller, its rows come from L3, which the hardware
 // prefetcher streams well enough, and the burst of prefetches before each call costs more than
@@ -457,6 +467,21 @@ struct ConvInt16::Impl {
   // flushes, so the bits are those of a call per pair.
   bool wgrad_planes() const {
     return !gemm && !x_slices && !dy_slices && OW <= kPairTile && OH <= kPairTile / OW;
+  }
+  // Images so small that a pair's positions cannot amortise a flush: a call per tap, output row
+  // and output block runs the row's positions of every image pair of the task, the pairs
+  // innermost, with one INT32 chain across them bounded by the largest |q| of all the pairs it
+  // reads (as a fully connected layer's call does). The pairs share one exponent (as for planes),
+  // so their sums are in one unit; the flush points, and so the rounding, are those of this
+  // order at every kernel level.
+  bool wgrad_across_pairs() const {
+    return wgrad_planes() && OH * OW <= kWgradAcrossPairs && across_pairs_chunk() > 0;
+  }
+  // Image pairs per call across pairs: as many as kAcrossPairsTileBytes holds, at most
+  // kAcrossPairsChunk.
+  int across_pairs_chunk() const {
+    const size_t pair_bytes = (size_t(xp_h) * xp_w + size_t(kWgradKbGroup) * OH * OW) * 32 * sizeof(int16_t);
+    return int(std::min<size_t>(kAcrossPairsChunk, kAcrossPairsTileBytes / pair_bytes));
   }
 
   simd::PixelKernelFn pixel_fn() const {

@@ -139,7 +139,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   // read in place from dyp with its stored row norms. The same calls as the loop in `reduce`
   // below, and in the same order for every dW value (pairs ascending), with the same chains:
   // per pair, from that pair's bounds.
-  const bool planes = wgrad_planes();
+  const bool planes = wgrad_planes(), across_pairs = wgrad_across_pairs();
   // Tap t's output positions in [oh0, oh1) x [ow0, ow1) that read inside the image (the rest read
   // padding: zero products): a.rows, a.cols and (lo_r, lo_c), the first; a.x at them in image pair
   // p, block cb. False where there are none.
@@ -231,6 +231,60 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     a.planes = 1;  // plane_chain is this call's
     a.plane_chain = nullptr;
   };
+  // wgrad_across_pairs(): across_pairs_chunk() pairs of [p0, p1) as one call's columns, its
+  // rows the tap's output columns, so that the two accumulator sets alternate over pairs. In xp
+  // and dyp consecutive pairs lie a whole plane apart (8 KiB for a 512-channel 2x2 layer: every
+  // pair's line in one L1 set), so each chunk's pairs are first copied next to each other: x of
+  // one input block, dy of the group's output blocks.
+  auto reduce_across_pairs = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
+    const int ih0 = -sh.pad_h, ih1 = (OH - 1) * sh.stride_h - sh.pad_h + sh.R;
+    const size_t x_pair = size_t(xp_h) * xp_w * 32, dy_pair = size_t(OH) * OW * 32;
+    const int chunk = across_pairs_chunk();
+    alignas(64) int16_t tiles[kAcrossPairsTileBytes / sizeof(int16_t)];
+    int16_t* const xt = tiles;
+    auto dyt = [&](int i) { return tiles + (size_t(chunk) * (x_pair + i * dy_pair)); };
+    a.x_col = int64_t(x_pair);
+    a.dy_col = int64_t(dy_pair);
+    a.x_row = int64_t(x_col_step) * 32;
+    a.dy_row = 32;
+    int32_t dy_bound[kWgradKbGroup];
+    for (int c0 = p0; c0 < p1; c0 += chunk) {
+      const int c1 = std::min(p1, c0 + chunk);
+      const int n0 = 2 * c0, n1 = std::min(sh.N, 2 * c1);
+      for (int kg = kb0; kg < kb1; kg += kWgradKbGroup) {
+        const int kg1 = std::min(kb1, kg + kWgradKbGroup);
+        for (int kb = kg; kb < kg1; ++kb) {
+          for (int p = c0; p < c1; ++p)
+            std::memcpy(dyt(kb - kg) + (p - c0) * dy_pair, dyp_at(p, kb, 0, 0), dy_pair * sizeof(int16_t));
+          dy_bound[kb - kg] = 0;
+          for (int n = n0; n < n1; ++n)
+            dy_bound[kb - kg] =
+                std::max(dy_bound[kb - kg], span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, 0, OH, OH));
+        }
+        for (int cb = 0; cb < CB; ++cb) {
+          const int16_t* x_cb = xp.data() + (size_t(c0) * CB + cb) * x_pair;
+          for (int p = c0; p < c1; ++p)
+            std::memcpy(xt + (p - c0) * x_pair, x_cb + size_t(p - c0) * CB * x_pair, x_pair * sizeof(int16_t));
+          int32_t x_bound = 0;
+          for (int n = n0; n < n1; ++n)
+            x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
+          for (int t = 0; t < T; ++t)
+            for (int oh = 0; oh < OH; ++oh) {
+              int lo_r, lo_c;
+              if (!at_tap(a, t, c0, cb, oh, oh + 1, 0, OW, lo_r, lo_c)) continue;
+              a.x = xt + (a.x - x_cb);
+              a.rows = a.cols;  // at_tap's columns of the row: the call's rows
+              a.cols = c1 - c0;
+              for (int kb = kg; kb < kg1; ++kb) {
+                a.chain = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[kb - kg]));
+                a.dy = dyt(kb - kg) + (size_t(oh) * OW + lo_c) * 32;
+                call(a, acc, t, cb, kb);
+              }
+            }
+        }
+      }
+    }
+  };
   // All reduction work for image pairs [p0, p1) and output blocks [kb0, kb1), into acc.
   auto reduce = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
     if (gemm) {  // fully connected: positions are the image pairs, one call per dW block
@@ -296,6 +350,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         }
     };
     if (p0 >= p1) return;  // an empty slice (fewer image pairs than slices)
+    if (across_pairs) return reduce_across_pairs(a, acc, p0, p1, kb0, kb1);
     if (planes) return reduce_planes(a, acc, p0, p1, kb0, kb1);
     Step step{p0, 0, 0, kb0};
     do {
