@@ -154,21 +154,28 @@ void Model::Impl::scale_add(float* y, float a, const float* x, float b, size_t n
 }
 
 // Divides a layer's parameter gradients by the scale its output gradient carried; returns
-// whether all of them are finite (x * 0 is NaN exactly for NaN and inf, and NaN poisons the sum).
+// whether all of them are finite. On the context's threads, and counted by the max_abs kernel:
+// a scalar sum of x * 0 over every gradient (NaN exactly for NaN and inf), one dependent add per
+// value, took VGG-11-BN's 512-channel layers 2-3 ms each per step on one thread.
 bool Model::Impl::unscale_params(const NodeInfo& n) {
-  bool finite = true;
   const float inv = static_cast<float>(1.0 / n.grad_scale);
+  const auto max_abs = ctx.kernels().max_abs.fn;
+  std::atomic<uint64_t> nonfinite{0};
+  auto piece = [&](float* g, size_t lo, size_t e) {
+    if (inv != 1.f)
+      for (size_t q = lo; q < e; ++q) g[q] *= inv;
+    uint64_t bad = 0;
+    max_abs(g + lo, e - lo, &bad);
+    if (bad) nonfinite += bad;
+  };
   for (size_t p = n.param_begin; p < n.param_end; ++p) {
     float* g = params[p].grad;
-    float poison = 0.f;
-    if (inv != 1.f) {
-      for (size_t q = 0; q < params[p].size; ++q) { g[q] *= inv; poison += g[q] * 0.f; }
-    } else {
-      for (size_t q = 0; q < params[p].size; ++q) poison += g[q] * 0.f;
-    }
-    finite &= poison == 0.f;
+    if (params[p].size <= model::kChunk)
+      piece(g, 0, params[p].size);
+    else
+      model::for_chunks(ctx, params[p].size, [&](size_t lo, size_t e) { piece(g, lo, e); });
   }
-  return finite;
+  return nonfinite.load() == 0;
 }
 
 // logits_grad: the caller's d(loss)/d(logits), [batch][classes]; null: the built-in loss's.
