@@ -120,6 +120,41 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
       }
       count(cnt);
     });
+  } else if (pair && unfolded_src && pair_step == 1) {
+    // A column unfolding's blocks all come from the same rows of x (a 7x7 stem's two: channels
+    // 0-15 and 16-20 of its 21), so a pair's row y is gathered for every block while x's row is
+    // in L1, then each block's pair row interleaved. Plane by plane, x (103 MB at 224x224, batch
+    // 32, mostly the blocked layout's zero lanes) came from memory once per block. The same
+    // elements, stochastic indices, row maxima and borders as the planes below.
+    ctx.parallel_for(int64_t(NP), [&](int64_t t0, int64_t t1) {
+      simd::QuantCounters cnt;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int p = static_cast<int>(t), images = 2 * p + 1 < sh.N ? 2 : 1;
+        auto row_of = [&](int n, int b, int y) { return dst + (((size_t(n) * B + b) * hb + y) * wb + left) * 16; };
+        for (int n = 2 * p; n < 2 * p + images; ++n)
+          for (int b = 0; b < B; ++b) {
+            std::memset(row_of(n, b, 0) - left * 16, 0, size_t(top) * wb * 16 * sizeof(int16_t));
+            std::memset(row_of(n, b, top + h) - left * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
+          }
+        for (int y = 0; y < h; ++y) {
+          for (int n = 2 * p; n < 2 * p + images; ++n)
+            for (int b = 0; b < B; ++b) {
+              const size_t r = (size_t(n) * B + b) * h + y;  // the row's index in src
+              int16_t* d = row_of(n, b, y + top);
+              const int32_t q = largest_q(cnt, [&] { quant_unfolded_row(src, n, b, y, d, plane_e(n, b), qo, r * row_len, cnt); });
+              if (row_max) row_max[r] = static_cast<int16_t>(q);
+              zero_pixels(d - size_t(left) * 16, left);
+              zero_pixels(d + row_len, wb - left - w);
+            }
+          for (int b = 0; b < B; ++b) {
+            int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
+            inter(row_of(2 * p, b, y + top), images == 2 ? row_of(2 * p + 1, b, y + top) : nullptr, d, row_len);
+            if (pair_row_l1) row_l1(d, 1, w, 0, pair_row_l1 + (size_t(p) * B + b) * h2 + y + top2);
+          }
+        }
+      }
+      count(cnt);
+    });
   } else if (pair) {
     // With the batch-pair copy: plane b of images 2p and 2p+1 (absent for odd N: zeros), each
     // row interleaved once both images have it, while it is still in L1.
