@@ -13,6 +13,7 @@
 
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
+#include "src/core/atomic_max.hpp"
 #include "src/graph/model_impl.hpp"
 
 namespace dfp {
@@ -31,15 +32,19 @@ void Model::Impl::run_layers(const float* images, int count, bool train) {
   const size_t per_image = is.blocked_elements() / size_t(batch);
   const size_t given = per_image * count;  // the rest of the planned batch: zeros
   // A NaN or Inf pixel is refused here, in every precision: a ReLU or a max pool would map it
-  // to a finite value, so the logits would look plausible where torch's are NaN.
+  // to a finite value, so the logits would look plausible where torch's are NaN. The same pass
+  // measures max|x|, which the first layer then takes (an INT16 one derives its exponent from
+  // it instead of reading the batch once more: 103 MB at 224x224, batch 32).
   std::atomic<size_t> first_bad{given};
+  std::atomic<float> input_max{0.f};
+  const auto max_abs = ctx.kernels().max_abs.fn;
   model::for_chunks(ctx, per_image * batch, [&](size_t b, size_t e) {
     if (b < given) {
       const size_t end = std::min(e, given);
       std::memcpy(nodes[0].act + b, images + b, (end - b) * sizeof(float));
-      bool bad = false;
-      for (size_t i = b; i < end; ++i) bad |= !(std::fabs(images[i]) <= std::numeric_limits<float>::max());
-      if (bad) {
+      uint64_t nonfinite = 0;
+      atomic_max(input_max, max_abs(images + b, end - b, &nonfinite));
+      if (nonfinite) {
         size_t i = b;
         while (std::fabs(images[i]) <= std::numeric_limits<float>::max()) ++i;
         for (size_t seen = first_bad.load(); i < seen && !first_bad.compare_exchange_weak(seen, i);) {
@@ -53,6 +58,7 @@ void Model::Impl::run_layers(const float* images, int count, bool train) {
          "model '" + name + "': input image " + std::to_string(i / per_image) + " of " + std::to_string(count) +
              " holds a non-finite value (" + std::to_string(images[i]) + " at element " +
              std::to_string(i % per_image) + " of the image); expected finite values");
+  nodes[0].act_max = input_max.load();
   model::StepInfo st{count, train, step, train && sample_step()};
   if (train && statistics_sum) st.statistics_sum = &statistics_sum;
   st.first_image = batch_offset;
