@@ -123,9 +123,9 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
   } else if (pair && unfolded_src && pair_step == 1) {
     // A column unfolding's blocks all come from the same rows of x (a 7x7 stem's two: channels
     // 0-15 and 16-20 of its 21), so a pair's row y is gathered for every block while x's row is
-    // in L1, then each block's pair row interleaved. Plane by plane, x (103 MB at 224x224, batch
-    // 32, mostly the blocked layout's zero lanes) came from memory once per block. The same
-    // elements, stochastic indices, row maxima and borders as the planes below.
+    // in L1, then each block's pair row interleaved; plane by plane, x (103 MB at 224x224,
+    // batch 32, mostly the blocked layout's zero lanes) would come from memory once per block.
+    // The same elements, stochastic indices, row maxima and borders as the planes below.
     ctx.parallel_for(int64_t(NP), [&](int64_t t0, int64_t t1) {
       simd::QuantCounters cnt;
       for (int64_t t = t0; t < t1; ++t) {
