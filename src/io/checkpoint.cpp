@@ -180,7 +180,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck) {
   }, "checkpoint");
 }
 
-void remove_checkpoint_temporaries(const std::string& path) {
+void remove_write_temporaries(const std::string& path) {
   const fs::path p(path);
   const std::string stem = p.filename().string() + ".";
   std::error_code ec;

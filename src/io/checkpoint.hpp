@@ -41,9 +41,10 @@ void write_file_atomically(const std::string& path, std::string_view bytes, cons
 using FileFill = std::function<std::string(const std::function<std::string(const void*, size_t)>& write)>;
 void write_file_atomically(const std::string& path, const FileFill& fill, const std::string& what);
 
-// Removes the temporary files that writers of `path` killed before their rename left behind. Only
-// for the owner of the directory (a run holding its lock): another writer's file would go too.
-void remove_checkpoint_temporaries(const std::string& path);
+// Removes the temporary files that write_file_atomically's writers of `path` (a checkpoint,
+// run.toml) killed before their rename left behind. Only for the owner of the directory (a run
+// holding its lock): another writer's file would go too.
+void remove_write_temporaries(const std::string& path);
 
 // Parses a checkpoint's bytes; `path` names it in messages. A file that ends early is
 // Error(corrupt_data) "truncated" naming the record it ends in; a wrong CRC, a meta record that does

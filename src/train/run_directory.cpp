@@ -356,8 +356,10 @@ void RunDirectory::start(const TrainingRun& run, const ResumePoint& from) {
   if (const std::string left = run_files_in(dir_); !cfg.overwrite && !resumes_here && !left.empty())
     run.say("flag --out: directory '" + dir_ + "' holds " + left + " of a run that finished no epoch (no checkpoint); "
             "this run takes it over and replaces them");
-  // The directory is this run's now: what killed writers left behind goes.
-  remove_checkpoint_temporaries(path("checkpoint.dfp"));
+  // The directory is this run's now: what killed writers left behind goes, run.toml's too (each
+  // writer's temporary file has a name of its own, so a relaunch's write leaves the other).
+  remove_write_temporaries(path("checkpoint.dfp"));
+  remove_write_temporaries(path("run.toml"));
   // The run's settings as flags, so that `dfp train --config DIR/run.toml` repeats it, whichever
   // surface (the program or the Python binding) started it.
   run_files::write_run_toml(dir_, run_files::run_toml(run.config));

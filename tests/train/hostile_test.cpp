@@ -365,6 +365,7 @@ TEST(Hostile, LeftoverTemporaryFilesGoWhenARunTakesTheDirectory) {
   TempDir dir;
   TrainConfig c = interrupted_run(dir);
   std::ofstream(c.out + "/checkpoint.dfp.4242-0badcafe.tmp") << "half a checkpoint";
+  std::ofstream(c.out + "/run.toml.4243-0badf00d.tmp") << "model = ";
   c.resume = c.out + "/checkpoint.dfp";
   train(c, nullptr);
   EXPECT_TRUE(temporaries(c.out).empty());
