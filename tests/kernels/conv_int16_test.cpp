@@ -382,7 +382,6 @@ TEST(ConvInt16, ChainsFollowTheImagesEachTileReads) {
   }
 }
 
-
 // Output images of at most kWgradAcrossPairs positions (2x2; 3x4 at stride 2) chain the weight
 // gradient across image pairs. Every image but the first pair's is big in x and dy, so that 29
 // positions overflow INT32 and a call of 32 pairs must flush inside: a chain bounded by one
