@@ -47,19 +47,19 @@ inline std::string shape_key(const ConvShape& s) {
   return b;
 }
 
-// extra_title: a last column's heading (empty: none), whose text each row then passes.
-inline void print_conv_layer_header(const char* extra_title = "") {
+// alone: a last column of the same shapes' passes run by themselves, whose text each row passes.
+inline void print_conv_layer_header(bool alone = false) {
   std::printf("\nINT16 convolutions, ms per step (GOP/s of the pass): quantize x | forward | quantize dy | "
-              "backward-data | weight gradient; fp32: the layer's forward + backward%s%s\n"
+              "backward-data | weight gradient; fp32: the layer's forward + backward%s\n"
               "%-22s %-22s %7s %16s %7s %16s %16s %8s %24s\n",
-              *extra_title ? "; " : "", extra_title, "layer", "shape", "qx", "fwd", "qdy", "bwd_data", "bwd_weights",
-              "fp32", *extra_title ? "alone fwd/bwd_d/bwd_w" : "");
+              alone ? "; alone: the same passes by themselves" : "", "layer", "shape", "qx", "fwd", "qdy",
+              "bwd_data", "bwd_weights", "fp32", alone ? "alone fwd/bwd_d/bwd_w" : "");
 }
 
 // first: the network's first layer, which has no backward-data pass (its time there is the
 // bookkeeping's, not a rate).
 inline void print_conv_layer_row(const ConvRow& row, const LayerTime& int16, const LayerTime& fp32, bool first,
-                                 const char* extra = "") {
+                                 const char* alone = "") {
   const LayerTime::Int16Parts& p = int16.int16;
   const double per = 1.0 / double(int16.steps), ops = row.shape.ops();
   auto gops = [&](double s) { return s > 0 ? ops / s / 1e9 : 0.0; };
@@ -67,7 +67,7 @@ inline void print_conv_layer_row(const ConvRow& row, const LayerTime& int16, con
   std::printf("%-22s %-22s %7.2f %7.2f (%5.0f) %7.2f %7.2f (%5.0f) %7.2f (%5.0f) %8.2f %24s\n", row.name.c_str(),
               shape_key(row.shape).c_str(), p.quantize_x * per * 1e3, p.forward * per * 1e3, gops(p.forward * per),
               p.quantize_dy * per * 1e3, p.backward_data * per * 1e3, first ? 0.0 : gops(p.backward_data * per),
-              p.backward_weights * per * 1e3, gops(p.backward_weights * per), fp32_ms, extra);
+              p.backward_weights * per * 1e3, gops(p.backward_weights * per), fp32_ms, alone);
 }
 
 }  // namespace dfp::bench

@@ -235,7 +235,7 @@ void run_batch(const Options& opt, int batch) {
       if (!alone.count(key)) alone[key] = run_alone(ctx, rows[i].shape, i == 0, 3);
     }
   double ops_all = 0, in_training = 0, passes_only = 0, alone_all = 0, quant = 0, f32_conv = 0;
-  if (opt.layers) print_conv_layer_header(opt.kernels ? "alone: the same passes by themselves" : "");
+  if (opt.layers) print_conv_layer_header(opt.kernels);
   for (size_t i = 0; i < rows.size(); ++i) {
     const dfp::LayerTime& t = by_name.at(rows[i].name);
     const dfp::LayerTime::Int16Parts& p = t.int16;

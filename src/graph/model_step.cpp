@@ -174,12 +174,9 @@ bool Model::Impl::unscale_params(const NodeInfo& n) {
     max_abs(g + lo, e - lo, &bad);
     if (bad) nonfinite += bad;
   };
-  for (size_t p = n.param_begin; p < n.param_end; ++p) {
+  for (size_t p = n.param_begin; p < n.param_end; ++p) {  // one chunk runs on the calling thread
     float* g = params[p].grad;
-    if (params[p].size <= model::kChunk)
-      piece(g, 0, params[p].size);
-    else
-      model::for_chunks(ctx, params[p].size, [&](size_t lo, size_t e) { piece(g, lo, e); });
+    model::for_chunks(ctx, params[p].size, [&](size_t lo, size_t e) { piece(g, lo, e); });
   }
   return nonfinite.load() == 0;
 }

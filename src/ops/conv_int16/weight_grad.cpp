@@ -140,6 +140,21 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   // below, and in the same order for every dW value (pairs ascending), with the same chains:
   // per pair, from that pair's bounds.
   const bool planes = wgrad_planes(), across_pairs = wgrad_across_pairs();
+  // The largest |q| over image pairs [p0, p1) of rows [r0, r1) (clipped to the image) of x's
+  // input block cb, or of dy's output block kb: a call's chain bound (pair_chain's holds for any
+  // bounds on |x| and |dy|).
+  auto x_max = [&](int p0, int p1, int cb, int r0, int r1) {
+    int32_t m = 0;
+    for (int n = 2 * p0; n < std::min(sh.N, 2 * p1); ++n)
+      m = std::max(m, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, r0, r1, sh.H));
+    return m;
+  };
+  auto dy_max = [&](int p0, int p1, int kb, int r0, int r1) {
+    int32_t m = 0;
+    for (int n = 2 * p0; n < std::min(sh.N, 2 * p1); ++n)
+      m = std::max(m, span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, r0, r1, OH));
+    return m;
+  };
   // Tap t's output positions in [oh0, oh1) x [ow0, ow1) that read inside the image (the rest read
   // padding: zero products): a.rows, a.cols and (lo_r, lo_c), the first; a.x at them in image pair
   // p, block cb. False where there are none.
@@ -192,18 +207,11 @@ void ConvInt16::Impl::backward_weights(float* dw) {
       for (int kg = kb0; kg < kb1; kg += kWgradKbGroup) {
         const int kg1 = std::min(kb1, kg + kWgradKbGroup);
         for (int q = 0; q < np; ++q)
-          for (int kb = kg; kb < kg1; ++kb) {
-            int32_t& m = dy_bound[q][kb - kg];
-            m = 0;
-            for (int n = 2 * (q0 + q); n < std::min(sh.N, 2 * (q0 + q) + 2); ++n)
-              m = std::max(m, span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, 0, OH, OH));
-          }
+          for (int kb = kg; kb < kg1; ++kb) dy_bound[q][kb - kg] = dy_max(q0 + q, q0 + q + 1, kb, 0, OH);
         for (int cb = 0; cb < CB; ++cb) {
           for (int q = 0; q < np; ++q) {
             const int p = q0 + q;
-            x_bound[q] = 0;
-            for (int n = 2 * p; n < std::min(sh.N, 2 * p + 2); ++n)
-              x_bound[q] = std::max(x_bound[q], span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
+            x_bound[q] = x_max(p, p + 1, cb, ih0, ih1);
             for (int kb = kg; kb < kg1; ++kb) {
               const int i = kb - kg;
               chains[q][i] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound[q], dy_bound[q][i]));
@@ -250,24 +258,18 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     int32_t dy_bound[kWgradKbGroup];
     for (int c0 = p0; c0 < p1; c0 += chunk) {
       const int c1 = std::min(p1, c0 + chunk);
-      const int n0 = 2 * c0, n1 = std::min(sh.N, 2 * c1);
       for (int kg = kb0; kg < kb1; kg += kWgradKbGroup) {
         const int kg1 = std::min(kb1, kg + kWgradKbGroup);
         for (int kb = kg; kb < kg1; ++kb) {
           for (int p = c0; p < c1; ++p)
             std::memcpy(dyt(kb - kg) + (p - c0) * dy_pair, dyp_at(p, kb, 0, 0), dy_pair * sizeof(int16_t));
-          dy_bound[kb - kg] = 0;
-          for (int n = n0; n < n1; ++n)
-            dy_bound[kb - kg] =
-                std::max(dy_bound[kb - kg], span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, 0, OH, OH));
+          dy_bound[kb - kg] = dy_max(c0, c1, kb, 0, OH);
         }
         for (int cb = 0; cb < CB; ++cb) {
           const int16_t* x_cb = xp.data() + (size_t(c0) * CB + cb) * x_pair;
           for (int p = c0; p < c1; ++p)
             std::memcpy(xt + (p - c0) * x_pair, x_cb + size_t(p - c0) * CB * x_pair, x_pair * sizeof(int16_t));
-          int32_t x_bound = 0;
-          for (int n = n0; n < n1; ++n)
-            x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
+          const int32_t x_bound = x_max(c0, c1, cb, ih0, ih1);
           for (int t = 0; t < T; ++t)
             for (int oh = 0; oh < OH; ++oh) {
               int lo_r, lo_c;
@@ -375,15 +377,9 @@ void ConvInt16::Impl::backward_weights(float* dw) {
       plan_ahead(step);
       const size_t share = ahead.lines() / (size_t(CB) * T * (kg1 - kg)) + 1;
       // Chains for this step's sources: the largest |q| of the rows it reads, per block, over
-      // both images (pair_chain's bound holds for any bounds on |x| and |dy|).
-      const int n1 = std::min(sh.N, 2 * p + 2);
+      // both images.
       int32_t dy_bound[kWgradKbGroup];
-      for (int kb = kg; kb < kg1; ++kb) {
-        dy_bound[kb - kg] = 0;
-        for (int n = 2 * p; n < n1; ++n)
-          dy_bound[kb - kg] = std::max(dy_bound[kb - kg],
-                                       span_max(dy_row_max.data() + (size_t(n) * KB + kb) * OH, oh0, oh1, OH));
-      }
+      for (int kb = kg; kb < kg1; ++kb) dy_bound[kb - kg] = dy_max(p, p + 1, kb, oh0, oh1);
       // Longer chains from dy's L1 norms (not with a forced chain): a kernel call's INT32 sum over
       // any of its positions is at most its x bound times the L1 norm, over those positions, of
       // its dy lanes, which is at most the sum of the tile rows' l1 they lie in (both images,
@@ -410,9 +406,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         return m >= rows ? kMaxChain : std::max(chains[i], m * cols_read);
       };
       for (int cb = 0; cb < CB; ++cb) {
-        int32_t x_bound = 0;
-        for (int n = 2 * p; n < n1; ++n)
-          x_bound = std::max(x_bound, span_max(x_row_max.data() + (size_t(n) * CB + cb) * sh.H, ih0, ih1, sh.H));
+        const int32_t x_bound = x_max(p, p + 1, cb, ih0, ih1);
         for (int kb = kg; kb < kg1; ++kb) {
           const int i = kb - kg;
           chains[i] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound, dy_bound[i]));
