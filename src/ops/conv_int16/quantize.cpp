@@ -58,28 +58,61 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
     cnt.max_abs_q = std::max(before, q);
     return q;
   };
-  auto quant_plane = [&](int n, int b, simd::QuantCounters& cnt, auto&& after_row) {
-    const size_t img_blk = size_t(n) * B + b;
+  // Row y of plane (image n, block b) of src into dst, with its zero border columns; the plane's
+  // zero border rows (dst is workspace that other operators wrote in between).
+  auto quant_row = [&](int n, int b, int y, simd::QuantCounters& cnt) {
+    const size_t r = (size_t(n) * B + b) * h + y;  // the row's index in src
     const int ei = plane_e(n, b);
-    int16_t* plane = dst + img_blk * hb * wb * 16;
+    int16_t* d = dst + (((size_t(n) * B + b) * hb + y + top) * wb + left) * 16;
+    const int32_t q = largest_q(cnt, [&] {
+      if (spans)
+        quant_span_row(*spans, n, b, y, w, d, ei, qo, r * row_len, cnt);
+      else if (unfolded_src)
+        quant_unfolded_row(src, n, b, y, d, ei, qo, r * row_len, cnt);
+      else
+        quant(src + r * row_len, d, row_len, ei, qo.rounding, qo.seed, r * row_len, &cnt);
+    });
+    if (row_max) row_max[r] = static_cast<int16_t>(q);
+    zero_pixels(d - size_t(left) * 16, left);
+    zero_pixels(d + row_len, wb - left - w);
+  };
+  auto plane_borders = [&](int n, int b) {
+    int16_t* plane = dst + (size_t(n) * B + b) * hb * wb * 16;
     std::memset(plane, 0, size_t(top) * wb * 16 * sizeof(int16_t));
+    std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
+  };
+  // Each row then handed to after_row(y).
+  auto quant_plane = [&](int n, int b, simd::QuantCounters& cnt, auto&& after_row) {
+    plane_borders(n, b);
     for (int y = 0; y < h; ++y) {
-      const size_t r = img_blk * h + y;  // the row's index in src
-      int16_t* d = plane + ((size_t(y) + top) * wb + left) * 16;
-      const int32_t q = largest_q(cnt, [&] {
-        if (spans)
-          quant_span_row(*spans, n, b, y, w, d, ei, qo, r * row_len, cnt);
-        else if (unfolded_src)
-          quant_unfolded_row(src, n, b, y, d, ei, qo, r * row_len, cnt);
-        else
-          quant(src + r * row_len, d, row_len, ei, qo.rounding, qo.seed, r * row_len, &cnt);
-      });
-      if (row_max) row_max[r] = static_cast<int16_t>(q);
-      zero_pixels(d - size_t(left) * 16, left);
-      zero_pixels(d + row_len, wb - left - w);
+      quant_row(n, b, y, cnt);
       after_row(y);
     }
-    std::memset(plane + size_t(top + h) * wb * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
+  };
+  // Row y of block b of image pair p in the batch-pair copy, from both images' rows in dst
+  // (absent for odd N: zeros); every pair_step-th row and pixel only.
+  auto pair_row = [&](int p, int b, int y) {
+    if (y % pair_step) return;
+    const int16_t* a = dst + (((size_t(2 * p) * B + b) * hb + y + top) * wb + left) * 16;
+    const int16_t* a2 = 2 * p + 1 < sh.N ? a + size_t(B) * hb * wb * 16 : nullptr;
+    int16_t* d = pair + (((size_t(p) * B + b) * h2 + y / pair_step + top2) * w2 + left2) * 32;
+    if (pair_step == 1) {
+      inter(a, a2, d, row_len);
+      if (pair_row_l1) row_l1(d, 1, w, 0, pair_row_l1 + (size_t(p) * B + b) * h2 + y + top2);
+      return;
+    }
+    // Every pair_step-th pixel of both rows, gathered a piece at a time, then interleaved.
+    constexpr int kPiecePixels = 64;
+    alignas(64) int16_t g[2][kPiecePixels * 16];
+    for (int x0 = 0; x0 < w2; x0 += kPiecePixels) {
+      const int np = std::min(kPiecePixels, w2 - x0);
+      for (int i = 0; i < np; ++i) {
+        const size_t from = size_t(x0 + i) * pair_step * 16;
+        std::memcpy(g[0] + i * 16, a + from, 32);
+        if (a2) std::memcpy(g[1] + i * 16, a2 + from, 32);
+      }
+      inter(g[0], a2 ? g[1] : nullptr, d + size_t(x0) * 32, size_t(np) * 16);
+    }
   };
   auto count = [&](const simd::QuantCounters& cnt) {
     atomic_add_nonzero(saturated, cnt.saturated);
@@ -129,28 +162,13 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
     ctx.parallel_for(int64_t(NP), [&](int64_t t0, int64_t t1) {
       simd::QuantCounters cnt;
       for (int64_t t = t0; t < t1; ++t) {
-        const int p = static_cast<int>(t), images = 2 * p + 1 < sh.N ? 2 : 1;
-        auto row_of = [&](int n, int b, int y) { return dst + (((size_t(n) * B + b) * hb + y) * wb + left) * 16; };
-        for (int n = 2 * p; n < 2 * p + images; ++n)
-          for (int b = 0; b < B; ++b) {
-            std::memset(row_of(n, b, 0) - left * 16, 0, size_t(top) * wb * 16 * sizeof(int16_t));
-            std::memset(row_of(n, b, top + h) - left * 16, 0, size_t(hb - top - h) * wb * 16 * sizeof(int16_t));
-          }
+        const int p = static_cast<int>(t), n1 = std::min(sh.N, 2 * p + 2);
+        for (int n = 2 * p; n < n1; ++n)
+          for (int b = 0; b < B; ++b) plane_borders(n, b);
         for (int y = 0; y < h; ++y) {
-          for (int n = 2 * p; n < 2 * p + images; ++n)
-            for (int b = 0; b < B; ++b) {
-              const size_t r = (size_t(n) * B + b) * h + y;  // the row's index in src
-              int16_t* d = row_of(n, b, y + top);
-              const int32_t q = largest_q(cnt, [&] { quant_unfolded_row(src, n, b, y, d, plane_e(n, b), qo, r * row_len, cnt); });
-              if (row_max) row_max[r] = static_cast<int16_t>(q);
-              zero_pixels(d - size_t(left) * 16, left);
-              zero_pixels(d + row_len, wb - left - w);
-            }
-          for (int b = 0; b < B; ++b) {
-            int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
-            inter(row_of(2 * p, b, y + top), images == 2 ? row_of(2 * p + 1, b, y + top) : nullptr, d, row_len);
-            if (pair_row_l1) row_l1(d, 1, w, 0, pair_row_l1 + (size_t(p) * B + b) * h2 + y + top2);
-          }
+          for (int n = 2 * p; n < n1; ++n)
+            for (int b = 0; b < B; ++b) quant_row(n, b, y, cnt);
+          for (int b = 0; b < B; ++b) pair_row(p, b, y);
         }
       }
       count(cnt);
@@ -162,31 +180,8 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
       simd::QuantCounters cnt;
       for (int64_t t = t0; t < t1; ++t) {
         const int p = static_cast<int>(t / B), b = static_cast<int>(t % B);
-        const bool second = 2 * p + 1 < sh.N;
-        auto interleave_row = [&](int y) {
-          if (y % pair_step) return;
-          const int16_t* a = dst + (((size_t(2 * p) * B + b) * hb + y + top) * wb + left) * 16;
-          const int16_t* a2 = second ? a + size_t(B) * hb * wb * 16 : nullptr;
-          int16_t* d = pair + (((size_t(p) * B + b) * h2 + y / pair_step + top2) * w2 + left2) * 32;
-          if (pair_step == 1) {
-            inter(a, a2, d, row_len);
-            if (pair_row_l1) row_l1(d, 1, w, 0, pair_row_l1 + (size_t(p) * B + b) * h2 + y + top2);
-            return;
-          }
-          // Every pair_step-th pixel of both rows, gathered a piece at a time, then interleaved.
-          constexpr int kPiecePixels = 64;
-          alignas(64) int16_t g[2][kPiecePixels * 16];
-          for (int x0 = 0; x0 < w2; x0 += kPiecePixels) {
-            const int np = std::min(kPiecePixels, w2 - x0);
-            for (int i = 0; i < np; ++i) {
-              const size_t from = size_t(x0 + i) * pair_step * 16;
-              std::memcpy(g[0] + i * 16, a + from, 32);
-              if (a2) std::memcpy(g[1] + i * 16, a2 + from, 32);
-            }
-            inter(g[0], a2 ? g[1] : nullptr, d + size_t(x0) * 32, size_t(np) * 16);
-          }
-        };
-        if (second) {
+        auto interleave_row = [&](int y) { pair_row(p, b, y); };
+        if (2 * p + 1 < sh.N) {
           quant_plane(2 * p, b, cnt, [](int) {});
           quant_plane(2 * p + 1, b, cnt, interleave_row);
         } else {
