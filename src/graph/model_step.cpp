@@ -162,7 +162,7 @@ void Model::Impl::scale_add(float* y, float a, const float* x, float b, size_t n
 // Divides a layer's parameter gradients by the scale its output gradient carried; returns
 // whether all of them are finite. On the context's threads, and counted by the max_abs kernel:
 // a scalar sum of x * 0 over every gradient (NaN exactly for NaN and inf) is one dependent add
-// per value on one thread, 2-3 ms per step for a 512-channel 3x3 layer.
+// per value on one thread, about 2 ms per step for a 512-channel 3x3 layer.
 bool Model::Impl::unscale_params(const NodeInfo& n) {
   const float inv = static_cast<float>(1.0 / n.grad_scale);
   const auto max_abs = ctx.kernels().max_abs.fn;
