@@ -4,8 +4,10 @@
 // Benchmark names: conv/<layer>/<pass>/<impl>/threads:<t>/real_time, impl in {int16, onednn_f32,
 // onednn_bf16} (Google Benchmark appends "/real_time" because of UseRealTime(): wall time is the
 // only fair clock when the work runs on TBB or OpenMP worker threads). Counter GOPS = 2*N*K*C*R*S*OH*OW / wall time, in 1e9 operations per second; the
-// label is the implementation that ran. bench/ratio_table.py turns the JSON output into the
-// comparison table.
+// label is the implementation that ran. Counter peak_share (int16 and onednn_f32 rows) = GOPS over
+// the peak of the instruction that implementation runs (bench/peak.hpp: VPDPWSSD, VPMADDWD + VPADDD
+// or FP32 FMA, on zmm or ymm), measured at the row's thread count the first time a row needs it.
+// bench/ratio_table.py turns the JSON output into the comparison table.
 //
 // What is timed, per impl:
 //   int16       dfp::ConvInt16 on operands quantized once in setup (set_weights, quantize_input,
@@ -40,6 +42,7 @@
 #include <vector>
 
 #include "bench/conv_shapes.hpp"
+#include "bench/peak.hpp"
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
 
@@ -106,10 +109,20 @@ dfp::ContextOptions context_options(int threads) {
   return o;
 }
 
-void set_gops_counter(benchmark::State& state, const ConvShape& s) {
+dfp::bench::Peaks& peaks() {
+  static dfp::bench::Peaks measured;
+  return measured;
+}
+
+// After the timed loop (not timed): GOPS, and peak_share where the label names an instruction form.
+void set_gops_counter(benchmark::State& state, const ConvShape& s, const std::string& label, int threads) {
   // Per-iteration operations; kIsIterationInvariantRate multiplies by iterations and divides by
   // the (real, see UseRealTime) time.
   state.counters["GOPS"] = benchmark::Counter(s.ops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  dfp::bench::PeakForm form{};
+  if (!dfp::bench::peak_form_of(label, form)) return;
+  if (const double peak = peaks().get(form, threads); peak > 0)
+    state.counters["peak_share"] = benchmark::Counter(s.ops() * 1e-9 / peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---- dfp INT16 -------------------------------------------------------------------------------
@@ -146,8 +159,9 @@ void bench_int16(benchmark::State& state, const ConvLayer& layer, Pass pass, int
     };
     run();  // warm-up, as the peer benchmark does
     for (auto _ : state) run();
-    state.SetLabel(pass == Pass::bwd_weights ? conv.weight_gradient_kernel_name() : conv.kernel_name());
-    set_gops_counter(state, s);
+    const std::string label = pass == Pass::bwd_weights ? conv.weight_gradient_kernel_name() : conv.kernel_name();
+    state.SetLabel(label);
+    set_gops_counter(state, s, label, threads);
     // VPDPWSSD steps per INT32 chain (between FP32 flushes): a short chain is flush overhead.
     const dfp::ConvStats& st = conv.stats();
     state.counters["chain"] = pass == Pass::fwd ? st.chain_fwd : pass == Pass::bwd_data ? st.chain_bwd : st.chain_wgrad;
@@ -253,7 +267,7 @@ void bench_onednn(benchmark::State& state, const ConvLayer& layer, Pass pass, in
       strm.wait();
     }
     state.SetLabel(impl);
-    set_gops_counter(state, s);
+    set_gops_counter(state, s, bf16 ? std::string() : impl, threads);
   } catch (const dnnl::error& e) {
     state.SkipWithError((std::string("oneDNN: ") + e.what()).c_str());
   } catch (const std::exception& e) {

@@ -6,7 +6,8 @@ Usage:
     python3 bench/ratio_table.py run.json [more.json ...] [--check] [--targets avx512|avx2]
 
 Prints one markdown table per thread count: per layer and pass, GOP/s of int16, onednn_f32 and
-onednn_bf16, the ratios int16/f32 and int16/bf16, and the verdict against the targets below.
+onednn_bf16, the ratios int16/f32 and int16/bf16, each implementation's share of its instruction
+peak (where the run measured it: conv_bench's peak_share) and the verdict against the targets below.
 With --check the exit status is 1 when any verdict is FAIL or a targeted row is incomplete.
 
 Benchmark names are conv/<layer>/<pass>/<impl>/threads:<t>[/real_time]; the layer name carries C
@@ -44,11 +45,13 @@ LAYER_RE = re.compile(r"_c(?P<c>\d+)_k\d+_in\d+_(?P<r>\d+)x(?P<s>\d+)_s\d+")
 
 
 def load(paths):
-    """Returns ({(layer, pass, threads, impl): {"gops": float|None, "label": str, "error": str}},
-    the layers in order of first appearance)."""
+    """Returns ({(layer, pass, threads, impl): {"gops": float|None, "share": float|None, "label": str,
+    "error": str}}, the layers in order of first appearance). share: GOPS over the instruction peak
+    of the implementation's form (conv_bench's peak_share), where the run has it."""
     layers = []
     samples = {}   # key -> list of GOPS from plain runs
     medians = {}   # key -> GOPS from a median aggregate
+    share_samples, share_medians = {}, {}
     labels, errors = {}, {}
     for path in paths:
         with (sys.stdin if path == "-" else open(path)) as f:
@@ -65,20 +68,24 @@ def load(paths):
                 continue
             if b.get("label"):
                 labels[key] = b["label"]
-            gops = b.get("GOPS")
-            if gops is None:
-                continue
-            if b.get("run_type") == "aggregate":
-                if b.get("aggregate_name") == "median":
-                    medians[key] = float(gops)
-            else:
-                samples.setdefault(key, []).append(float(gops))
+            for field, plain, median in (("GOPS", samples, medians), ("peak_share", share_samples, share_medians)):
+                value = b.get(field)
+                if value is None:
+                    continue
+                if b.get("run_type") == "aggregate":
+                    if b.get("aggregate_name") == "median":
+                        median[key] = float(value)
+                else:
+                    plain.setdefault(key, []).append(float(value))
+
+    def pick(key, plain, median):
+        v = median.get(key)
+        return statistics.median(plain[key]) if v is None and key in plain else v
+
     result = {}
     for key in set(samples) | set(medians) | set(errors):
-        gops = medians.get(key)
-        if gops is None and key in samples:
-            gops = statistics.median(samples[key])
-        result[key] = {"gops": gops, "label": labels.get(key, ""), "error": errors.get(key, "")}
+        result[key] = {"gops": pick(key, samples, medians), "share": pick(key, share_samples, share_medians),
+                       "label": labels.get(key, ""), "error": errors.get(key, "")}
     return result, layers
 
 
@@ -132,15 +139,16 @@ def main():
     for t in threads_list:
         print(f"\n### threads: {t}\n")
         print("| layer | pass | int16 GOP/s | onednn_f32 GOP/s | onednn_bf16 GOP/s | int16/f32 | int16/bf16 "
-              "| target | result |")
-        print("|---|---|---:|---:|---:|---:|---:|---|---|")
+              "| int16 % peak | f32 % peak | target | result |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
         rows = sorted({(k[0], k[1]) for k in res if k[2] == t},
                       key=lambda lp: (order[lp[0]], PASSES.index(lp[1]) if lp[1] in PASSES else len(PASSES)))
         for layer, pass_ in rows:
-            g = {}
+            g, share = {}, {}
             for impl in IMPLS:
                 e = res.get((layer, pass_, t, impl))
                 g[impl] = e["gops"] if e else None
+                share[impl] = 100 * e["share"] if e and e["share"] is not None else None
                 if e and e["error"]:
                     errors.append(f"{layer}/{pass_}/{impl}/threads:{t}: {e['error']}")
             r_f32 = g["int16"] / g["onednn_f32"] if g["int16"] and g["onednn_f32"] else None
@@ -148,7 +156,20 @@ def main():
             target, v = verdict(layer, pass_, r_f32, r_bf16)
             counts[v] += 1
             print(f"| {layer} | {pass_} | {fmt(g['int16'])} | {fmt(g['onednn_f32'])} | {fmt(g['onednn_bf16'])} | "
-                  f"{fmt(r_f32, 2)} | {fmt(r_bf16, 2)} | {target} | {'**FAIL**' if v == 'FAIL' else v} |")
+                  f"{fmt(r_f32, 2)} | {fmt(r_bf16, 2)} | {fmt(share['int16'], 0)} | {fmt(share['onednn_f32'], 0)} | "
+                  f"{target} | {'**FAIL**' if v == 'FAIL' else v} |")
+        # The peaks the shares are of (GOPS / share, the same in every row of one form): their ratio
+        # is the int16/f32 ratio a row reaches where both run at the same share of their peaks.
+        peak = {}
+        for impl in ("int16", "onednn_f32"):
+            est = [e["gops"] / e["share"] for k, e in res.items()
+                   if k[2] == t and k[3] == impl and e["gops"] and e["share"]]
+            if est:
+                peak[impl] = statistics.median(est)
+        if len(peak) == 2:
+            print(f"\nInstruction peaks measured by the run: int16 {peak['int16']:.1f} GOP/s, onednn_f32 "
+                  f"{peak['onednn_f32']:.1f}: at equal shares of them int16/f32 is "
+                  f"{peak['int16'] / peak['onednn_f32']:.2f}")
 
     impls_seen = {}
     for (layer, pass_, t, impl), e in res.items():

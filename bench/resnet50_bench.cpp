@@ -15,7 +15,8 @@
 // dy, the three passes) and, unless --no-kernels, each distinct shape's three passes run alone on
 // a ConvInt16 of that shape and batch, as conv_bench runs them (operands quantized once, hot
 // caches, the fastest of a few repetitions): the "alone" rate. The summary sets the network's
-// convolution rate in training against that.
+// convolution rate in training against that, and their work over the whole step against the peak
+// of the instruction the kernels run, measured at the end of the run (bench/peak.hpp).
 //
 // Output: a summary per batch (ms per step, images/s, ratios to FP32, the time by layer kind),
 // then with --layers a row per convolution. Every figure is in one run, on the CPU printed first.
@@ -34,6 +35,7 @@
 
 #include "bench/conv_layers.hpp"
 #include "bench/kind_table.hpp"
+#include "bench/peak.hpp"
 #include "bench/train_case.hpp"
 #include "dfp/context.hpp"
 #include "dfp/conv.hpp"
@@ -271,6 +273,18 @@ void run_batch(const Options& opt, int batch) {
                 alone_all * 1e3, ops_all / alone_all / 1e9, 100.0 * alone_all / in_training, 100.0 * alone_all / passes_only);
   std::printf("  FP32 convolutions in training       %6.1f ms/step  %6.0f GOP/s  (INT16 layers %.2fx)\n", f32_conv * 1e3,
               ops_all / f32_conv / 1e9, f32_conv / in_training);
+  // Issue 45's measure: the INT16 convolutions' work over the whole step, as a share of the peak
+  // of the instruction their kernels run (bench/peak.hpp), measured now at the run's threads.
+  const double step_s = median(i16->step_s);
+  dfp::bench::PeakForm form{};
+  const double peak = dfp::bench::peak_form_of(by_name.at(rows[0].name).implementation, form)
+                          ? dfp::bench::measure_peak(form, opt.threads)
+                          : 0.0;
+  std::printf("  over the whole INT16 step           %6.1f ms/step  %6.0f GOP/s", step_s * 1e3, ops_all / step_s / 1e9);
+  if (peak > 0)
+    std::printf("  (%.1f%% of the %s peak measured now: %.0f GOP/s at %d threads)", 100.0 * ops_all / step_s / 1e9 / peak,
+                dfp::bench::peak_form_name(form), peak, opt.threads);
+  std::printf("\n");
 }
 
 }  // namespace
@@ -279,8 +293,10 @@ int main(int argc, char** argv) {
   try {
     const Options opt = parse(argc, argv);
     const dfp::CpuFeatures cpu = dfp::detect_cpu_features();
+    // The level a context chooses (DFP_ISA may hold it below the CPU's best).
+    const dfp::Context probe{dfp::ContextOptions{}};
     std::printf("CPU: %s (%s); AMX-BF16 %s; kernels: %s\n", cpu.brand.c_str(), cpu.vendor.c_str(),
-                cpu.amx_bf16 && cpu.os_saves_amx ? "yes" : "no", dfp::isa_name(cpu.best()));
+                cpu.amx_bf16 && cpu.os_saves_amx ? "yes" : "no", dfp::isa_name(probe.isa()));
     for (int b : opt.batches) run_batch(opt, b);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "resnet50_bench: %s\n", e.what());

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/peak.hpp"
 #include "dfp/isa.hpp"
 #include "simd/kernel_table.hpp"
 
@@ -85,4 +86,34 @@ TEST(KernelTable, LevelNamesComeFromOneList) {
   EXPECT_EQ(isa_names("|"), "ref|avx2|avx512bw|avx512vnni");
   for (Isa isa : kIsaLevels) EXPECT_EQ(parse_isa(isa_name(isa), "test"), isa);
   EXPECT_EQ(detect_cpu_features().supports(Isa::ref), true);
+}
+
+// The benchmarks' shares of peak (bench/peak.hpp) take the instruction from the kernel's name: at
+// every level and form but the reference, both INT16 convolution kernels name one this CPU runs,
+// and its measured peak is positive (the asm loop runs); oneDNN's FP32 names map to FMA.
+TEST(KernelTable, ConvolutionKernelNamesSayTheInstructionTheirPeakIsOf) {
+  const CpuFeatures cpu = detect_cpu_features();
+  CpuFeatures no_vnni = cpu;
+  no_vnni.avx_vnni = false;
+  std::set<int> forms;
+  for (Isa isa : kIsaLevels) {
+    if (!cpu.supports(isa)) continue;
+    for (const CpuFeatures& features : {cpu, no_vnni}) {
+      const simd::KernelTable t = simd::make_kernel_table(isa, features);
+      for (const std::string name : {t.conv_s16_pixel.name, t.conv_s16_pair.name}) {
+        bench::PeakForm form{};
+        EXPECT_EQ(bench::peak_form_of(name, form), isa != Isa::ref) << name;
+        if (isa == Isa::ref) continue;
+        EXPECT_TRUE(bench::cpu_runs(form, cpu)) << name;
+        forms.insert(int(form));
+      }
+    }
+  }
+  for (int f : forms) EXPECT_GT(bench::measure_peak(bench::PeakForm(f), 1), 0.0) << bench::peak_form_name(bench::PeakForm(f));
+  bench::PeakForm form{};
+  ASSERT_TRUE(bench::peak_form_of("jit:avx512_core", form));
+  EXPECT_EQ(form, bench::PeakForm::fma_zmm);
+  ASSERT_TRUE(bench::peak_form_of("jit_1x1:avx2", form));
+  EXPECT_EQ(form, bench::PeakForm::fma_ymm);
+  EXPECT_FALSE(bench::peak_form_of("x64:gemm:jit", form));
 }
