@@ -47,7 +47,10 @@ namespace dfp {
 
 namespace {
 
-constexpr int kRing = 3;  // one batch held by the consumer, two being prefetched
+// One batch held by the consumer, one being prefetched: filling a batch (decoding its JPEGs
+// included) takes a small part of a training step, so a second batch ahead would only hold
+// memory (103 MB for ImageNet's 224x224 at batch 32, 13 of 16 lanes the blocked layout's padding).
+constexpr int kRing = 2;
 
 }  // namespace
 
