@@ -238,6 +238,41 @@ using AddReluFn = float (*)(const float* a, const float* b, float* y, uint16_t* 
 // where a and b are pixel rows of two consecutive 16-channel blocks (null: zeros), 0 <= shift < 16.
 using ShiftLanesFn = void (*)(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step,
                               size_t pixels, uint16_t keep);
+// Max pooling (torch.nn.MaxPool2d) of one output row of one channel block of 16 lanes. rows[r],
+// r < k, is input row oh * stride - pad + r (null where that row lies outside the input); its
+// pixel iw is at rows[r] + iw * 16, 0 <= iw < in_w. For output pixel o < out_w and lane l, over the
+// window's taps t = r * k + c in row-major order whose row is not null and whose column
+// iw = o * stride - pad + c lies in [0, in_w): the first tap's value is taken as it is (NaN
+// included), a later one only where it is greater (a NaN never is), and
+//   y[o * 16 + l] = that value,  arg[o * 16 + l] = its tap  (-inf and 255 for a window of no tap).
+struct MaxPoolRowArgs {
+  const float* const* rows;
+  int k, stride, pad, in_w, out_w;
+  float* y;
+  uint8_t* arg;
+};
+using MaxPoolRowFn = void (*)(const MaxPoolRowArgs& a);
+// The taps of output pixel o, in window order: f(pixel iw of row r, tap r * k + c) (every level's).
+template <class F>
+inline void maxpool_taps(const MaxPoolRowArgs& a, int o, F&& f) {
+  for (int r = 0; r < a.k; ++r) {
+    if (!a.rows[r]) continue;
+    for (int c = 0; c < a.k; ++c) {
+      const int iw = o * a.stride - a.pad + c;
+      if (iw >= 0 && iw < a.in_w) f(a.rows[r] + size_t(iw) * 16, r * a.k + c);
+    }
+  }
+}
+// Its backward, into dx's rows (rows[r] as above, of dx): for o = 0, 1, ... in order and each lane l
+// whose arg t is not 255, dx at tap t (row t / k, column o * stride - pad + t % k) += dy[o * 16 + l].
+// An element of dx takes its additions in output order, as the forward's windows overlap.
+struct MaxPoolRowBwdArgs {
+  float* const* rows;
+  int k, stride, pad, out_w;
+  const float* dy;
+  const uint8_t* arg;
+};
+using MaxPoolRowBwdFn = void (*)(const MaxPoolRowBwdArgs& a);
 
 // ---- layout: plain NCHW planes <-> blocked pixels ------------------------------------------------
 // A run of `pixels` pixels of one 16-channel block between plain channel planes (channel l of pixel

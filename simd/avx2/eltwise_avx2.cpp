@@ -3,6 +3,8 @@
 // masked-off lanes neither fault nor store.
 #include <immintrin.h>
 
+#include <limits>
+
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::avx2 {
@@ -133,4 +135,49 @@ void shift_lanes(const float* a, const float* b, int shift, size_t in_step, floa
   }
 }
 
+// Sixteen lanes as two YMM halves; the taps as INT32 lanes (blended with the values' masks),
+// packed to bytes at the end.
+void maxpool_row(const MaxPoolRowArgs& a) {
+  for (int o = 0; o < a.out_w; ++o) {
+    __m256 best[2], arg[2];
+    for (int h = 0; h < 2; ++h) {
+      best[h] = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+      arg[h] = _mm256_castsi256_ps(_mm256_set1_epi32(255));
+    }
+    bool first = true;
+    maxpool_taps(a, o, [&](const float* px, int tap) {
+      const __m256 t = _mm256_castsi256_ps(_mm256_set1_epi32(tap));
+      for (int h = 0; h < 2; ++h) {
+        const __m256 v = _mm256_loadu_ps(px + 8 * h);
+        const __m256 gt = first ? _mm256_castsi256_ps(_mm256_set1_epi32(-1)) : _mm256_cmp_ps(v, best[h], _CMP_GT_OQ);
+        best[h] = _mm256_blendv_ps(best[h], v, gt);
+        arg[h] = _mm256_blendv_ps(arg[h], t, gt);
+      }
+      first = false;
+    });
+    _mm256_storeu_ps(a.y + size_t(o) * 16, best[0]);
+    _mm256_storeu_ps(a.y + size_t(o) * 16 + 8, best[1]);
+    // INT32 taps (0..255) -> INT16 (packs works within 128-bit lanes, the permute restores the
+    // order) -> bytes.
+    const __m256i w = _mm256_permute4x64_epi64(
+        _mm256_packs_epi32(_mm256_castps_si256(arg[0]), _mm256_castps_si256(arg[1])), 0xD8);
+    const __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.arg + size_t(o) * 16), b);
+  }
+}
+void maxpool_row_bwd(const MaxPoolRowBwdArgs& a) {
+  for (int o = 0; o < a.out_w; ++o) {
+    const __m128i arg = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.arg + size_t(o) * 16));
+    for (int t = 0; t < a.k * a.k; ++t) {
+      const __m128i eq = _mm_cmpeq_epi8(arg, _mm_set1_epi8(char(t)));
+      if (_mm_movemask_epi8(eq) == 0) continue;
+      float* d = a.rows[t / a.k] + size_t(o * a.stride - a.pad + t % a.k) * 16;
+      for (int h = 0; h < 2; ++h) {
+        const __m256 m = _mm256_castsi256_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(eq, 8) : eq));
+        const __m256 v = _mm256_loadu_ps(d + 8 * h);
+        _mm256_storeu_ps(d + 8 * h, _mm256_blendv_ps(v, _mm256_add_ps(v, _mm256_loadu_ps(a.dy + size_t(o) * 16 + 8 * h)), m));
+      }
+    }
+  }
+}
 }  // namespace dfp::simd::avx2

@@ -1,6 +1,8 @@
 // AVX-512 element-wise FP32 kernels (bit-identical to simd/ref/eltwise_ref.cpp; masked tails).
 #include <immintrin.h>
 
+#include <limits>
+
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::avx512 {
@@ -124,6 +126,35 @@ void from_blocked(const float* blocked, int lanes, float* plain, size_t plane, s
     for (size_t i = 0; i < 16; ++i) r[i] = i < count ? _mm512_loadu_ps(blocked + (p + i) * 16) : _mm512_setzero_ps();
     transpose16(r);
     for (int l = 0; l < lanes; ++l) _mm512_mask_storeu_ps(plain + size_t(l) * plane + p, m, r[l]);
+  }
+}
+void maxpool_row(const MaxPoolRowArgs& a) {
+  for (int o = 0; o < a.out_w; ++o) {
+    __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m128i arg = _mm_set1_epi8(char(255));
+    bool first = true;
+    maxpool_taps(a, o, [&](const float* px, int tap) {
+      const __m512 v = _mm512_loadu_ps(px);
+      const __mmask16 gt = first ? __mmask16(0xFFFF) : _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+      best = _mm512_mask_mov_ps(best, gt, v);
+      arg = _mm_mask_mov_epi8(arg, gt, _mm_set1_epi8(char(tap)));
+      first = false;
+    });
+    _mm512_storeu_ps(a.y + size_t(o) * 16, best);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.arg + size_t(o) * 16), arg);
+  }
+}
+void maxpool_row_bwd(const MaxPoolRowBwdArgs& a) {
+  for (int o = 0; o < a.out_w; ++o) {
+    const __m512 g = _mm512_loadu_ps(a.dy + size_t(o) * 16);
+    const __m128i arg = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.arg + size_t(o) * 16));
+    for (int t = 0; t < a.k * a.k; ++t) {
+      const __mmask16 m = _mm_cmpeq_epi8_mask(arg, _mm_set1_epi8(char(t)));
+      if (!m) continue;
+      float* d = a.rows[t / a.k] + size_t(o * a.stride - a.pad + t % a.k) * 16;
+      const __m512 v = _mm512_loadu_ps(d);
+      _mm512_storeu_ps(d, _mm512_mask_add_ps(v, m, v, g));
+    }
   }
 }
 }  // namespace dfp::simd::avx512

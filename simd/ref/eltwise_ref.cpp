@@ -1,5 +1,6 @@
 // Scalar references of the element-wise FP32 kernels.
 #include <algorithm>
+#include <limits>
 
 #include "simd/kernel_table.hpp"
 
@@ -62,5 +63,29 @@ float to_blocked(const float* plain, size_t plane, int lanes, float* blocked, si
 void from_blocked(const float* blocked, int lanes, float* plain, size_t plane, size_t pixels) {
   for (size_t p = 0; p < pixels; ++p)
     for (int l = 0; l < lanes; ++l) plain[size_t(l) * plane + p] = blocked[p * 16 + l];
+}
+void maxpool_row(const MaxPoolRowArgs& a) {
+  for (int o = 0; o < a.out_w; ++o)
+    for (int l = 0; l < 16; ++l) {
+      float best = -std::numeric_limits<float>::infinity();
+      uint8_t arg = 255;
+      maxpool_taps(a, o, [&](const float* px, int t) {
+        const float v = px[l];
+        if (arg == 255 || v > best) {
+          best = v;
+          arg = uint8_t(t);
+        }
+      });
+      a.y[size_t(o) * 16 + l] = best;
+      a.arg[size_t(o) * 16 + l] = arg;
+    }
+}
+void maxpool_row_bwd(const MaxPoolRowBwdArgs& a) {
+  for (int o = 0; o < a.out_w; ++o)
+    for (int l = 0; l < 16; ++l) {
+      const int t = a.arg[size_t(o) * 16 + l];
+      if (t == 255) continue;
+      a.rows[t / a.k][size_t(o * a.stride - a.pad + t % a.k) * 16 + l] += a.dy[size_t(o) * 16 + l];
+    }
 }
 }  // namespace dfp::simd::ref

@@ -231,7 +231,7 @@ class MeasuresMaxima {
 //     input_taken() says so beforehand;
 //   - a residual Add records the source and asks for the spans in its own forward(), adding each
 //     to the other input while it is in L1 (the Model keeps the producer's own input, which the
-//     spans are computed from, alive until then).
+//     spans are computed from, alive until then); a pool does the same, whole rows at a time.
 // A span is `count` pixels of channel block b of image n from pixel w0 of row h; an Add's run on
 // into the following rows of the same plane (w0 + count <= (H - h) * W).
 using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);

@@ -1,10 +1,9 @@
 // Max and average pooling (with ceil mode, as torch.nn.MaxPool2d/AvgPool2d) and global average
 // pooling.
 #include <algorithm>
-#include <cstring>
-#include <limits>
 
 #include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "src/layers/layer.hpp"
 #include "src/layers/layer_args.hpp"
@@ -13,7 +12,7 @@
 namespace dfp::model {
 namespace {
 
-class Pool final : public Layer {
+class Pool final : public Layer, public TakesInputSpans {
  public:
   Pool(bool max, int k, int s, int p, bool ceil_mode) : max_(max), k_(k), s_(s), p_(p), ceil_(ceil_mode) {}
   int out_dim(int in) const {
@@ -37,89 +36,117 @@ class Pool final : public Layer {
       argmax_ = AlignedBuffer<uint8_t>(out.blocked_elements());
     }
   }
+  // The input may come as spans from a BatchNorm (with its ReLU: ResNet's and VGG's BN, ReLU,
+  // max-pool), whole rows at a time into a ring of rows in L1, so that its FP32 output is never
+  // written or read. Every input row is asked for, in order, whether or not a window reads it: the
+  // BatchNorm saves what its backward needs as it computes each span.
+  bool accepts_input_spans(size_t i) const override { return i == 0 && size_t(k_) * in_.w <= kRingPixels; }
+  void take_input_spans(size_t, InputSpanFn fn, void* producer, float, const float*, const StepInfo&) override {
+    span_ = {fn, producer};
+  }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {
+    const size_t row_floats = size_t(in_.w) * 16;
+    const auto max_row = ctx.kernels().maxpool_row.fn;
     for_blocks(ctx, in_.n, cb_of(in_), [&](int n, int blk) {
-      const float* p = x[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
       const size_t out_off = (size_t(n) * cb_of(out_) + blk) * plane(out_);
-      float* q = y + out_off;
-      for (int oh = 0; oh < out_.h; ++oh)
-        for (int ow = 0; ow < out_.w; ++ow) {
-          const size_t o = (size_t(oh) * out_.w + ow) * 16;
-          if (max_) {
-            // The first maximum in window order (row-major) gets the gradient: its tap is saved.
-            float acc[16];
-            uint8_t arg[16];
-            for (int l = 0; l < 16; ++l) { acc[l] = -std::numeric_limits<float>::infinity(); arg[l] = kNoTap; }
-            bool first = true;
-            for_window(oh, ow, [&](size_t off, int tap) {
-              const float* v = p + off;
-              if (first) {  // the first tap is taken as it is (NaN included)
-                for (int l = 0; l < 16; ++l) { acc[l] = v[l]; arg[l] = uint8_t(tap); }
-                first = false;
-                return;
-              }
-              for (int l = 0; l < 16; ++l) {  // branch-free, so the lanes vectorise
-                const bool gt = v[l] > acc[l];
-                acc[l] = gt ? v[l] : acc[l];
-                arg[l] = gt ? uint8_t(tap) : arg[l];
-              }
-            });
-            std::memcpy(q + o, acc, sizeof acc);
-            std::memcpy(argmax_.data() + out_off + o, arg, sizeof arg);
-          } else {
-            float acc[16] = {};
-            for_window(oh, ow, [&](size_t off, int) {
-              for (int l = 0; l < 16; ++l) acc[l] += p[off + l];
-            });
-            const float inv = 1.f / float(k_ * k_);  // count_include_pad, as PyTorch's default
-            for (int l = 0; l < 16; ++l) q[o + l] = acc[l] * inv;
-          }
+      if (!span_.fn) {
+        const float* p = x[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
+        for (int oh = 0; oh < out_.h; ++oh)
+          pool_row(max_row, oh, [&](int ih) { return p + ih * row_floats; }, y + out_off, out_off);
+        return;
+      }
+      // Input row ih in slot ih % R: R rows of the ring, at least the window's k. A call asks for
+      // as many rows as lie ahead of the ring's end and overwrite no row the window still reads, so
+      // that a small plane comes in a few calls (each has a BatchNorm's fixed cost).
+      alignas(64) float ring[kRingPixels * 16];
+      const int R = int(kRingPixels / size_t(in_.w));
+      int next = 0;  // the first row not asked for yet
+      auto fetch_to = [&](int end, int first_needed) {
+        while (next < end) {
+          const int rows = std::min({in_.h - next, R - next % R, R - (next - first_needed)});
+          span_.fn(span_.producer, n, blk, next, 0, rows * in_.w, ring + size_t(next % R) * row_floats);
+          next += rows;
         }
+      };
+      for (int oh = 0; oh < out_.h; ++oh) {
+        fetch_to(std::min(in_.h, oh * s_ - p_ + k_), std::max(0, oh * s_ - p_));
+        pool_row(max_row, oh, [&](int ih) { return static_cast<const float*>(ring + size_t(ih % R) * row_floats); },
+                 y + out_off, out_off);
+      }
+      fetch_to(in_.h, in_.h);  // rows no window reads
     });
+    span_ = {};
   }
   void backward(const Context& ctx, const std::vector<const float*>&, const float*, const float* dy,
                 const std::vector<float*>& dx, const StepInfo&) override {
     if (!dx[0]) return;
+    const auto max_bwd = ctx.kernels().maxpool_row_bwd.fn;
     for_blocks(ctx, in_.n, cb_of(in_), [&](int n, int blk) {
       float* d = dx[0] + (size_t(n) * cb_of(in_) + blk) * plane(in_);
       const size_t out_off = (size_t(n) * cb_of(out_) + blk) * plane(out_);
       const float* g = dy + out_off;
       std::fill(d, d + plane(in_), 0.f);
       const float inv = 1.f / float(k_ * k_);
-      for (int oh = 0; oh < out_.h; ++oh)
-        for (int ow = 0; ow < out_.w; ++ow) {
-          const size_t o = (size_t(oh) * out_.w + ow) * 16;
-          const float* go = g + o;
-          if (max_) {
-            const uint8_t* arg = argmax_.data() + out_off + o;
-            for (int l = 0; l < 16; ++l) {
-              if (arg[l] == kNoTap) continue;
-              const int ih = oh * s_ + arg[l] / k_ - p_, iw = ow * s_ + arg[l] % k_ - p_;
-              d[(size_t(ih) * in_.w + iw) * 16 + l] += go[l];
-            }
-          } else {
-            for_window(oh, ow, [&](size_t off, int) {
-              for (int l = 0; l < 16; ++l) d[off + l] += go[l] * inv;
-            });
+      for (int oh = 0; oh < out_.h; ++oh) {
+        if (max_) {  // the gradient to each window's saved tap
+          float* rows[kMaxWindow];
+          for (int r = 0; r < k_; ++r) {
+            const int ih = oh * s_ - p_ + r;
+            rows[r] = ih >= 0 && ih < in_.h ? d + size_t(ih) * in_.w * 16 : nullptr;
           }
+          const size_t o = size_t(oh) * out_.w * 16;
+          max_bwd({rows, k_, s_, p_, out_.w, g + o, argmax_.data() + out_off + o});
+          continue;
         }
+        for (int ow = 0; ow < out_.w; ++ow) {
+          const float* go = g + (size_t(oh) * out_.w + ow) * 16;
+          for_window(oh, ow, [&](int ih) { return d + size_t(ih) * in_.w * 16; }, [&](float* v, int) {
+            for (int l = 0; l < 16; ++l) v[l] += go[l] * inv;
+          });
+        }
+      }
     });
   }
 
  private:
   static constexpr uint8_t kNoTap = 255;
-  // Calls f(offset of the input pixel within a channel-block plane, tap index r * k + c) for every
-  // in-bounds tap of output pixel (oh, ow), in window order (row-major), which decides max-pool ties.
-  template <class F>
-  void for_window(int oh, int ow, F&& f) const {
+  static constexpr int kMaxWindow = 15;  // max pooling's rows per window (k * k taps < kNoTap)
+  static constexpr size_t kRingPixels = 512;  // the spans' row ring: 32 KiB of the task's stack
+  // Calls f(pixel, tap index r * k + c) for every in-bounds tap of output pixel (oh, ow), in window
+  // order (row-major), which decides max-pool ties; input pixel iw of row ih is row(ih) + iw * 16.
+  template <class Row, class F>
+  void for_window(int oh, int ow, Row&& row, F&& f) const {
     for (int r = 0; r < k_; ++r) {
       const int ih = oh * s_ + r - p_;
       if (ih < 0 || ih >= in_.h) continue;
+      const auto line = row(ih);
       for (int c = 0; c < k_; ++c) {
         const int iw = ow * s_ + c - p_;
-        if (iw < 0 || iw >= in_.w) continue;
-        f((size_t(ih) * in_.w + iw) * 16, r * k_ + c);
+        if (iw >= 0 && iw < in_.w) f(line + size_t(iw) * 16, r * k_ + c);
       }
+    }
+  }
+  // Output row oh of one channel-block plane into q (the plane's output; argmax at out_off), input
+  // row ih at row(ih): the plane itself, or the spans' ring.
+  template <class Row>
+  void pool_row(simd::MaxPoolRowFn max_row, int oh, Row row, float* q, size_t out_off) {
+    const size_t o = size_t(oh) * out_.w * 16;
+    if (max_) {
+      const float* rows[kMaxWindow];
+      for (int r = 0; r < k_; ++r) {
+        const int ih = oh * s_ - p_ + r;
+        rows[r] = ih >= 0 && ih < in_.h ? row(ih) : nullptr;
+      }
+      max_row({rows, k_, s_, p_, in_.w, out_.w, q + o, argmax_.data() + out_off + o});
+      return;
+    }
+    const float inv = 1.f / float(k_ * k_);  // count_include_pad, as PyTorch's default
+    for (int ow = 0; ow < out_.w; ++ow) {
+      float acc[16] = {};
+      for_window(oh, ow, row, [&](const float* v, int) {
+        for (int l = 0; l < 16; ++l) acc[l] += v[l];
+      });
+      for (int l = 0; l < 16; ++l) q[o + size_t(ow) * 16 + l] = acc[l] * inv;
     }
   }
 
@@ -128,6 +155,10 @@ class Pool final : public Layer {
   bool ceil_;
   TensorShape in_, out_;
   AlignedBuffer<uint8_t> argmax_;  // max: per output element, the tap its value came from
+  struct {
+    InputSpanFn fn = nullptr;
+    void* producer = nullptr;
+  } span_;  // the input fed as spans in this step (take_input_spans)
 };
 
 class GlobalAvgPool final : public Layer {

@@ -93,6 +93,17 @@ std::vector<std::pair<std::string, std::function<void(Model&)>>> plan_graphs() {
          auto t = m.relu(m.add(f, g, "add2"), "r");  // both inputs as spans, one through a ReLU
          m.softmax_cross_entropy(m.linear(m.global_avgpool(t, "gap"), 3, true, "fc"));
        }},
+      {"bn-into-pool",  // BatchNorms feeding pools as spans: input rows through a ring, every one asked for
+       [](Model& m) {
+         auto x = m.input(3, 9, 9);
+         auto a = m.relu(m.batchnorm(m.conv(x, 16, 3, 1, 1, false, "c0"), "bn0"), "r0");
+         auto p = m.maxpool(a, 3, 2, 1, false, "mp");  // ResNet's stem pool, on an odd size
+         auto b = m.batchnorm(m.conv(p, 4, 3, 1, 1, false, "c1"), "bn1");
+         auto q = m.avgpool(b, 2, 2, 0, "ap");  // 5 rows: no window reads the last
+         auto c = m.relu(m.batchnorm(m.conv(q, 4, 3, 1, 1, false, "c2"), "bn2"), "r2");
+         auto t = m.maxpool(c, 2, 2, 0, true, "mp2");  // ceil mode
+         m.softmax_cross_entropy(m.linear(m.flatten(t, "fl"), 3, true, "fc"));
+       }},
       {"concat-lrn-dropout",
        [](Model& m) {
          auto x = m.input(3, 5, 5);
@@ -225,6 +236,28 @@ TEST(Fusion, LayersTakeTheirBatchNormInputAsSpans) {
   EXPECT_EQ(linked(Precision::fp32, true, nullptr), adds);
   both.erase(std::find(both.begin(), both.end(), "layer2.1.conv2"));
   EXPECT_EQ(linked(Precision::int16, true, "layer2.1.conv2"), both);
+}
+
+// Pools take their input as spans from a BatchNorm (and its ReLU) read by nothing else: every
+// max-pool of VGG-11-BN, in every precision, and none without fusion.
+TEST(Fusion, PoolsTakeTheirBatchNormInputAsSpans) {
+  for (Precision p : {Precision::fp32, Precision::int16})
+    for (bool fusion : {true, false}) {
+      Model m(ctx2(), "v");
+      build_model(m, "vgg11bn", 3, 32, 32, 10);
+      m.set_fusion(fusion);
+      PrecisionPolicy pol;
+      pol.precision = p;
+      m.build(2, pol);
+      int pools = 0, linked = 0;
+      for (const LayerSpec& s : m.graph())
+        if (s.kind == LayerKind::maxpool) {
+          ++pools;
+          linked += s.input_spans;
+        }
+      EXPECT_EQ(pools, 5);
+      EXPECT_EQ(linked, fusion ? 5 : 0) << precision_name(p);
+    }
 }
 
 // Every buffer the plan shares is written before it is read: with every fresh buffer and the

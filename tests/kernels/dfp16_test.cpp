@@ -577,6 +577,73 @@ TEST_P(Dfp16Isa, ElementwiseBitIdenticalToReference) {
   }
 }
 
+// The max-pooling row kernels match their scalar twins bit for bit: values, the saved taps (ties
+// go to the first tap in window order, a NaN first tap stays, a later NaN never wins) and the
+// backward's additions (in output order where windows overlap; -0 kept where no tap adds), for
+// window sizes, strides, pads, rows outside the input and windows of no tap.
+TEST_P(Dfp16Isa, MaxPoolRowBitIdenticalToReference) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const int in_w = 9;
+  std::vector<float> in = test::random_vec(size_t(5) * in_w * 16, 31, -2.f, 2.f);
+  for (size_t i = 0; i < in.size(); i += 7) in[i] = std::round(in[i]);  // ties
+  in[16 * 3 + 2] = std::numeric_limits<float>::quiet_NaN();               // first tap of some windows
+  in[16 * 11 + 5] = std::numeric_limits<float>::quiet_NaN();
+  in[16 * 20 + 9] = -std::numeric_limits<float>::infinity();
+  in[16 * 4 + 1] = -0.f;
+  int windows = 0;
+  for (int k : {1, 2, 3, 5})
+    for (int stride : {1, 2, 3})
+      for (int pad : {0, 1, 2})
+        for (int nulls : {0, 1, 2}) {  // no row outside, the first, the first and the last
+          if (pad > k) continue;
+          const int out_w = (in_w + 2 * pad - k) / stride + 1 + (stride > 1);  // one window past the end
+          const float* rows[5];
+          for (int r = 0; r < k; ++r)
+            rows[r] = (nulls >= 1 && r == 0) || (nulls == 2 && r == k - 1 && k > 1) ? nullptr : in.data() + size_t(r) * in_w * 16;
+          std::vector<float> y0(size_t(out_w) * 16), y1(y0.size(), 7.f);
+          std::vector<uint8_t> a0(y0.size()), a1(y0.size(), 9);
+          simd::ref::maxpool_row({rows, k, stride, pad, in_w, out_w, y0.data(), a0.data()});
+          c.kernels().maxpool_row.fn({rows, k, stride, pad, in_w, out_w, y1.data(), a1.data()});
+          const std::string where = "k " + std::to_string(k) + " stride " + std::to_string(stride) + " pad " +
+                                    std::to_string(pad) + " nulls " + std::to_string(nulls);
+          ASSERT_EQ(0, std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float))) << where;
+          ASSERT_EQ(a0, a1) << where;
+          windows += int(std::count(a0.begin(), a0.end(), uint8_t(255)) < std::ptrdiff_t(a0.size()));
+          // Backward into rows of dx that start as values (a -0 among them).
+          std::vector<float> dx0 = test::random_vec(in.size(), 32, -1.f, 1.f), dx1;
+          dx0[16 * 2] = -0.f;
+          dx1 = dx0;
+          const std::vector<float> dy = test::random_vec(y0.size(), 33, -1.f, 1.f);
+          float* d0[5];
+          float* d1[5];
+          for (int r = 0; r < k; ++r) {
+            d0[r] = rows[r] ? dx0.data() + size_t(r) * in_w * 16 : nullptr;
+            d1[r] = rows[r] ? dx1.data() + size_t(r) * in_w * 16 : nullptr;
+          }
+          simd::ref::maxpool_row_bwd({d0, k, stride, pad, out_w, dy.data(), a0.data()});
+          c.kernels().maxpool_row_bwd.fn({d1, k, stride, pad, out_w, dy.data(), a0.data()});
+          ASSERT_EQ(0, std::memcmp(dx0.data(), dx1.data(), dx0.size() * sizeof(float))) << where;
+        }
+  EXPECT_GT(windows, 50);
+  // The rules themselves, on the reference: the first of equal maxima, a NaN first tap kept.
+  std::vector<float> row(size_t(3) * 16, 1.f);
+  row[16 + 0] = 3.f;  // lane 0: pixel 1 greater
+  row[0 + 1] = std::numeric_limits<float>::quiet_NaN();  // lane 1: NaN first
+  row[16 + 2] = std::numeric_limits<float>::quiet_NaN();  // lane 2: NaN later
+  const float* one[3] = {row.data(), nullptr, nullptr};  // a 3x3 window on the top row
+  float y[16];
+  uint8_t arg[16];
+  simd::ref::maxpool_row({one, 3, 3, 0, 3, 1, y, arg});
+  EXPECT_EQ(arg[0], 1);
+  EXPECT_EQ(y[0], 3.f);
+  EXPECT_TRUE(std::isnan(y[1]));
+  EXPECT_EQ(arg[1], 0);
+  EXPECT_EQ(y[2], 1.f);
+  EXPECT_EQ(arg[2], 0);
+  EXPECT_EQ(arg[3], 0);  // all equal: the first
+}
+
 // shift_lanes (the zero-padding shortcut) matches its scalar twin bit for bit and picks lane l + shift
 // of the two blocks, for every shift, absent blocks, kept lanes, and pixel steps in and out.
 TEST_P(Dfp16Isa, ShiftLanesBitIdenticalToReference) {
