@@ -6,7 +6,8 @@
 // only fair clock when the work runs on TBB or OpenMP worker threads). Counter GOPS = 2*N*K*C*R*S*OH*OW / wall time, in 1e9 operations per second; the
 // label is the implementation that ran. Counter peak_share (int16 and onednn_f32 rows) = GOPS over
 // the peak of the instruction that implementation runs (bench/peak.hpp: VPDPWSSD, VPMADDWD + VPADDD
-// or FP32 FMA, on zmm or ymm), measured at the row's thread count the first time a row needs it.
+// or FP32 FMA, on zmm or ymm), measured at the row's thread count the first time a row needs it: a
+// fraction, which the console prints with "/s" as it does every rate counter.
 // bench/ratio_table.py turns the JSON output into the comparison table.
 //
 // What is timed, per impl:

@@ -294,9 +294,9 @@ int main(int argc, char** argv) {
     const Options opt = parse(argc, argv);
     const dfp::CpuFeatures cpu = dfp::detect_cpu_features();
     // The level a context chooses (DFP_ISA may hold it below the CPU's best).
-    const dfp::Context probe{dfp::ContextOptions{}};
+    const dfp::Context level{dfp::ContextOptions{}};
     std::printf("CPU: %s (%s); AMX-BF16 %s; kernels: %s\n", cpu.brand.c_str(), cpu.vendor.c_str(),
-                cpu.amx_bf16 && cpu.os_saves_amx ? "yes" : "no", dfp::isa_name(probe.isa()));
+                cpu.amx_bf16 && cpu.os_saves_amx ? "yes" : "no", dfp::isa_name(level.isa()));
     for (int b : opt.batches) run_batch(opt, b);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "resnet50_bench: %s\n", e.what());
