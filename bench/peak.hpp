@@ -84,50 +84,38 @@ namespace peak_detail {
   DFP_PEAK_CLOBBER_YMM, "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", \
       "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31"
 
-// One loop per form: zero the registers of ZERO_LIST (accumulators and operands), then per
-// iteration STEP for each accumulator r of LOOP_LIST. The VPMADDWD forms multiply into product
-// register 1r (zmm10-19, ymm10-15) and add that into r. Each function returns the ops of one
-// iteration.
-#define DFP_PEAK_LOOP(ZERO_LIST, ZERO, LOOP_LIST, STEP, CLOBBER)                                             \
-  asm volatile(".irp r," ZERO_LIST "\n\t" ZERO "\n\t.endr\n\t1:\n\t.irp r," LOOP_LIST "\n\t" STEP "\n\t.endr\n\t" \
-               "dec %[n]\n\tjnz 1b"                                                                          \
-               : [n] "+r"(iters)                                                                             \
-               :                                                                                             \
-               : "cc", CLOBBER)
+// One loop per form, NAME(iters) for the CPU features TARGET: zero the registers of ZERO_LIST
+// (accumulators and operands), then per iteration STEP for each accumulator r of LOOP_LIST; it
+// returns OPS, the ops of one iteration. The VPMADDWD forms multiply into product register 1r
+// (zmm10-19, ymm10-15) and add that into r.
+#define DFP_PEAK_FORM(NAME, TARGET, ZERO_LIST, ZERO, LOOP_LIST, STEP, CLOBBER, OPS)                               \
+  __attribute__((target(TARGET))) inline double NAME(int64_t iters) {                                           \
+    asm volatile(".irp r," ZERO_LIST "\n\t" ZERO "\n\t.endr\n\t1:\n\t.irp r," LOOP_LIST "\n\t" STEP "\n\t.endr\n\t" \
+                 "dec %[n]\n\tjnz 1b"                                                                            \
+                 : [n] "+r"(iters)                                                                               \
+                 :                                                                                               \
+                 : "cc", CLOBBER);                                                                               \
+    return OPS;                                                                                                  \
+  }
 #define DFP_PEAK_ZERO_ZMM "vpxord %%zmm\\r, %%zmm\\r, %%zmm\\r"
 #define DFP_PEAK_ZERO_YMM "vpxor %%ymm\\r, %%ymm\\r, %%ymm\\r"
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline double vpdpwssd_zmm(int64_t iters) {
-  DFP_PEAK_LOOP("0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,30,31", DFP_PEAK_ZERO_ZMM,
-                "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23",
-                "vpdpwssd %%zmm30, %%zmm31, %%zmm\\r", DFP_PEAK_CLOBBER_ZMM);
-  return 24.0 * 64;
-}
-__attribute__((target("avx512f,avx512bw"))) inline double vpmaddwd_zmm(int64_t iters) {
-  DFP_PEAK_LOOP("0,1,2,3,4,5,6,7,8,9,30,31", DFP_PEAK_ZERO_ZMM, "0,1,2,3,4,5,6,7,8,9",
-                "vpmaddwd %%zmm30, %%zmm31, %%zmm1\\r\n\tvpaddd %%zmm1\\r, %%zmm\\r, %%zmm\\r", DFP_PEAK_CLOBBER_ZMM);
-  return 10.0 * 64;
-}
-__attribute__((target("avx2,avxvnni"))) inline double vpdpwssd_ymm(int64_t iters) {
-  DFP_PEAK_LOOP("0,1,2,3,4,5,6,7,8,9,10,11,14,15", DFP_PEAK_ZERO_YMM, "0,1,2,3,4,5,6,7,8,9,10,11",
-                "%{vex%} vpdpwssd %%ymm14, %%ymm15, %%ymm\\r", DFP_PEAK_CLOBBER_YMM);
-  return 12.0 * 32;
-}
-__attribute__((target("avx2"))) inline double vpmaddwd_ymm(int64_t iters) {
-  DFP_PEAK_LOOP("0,1,2,3,4,5,8,9", DFP_PEAK_ZERO_YMM, "0,1,2,3,4,5",
-                "vpmaddwd %%ymm8, %%ymm9, %%ymm1\\r\n\tvpaddd %%ymm1\\r, %%ymm\\r, %%ymm\\r", DFP_PEAK_CLOBBER_YMM);
-  return 6.0 * 32;
-}
-__attribute__((target("avx512f"))) inline double fma_zmm(int64_t iters) {
-  DFP_PEAK_LOOP("0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,30,31", DFP_PEAK_ZERO_ZMM,
-                "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", "vfmadd231ps %%zmm30, %%zmm31, %%zmm\\r", DFP_PEAK_CLOBBER_ZMM);
-  return 16.0 * 32;
-}
-__attribute__((target("avx2,fma"))) inline double fma_ymm(int64_t iters) {
-  DFP_PEAK_LOOP("0,1,2,3,4,5,6,7,8,9,10,11,14,15", DFP_PEAK_ZERO_YMM, "0,1,2,3,4,5,6,7,8,9,10,11",
-                "vfmadd231ps %%ymm14, %%ymm15, %%ymm\\r", DFP_PEAK_CLOBBER_YMM);
-  return 12.0 * 16;
-}
-#undef DFP_PEAK_LOOP
+DFP_PEAK_FORM(vpdpwssd_zmm, "avx512f,avx512bw,avx512vnni",
+              "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,30,31", DFP_PEAK_ZERO_ZMM,
+              "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23",
+              "vpdpwssd %%zmm30, %%zmm31, %%zmm\\r", DFP_PEAK_CLOBBER_ZMM, 24.0 * 64)
+DFP_PEAK_FORM(vpmaddwd_zmm, "avx512f,avx512bw", "0,1,2,3,4,5,6,7,8,9,30,31", DFP_PEAK_ZERO_ZMM,
+              "0,1,2,3,4,5,6,7,8,9", "vpmaddwd %%zmm30, %%zmm31, %%zmm1\\r\n\tvpaddd %%zmm1\\r, %%zmm\\r, %%zmm\\r",
+              DFP_PEAK_CLOBBER_ZMM, 10.0 * 64)
+DFP_PEAK_FORM(vpdpwssd_ymm, "avx2,avxvnni", "0,1,2,3,4,5,6,7,8,9,10,11,14,15", DFP_PEAK_ZERO_YMM,
+              "0,1,2,3,4,5,6,7,8,9,10,11", "%{vex%} vpdpwssd %%ymm14, %%ymm15, %%ymm\\r", DFP_PEAK_CLOBBER_YMM, 12.0 * 32)
+DFP_PEAK_FORM(vpmaddwd_ymm, "avx2", "0,1,2,3,4,5,8,9", DFP_PEAK_ZERO_YMM, "0,1,2,3,4,5",
+              "vpmaddwd %%ymm8, %%ymm9, %%ymm1\\r\n\tvpaddd %%ymm1\\r, %%ymm\\r, %%ymm\\r", DFP_PEAK_CLOBBER_YMM, 6.0 * 32)
+DFP_PEAK_FORM(fma_zmm, "avx512f", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,30,31", DFP_PEAK_ZERO_ZMM,
+              "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", "vfmadd231ps %%zmm30, %%zmm31, %%zmm\\r", DFP_PEAK_CLOBBER_ZMM,
+              16.0 * 32)
+DFP_PEAK_FORM(fma_ymm, "avx2,fma", "0,1,2,3,4,5,6,7,8,9,10,11,14,15", DFP_PEAK_ZERO_YMM, "0,1,2,3,4,5,6,7,8,9,10,11",
+              "vfmadd231ps %%ymm14, %%ymm15, %%ymm\\r", DFP_PEAK_CLOBBER_YMM, 12.0 * 16)
+#undef DFP_PEAK_FORM
 #undef DFP_PEAK_ZERO_ZMM
 #undef DFP_PEAK_ZERO_YMM
 #undef DFP_PEAK_CLOBBER_ZMM

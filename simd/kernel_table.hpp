@@ -252,16 +252,24 @@ struct MaxPoolRowArgs {
   uint8_t* arg;
 };
 using MaxPoolRowFn = void (*)(const MaxPoolRowArgs& a);
-// The taps of output pixel o, in window order: f(pixel iw of row r, tap r * k + c) (every level's).
-template <class F>
-inline void maxpool_taps(const MaxPoolRowArgs& a, int o, F&& f) {
-  for (int r = 0; r < a.k; ++r) {
-    if (!a.rows[r]) continue;
-    for (int c = 0; c < a.k; ++c) {
-      const int iw = o * a.stride - a.pad + c;
-      if (iw >= 0 && iw < a.in_w) f(a.rows[r] + size_t(iw) * 16, r * a.k + c);
+// The taps of output pixel o of a pooling window k wide, in window order: f(pixel iw of row r,
+// tap r * k + c) for each row r < k where row(r) is not null (pixel iw at row(r) + iw * 16) and each
+// column iw = o * stride - pad + c in [0, in_w). Every level's max-pool kernels and the layer's
+// average pooling walk their windows with it.
+template <class Row, class F>
+inline void pool_window(Row&& row, int k, int stride, int pad, int in_w, int o, F&& f) {
+  for (int r = 0; r < k; ++r) {
+    const auto line = row(r);
+    if (!line) continue;
+    for (int c = 0; c < k; ++c) {
+      const int iw = o * stride - pad + c;
+      if (iw >= 0 && iw < in_w) f(line + size_t(iw) * 16, r * k + c);
     }
   }
+}
+template <class F>
+inline void maxpool_taps(const MaxPoolRowArgs& a, int o, F&& f) {
+  pool_window([&](int r) { return a.rows[r]; }, a.k, a.stride, a.pad, a.in_w, o, f);
 }
 // Its backward, into dx's rows (rows[r] as above, of dx): for o = 0, 1, ... in order and each lane l
 // whose arg t is not 255, dx at tap t (row t / k, column o * stride - pad + t % k) += dy[o * 16 + l].

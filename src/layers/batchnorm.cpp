@@ -94,7 +94,7 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
   bool backward_in_place(size_t) const override { return true; }  // dx after all the sums
   // The output's largest magnitude follows from each channel's extremes before the fact (y = x *
   // a + b is monotonic in x, and its rounding too), so the consumer (an INT16 conv, which needs
-  // it first, or a residual Add) can take the output as spans (see FeedsSpans, layer.hpp).
+  // it first, a residual Add or a pool) can take the output as spans (see FeedsSpans, layer.hpp).
   bool feed_spans_to(Layer* consumer, size_t slot) override {
     consumer_ = consumer->as<TakesInputSpans>();
     consumer_slot_ = slot;

@@ -86,21 +86,19 @@ class Pool final : public Layer, public TakesInputSpans {
       const size_t out_off = (size_t(n) * cb_of(out_) + blk) * plane(out_);
       const float* g = dy + out_off;
       std::fill(d, d + plane(in_), 0.f);
+      auto d_row = [&](int ih) { return d + size_t(ih) * in_.w * 16; };
       const float inv = 1.f / float(k_ * k_);
       for (int oh = 0; oh < out_.h; ++oh) {
         if (max_) {  // the gradient to each window's saved tap
           float* rows[kMaxWindow];
-          for (int r = 0; r < k_; ++r) {
-            const int ih = oh * s_ - p_ + r;
-            rows[r] = ih >= 0 && ih < in_.h ? d + size_t(ih) * in_.w * 16 : nullptr;
-          }
+          for (int r = 0; r < k_; ++r) rows[r] = window_row(oh, r, d_row);
           const size_t o = size_t(oh) * out_.w * 16;
           max_bwd({rows, k_, s_, p_, out_.w, g + o, argmax_.data() + out_off + o});
           continue;
         }
         for (int ow = 0; ow < out_.w; ++ow) {
           const float* go = g + (size_t(oh) * out_.w + ow) * 16;
-          for_window(oh, ow, [&](int ih) { return d + size_t(ih) * in_.w * 16; }, [&](float* v, int) {
+          for_window(oh, ow, d_row, [&](float* v, int) {
             for (int l = 0; l < 16; ++l) v[l] += go[l] * inv;
           });
         }
@@ -112,19 +110,18 @@ class Pool final : public Layer, public TakesInputSpans {
   static constexpr uint8_t kNoTap = 255;
   static constexpr int kMaxWindow = 15;  // max pooling's rows per window (k * k taps < kNoTap)
   static constexpr size_t kRingPixels = 512;  // the spans' row ring: 32 KiB of the task's stack
-  // Calls f(pixel, tap index r * k + c) for every in-bounds tap of output pixel (oh, ow), in window
-  // order (row-major), which decides max-pool ties; input pixel iw of row ih is row(ih) + iw * 16.
+  // Row r of output row oh's windows: row(ih) for input row ih = oh * stride - pad + r, null
+  // outside the input.
+  template <class Row>
+  auto window_row(int oh, int r, Row&& row) const -> decltype(row(0)) {
+    const int ih = oh * s_ - p_ + r;
+    return ih >= 0 && ih < in_.h ? row(ih) : nullptr;
+  }
+  // f(pixel, tap) for every in-bounds tap of output pixel (oh, ow), in window order
+  // (simd::pool_window); input pixel iw of row ih is row(ih) + iw * 16.
   template <class Row, class F>
   void for_window(int oh, int ow, Row&& row, F&& f) const {
-    for (int r = 0; r < k_; ++r) {
-      const int ih = oh * s_ + r - p_;
-      if (ih < 0 || ih >= in_.h) continue;
-      const auto line = row(ih);
-      for (int c = 0; c < k_; ++c) {
-        const int iw = ow * s_ + c - p_;
-        if (iw >= 0 && iw < in_.w) f(line + size_t(iw) * 16, r * k_ + c);
-      }
-    }
+    simd::pool_window([&](int r) { return window_row(oh, r, row); }, k_, s_, p_, in_.w, ow, f);
   }
   // Output row oh of one channel-block plane into q (the plane's output; argmax at out_off), input
   // row ih at row(ih): the plane itself, or the spans' ring.
@@ -133,10 +130,7 @@ class Pool final : public Layer, public TakesInputSpans {
     const size_t o = size_t(oh) * out_.w * 16;
     if (max_) {
       const float* rows[kMaxWindow];
-      for (int r = 0; r < k_; ++r) {
-        const int ih = oh * s_ - p_ + r;
-        rows[r] = ih >= 0 && ih < in_.h ? row(ih) : nullptr;
-      }
+      for (int r = 0; r < k_; ++r) rows[r] = window_row(oh, r, row);
       max_row({rows, k_, s_, p_, in_.w, out_.w, q + o, argmax_.data() + out_off + o});
       return;
     }
