@@ -30,7 +30,11 @@ Substitutions, so that the documented commands run as written in a few seconds e
   - `cmake --install build` installs into the runner's prefix, not /usr/local, and python runs
     with that prefix's package directory on PYTHONPATH;
   - mpirun runs as root where the README says how (OMPI_ALLOW_RUN_AS_ROOT and its confirmation,
-    as the README's MPI section names them), with --oversubscribe on a 2-core machine.
+    as the README's MPI section names them), with --oversubscribe on a 2-core machine;
+  - a benchmark (build/bench/..., bench/*.py) runs a small part of what it measures, the flags
+    of BENCH_SHORT below that the command does not set itself (a Google Benchmark filter of a
+    row or two, one round, one step): each program, its flags and its output format are checked
+    in seconds where a full run takes hours.
 Files a block needs that a user would have (resnet50.pth, a torchvision state_dict) are made first
 by the runner, where torch is installed; otherwise the block is skipped with that reason.
 
@@ -52,6 +56,20 @@ PY = "/usr/bin/python3"
 COMMANDS = ("build/", "scripts/", "mpirun", "mpiexec", "cmake", "/usr/bin/python3", "python3", "bench/", "cd ",
             "PYTHONPATH=", "OMP_", "MODELS=", "dfp ")
 SHORT = ["--limit-train", "256", "--limit-test", "128"]
+# Per benchmark program: the flags that bound a documented run to seconds, each added unless the
+# command sets that flag itself. A documented --benchmark_filter of train_bench (a family of rows)
+# is narrowed to that family's ResNet-20 INT16 row instead.
+BENCH_SHORT = {
+    "build/bench/conv_bench": ["--benchmark_filter=^conv/resnet20_b128_c16_k16_in32_3x3_s1/fwd/(int16|onednn_f32)/threads:2/"],
+    "build/bench/train_bench": ["--benchmark_filter=^train/resnet20_1x28/(fp32|int16)/threads:2/"],
+    "build/bench/memory_bench": ["--benchmark_filter=^memory/resnet20/(fp32|int16)/"],
+    "build/bench/resnet50_bench": ["--batch=16", "--rounds=1", "--steps=1"],
+    "build/bench/quant_bench": ["--benchmark_filter=^(copy_f32|quantize_known_exp)/threads:2/(stochastic:0/)?real_time"],
+    "build/bench/flush_bench": ["--benchmark_filter=^flush/none/chain:8/"],
+    "bench/torch_resnet50_bench.py": ["--dtypes=fp32", "--batch=8", "--steps=1", "--warmup=1"],
+    "bench/torch_bridge_bench.py": ["--reps=1", "--steps=1", "--warmup=1"],
+    "bench/torch_compile_bench.py": ["--rounds=1", "--steps=1"],
+}
 
 
 class Block:
@@ -201,6 +219,7 @@ class Runner:
         if prog == "scripts/build.sh" and self.build != os.path.join(ROOT, "build"):
             toks = ["true"]  # it builds the checkout's build/, not the one under test (said in the summary)
             self.notes.add(f"scripts/build.sh not run: the build under test is {self.build}, not build/")
+        toks = self.shorten_benchmark(toks)
         is_dfp = prog in ("build/dfp", "dfp") or (prog.startswith("mpi") and "build/dfp" in toks)
         if prog == "dfp":
             toks[0] = os.path.join(self.build, "dfp")
@@ -230,6 +249,21 @@ class Runner:
                 last_train = toks[at + 2:]
         return " ".join(shlex.quote(t) if t not in ("&&", "||", "|", ";") else t for t in toks), last_train
 
+    @staticmethod
+    def shorten_benchmark(toks):
+        """BENCH_SHORT's flags for the benchmark program among toks (after VAR=value and python3)."""
+        at = next((i for i, t in enumerate(toks) if t in BENCH_SHORT), None)
+        if at is None:
+            return toks
+        prog = toks[at]
+        have = {t.split("=")[0] for t in toks[at + 1:] if t.startswith("--")}
+        if prog == "build/bench/train_bench" and "--kinds" in have:
+            return toks + ([] if "--rounds" in have else ["--rounds=1"])
+        if prog == "build/bench/train_bench" and "--benchmark_filter" in have:
+            return [t + "/resnet20_[^/]*/(int16:fp32|slice:tensor)/" if t.startswith("--benchmark_filter=") else t
+                    for t in toks]
+        return toks + [f for f in BENCH_SHORT[prog] if f.split("=")[0] not in have]
+
     def run_shell(self, b):
         last = None
         cwd = self.cwd
@@ -249,8 +283,13 @@ class Runner:
             if not line:
                 continue
             t0 = time.time()
-            r = subprocess.run(["bash", "-c", line], cwd=cwd, env=self.env(), capture_output=True, text=True,
-                               stdin=subprocess.DEVNULL, timeout=self.args.timeout)
+            try:
+                r = subprocess.run(["bash", "-c", line], cwd=cwd, env=self.env(), capture_output=True, text=True,
+                                   stdin=subprocess.DEVNULL, timeout=self.args.timeout)
+            except subprocess.TimeoutExpired as e:
+                out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+                self.fail(b, f"`{cmd}` ran past --timeout {self.args.timeout} s (ran: {line})", out)
+                return
             out = r.stdout + r.stderr
             if self.args.verbose:
                 print(f"  $ {line}  ({time.time() - t0:.1f} s, exit {r.returncode})")
@@ -288,8 +327,12 @@ class Runner:
         script = "\n".join(parts) + "\nprint('@@done', flush=True)\n"
         cwd = os.path.join(self.work, "py-" + os.path.basename(blocks[0].path))
         os.makedirs(cwd, exist_ok=True)
-        r = subprocess.run([PY, "-c", script, cwd], env=self.env(), capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL, timeout=self.args.timeout)
+        try:
+            r = subprocess.run([PY, "-c", script, cwd], env=self.env(), capture_output=True, text=True,
+                               stdin=subprocess.DEVNULL, timeout=self.args.timeout)
+        except subprocess.TimeoutExpired:
+            self.fail(blocks[0], f"the file's python blocks ran past --timeout {self.args.timeout} s")
+            return
         out = r.stdout + r.stderr
         if r.returncode != 0 or "@@done" not in r.stdout:
             started = re.findall(r"@@block (\d+)", r.stdout)
@@ -328,7 +371,11 @@ class Runner:
         steps = [["cmake", "-S", d, "-B", os.path.join(d, "b"), f"-DCMAKE_PREFIX_PATH={self.prefix}",
                   "-DCMAKE_BUILD_TYPE=Release"], ["cmake", "--build", os.path.join(d, "b")], [os.path.join(d, "b", "app")]]
         for s in steps:
-            r = subprocess.run(s, cwd=d, env=self.env(), capture_output=True, text=True, timeout=self.args.timeout)
+            try:
+                r = subprocess.run(s, cwd=d, env=self.env(), capture_output=True, text=True, timeout=self.args.timeout)
+            except subprocess.TimeoutExpired:
+                self.fail(b, f"{' '.join(s[:2])} ran past --timeout {self.args.timeout} s")
+                return
             if r.returncode != 0:
                 self.fail(b, f"{' '.join(s[:2])} failed (exit {r.returncode})", r.stdout + r.stderr)
                 return
