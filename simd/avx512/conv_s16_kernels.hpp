@@ -338,14 +338,18 @@ void pair_kernel(const PairKernelArgs& a) {
     }
     first = false;
   };
-  int pending = 0;
+  // The scalar work per position is kept small: its instructions share ports with the eight
+  // VPDPWSSD (a countdown to the next flush, one fused decrement-and-branch; the prefetch pointer
+  // by a conditional move, three instructions where pf += (pf + 64 < end) ? 64 : 0 compiles to six).
+  int chain = 0;  // the chain of the current plane
+  int left = 0;   // its steps before the next flush: chain - left since the last one
   // Branch-free, one prefetch per position: once the range is done, its last line again (with
   // _mm_prefetch under a branch, GCC copied all 16 accumulators to other registers around every
   // step and spilled one).
   const char* pf = a.prefetch;
   for (int p = 0; p < a.planes; ++p) {
-    if (pending > 0) { flush(false); pending = 0; }  // the previous plane's last chain
-    const int chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+    if (left != chain) flush(false);  // the previous plane's last chain
+    chain = left = a.plane_chain ? a.plane_chain[p] : a.chain;
     const int16_t* x = a.x + p * a.x_plane;
     const int16_t* dy = a.dy + p * a.dy_plane;
     for (int r = 0; r < a.rows; ++r) {
@@ -362,14 +366,15 @@ void pair_kernel(const PairKernelArgs& a) {
           for (int k = 0; k < NK; ++k) Dot::step(acc[s][k], xv, g + 2 * k);
           if constexpr (PREFETCH) {
             asm volatile("prefetcht1 %0" ::"m"(*pf));
-            pf += pf + 64 < a.prefetch_end ? 64 : 0;
+            const char* next = pf + 64;
+            pf = next < a.prefetch_end ? next : pf;
           }
-          if (++pending == chain) { flush(false); pending = 0; }
+          if (--left == 0) { flush(false); left = chain; }
         }
       }
     }
   }
-  const bool tail = pending > 0 || first;  // steps since the last flush, or none flushed yet
+  const bool tail = left != chain || first;  // steps since the last flush, or none flushed yet
   if (tail) flush(true);
   // Where the last flush fell on the last step, an overwriting call scales here.
 #pragma GCC unroll 16
