@@ -145,8 +145,10 @@ __attribute__((always_inline)) inline void pixel_flush_end(PixelAcc<NPIX>& acc, 
 
 // One output block (a.nob is 1 here), NPIX <= kMaxPix pixels. SRC_PIX, UNIT_CHAIN and FULL as in
 // simd/avx512/conv_s16_kernels.hpp: a compile-time pixel stride (16, 32) or 0; the chain a whole
-// number of (ib, tap) units or checked per step; units of all 8 channel pairs or of a.pairs.
-template <class Dot, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL = UNIT_CHAIN>
+// number of (ib, tap) units or checked per step; units of all 8 channel pairs or of a.pairs. ACC:
+// whether the call adds to dst, as a constant (0, 1) or from the arguments (kAccRuntime), as there.
+constexpr int kAccRuntime = 2;
+template <class Dot, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL = UNIT_CHAIN, int ACC = kAccRuntime>
 void pixel_kernel(const PixelKernelArgs& a) {
   PixelAcc<NPIX> acc;
 #pragma GCC unroll 8
@@ -157,7 +159,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
 #pragma GCC unroll 8
   for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + p * a.dst_pix)));
   const FlushDst fd{a.dst, a.dst_pix, a.scale, a.lane_scale, a.pixel_scale};
-  const bool accumulate = a.accumulate;
+  const bool accumulate = ACC == kAccRuntime ? a.accumulate : ACC == 1;
   // The loop bounds, strides and tap tables in locals (see pair_kernel).
   const int nib = a.nib, ntaps = a.ntaps, chain = a.chain;
   const int64_t src_ib_step = a.src_ib, wei_ib_step = a.wei_ib;
@@ -205,23 +207,24 @@ void pixel_kernel(const PixelKernelArgs& a) {
   pixel_flush_end(acc, fd, accumulate, flushed, pending);
 }
 
-template <class Dot, int NPIX>
+template <class Dot, int NPIX, int ACC>
 void pixel_dispatch_stride(const PixelKernelArgs& a) {
   if (a.chain % a.pairs != 0) return pixel_kernel<Dot, NPIX, 0, false>(a);
   if (a.pairs != 8) {
-    if (a.src_pix == 16) return pixel_kernel<Dot, NPIX, 16, true, false>(a);
+    if (a.src_pix == 16) return pixel_kernel<Dot, NPIX, 16, true, false, ACC>(a);
     return pixel_kernel<Dot, NPIX, 0, false>(a);
   }
-  if (a.src_pix == 16) return pixel_kernel<Dot, NPIX, 16, true>(a);
-  if (a.src_pix == 32) return pixel_kernel<Dot, NPIX, 32, true>(a);
-  pixel_kernel<Dot, NPIX, 0, true>(a);
+  if (a.src_pix == 16) return pixel_kernel<Dot, NPIX, 16, true, true, ACC>(a);
+  if (a.src_pix == 32) return pixel_kernel<Dot, NPIX, 32, true, true, ACC>(a);
+  pixel_kernel<Dot, NPIX, 0, true, true, ACC>(a);
 }
 
 template <class Dot, int... P>
 void pixel_dispatch_npix(const PixelKernelArgs& a, std::integer_sequence<int, P...>) {
   using Fn = void (*)(const PixelKernelArgs&);
-  static constexpr Fn table[] = {&pixel_dispatch_stride<Dot, P + 1>...};
-  table[a.npix - 1](a);
+  static constexpr Fn table[2][sizeof...(P)] = {{&pixel_dispatch_stride<Dot, P + 1, 0>...},
+                                                {&pixel_dispatch_stride<Dot, P + 1, 1>...}};
+  table[a.accumulate ? 1 : 0][a.npix - 1](a);
 }
 
 // A call that only writes zeros, with non-temporal stores (see PixelKernelArgs::stream).

@@ -57,8 +57,9 @@ COMMANDS = ("build/", "scripts/", "mpirun", "mpiexec", "cmake", "/usr/bin/python
             "PYTHONPATH=", "OMP_", "MODELS=", "dfp ")
 SHORT = ["--limit-train", "256", "--limit-test", "128"]
 # Per benchmark program: the flags that bound a documented run to seconds, each added unless the
-# command sets that flag itself. A documented --benchmark_filter of train_bench (a family of rows)
-# is narrowed to that family's ResNet-20 INT16 row instead.
+# command sets that flag itself. train_bench's own modes instead: with --kinds, one round; with a
+# --benchmark_filter (a family of rows), that family's ResNet-20 rows of INT16 against FP32
+# (train_ratio) or slice against tensor exponents (train_granularity).
 BENCH_SHORT = {
     "build/bench/conv_bench": ["--benchmark_filter=^conv/resnet20_b128_c16_k16_in32_3x3_s1/fwd/(int16|onednn_f32)/threads:2/"],
     "build/bench/train_bench": ["--benchmark_filter=^train/resnet20_1x28/(fp32|int16)/threads:2/"],
@@ -287,7 +288,7 @@ class Runner:
                 r = subprocess.run(["bash", "-c", line], cwd=cwd, env=self.env(), capture_output=True, text=True,
                                    stdin=subprocess.DEVNULL, timeout=self.args.timeout)
             except subprocess.TimeoutExpired as e:
-                out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+                out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
                 self.fail(b, f"`{cmd}` ran past --timeout {self.args.timeout} s (ran: {line})", out)
                 return
             out = r.stdout + r.stderr
