@@ -145,10 +145,9 @@ __attribute__((always_inline)) inline void pixel_flush_end(PixelAcc<NPIX>& acc, 
 
 // One output block (a.nob is 1 here), NPIX <= kMaxPix pixels. SRC_PIX, UNIT_CHAIN and FULL as in
 // simd/avx512/conv_s16_kernels.hpp: a compile-time pixel stride (16, 32) or 0; the chain a whole
-// number of (ib, tap) units or checked per step; units of all 8 channel pairs or of a.pairs. ACC:
-// whether the call adds to dst, as a constant (0, 1) or from the arguments (kAccRuntime), as there.
-constexpr int kAccRuntime = 2;
-template <class Dot, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL = UNIT_CHAIN, int ACC = kAccRuntime>
+// number of (ib, tap) units or checked per step; units of all 8 channel pairs or of a.pairs; ACC:
+// whether the call adds to dst, as a constant.
+template <class Dot, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL, bool ACC>
 void pixel_kernel(const PixelKernelArgs& a) {
   PixelAcc<NPIX> acc;
 #pragma GCC unroll 8
@@ -159,7 +158,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
 #pragma GCC unroll 8
   for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + p * a.dst_pix)));
   const FlushDst fd{a.dst, a.dst_pix, a.scale, a.lane_scale, a.pixel_scale};
-  const bool accumulate = ACC == kAccRuntime ? a.accumulate : ACC == 1;
+  const bool accumulate = ACC;
   // The loop bounds, strides and tap tables in locals (see pair_kernel).
   const int nib = a.nib, ntaps = a.ntaps, chain = a.chain;
   const int64_t src_ib_step = a.src_ib, wei_ib_step = a.wei_ib;
@@ -207,12 +206,12 @@ void pixel_kernel(const PixelKernelArgs& a) {
   pixel_flush_end(acc, fd, accumulate, flushed, pending);
 }
 
-template <class Dot, int NPIX, int ACC>
+template <class Dot, int NPIX, bool ACC>
 void pixel_dispatch_stride(const PixelKernelArgs& a) {
-  if (a.chain % a.pairs != 0) return pixel_kernel<Dot, NPIX, 0, false>(a);
+  if (a.chain % a.pairs != 0) return pixel_kernel<Dot, NPIX, 0, false, false, ACC>(a);
   if (a.pairs != 8) {
     if (a.src_pix == 16) return pixel_kernel<Dot, NPIX, 16, true, false, ACC>(a);
-    return pixel_kernel<Dot, NPIX, 0, false>(a);
+    return pixel_kernel<Dot, NPIX, 0, false, false, ACC>(a);
   }
   if (a.src_pix == 16) return pixel_kernel<Dot, NPIX, 16, true, true, ACC>(a);
   if (a.src_pix == 32) return pixel_kernel<Dot, NPIX, 32, true, true, ACC>(a);
@@ -222,8 +221,8 @@ void pixel_dispatch_stride(const PixelKernelArgs& a) {
 template <class Dot, int... P>
 void pixel_dispatch_npix(const PixelKernelArgs& a, std::integer_sequence<int, P...>) {
   using Fn = void (*)(const PixelKernelArgs&);
-  static constexpr Fn table[2][sizeof...(P)] = {{&pixel_dispatch_stride<Dot, P + 1, 0>...},
-                                                {&pixel_dispatch_stride<Dot, P + 1, 1>...}};
+  static constexpr Fn table[2][sizeof...(P)] = {{&pixel_dispatch_stride<Dot, P + 1, false>...},
+                                                {&pixel_dispatch_stride<Dot, P + 1, true>...}};
   table[a.accumulate ? 1 : 0][a.npix - 1](a);
 }
 

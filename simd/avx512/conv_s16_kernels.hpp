@@ -174,13 +174,12 @@ __attribute__((always_inline)) inline void pixel_flush_end(PixelAcc<NOB, NPIX>& 
 // chain is checked after every step (tiny chains: headroom 0 or adversarial data).
 // FULL: units of 8 steps (every channel pair), unrolled; otherwise a.pairs steps (a single block
 // of fewer than 16 channels), and the per-step variant always reads a.pairs.
-// ACC: whether the call adds to dst (PixelKernelArgs::accumulate) as a constant, or kAccRuntime:
-// read from the arguments (the rare per-step-checked variant). With the accumulating flush in the
-// loop, its scale registers beside 28 accumulators, GCC keeps a dozen accumulators on the stack
-// through every (block, tap) unit; the overwriting calls' loop (forward, most backward-data) has
-// no FMA flush and keeps them all in registers. The accumulating one still spills.
-constexpr int kAccRuntime = 2;
-template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL = UNIT_CHAIN, int ACC = kAccRuntime>
+// ACC: whether the call adds to dst (PixelKernelArgs::accumulate), as a constant. With the
+// accumulating flush in the loop, its scale registers beside 28 accumulators, GCC keeps a dozen
+// accumulators on the stack through every (block, tap) unit; the overwriting calls' loop (forward,
+// most backward-data) has no FMA flush and keeps them all in registers. The accumulating one still
+// spills.
+template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL, bool ACC>
 void pixel_kernel(const PixelKernelArgs& a) {
   PixelAcc<NOB, NPIX> acc;
 #pragma GCC unroll 32
@@ -195,7 +194,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
 #pragma GCC unroll 32
     for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + ob * a.dst_ob + p * a.dst_pix)));
   const FlushDst fd{a.dst, a.dst_ob, a.dst_pix, a.scale, a.lane_scale, a.pixel_scale};
-  const bool accumulate = ACC == kAccRuntime ? a.accumulate : ACC == 1;
+  const bool accumulate = ACC;
   bool flushed = false;
   int pending = 0;  // steps since the last flush
   for (int ib = 0; ib < a.nib; ++ib) {
@@ -243,14 +242,14 @@ void pixel_kernel(const PixelKernelArgs& a) {
   pixel_flush_end(acc, fd, accumulate, flushed, pending);
 }
 
-template <class Dot, int NOB, int NPIX, int ACC>
+template <class Dot, int NOB, int NPIX, bool ACC>
 void pixel_dispatch_stride(const PixelKernelArgs& a) {
   // Chains that are not whole units only occur with headroom 0 or adversarial operands: they take
   // the generic-stride, per-step-checked variant, which keeps compile time and code size down.
-  if (a.chain % a.pairs != 0) return pixel_kernel<Dot, NOB, NPIX, 0, false>(a);
+  if (a.chain % a.pairs != 0) return pixel_kernel<Dot, NOB, NPIX, 0, false, false, ACC>(a);
   if (a.pairs != 8) {
     if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, false, ACC>(a);
-    return pixel_kernel<Dot, NOB, NPIX, 0, false>(a);
+    return pixel_kernel<Dot, NOB, NPIX, 0, false, false, ACC>(a);
   }
   if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, true, ACC>(a);
   if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true, true, ACC>(a);
@@ -260,8 +259,8 @@ void pixel_dispatch_stride(const PixelKernelArgs& a) {
 template <class Dot, int NOB, int... P>
 void pixel_dispatch_npix(const PixelKernelArgs& a, std::integer_sequence<int, P...>) {
   using Fn = void (*)(const PixelKernelArgs&);
-  static constexpr Fn table[2][sizeof...(P)] = {{&pixel_dispatch_stride<Dot, NOB, P + 1, 0>...},
-                                                {&pixel_dispatch_stride<Dot, NOB, P + 1, 1>...}};
+  static constexpr Fn table[2][sizeof...(P)] = {{&pixel_dispatch_stride<Dot, NOB, P + 1, false>...},
+                                                {&pixel_dispatch_stride<Dot, NOB, P + 1, true>...}};
   table[a.accumulate ? 1 : 0][a.npix - 1](a);
 }
 
