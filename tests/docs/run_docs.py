@@ -205,6 +205,17 @@ class Runner:
         e["PATH"] = os.path.join(self.prefix, "bin") + os.pathsep + e.get("PATH", "")
         return e
 
+    def run_bounded(self, b, what, args, **kw):
+        """subprocess.run(args) for block b with the runner's environment, its output captured and
+        at most --timeout seconds; past that, a failure of b named by `what`, and None."""
+        try:
+            return subprocess.run(args, env=self.env(), capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                  timeout=self.args.timeout, **kw)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            self.fail(b, f"{what} ran past --timeout {self.args.timeout} s", out)
+            return None
+
     def fail(self, b, what, out=""):
         tail = "\n".join(out.strip().split("\n")[-25:])
         self.failures.append(f"{b.where()}: {what}" + (f"\n{tail}" if tail else ""))
@@ -284,12 +295,8 @@ class Runner:
             if not line:
                 continue
             t0 = time.time()
-            try:
-                r = subprocess.run(["bash", "-c", line], cwd=cwd, env=self.env(), capture_output=True, text=True,
-                                   stdin=subprocess.DEVNULL, timeout=self.args.timeout)
-            except subprocess.TimeoutExpired as e:
-                out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-                self.fail(b, f"`{cmd}` ran past --timeout {self.args.timeout} s (ran: {line})", out)
+            r = self.run_bounded(b, f"`{cmd}` (ran: {line})", ["bash", "-c", line], cwd=cwd)
+            if r is None:
                 return
             out = r.stdout + r.stderr
             if self.args.verbose:
@@ -328,11 +335,8 @@ class Runner:
         script = "\n".join(parts) + "\nprint('@@done', flush=True)\n"
         cwd = os.path.join(self.work, "py-" + os.path.basename(blocks[0].path))
         os.makedirs(cwd, exist_ok=True)
-        try:
-            r = subprocess.run([PY, "-c", script, cwd], env=self.env(), capture_output=True, text=True,
-                               stdin=subprocess.DEVNULL, timeout=self.args.timeout)
-        except subprocess.TimeoutExpired:
-            self.fail(blocks[0], f"the file's python blocks ran past --timeout {self.args.timeout} s")
+        r = self.run_bounded(blocks[0], "the file's python blocks", [PY, "-c", script, cwd])
+        if r is None:
             return
         out = r.stdout + r.stderr
         if r.returncode != 0 or "@@done" not in r.stdout:
@@ -372,10 +376,8 @@ class Runner:
         steps = [["cmake", "-S", d, "-B", os.path.join(d, "b"), f"-DCMAKE_PREFIX_PATH={self.prefix}",
                   "-DCMAKE_BUILD_TYPE=Release"], ["cmake", "--build", os.path.join(d, "b")], [os.path.join(d, "b", "app")]]
         for s in steps:
-            try:
-                r = subprocess.run(s, cwd=d, env=self.env(), capture_output=True, text=True, timeout=self.args.timeout)
-            except subprocess.TimeoutExpired:
-                self.fail(b, f"{' '.join(s[:2])} ran past --timeout {self.args.timeout} s")
+            r = self.run_bounded(b, " ".join(s[:2]), s, cwd=d)
+            if r is None:
                 return
             if r.returncode != 0:
                 self.fail(b, f"{' '.join(s[:2])} failed (exit {r.returncode})", r.stdout + r.stderr)
