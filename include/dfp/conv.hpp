@@ -148,6 +148,18 @@ class ConvInt16 {
   static constexpr int kInputSpanPixels = 128;
   bool accepts_input_spans() const noexcept;
   void quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs = nullptr);
+  // Where x's producer can compute x again, span by span, from the end of the forward pass until
+  // backward_weights() (a BatchNorm does, from the DFP16 input its own backward keeps), the batch-
+  // pair copy of x that the weight gradient reads need not persist between the passes: from this
+  // call on, quantize_input*() writes only the forward copy, and backward_weights() asks `again`
+  // for every span once more (from the context's threads, as quantize_input_spans asks) and
+  // quantizes the spans into the workspace, at the forward's exponent. workspace_bytes() grows by
+  // that copy; call this before reading it. The spans must be the values the forward pass
+  // quantized (the same bits), and the rounding of x deterministic; otherwise the weight gradient
+  // is that of other values. Returns false, changing nothing, where the copy is not of that form:
+  // stochastic rounding or Granularity::slice of x, unfolded columns, a strided 1x1 layer's
+  // subsampled copy, a 1x1 layer on 1x1 pixels.
+  bool recompute_input_pairs(InputSpanFn again, void* producer);
 
   // Transient buffers -- x's padded copy for the forward pass; dy's two copies and the weight-
   // gradient partials for the backward passes -- are owned by the operator unless the caller gives

@@ -68,11 +68,14 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
     fb_.assign(cp, 0.f);
     if (relu_) mask_ = AlignedBuffer<uint16_t>(s_.blocked_elements() / 16);
     // INT16 policy: the input saved for backward is kept as DFP16 (Das et al. keep every saved
-    // activation in 16 bits); the statistics and the arithmetic stay FP32.
+    // activation in 16 bits); the statistics and the arithmetic stay FP32. Where that rounding is
+    // deterministic, the output is computed from the saved DFP16 values too (from_saved_), so it
+    // can be computed again from them after the forward pass (recompute_input_spans).
     if (precision.precision == Precision::int16) {
       xq_ = AlignedBuffer<int16_t>(s_.blocked_elements());
       xq_opts_ = precision.options.activations;
       xq_opts_.seed ^= std::hash<std::string>{}(name + ".saved_input");
+      from_saved_ = xq_opts_.rounding != Rounding::stochastic;
     }
   }
   bool backward_reads_input(size_t) const override { return xq_.size() == 0; }
@@ -95,9 +98,12 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
   // The output's largest magnitude follows from each channel's extremes before the fact (y = x *
   // a + b is monotonic in x, and its rounding too), so the consumer (an INT16 conv, which needs
   // it first, a residual Add or a pool) can take the output as spans (see FeedsSpans, layer.hpp).
+  // An INT16 conv that takes them computes its weight gradient's copy of them again from the saved
+  // DFP16 input (recompute_input_spans) instead of keeping it between the passes.
   bool feed_spans_to(Layer* consumer, size_t slot) override {
     consumer_ = consumer->as<TakesInputSpans>();
     consumer_slot_ = slot;
+    if (consumer_ && from_saved_) consumer_->recompute_input_spans(slot, &BatchNorm::recompute_span, this);
     return consumer_ != nullptr;
   }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
@@ -158,6 +164,7 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
         alignas(64) float ext[2][16], z[2][16];
         std::copy_n(lo, 16, ext[0]);
         std::copy_n(hi, 16, ext[1]);
+        if (from_saved_) saved_values(ctx, &ext[0][0], 32);  // the rounding is monotonic
         scale_shift(&ext[0][0], &z[0][0], fa_.data() + blk * 16, fb_.data() + blk * 16, 2);
         float m = 0.f;
         for (int l = 0; l < 16; ++l)
@@ -206,24 +213,68 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
  private:
   static constexpr int kSlices = 8;
   static constexpr size_t kRun = 256;
+  static constexpr size_t kPiece = 128;  // pixels of normalize()'s pieces (8 KiB of FP32)
 
   // The forward's work on `pixels` pixels of channel block blk from element off of x (as of the
-  // current forward, span_): the saved DFP16 copy, y = x * a + b into out, and the fused ReLU with
-  // its mask. Returns the ReLU's max (0 without it).
+  // current forward, span_): the saved DFP16 copy, y = x * a + b into out (x: with from_saved_, the
+  // saved copy's values, a piece at a time while it is in L1; the piece's own x where x is not
+  // finite, whose non-finite values DFP16 cannot hold), and the fused ReLU with its mask. Returns
+  // the ReLU's max (0 without it).
   float normalize(size_t off, int blk, size_t pixels, float* out) {
     const Context& ctx = *span_.ctx;
     const float* p = span_.x + off;
-    if (span_.save_q) {  // before out, which may overwrite x (in place)
-      simd::QuantCounters cnt;
-      ctx.kernels().quantize.fn(p, xq_.data() + off, pixels * 16, xq_exp_, xq_opts_.rounding, span_.qseed, off, &cnt);
+    const auto& k = ctx.kernels();
+    const float *a = fa_.data() + blk * 16, *b = fb_.data() + blk * 16;
+    if (span_.save_q && from_saved_) {  // each piece read before out, which may overwrite x, is written
+      for (size_t i = 0; i < pixels; i += kPiece) {
+        const size_t np = std::min(kPiece, pixels - i), o = off + i * 16;
+        simd::QuantCounters cnt;
+        k.quantize.fn(p + i * 16, xq_.data() + o, np * 16, xq_exp_, xq_opts_.rounding, span_.qseed, o, &cnt);
+        if (cnt.nonfinite == 0) {
+          k.dequantize.fn(xq_.data() + o, out + i * 16, np * 16, xq_exp_);
+          k.bn_scale_shift.fn(out + i * 16, out + i * 16, a, b, np);
+        } else {
+          k.bn_scale_shift.fn(p + i * 16, out + i * 16, a, b, np);
+        }
+      }
+    } else {
+      if (span_.save_q) {  // before out, which may overwrite x (in place)
+        simd::QuantCounters cnt;
+        k.quantize.fn(p, xq_.data() + off, pixels * 16, xq_exp_, xq_opts_.rounding, span_.qseed, off, &cnt);
+      }
+      k.bn_scale_shift.fn(p, out, a, b, pixels);
     }
-    ctx.kernels().bn_scale_shift.fn(p, out, fa_.data() + blk * 16, fb_.data() + blk * 16, pixels);
-    return relu_ ? ctx.kernels().relu_fwd.fn(out, out, mask_.data() + off / 16, pixels * 16) : 0.f;  // in cache
+    return relu_ ? k.relu_fwd.fn(out, out, mask_.data() + off / 16, pixels * 16) : 0.f;  // in cache
+  }
+  static size_t span_offset(const BatchNorm& bn, int n, int b, int h, int w0) {
+    return (size_t(n) * cb_of(bn.s_) + b) * plane(bn.s_) + (size_t(h) * bn.s_.w + w0) * 16;
   }
   static void produce_span(void* self, int n, int b, int h, int w0, int count, float* out) {
     BatchNorm& bn = *static_cast<BatchNorm*>(self);
-    const size_t off = (size_t(n) * cb_of(bn.s_) + b) * plane(bn.s_) + (size_t(h) * bn.s_.w + w0) * 16;
-    bn.normalize(off, b, size_t(count), out);
+    bn.normalize(span_offset(bn, n, b, h, w0), b, size_t(count), out);
+  }
+  // The same span again after the forward pass, until backward (from_saved_): from the saved
+  // DFP16 values through the same kernels, so the same bits; nothing is saved again.
+  static void recompute_span(void* self, int n, int b, int h, int w0, int count, float* out) {
+    const BatchNorm& bn = *static_cast<const BatchNorm*>(self);
+    const auto& k = bn.span_.ctx->kernels();
+    const size_t off = span_offset(bn, n, b, h, w0), len = size_t(count) * 16;
+    k.dequantize.fn(bn.xq_.data() + off, out, len, bn.xq_exp_);
+    k.bn_scale_shift.fn(out, out, bn.fa_.data() + b * 16, bn.fb_.data() + b * 16, size_t(count));
+    if (!bn.relu_) return;
+    alignas(64) uint16_t mask[(kPiece * 16 + 15) / 16];  // the forward's mask stays
+    for (size_t i = 0; i < len; i += kPiece * 16) k.relu_fwd.fn(out + i, out + i, mask, std::min(kPiece * 16, len - i));
+  }
+  // v (n floats) as the saved copy holds them: rounded to DFP16 at its exponent and back, unless
+  // one is not finite (normalize takes such x itself).
+  void saved_values(const Context& ctx, float* v, size_t n) const {
+    alignas(64) int16_t q[32];
+    for (size_t i = 0; i < n; i += 32) {
+      const size_t m = std::min<size_t>(32, n - i);
+      simd::QuantCounters cnt;
+      ctx.kernels().quantize.fn(v + i, q, m, xq_exp_, xq_opts_.rounding, 0, 0, &cnt);
+      if (cnt.nonfinite == 0) ctx.kernels().dequantize.fn(q, v + i, m, xq_exp_);
+    }
   }
 
   // Per (channel block, batch slice) task: runs of at most kRun pixels of each plane through
@@ -423,6 +474,7 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
   AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
   int xq_exp_ = 0;
   QuantOptions xq_opts_;
+  bool from_saved_ = false;    // the output is computed from xq_'s values (deterministic rounding)
   bool relu_ = false;              // the following ReLU is applied here
   AlignedBuffer<uint16_t> mask_;   // its bit mask (relu_ only)
   float out_max_ = -1.f, in_grad_max_ = -1.f;

@@ -242,6 +242,12 @@ class TakesInputSpans {
   virtual void take_input_spans(size_t i, InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
                                 const StepInfo& st) = 0;
   virtual bool input_taken() const { return false; }
+  // The producer can compute the same spans again, from what it keeps for its own backward, from
+  // the end of its forward() until its backward() (`again`: a BatchNorm whose saved DFP16 input
+  // is what its output is computed from). A consumer that would keep a copy of the input for its
+  // backward (an INT16 conv's weight-gradient operand) may compute that copy then instead and
+  // keep nothing between the passes; returns whether it does. Offered once, by feed_spans_to().
+  virtual bool recompute_input_spans(size_t i, InputSpanFn again, void* producer) { return false; }
 };
 class FeedsSpans {
  public:

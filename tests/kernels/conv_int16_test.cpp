@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -540,6 +541,28 @@ TEST(ConvInt16, ClearErrors) {
   }
 }
 
+namespace {
+// A layer's operands in the blocked layout: weights, x (with `images_apart`, image n scaled by
+// 2^-n) and dy from seeds seed .. seed + 2, and max|x|.
+struct BlockedCase {
+  std::vector<float> w, xb, dyb;
+  float max_x = 0.f;
+};
+BlockedCase blocked_case(const ConvShape& s, uint32_t seed, bool images_apart) {
+  auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, seed, -2.f, 2.f);
+  if (images_apart)
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], -int(i / (x.size() / s.N)));
+  const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), seed + 2, -1e-3f, 1e-3f);
+  BlockedCase c{random_vec(size_t(s.K) * s.C * s.R * s.S, seed + 1, -0.3f, 0.3f),
+                std::vector<float>(blocked_size(s.N, s.C, s.H, s.W)),
+                std::vector<float>(blocked_size(s.N, s.K, s.OH(), s.OW()))};
+  to_blocked(x.data(), c.xb.data(), s.N, s.C, s.H, s.W);
+  to_blocked(dy.data(), c.dyb.data(), s.N, s.K, s.OH(), s.OW());
+  for (float v : c.xb) c.max_x = std::max(c.max_x, std::fabs(v));
+  return c;
+}
+}  // namespace
+
 // quantize_input_spans gives the bits of quantize_input_with_max_abs on the tensor the spans make
 // up: forward output, weight gradient (which reads the batch-pair copy), stats, for nearest and
 // stochastic rounding, rows wider than one span (W = 150 > 128) and a strided padded layer.
@@ -563,15 +586,7 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
       o.activations.rounding = r;
       o.activations.seed = 77;
       o.activations.granularity = g;
-      auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 41, -2.f, 2.f);
-      for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], -int(i / (x.size() / s.N)));  // images apart
-      const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 42, -0.3f, 0.3f);
-      const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), 43, -1e-3f, 1e-3f);
-      std::vector<float> xb(blocked_size(s.N, s.C, s.H, s.W)), dyb(blocked_size(s.N, s.K, s.OH(), s.OW()));
-      to_blocked(x.data(), xb.data(), s.N, s.C, s.H, s.W);
-      to_blocked(dy.data(), dyb.data(), s.N, s.K, s.OH(), s.OW());
-      float mx = 0.f;
-      for (float v : xb) mx = std::max(mx, std::fabs(v));
+      const auto [w, xb, dyb, mx] = blocked_case(s, 41, true);
       std::vector<float> y[2], dw[2];
       ConvStats st[2];
       for (int k = 0; k < 2; ++k) {
@@ -605,6 +620,86 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
   ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
   EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, -1.f), Error);
   EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, INFINITY), Error);
+}
+
+// recompute_input_pairs: the weight gradient's batch-pair copy of x is not kept but quantized
+// again from the producer in backward_weights(), with the bits of the kept copy (forward, both
+// backward passes), for nearest and biased rounding, rows wider than one span, an odd batch, a
+// strided padded layer and a 1x1 layer, in a shared workspace that something else overwrote
+// between the passes. The workspace grows by the copy; a producer that changed its values since
+// the forward changes dW (the copy really is computed again). Shapes whose copy is of another form
+// (subsampled, unfolded, per-slice exponents, 1x1 pixels) and stochastic rounding keep it.
+TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
+  Context ctx(ContextOptions{.threads = 2});
+  struct Producer {
+    std::vector<float> xb;
+    ConvShape s;
+    std::atomic<int> calls{0};
+    static void span(void* self, int n, int b, int h, int w0, int count, float* out) {
+      auto& p = *static_cast<Producer*>(self);
+      ASSERT_LE(count, ConvInt16::kInputSpanPixels);
+      const size_t off = ((size_t(n) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
+      std::memcpy(out, p.xb.data() + off * 16, size_t(count) * 16 * sizeof(float));
+      ++p.calls;
+    }
+  };
+  for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1),
+                             make(3, 16, 5, 6, 40, 1, 1, 1, 0)})
+    for (Rounding r : {Rounding::nearest_even, Rounding::biased}) {
+      DfpConvOptions o;
+      o.activations.rounding = r;
+      const auto [w, xb, dyb, mx] = blocked_case(s, 51, false);
+      std::vector<float> y[3], dx[3], dw[3];
+      size_t ws[3];
+      for (int k = 0; k < 3; ++k) {  // kept, recomputed, recomputed from changed values
+        ConvInt16 c(ctx, s, o, "again");
+        Producer p{xb, s};
+        const size_t kept = c.workspace_bytes();
+        if (k > 0) {
+          ASSERT_TRUE(c.recompute_input_pairs(&Producer::span, &p));
+        }
+        ws[k] = c.workspace_bytes();
+        AlignedBuffer<std::byte> region(ws[k]);
+        c.use_workspace(region.data());
+        c.set_step(3);
+        c.set_weights(w.data());
+        c.quantize_input_spans(&Producer::span, &p, mx);
+        y[k].assign(blocked_size(s.N, s.K, s.OH(), s.OW()), 0.f);
+        c.forward(y[k].data());
+        std::memset(region.data(), 0x5a, ws[k]);  // another layer's use of the region
+        if (k == 2) p.xb[p.xb.size() / 2 + 16] *= 0.5f;
+        const int before = p.calls.load();
+        c.quantize_grad_output(dyb.data());
+        dx[k].assign(xb.size(), 0.f);
+        dw[k].assign(w.size(), 0.f);
+        c.backward_data(dx[k].data());
+        c.backward_weights(dw[k].data());
+        EXPECT_EQ(p.calls.load() > before, k > 0);
+        if (k > 0) {
+          EXPECT_GE(ws[k], kept + size_t(s.N + 1) / 2 * 2 * s.H * s.W * channel_blocks(s.C) * 16 * 2);
+        }
+      }
+      expect_bits_equal(y[0], y[1], "forward");
+      expect_bits_equal(dx[0], dx[1], "backward_data");
+      expect_bits_equal(dw[0], dw[1], "backward_weights");
+      EXPECT_NE(0, std::memcmp(dw[0].data(), dw[2].data(), dw[0].size() * sizeof(float)));
+    }
+  auto refused = [&](const ConvShape& s, DfpConvOptions o, const char* what) {
+    ConvInt16 c(ctx, s, o, "kept");
+    const size_t ws = c.workspace_bytes();
+    EXPECT_FALSE(c.recompute_input_pairs(&Producer::span, nullptr)) << what;
+    EXPECT_EQ(c.workspace_bytes(), ws) << what;
+  };
+  DfpConvOptions stochastic, slice;
+  stochastic.activations.rounding = Rounding::stochastic;
+  slice.activations.granularity = Granularity::slice;
+  refused(make(2, 16, 6, 6, 16, 3, 3, 1, 1), stochastic, "stochastic");
+  refused(make(2, 16, 6, 6, 16, 3, 3, 1, 1), slice, "slice");
+  refused(make(2, 3, 8, 8, 16, 3, 3, 1, 1), {}, "unfolded");
+  refused(make(2, 16, 8, 8, 32, 1, 1, 2, 0), {}, "subsampled");
+  refused(make(4, 32, 1, 1, 16, 1, 1, 1, 0), {}, "1x1 pixels");
+  ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
+  test::expect_error([&] { c.recompute_input_pairs(nullptr, nullptr); }, Status::invalid_argument, {"'c'"});
 }
 
 // A strided layer's backward data whose dx outgrows the cache streams the zeros of the phases no

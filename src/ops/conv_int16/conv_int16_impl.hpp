@@ -330,8 +330,22 @@ struct ConvInt16::Impl {
 
   // xp (the batch-pair copy of x) is the activation saved for the weight gradient and persists
   // from forward to backward. The rest is transient and lives in the workspace: xq during the
-  // forward pass; dyq, dyp and dw_part during the backward passes.
+  // forward pass; dyq, dyp and dw_part during the backward passes. Where x's producer computes x
+  // again for the weight gradient (recompute_input_pairs), xp is not kept: backward_weights()
+  // quantizes x's spans from `again` into xr, in the backward region after dw_part.
   AlignedBuffer<int16_t> xp, wf, wb;
+  ConvInt16::InputSpanFn again = nullptr;
+  void* again_producer = nullptr;
+  int16_t* xr = nullptr;
+  size_t xr_bytes = 0;
+  const int16_t* x_pairs_data() const { return again ? xr : xp.data(); }
+  // xp is allocated when first needed (a shared workspace given, or the first quantization), not
+  // at construction: a Model links recompute_input_pairs() after building every layer, and its
+  // peak memory would count copies it then frees.
+  size_t xp_elems = 0;
+  void ensure_x_pairs() {
+    if (!again && xp.size() != xp_elems) xp = AlignedBuffer<int16_t>(xp_elems);
+  }
   // xp holds every xp_step-th row and column of x (xp_h x xp_w pixels per plane): a 1x1 layer of
   // stride s > 1 without padding reads only those, and reading them in place from a full copy
   // costs its weight gradient half its rate (each pair load a new cache line, half of each line
@@ -432,7 +446,7 @@ struct ConvInt16::Impl {
     while (hi > lo && (hi - 1) * stride + tap - pad >= in) --hi;
     return {lo, hi};
   }
-  size_t backward_bytes() const { return dyq_bytes + dyp_bytes + dw_part_bytes; }
+  size_t backward_bytes() const { return dyq_bytes + dyp_bytes + dw_part_bytes + xr_bytes; }
   // A shared workspace holds x's forward copy, dy's copies and the unpacked weights in the same
   // bytes; an owned one keeps them apart, so a standalone operator may run its passes in any order.
   size_t workspace_bytes() const { return std::max({xq_bytes, backward_bytes(), wq_bytes}); }
@@ -572,6 +586,8 @@ struct ConvInt16::Impl {
   void quantize_input(const float* x, float known_max, const float* known_planes);
   void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes);
   void quantize_grad_output(const float* dy, float known_max, const float* known_planes);
+  bool recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer);
+  void recompute_x_pairs();  // xr from `again`, at the forward's exponent (backward_weights)
 
   // ---- passes (pixel_pass.cpp, weight_grad.cpp) ---------------------------------------------
   // Runs call(args, item) for items [0, n) on the context's threads. Each range of items works on

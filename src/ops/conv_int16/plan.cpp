@@ -150,7 +150,7 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
   xp_w = xp_step > 1 ? OW : sh.W;
   x_row_step = sh.stride_h / xp_step;
   x_col_step = sh.stride_w / xp_step;
-  xp = AlignedBuffer<int16_t>(size_t(NP) * CB * xp_h * xp_w * 32);
+  xp_elems = size_t(NP) * CB * xp_h * xp_w * 32;  // allocated once the Model has linked the layer (ensure_x_pairs)
   for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
   for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
   unit_l1_bytes = round64(size_t(KB) * 16 * CB * T * sizeof(int32_t));  // = CB*16 * KB*T too
@@ -208,9 +208,10 @@ void ConvInt16::Impl::use_workspace(void* shared) {
   DFP_CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0, Status::invalid_argument,
             "convolution '" + name + "': workspace must be 64-byte aligned");
   own_workspace = AlignedBuffer<std::byte>();
-  xq = dyq = dyp = wq = nullptr;  // owned: placed on first use
+  xq = dyq = dyp = wq = xr = nullptr;  // owned: placed on first use
   dw_part = nullptr;
   if (p) place(p, p, p);  // shared: the three regions overlap
+  if (p) ensure_x_pairs();  // a Model's layer: before its first step
   shared_workspace = p != nullptr;
   have_x_fwd = have_dy = false;
 }
@@ -228,6 +229,7 @@ void ConvInt16::Impl::place(std::byte* backward, std::byte* weights, std::byte* 
   dyq = reinterpret_cast<int16_t*>(backward);
   dyp = reinterpret_cast<int16_t*>(backward + dyq_bytes);
   dw_part = reinterpret_cast<float*>(backward + dyq_bytes + dyp_bytes);
+  xr = again ? reinterpret_cast<int16_t*>(backward + dyq_bytes + dyp_bytes + dw_part_bytes) : nullptr;
   wq = reinterpret_cast<int16_t*>(weights);
   unit_l1_f = reinterpret_cast<int32_t*>(weights + wq_bytes - 2 * unit_l1_bytes);
   unit_l1_b = reinterpret_cast<int32_t*>(weights + wq_bytes - unit_l1_bytes);

@@ -120,15 +120,17 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
     atomic_max(max_q, cnt.max_abs_q);
   };
   if (!dst) {
-    // The batch-pair layout alone (dy without a backward-data pass): row y of plane b of images
-    // 2p and 2p+1 is quantized a piece at a time into an L1 tile per image and interleaved from
-    // there. The elements, their stochastic indices and the row maxima are the plane path's.
-    DFP_CHECK(pair && !spans && !unfolded_src, Status::internal,
+    // The batch-pair layout alone (dy without a backward-data pass; x computed again for the
+    // weight gradient, from spans): row y of plane b of images 2p and 2p+1 is quantized a piece at
+    // a time into an L1 tile per image and interleaved from there. The elements, their stochastic
+    // indices and the row maxima are the plane path's.
+    DFP_CHECK(pair && !unfolded_src && pair_step == 1, Status::internal,
               "convolution '" + name + "': pair-only quantization of a plain tensor expected");
-    constexpr size_t kPiece = 2048;  // int16 per image and piece: 128 pixels
+    constexpr size_t kPiece = size_t(ConvInt16::kInputSpanPixels) * 16;  // elements per image and piece
     ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
       simd::QuantCounters cnt;
       alignas(64) int16_t tile[2][kPiece];
+      alignas(64) float span_tile[kPiece];  // with spans
       for (int64_t t = t0; t < t1; ++t) {
         const int p = static_cast<int>(t / B), b = static_cast<int>(t % B);
         const int images = 2 * p + 1 < sh.N ? 2 : 1;
@@ -139,9 +141,14 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
             const size_t len = std::min(kPiece, row_len - o);
             for (int i = 0; i < images; ++i) {
               const size_t r = (size_t(2 * p + i) * B + b) * h + y;  // the row's index in src
+              const float* from = src + r * row_len + o;
+              if (spans) {
+                spans->fn(spans->producer, 2 * p + i, b, y, static_cast<int>(o / 16), static_cast<int>(len / 16),
+                          span_tile);
+                from = span_tile;
+              }
               row_q[i] = std::max(row_q[i], largest_q(cnt, [&] {
-                quant(src + r * row_len + o, tile[i], len, plane_e(2 * p + i, b), qo.rounding, qo.seed, r * row_len + o,
-                      &cnt);
+                quant(from, tile[i], len, plane_e(2 * p + i, b), qo.rounding, qo.seed, r * row_len + o, &cnt);
               }));
             }
             inter(tile[0], images == 2 ? tile[1] : nullptr, d + o * 2, len);
@@ -393,11 +400,12 @@ const float* ConvInt16::Impl::gather_unfolded(const float* x, int n, int b, int 
 // into its column unfolding where the layer unfolds), or from a producer's spans.
 void ConvInt16::Impl::quantize_x(const float* x, float known_max, const float* known_planes, const SpanSource* spans) {
   ensure_workspace();
+  ensure_x_pairs();
   if (x_slices) {
     quantize_x_slices(x, known_planes, spans);
   } else {
-    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, xp.data(), xp_h, xp_w, 0, 0,
-                               step_x, known_max, x_row_max.data(), unfold && !spans, spans, xp_step);
+    stats.x = quantize_blocked(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, again ? nullptr : xp.data(), xp_h,
+                               xp_w, 0, 0, step_x, known_max, x_row_max.data(), unfold && !spans, spans, xp_step);
     x_pairs = stats.x;
   }
   have_x = have_x_fwd = true;
@@ -544,6 +552,29 @@ void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* prod
                 std::to_string(max_abs));
   const SpanSource spans{fn, producer};
   quantize_x(nullptr, max_abs, known_planes, &spans);
+}
+
+bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer) {
+  DFP_CHECK(fn, Status::invalid_argument, "convolution '" + name + "': recompute_input_pairs() needs a function");
+  if (x_slices || unfold || xp_step != 1 || gemm || opt.activations.rounding == Rounding::stochastic) return false;
+  again = fn;
+  again_producer = producer;
+  xr_bytes = round64(xp_elems * sizeof(int16_t));
+  xp = AlignedBuffer<int16_t>();
+  if (!shared_workspace) use_workspace(nullptr);  // an owned region is sized again on first use
+  have_x = false;
+  return true;
+}
+
+// The weight gradient's batch-pair copy of x, from the producer's spans at the exponent the
+// forward pass quantized x with (the same max|x|, so the same exponent and bits). Its row maxima
+// are the forward's already.
+void ConvInt16::Impl::recompute_x_pairs() {
+  DFP_CHECK(std::isfinite(x_pairs.max_abs) && x_pairs.max_abs >= 0.f, Status::internal,
+            "convolution '" + name + "': x's max|x| from the forward pass is not finite");
+  const SpanSource spans{again, again_producer};
+  quantize_blocked(nullptr, CB, sh.H, sh.W, nullptr, 0, 0, 0, 0, xr, xp_h, xp_w, 0, 0, step_x, x_pairs.max_abs,
+                   nullptr, false, &spans, 1);
 }
 
 void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max, const float* known_planes) {

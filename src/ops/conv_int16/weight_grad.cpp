@@ -76,6 +76,7 @@ class DyPrefetch {
 void ConvInt16::Impl::backward_weights(float* dw) {
   require(have_x, "backward_weights", "quantize_input()");
   require(have_dy, "backward_weights", "quantize_grad_output()");
+  if (again) recompute_x_pairs();
   const int chain = opt.chain_override ? opt.chain_override : pair_chain(x_pairs.max_abs_int, dy_pairs.max_abs_int);
   stats.chain_wgrad = chain;
   const float scale = pow2(x_pairs.exponent + dy_pairs.exponent, name, "backward_weights");
@@ -167,7 +168,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     if (lo_r >= hi_r || lo_c >= hi_c) return false;
     a.rows = hi_r - lo_r;
     a.cols = hi_c - lo_c;
-    a.x = xp.data() + (((size_t(p) * CB + cb) * xp_h + size_t(lo_r) * x_row_step + r - sh.pad_h) * xp_w +
+    a.x = x_pairs_data() + (((size_t(p) * CB + cb) * xp_h + size_t(lo_r) * x_row_step + r - sh.pad_h) * xp_w +
                        size_t(lo_c) * x_col_step + s2 - sh.pad_w) * 32;
     return true;
   };
@@ -266,7 +267,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           dy_bound[kb - kg] = dy_max(c0, c1, kb, 0, OH);
         }
         for (int cb = 0; cb < CB; ++cb) {
-          const int16_t* x_cb = xp.data() + (size_t(c0) * CB + cb) * x_pair;
+          const int16_t* x_cb = x_pairs_data() + (size_t(c0) * CB + cb) * x_pair;
           for (int p = c0; p < c1; ++p)
             std::memcpy(xt + (p - c0) * x_pair, x_cb + size_t(p - c0) * CB * x_pair, x_pair * sizeof(int16_t));
           const int32_t x_bound = x_max(c0, c1, cb, ih0, ih1);
@@ -300,7 +301,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
       for (int kb = kb0; kb < kb1; ++kb)
         for (int cb = 0; cb < CB; ++cb) {
           g.nk = std::min(16, sh.K - kb * 16);
-          g.x = xp.data() + (size_t(p0) * CB + cb) * 32;
+          g.x = x_pairs_data() + (size_t(p0) * CB + cb) * 32;
           g.dy = dyp_at(p0, kb, 0, 0);
           g.dw = acc + size_t(kb) * 16 * g.dw_k + size_t(cb) * 16;
           if (direct && block_scales) g.scale = wgrad_scale[size_t(kb) * CB + cb];
@@ -436,7 +437,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         if (cb + 1 < CB) {
           const int r0 = std::max(0, oh0 * x_row_step - sh.pad_h);
           const int r1 = std::min(xp_h, (oh1 - 1) * x_row_step - sh.pad_h + sh.R);
-          next_x = reinterpret_cast<const char*>(xp.data() + ((size_t(p) * CB + cb + 1) * xp_h + r0) * xp_w * 32);
+          next_x = reinterpret_cast<const char*>(x_pairs_data() + ((size_t(p) * CB + cb + 1) * xp_h + r0) * xp_w * 32);
           const size_t lines = size_t(std::max(0, r1 - r0)) * xp_w;  // 64 bytes per position
           const size_t calls = size_t(T) * (kg1 - kg);
           x_share = (lines + calls - 1) / calls * 64;
