@@ -157,8 +157,8 @@ class ConvInt16 {
   // that copy; call this before reading it. The spans must be the values the forward pass
   // quantized (the same bits), and the rounding of x deterministic; otherwise the weight gradient
   // is that of other values. Returns false, changing nothing, where the copy is not of that form:
-  // stochastic rounding or Granularity::slice of x, unfolded columns, a strided 1x1 layer's
-  // subsampled copy, a 1x1 layer on 1x1 pixels.
+  // stochastic rounding of x, unfolded columns, a strided 1x1 layer's subsampled copy, a 1x1
+  // layer on 1x1 pixels.
   bool recompute_input_pairs(InputSpanFn again, void* producer);
 
   // Transient buffers -- x's padded copy for the forward pass; dy's two copies and the weight-

@@ -255,7 +255,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
       }
       for (int y = 0; y < h; ++y) {
         int32_t q_dst[2] = {0, 0}, q_pair[2] = {0, 0};
-        int16_t* prow = y % pair_step ? nullptr : pair + ((size_t(p) * B + b) * h2 + y / pair_step) * w2 * 32;
+        int16_t* prow = !pair || y % pair_step ? nullptr : pair + ((size_t(p) * B + b) * h2 + y / pair_step) * w2 * 32;
         for (size_t o = 0; o < row_len; o += piece) {
           const size_t len = std::min(piece, row_len - o);
           const int16_t* paired[2] = {tile[0], tile[1]};  // each image's piece in the pair copy's units
@@ -275,7 +275,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
             // The piece's largest |q| in each copy, then the running maxima take them.
             const int32_t before[2] = {cnt[0].max_abs_q, cnt[1].max_abs_q};
             cnt[0].max_abs_q = cnt[1].max_abs_q = 0;
-            if (dst_exp[e] == pair_exp[e]) {
+            if (dst_exp[e] == pair_exp[e] || !pair) {
               // Both copies round at one exponent (a pair's larger image, often): one rounding
               // serves both, the bits of quant2's second output, and its counts go to both.
               const uint64_t sat = cnt[0].saturated, nonfin = cnt[0].nonfinite;
@@ -310,7 +310,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
         for (int i = 0; i < images; ++i) {
           const size_t r = (size_t(2 * p + i) * B + b) * h + y;
           if (dst_row_max) dst_row_max[r] = static_cast<int16_t>(q_dst[i]);
-          if (pair_row_max) pair_row_max[r] = static_cast<int16_t>(q_pair[i]);
+          if (pair_row_max && pair) pair_row_max[r] = static_cast<int16_t>(q_pair[i]);
           int16_t* d = plane[i] + ((size_t(y) + top) * wb + left) * 16;
           zero_pixels(d - size_t(left) * 16, left);
           zero_pixels(d + row_len, wb - left - w);
@@ -508,8 +508,9 @@ void ConvInt16::Impl::quantize_x_slices(const float* x, const float* known_plane
   const SliceExponents r = slice_exponents(x, CB, size_t(sh.H) * sh.W * 16, known_planes, spans, !unfolded_src,
                                            step_x.headroom, x_img, x_blk);
   std::tie(stats.x, x_pairs) = quantize_dual(x, CB, sh.H, sh.W, xq, Hp, Wp, sh.pad_h, sh.pad_w, x_img.planes.data(),
-                                             x_fwd_row_max.data(), xp.data(), xp_h, xp_w, xp_step, x_blk.planes.data(),
-                                             x_row_max.data(), step_x, r.max_abs, unfolded_src, spans);
+                                             x_fwd_row_max.data(), again ? nullptr : xp.data(), xp_h, xp_w, xp_step,
+                                             x_blk.planes.data(), x_row_max.data(), step_x, r.max_abs, unfolded_src,
+                                             spans);
   x_pairs.exponent = r.blk_hi;
   x_pairs.exponent_min = r.blk_lo;
   stats.x.exponent = r.img_hi;
@@ -556,7 +557,7 @@ void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* prod
 
 bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer) {
   DFP_CHECK(fn, Status::invalid_argument, "convolution '" + name + "': recompute_input_pairs() needs a function");
-  if (x_slices || unfold || xp_step != 1 || gemm || opt.activations.rounding == Rounding::stochastic) return false;
+  if (unfold || xp_step != 1 || gemm || opt.activations.rounding == Rounding::stochastic) return false;
   again = fn;
   again_producer = producer;
   xr_bytes = round64(xp_elems * sizeof(int16_t));
@@ -566,15 +567,23 @@ bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* pro
   return true;
 }
 
-// The weight gradient's batch-pair copy of x, from the producer's spans at the exponent the
-// forward pass quantized x with (the same max|x|, so the same exponent and bits). Its row maxima
-// are the forward's already.
+// The weight gradient's batch-pair copy of x, from the producer's spans at the exponents the
+// forward pass quantized x with (the same max|x|, so the same exponent and bits; with
+// Granularity::slice the forward's exponent per image pair and block). With one exponent the row
+// maxima are the forward copy's already; with slices this copy's own are measured here, and its
+// figures (x_pairs) too.
 void ConvInt16::Impl::recompute_x_pairs() {
   DFP_CHECK(std::isfinite(x_pairs.max_abs) && x_pairs.max_abs >= 0.f, Status::internal,
             "convolution '" + name + "': x's max|x| from the forward pass is not finite");
   const SpanSource spans{again, again_producer};
-  quantize_blocked(nullptr, CB, sh.H, sh.W, nullptr, 0, 0, 0, 0, xr, xp_h, xp_w, 0, 0, step_x, x_pairs.max_abs,
-                   nullptr, false, &spans, 1);
+  const QuantStats st =
+      quantize_blocked(nullptr, CB, sh.H, sh.W, nullptr, 0, 0, 0, 0, xr, xp_h, xp_w, 0, 0, step_x, x_pairs.max_abs,
+                       x_slices ? x_row_max.data() : nullptr, false, &spans, 1, x_slices ? x_blk.planes.data() : nullptr);
+  if (x_slices) {
+    x_pairs.saturated = st.saturated;
+    x_pairs.nonfinite = st.nonfinite;
+    x_pairs.max_abs_int = st.max_abs_int;
+  }
 }
 
 void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max, const float* known_planes) {
