@@ -160,6 +160,11 @@ class ConvInt16 {
   // stochastic rounding of x, unfolded columns, a strided 1x1 layer's subsampled copy, a 1x1
   // layer on 1x1 pixels.
   bool recompute_input_pairs(InputSpanFn again, void* producer);
+  // Where recompute_input_pairs() is in effect: computes the weight gradient's copy of x now,
+  // after quantize_grad_output() (it lives beside dy's copies), so that a caller can time it apart
+  // from the weight-gradient pass; backward_weights() computes it itself when this was not called
+  // since quantize_grad_output(). Does nothing otherwise.
+  void recompute_input();
 
   // Transient buffers -- x's padded copy for the forward pass; dy's two copies and the weight-
   // gradient partials for the backward passes -- are owned by the operator unless the caller gives

@@ -72,7 +72,8 @@ struct LayerTime {
   uint64_t steps = 0;     // training forward passes timed
   // An INT16 Conv2d/Linear's time by part, summed over the same steps (zero for other layers):
   // quantization of x (with its padded and batch-pair copies; where a BatchNorm hands x over span
-  // by span, in that BatchNorm's forward time, with the BatchNorm's own scale-shift of each span),
+  // by span, in that BatchNorm's forward time, with the BatchNorm's own scale-shift of each span;
+  // and the batch-pair copy computed again in the backward pass where the layer keeps none),
   // the forward pass, quantization of dy, the backward-data pass (with folding back a column
   // unfolding) and the weight-gradient pass (with the dy batch-pair interleave it does as it
   // goes). A pass's time includes its kernel's flushes of INT32 chains into FP32, which run

@@ -212,6 +212,8 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     clock.lap(parts_.quantize_dy);
     if (dx) q_->backward_data(dx, st.accumulate_dx & 1);
     clock.lap(parts_.backward_data);
+    q_->recompute_input();  // the weight gradient's copy of x, where the layer keeps none
+    clock.lap(parts_.quantize_x);
     q_->backward_weights(gw);
     clock.lap(parts_.backward_weights);
     if (st.sample)

@@ -676,9 +676,14 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
         dx[k].assign(xb.size(), 0.f);
         dw[k].assign(w.size(), 0.f);
         c.backward_data(dx[k].data());
+        if (k < 2) c.recompute_input();  // nothing to do where k = 0; where k = 2 backward_weights does it
+        const int recomputed = p.calls.load();
         c.backward_weights(dw[k].data());
         st[k] = c.stats();
         EXPECT_EQ(p.calls.load() > before, k > 0);
+        if (k == 1) {
+          EXPECT_EQ(p.calls.load(), recomputed);  // not computed twice
+        }
         if (k > 0) {
           EXPECT_GE(ws[k], kept + size_t(s.N + 1) / 2 * 2 * s.H * s.W * channel_blocks(s.C) * 16 * 2);
         }

@@ -338,6 +338,7 @@ struct ConvInt16::Impl {
   void* again_producer = nullptr;
   int16_t* xr = nullptr;
   size_t xr_bytes = 0;
+  bool have_xr = false;  // xr holds this backward's copy (since quantize_grad_output())
   const int16_t* x_pairs_data() const { return again ? xr : xp.data(); }
   // xp is allocated when first needed (a shared workspace given, or the first quantization), not
   // at construction: a Model links recompute_input_pairs() after building every layer, and its

@@ -409,6 +409,7 @@ void ConvInt16::Impl::quantize_x(const float* x, float known_max, const float* k
     x_pairs = stats.x;
   }
   have_x = have_x_fwd = true;
+  have_xr = false;
   if (shared_workspace) have_dy = false;  // the workspace now holds x
 }
 
@@ -573,12 +574,16 @@ bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* pro
 // maxima are the forward copy's already; with slices this copy's own are measured here, and its
 // figures (x_pairs) too.
 void ConvInt16::Impl::recompute_x_pairs() {
+  if (!again) return;
+  require(have_x, "recompute_input", "quantize_input()");
+  require(have_dy, "recompute_input", "quantize_grad_output()");
   DFP_CHECK(std::isfinite(x_pairs.max_abs) && x_pairs.max_abs >= 0.f, Status::internal,
             "convolution '" + name + "': x's max|x| from the forward pass is not finite");
   const SpanSource spans{again, again_producer};
   const QuantStats st =
       quantize_blocked(nullptr, CB, sh.H, sh.W, nullptr, 0, 0, 0, 0, xr, xp_h, xp_w, 0, 0, step_x, x_pairs.max_abs,
                        x_slices ? x_row_max.data() : nullptr, false, &spans, 1, x_slices ? x_blk.planes.data() : nullptr);
+  have_xr = true;
   if (x_slices) {
     x_pairs.saturated = st.saturated;
     x_pairs.nonfinite = st.nonfinite;
@@ -597,6 +602,7 @@ void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max, con
     dy_pairs = stats.dy;
   }
   have_dy = true;
+  have_xr = false;  // this backward's copy of x is yet to be computed
   if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
 }
 

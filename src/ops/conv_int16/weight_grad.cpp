@@ -76,7 +76,7 @@ class DyPrefetch {
 void ConvInt16::Impl::backward_weights(float* dw) {
   require(have_x, "backward_weights", "quantize_input()");
   require(have_dy, "backward_weights", "quantize_grad_output()");
-  if (again) recompute_x_pairs();
+  if (!have_xr) recompute_x_pairs();
   const int chain = opt.chain_override ? opt.chain_override : pair_chain(x_pairs.max_abs_int, dy_pairs.max_abs_int);
   stats.chain_wgrad = chain;
   const float scale = pow2(x_pairs.exponent + dy_pairs.exponent, name, "backward_weights");
