@@ -708,6 +708,10 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
   refused(make(4, 32, 1, 1, 16, 1, 1, 1, 0), {}, "1x1 pixels");
   ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
   test::expect_error([&] { c.recompute_input_pairs(nullptr, nullptr); }, Status::invalid_argument, {"'c'"});
+  AlignedBuffer<std::byte> region(c.workspace_bytes());  // sized without the copy
+  c.use_workspace(region.data());
+  test::expect_error([&] { c.recompute_input_pairs(&Producer::span, nullptr); }, Status::invalid_argument,
+                     {"'c'", "use_workspace"});
 }
 
 // A strided layer's backward data whose dx outgrows the cache streams the zeros of the phases no

@@ -558,12 +558,15 @@ void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* prod
 
 bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer) {
   DFP_CHECK(fn, Status::invalid_argument, "convolution '" + name + "': recompute_input_pairs() needs a function");
+  DFP_CHECK(!shared_workspace, Status::invalid_argument,
+            "convolution '" + name + "': recompute_input_pairs() after use_workspace(): the region was sized without "
+            "the copy it adds; call it first");
   if (unfold || xp_step != 1 || gemm || opt.activations.rounding == Rounding::stochastic) return false;
   again = fn;
   again_producer = producer;
   xr_bytes = round64(xp_elems * sizeof(int16_t));
   xp = AlignedBuffer<int16_t>();
-  if (!shared_workspace) use_workspace(nullptr);  // an owned region is sized again on first use
+  use_workspace(nullptr);  // the owned region is sized again on first use
   have_x = false;
   return true;
 }
