@@ -11,7 +11,9 @@
 // or in FP32; BatchNorm, ReLU, pooling, the loss, the master weights and the optimizer compute in
 // FP32 in every policy. What backward needs is kept in 16 bits under int16, as in Das et al.:
 // Conv2d/Linear keep their DFP16 input, and a BatchNorm whose name resolves to int16 keeps its
-// input as DFP16 (override it to fp32 by name, e.g. "bn*=fp32", to keep it in FP32).
+// input as DFP16 (override it to fp32 by name, e.g. "bn*=fp32", to keep it in FP32); with nearest
+// or biased rounding it normalizes those DFP16 values, and a conv that reads its output computes
+// its own copy of it again for its weight gradient (docs/design/memory.md).
 #pragma once
 
 #include <cstdint>
