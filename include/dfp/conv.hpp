@@ -153,7 +153,7 @@ class ConvInt16 {
   // pair copy of x that the weight gradient reads need not persist between the passes: from this
   // call on, quantize_input*() writes only the forward copy, and backward_weights() asks `again`
   // for every span once more (from the context's threads, as quantize_input_spans asks) and
-  // quantizes the spans into the workspace, at the forward's exponent. workspace_bytes() grows by
+  // quantizes the spans into the workspace, at the forward's exponents. workspace_bytes() grows by
   // that copy; call this before reading it. The spans must be the values the forward pass
   // quantized (the same bits), and the rounding of x deterministic; otherwise the weight gradient
   // is that of other values. Returns false, changing nothing, where the copy is not of that form:
