@@ -230,12 +230,10 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
         const size_t np = std::min(kPiece, pixels - i), o = off + i * 16;
         simd::QuantCounters cnt;
         k.quantize.fn(p + i * 16, xq_.data() + o, np * 16, xq_exp_, xq_opts_.rounding, span_.qseed, o, &cnt);
-        if (cnt.nonfinite == 0) {
-          k.dequantize.fn(xq_.data() + o, out + i * 16, np * 16, xq_exp_);
-          k.bn_scale_shift.fn(out + i * 16, out + i * 16, a, b, np);
-        } else {
+        if (cnt.nonfinite == 0)
+          from_saved(k, o, blk, np, out + i * 16);
+        else
           k.bn_scale_shift.fn(p + i * 16, out + i * 16, a, b, np);
-        }
       }
     } else {
       if (span_.save_q) {  // before out, which may overwrite x (in place)
@@ -245,6 +243,12 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
       k.bn_scale_shift.fn(p, out, a, b, pixels);
     }
     return relu_ ? k.relu_fwd.fn(out, out, mask_.data() + off / 16, pixels * 16) : 0.f;  // in cache
+  }
+  // y = x * a + b for `pixels` pixels of block blk from element off of the saved DFP16 copy: what
+  // normalize() writes and recompute_span() writes again, one sequence of kernels for both.
+  void from_saved(const simd::KernelTable& k, size_t off, int blk, size_t pixels, float* out) const {
+    k.dequantize.fn(xq_.data() + off, out, pixels * 16, xq_exp_);
+    k.bn_scale_shift.fn(out, out, fa_.data() + blk * 16, fb_.data() + blk * 16, pixels);
   }
   static size_t span_offset(const BatchNorm& bn, int n, int b, int h, int w0) {
     return (size_t(n) * cb_of(bn.s_) + b) * plane(bn.s_) + (size_t(h) * bn.s_.w + w0) * 16;
@@ -258,9 +262,8 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
   static void recompute_span(void* self, int n, int b, int h, int w0, int count, float* out) {
     const BatchNorm& bn = *static_cast<const BatchNorm*>(self);
     const auto& k = bn.span_.ctx->kernels();
-    const size_t off = span_offset(bn, n, b, h, w0), len = size_t(count) * 16;
-    k.dequantize.fn(bn.xq_.data() + off, out, len, bn.xq_exp_);
-    k.bn_scale_shift.fn(out, out, bn.fa_.data() + b * 16, bn.fb_.data() + b * 16, size_t(count));
+    const size_t len = size_t(count) * 16;
+    bn.from_saved(k, span_offset(bn, n, b, h, w0), b, size_t(count), out);
     if (!bn.relu_) return;
     alignas(64) uint16_t mask[(kPiece * 16 + 15) / 16];  // the forward's mask stays
     for (size_t i = 0; i < len; i += kPiece * 16) k.relu_fwd.fn(out + i, out + i, mask, std::min(kPiece * 16, len - i));

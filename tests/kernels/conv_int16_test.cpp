@@ -561,6 +561,19 @@ BlockedCase blocked_case(const ConvShape& s, uint32_t seed, bool images_apart) {
   for (float v : c.xb) c.max_x = std::max(c.max_x, std::fabs(v));
   return c;
 }
+// x's spans from a blocked tensor, as a BatchNorm hands them to a conv; counts the calls.
+struct Producer {
+  const std::vector<float>* xb;
+  ConvShape s;
+  std::atomic<int> calls{0};
+  static void span(void* self, int n, int b, int h, int w0, int count, float* out) {
+    auto& p = *static_cast<Producer*>(self);
+    ASSERT_LE(count, ConvInt16::kInputSpanPixels);
+    const size_t off = ((size_t(n) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
+    std::memcpy(out, p.xb->data() + off * 16, size_t(count) * 16 * sizeof(float));
+    ++p.calls;
+  }
+};
 }  // namespace
 
 // quantize_input_spans gives the bits of quantize_input_with_max_abs on the tensor the spans make
@@ -568,17 +581,6 @@ BlockedCase blocked_case(const ConvShape& s, uint32_t seed, bool images_apart) {
 // stochastic rounding, rows wider than one span (W = 150 > 128) and a strided padded layer.
 TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
   Context ctx(ContextOptions{.threads = 2});
-  struct Producer {
-    const std::vector<float>* xb;
-    ConvShape s;
-    int calls = 0;
-    static void span(void* self, int n, int b, int h, int w0, int count, float* out) {
-      auto& p = *static_cast<Producer*>(self);
-      ASSERT_LE(count, ConvInt16::kInputSpanPixels);
-      const size_t off = ((size_t(n) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
-      std::memcpy(out, p.xb->data() + off * 16, size_t(count) * 16 * sizeof(float));
-    }
-  };
   for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1)})
     for (Rounding r : {Rounding::nearest_even, Rounding::stochastic})
     for (Granularity g : {Granularity::tensor, Granularity::slice}) {  // slice: spans asked for more than once
@@ -631,18 +633,6 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
 // whose copy is of another form (subsampled, unfolded, 1x1 pixels) and stochastic rounding keep it.
 TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
   Context ctx(ContextOptions{.threads = 2});
-  struct Producer {
-    std::vector<float> xb;
-    ConvShape s;
-    std::atomic<int> calls{0};
-    static void span(void* self, int n, int b, int h, int w0, int count, float* out) {
-      auto& p = *static_cast<Producer*>(self);
-      ASSERT_LE(count, ConvInt16::kInputSpanPixels);
-      const size_t off = ((size_t(n) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
-      std::memcpy(out, p.xb.data() + off * 16, size_t(count) * 16 * sizeof(float));
-      ++p.calls;
-    }
-  };
   for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1),
                              make(3, 16, 5, 6, 40, 1, 1, 1, 0)})
     for (Rounding r : {Rounding::nearest_even, Rounding::biased})
@@ -656,7 +646,8 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
       ConvStats st[3];
       for (int k = 0; k < 3; ++k) {  // kept, recomputed, recomputed from changed values
         ConvInt16 c(ctx, s, o, "again");
-        Producer p{xb, s};
+        std::vector<float> xk = xb;  // the producer's values, changed between the passes where k = 2
+        Producer p{&xk, s};
         const size_t kept = c.workspace_bytes();
         if (k > 0) {
           ASSERT_TRUE(c.recompute_input_pairs(&Producer::span, &p));
@@ -670,7 +661,7 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
         y[k].assign(blocked_size(s.N, s.K, s.OH(), s.OW()), 0.f);
         c.forward(y[k].data());
         std::memset(region.data(), 0x5a, ws[k]);  // another layer's use of the region
-        if (k == 2) p.xb[p.xb.size() / 2 + 16] *= 0.5f;
+        if (k == 2) xk[xk.size() / 2 + 16] *= 0.5f;
         const int before = p.calls.load();
         c.quantize_grad_output(dyb.data());
         dx[k].assign(xb.size(), 0.f);
