@@ -106,7 +106,20 @@ void checkpoint_bytes(const Checkpoint& ck, const std::function<void(const void*
   std::vector<float> meta_f(meta.size());
   for (size_t i = 0; i < meta.size(); ++i) meta_f[i] = float(static_cast<unsigned char>(meta[i]));
   record("meta", meta_f.data(), meta_f.size());
-  for (const auto& [name, v] : ck.tensors) record(name, v.data(), v.size());
+  // The two maps' records in one order of names, as one map's would be.
+  auto own = ck.tensors.begin();
+  auto lent = ck.borrowed.begin();
+  while (own != ck.tensors.end() || lent != ck.borrowed.end()) {
+    if (lent == ck.borrowed.end() || (own != ck.tensors.end() && own->first < lent->first)) {
+      record(own->first, own->second.data(), own->second.size());
+      ++own;
+      continue;
+    }
+    DFP_CHECK(own == ck.tensors.end() || own->first != lent->first, Status::invalid_argument,
+              "checkpoint tensor '" + lent->first + "' is given twice (owned and borrowed); expected one of each name");
+    record(lent->first, lent->second.data(), lent->second.size());
+    ++lent;
+  }
   const uint32_t crc_bytes = uint32_t(crc);
   sink(&crc_bytes, 4);
 }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,10 +21,16 @@ inline constexpr char kCheckpointMagic[8] = {'D', 'F', 'P', 'C', 'K', 'P', 'T', 
 struct Checkpoint {
   std::map<std::string, std::string> meta;  // keys without '=' or newline; values without newline
   std::map<std::string, std::vector<float>> tensors;
+  // Tensors written as `tensors` are, read where they live (a model's weights and statistics, an
+  // optimizer's momenta): a checkpoint of them adds no copy to the process's peak. They must stay
+  // alive and unchanged until the checkpoint is written. A name is in one of the two maps, not
+  // both; parse_checkpoint fills `tensors` only.
+  std::map<std::string, std::span<const float>> borrowed;
 };
 
 // The file's bytes for ck, in order, to `sink` (pieces of any size; the CRC is computed as they
-// go, so no copy of the whole file is made).
+// go, so no copy of the whole file is made). The records of `tensors` and `borrowed` go in one
+// order of names; a name in both is Error(invalid_argument).
 void checkpoint_bytes(const Checkpoint& ck, const std::function<void(const void*, size_t)>& sink);
 // The same as one string.
 std::string checkpoint_bytes(const Checkpoint& ck);

@@ -22,7 +22,7 @@ void put_state(Checkpoint& ck, Model& m, const PrecisionPolicy& policy) {
   ck.meta["state_version"] = std::to_string(kStateVersion);
   for (auto& [key, value] : policy.fields()) ck.meta[key] = value;
   for (const TensorView& v : m.state()) {
-    ck.tensors[v.name] = std::vector<float>(v.data, v.data + v.size);
+    ck.borrowed[v.name] = std::span<const float>(v.data, v.size);
     ck.meta["shape:" + v.name] = shape_text(v.shape);
   }
 }

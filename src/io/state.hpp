@@ -10,8 +10,8 @@
 
 namespace dfp {
 
-// Adds the model's tensors (by name), their shapes (meta "shape:<name>"), `policy`'s fields and
-// "state_version" to ck.
+// Adds the model's tensors (by name, borrowed: ck reads them in the model until it is written),
+// their shapes (meta "shape:<name>"), `policy`'s fields and "state_version" to ck.
 void put_state(Checkpoint& ck, Model& m, const PrecisionPolicy& policy);
 
 // Copies ck's tensors into the built model (then weights_updated()). Refuses, naming `path` and

@@ -103,7 +103,7 @@ const std::string kAmaxHistory = "@fp8_amax_history";
 void save_model(Model& m, const PrecisionPolicy& policy, Sgd* sgd, Checkpoint& ck) {
   put_state(ck, m, policy);
   auto& ps = m.parameters();
-  for (size_t i = 0; sgd && i < ps.size(); ++i) ck.tensors[ps[i].name + "@momentum"] = sgd->momentum_buffers()[i];
+  for (size_t i = 0; sgd && i < ps.size(); ++i) ck.borrowed[ps[i].name + "@momentum"] = sgd->momentum_buffers()[i];
   for (auto& [key, h] : m.scaling_histories()) ck.tensors[key + kAmaxHistory] = std::move(h);
 }
 

@@ -23,7 +23,8 @@ namespace dfp {
 struct TrainingRun;
 
 // Model state (src/io/state.hpp) and the optimizer's momentum <-> checkpoint tensors, with every
-// mismatch named. `sgd` null: the model alone.
+// mismatch named. `sgd` null: the model alone. save_model borrows the model's tensors and the
+// momenta (Checkpoint::borrowed): write ck before the next step changes them.
 void save_model(Model& m, const PrecisionPolicy& policy, Sgd* sgd, Checkpoint& ck);
 void load_model(Model& m, Sgd* sgd, const Checkpoint& ck, const std::string& path);
 

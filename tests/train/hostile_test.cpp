@@ -359,6 +359,37 @@ TEST(Hostile, StreamedCheckpointHoldsItsBytes) {
   EXPECT_EQ(slurp(path), bytes);
 }
 
+// Borrowed tensors (the trainer's weights and momenta, read where they live) give the same file as
+// owned ones, the two maps' records in one order of names; a name in both is refused before
+// anything replaces the file.
+TEST(Hostile, BorrowedCheckpointTensorsGiveTheOwnedBytes) {
+  TempDir dir;
+  Checkpoint owned;
+  owned.meta["epochs_done"] = "2";
+  owned.tensors["a"] = {1.f, 2.f};
+  owned.tensors["b"] = std::vector<float>(300000, -0.5f);  // past the 1 MiB chunk
+  owned.tensors["c"] = {3.f};
+  owned.tensors["d"] = {};
+  owned.tensors["e"] = {4.f, 5.f, 6.f};
+  Checkpoint mixed;
+  mixed.meta = owned.meta;
+  for (const char* name : {"a", "c", "e"}) mixed.tensors[name] = owned.tensors.at(name);
+  for (const char* name : {"b", "d"}) mixed.borrowed[name] = owned.tensors.at(name);
+  const std::string path = dir.file("checkpoint.dfp");
+  write_checkpoint(path, mixed);
+  EXPECT_EQ(slurp(path), checkpoint_bytes(owned));
+  EXPECT_EQ(parse_checkpoint(slurp(path), path).tensors, owned.tensors);
+  Checkpoint all_borrowed;
+  all_borrowed.meta = owned.meta;
+  for (const auto& [name, v] : owned.tensors) all_borrowed.borrowed[name] = v;
+  EXPECT_EQ(checkpoint_bytes(all_borrowed), checkpoint_bytes(owned));
+  mixed.borrowed["c"] = owned.tensors.at("c");
+  test::expect_error([&] { write_checkpoint(path, mixed); }, Status::invalid_argument,
+                     {"checkpoint tensor 'c'", "given twice"});
+  EXPECT_TRUE(temporaries(dir.str()).empty());
+  EXPECT_EQ(slurp(path), checkpoint_bytes(owned));
+}
+
 // Temporary files of writers killed before their rename go when a run takes the directory; two
 // writers never share a temporary name.
 TEST(Hostile, LeftoverTemporaryFilesGoWhenARunTakesTheDirectory) {
