@@ -166,8 +166,9 @@ class ConvInt16 {
   // since quantize_grad_output(). Does nothing otherwise.
   void recompute_input();
 
-  // Transient buffers -- x's padded copy for the forward pass; dy's two copies and the weight-
-  // gradient partials for the backward passes -- are owned by the operator unless the caller gives
+  // Transient buffers -- x's padded copy for the forward pass; dy's two copies, the weight-
+  // gradient partials and (with one weight exponent) backward-data's packing of the weights for
+  // the backward passes -- are owned by the operator unless the caller gives
   // it a shared region of workspace_bytes() (64-byte aligned; nullptr: own them again), as the
   // Model does for all its layers. Then x's and dy's copies share bytes and hold only between the
   // quantize_* call and the passes that follow it: forward() right after quantize_input(), and

@@ -705,6 +705,42 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
                      {"'c'", "use_workspace"});
 }
 
+// Backward-data's packed weights: with one weight exponent they are wf's, written into the
+// workspace by backward_data() itself, so a shared region that something else overwrote after
+// set_weights() (the other layers' passes) gives the bits of an operator that owns its region,
+// also when backward_data runs twice; with per-channel exponents they persist. Shapes: 3x3 with
+// K and C past a block (edge units), strided, 1x1, and a fully connected layer.
+TEST(ConvInt16, BackwardDataWeightsSurviveASharedRegion) {
+  Context ctx(ContextOptions{.threads = 2});
+  for (const ConvShape& s : {make(2, 20, 5, 7, 40, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1),
+                             make(3, 48, 4, 4, 24, 1, 1, 1, 0), make(4, 40, 1, 1, 24, 1, 1, 1, 0)})
+    for (Granularity g : {Granularity::tensor, Granularity::slice}) {
+      DfpConvOptions o;
+      o.weights.granularity = g;
+      const auto [w, xb, dyb, mx] = blocked_case(s, 71, false);
+      std::vector<float> dx[3];
+      for (int k = 0; k < 2; ++k) {  // owned, shared
+        ConvInt16 c(ctx, s, o, "bwd");
+        AlignedBuffer<std::byte> region(c.workspace_bytes());
+        if (k == 1) c.use_workspace(region.data());
+        c.set_weights(w.data());
+        c.quantize_input_with_max_abs(xb.data(), mx);
+        std::vector<float> y(blocked_size(s.N, s.K, s.OH(), s.OW()));
+        c.forward(y.data());
+        if (k == 1) std::memset(region.data(), 0x5a, region.size());  // another layer's use of the region
+        c.quantize_grad_output(dyb.data());
+        dx[k].assign(xb.size(), 0.f);
+        c.backward_data(dx[k].data());
+        if (k == 1) {
+          dx[2].assign(xb.size(), 0.f);
+          c.backward_data(dx[2].data());
+        }
+      }
+      expect_bits_equal(dx[0], dx[1], "backward_data, shared region");
+      expect_bits_equal(dx[0], dx[2], "backward_data, twice");
+    }
+}
+
 // A strided layer's backward data whose dx outgrows the cache streams the zeros of the phases no
 // tap reaches (non-temporal stores, 64-byte aligned dx only): every element of dx is written, with
 // the exact answer, aligned (streamed) or not, on every ISA. dx starts as NaN.

@@ -24,7 +24,8 @@
 //                                  (a network's first layer), which has no dyq, and of a layer
 //                                  whose dyq holds an exponent per image (Granularity::slice)
 //   wf   [KB][CB][R*S][8][16][2]   w, lanes = 16 output channels, pairs along C (FPROP)
-//   wb   [CB][KB][R*S][8][16][2]   w, lanes = 16 input channels, pairs along K (BPROP)
+//   wb   [CB][KB][R*S][8][16][2]   w, lanes = 16 input channels, pairs along K (BPROP); with
+//                                  one exponent, wf's values, in the workspace (wbt)
 // xq and dyq live in a workspace that other operators may share, so quantization writes their
 // borders as well as their interiors. All of these are in the shape the kernels run, which for a
 // layer with few input channels is its column unfolding (see Impl::unfold).
@@ -334,6 +335,17 @@ struct ConvInt16::Impl {
   // again for the weight gradient (recompute_input_pairs), xp is not kept: backward_weights()
   // quantizes x's spans from `again` into xr, in the backward region after dw_part.
   AlignedBuffer<int16_t> xp, wf, wb;
+  // Backward-data's weights wb hold the forward's wf transposed where both have one exponent
+  // (Granularity::tensor): backward_data() writes them into the backward region (wbt, after xr)
+  // from wf, so they do not persist between steps (a ResNet-50's 23.5 M weights: 47 MB); with
+  // per-channel exponents (Granularity::slice) wb is its own quantization and persists.
+  // set_weights() packs that layout once still, into the weights region (after the unit L1
+  // tables), for its norms: the chain tables are measured from them.
+  int16_t *wbt = nullptr, *wb_pack = nullptr;
+  size_t wb_bytes = 0;
+  bool wb_transposed() const { return !w_slices && opt.input_gradient; }
+  const int16_t* wb_data() const { return wb_transposed() ? wbt : wb.data(); }
+  void transpose_wf_to_wb();
   ConvInt16::InputSpanFn again = nullptr;
   void* again_producer = nullptr;
   int16_t* xr = nullptr;
@@ -447,7 +459,7 @@ struct ConvInt16::Impl {
     while (hi > lo && (hi - 1) * stride + tap - pad >= in) --hi;
     return {lo, hi};
   }
-  size_t backward_bytes() const { return dyq_bytes + dyp_bytes + dw_part_bytes + xr_bytes; }
+  size_t backward_bytes() const { return dyq_bytes + dyp_bytes + dw_part_bytes + xr_bytes + wb_bytes; }
   // A shared workspace holds x's forward copy, dy's copies and the unpacked weights in the same
   // bytes; an owned one keeps them apart, so a standalone operator may run its passes in any order.
   size_t workspace_bytes() const { return std::max({xq_bytes, backward_bytes(), wq_bytes}); }

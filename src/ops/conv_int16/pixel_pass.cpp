@@ -210,10 +210,11 @@ void ConvInt16::Impl::backward_data(float* dx_out, bool accumulate) {
             "convolution '" + name + "': backward_data() called on an operator built with input_gradient = false");
   require(have_w, "backward_data", "set_weights()");
   require(have_dy, "backward_data", "quantize_grad_output()");
+  if (wb_transposed()) transpose_wf_to_wb();
   // Unfolded: dx' is scratch, folded into dx_out below.
   const PassScales sc = pass_scales(stats.dy.exponent, w_bwd.exponent, dy_slices ? &dy_img : nullptr,
                                     w_slices ? &w_in_scale : nullptr, w_in_exp, sh.C);
-  stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, (dy_slices ? dyq_row_max : dy_row_max).data(), wb.data(),
+  stats.chain_bwd = run_pixel_pass(bwd, dyq, stats.dy, (dy_slices ? dyq_row_max : dy_row_max).data(), wb_data(),
                                    unfold ? dx_unfolded.data() : dx_out, accumulate && !unfold, "backward_data", sc);
   if (unfold) fold_dx(dx_out, accumulate);
 }

@@ -154,9 +154,7 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
   for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
   for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
   unit_l1_bytes = round64(size_t(KB) * 16 * CB * T * sizeof(int32_t));  // = CB*16 * KB*T too
-  wq_bytes = round64(size_t(sh.K) * sh.C * T * sizeof(int16_t)) + 2 * unit_l1_bytes;
   wf = AlignedBuffer<int16_t>(size_t(KB) * CB * T * 256);
-  wb = AlignedBuffer<int16_t>(size_t(CB) * KB * T * 256);
   x_row_max.assign(size_t(sh.N) * CB * sh.H, 0);
   dy_row_max.assign(size_t(sh.N) * KB * OH, 0);
   x_slices = opt.activations.granularity == Granularity::slice;
@@ -182,6 +180,12 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
     plane_max.assign(size_t(sh.N) * std::max(CB, KB), 0.f);
     if (gemm) wgrad_scale.assign(size_t(KB) * CB, 1.f);
   }
+  // The weights region: wq, then (transposed wb) set_weights()'s packing of wb, then the unit L1
+  // tables.
+  const size_t wb_elems = size_t(CB) * KB * T * 256;
+  wb_bytes = wb_transposed() ? round64(wb_elems * sizeof(int16_t)) : 0;
+  if (!wb_transposed() && opt.input_gradient) wb = AlignedBuffer<int16_t>(wb_elems);
+  wq_bytes = round64(size_t(sh.K) * sh.C * T * sizeof(int16_t)) + wb_bytes + 2 * unit_l1_bytes;
   if (w_slices) {
     w_out_exp.assign(size_t(sh.K), 0);
     w_out_scale.assign(size_t(KB) * 16, 1.f);
@@ -208,7 +212,7 @@ void ConvInt16::Impl::use_workspace(void* shared) {
   DFP_CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0, Status::invalid_argument,
             "convolution '" + name + "': workspace must be 64-byte aligned");
   own_workspace = AlignedBuffer<std::byte>();
-  xq = dyq = dyp = wq = xr = nullptr;  // owned: placed on first use
+  xq = dyq = dyp = wq = xr = wbt = nullptr;  // owned: placed on first use
   dw_part = nullptr;
   if (p) place(p, p, p);  // shared: the three regions overlap
   if (p) ensure_x_pairs();  // a Model's layer: before its first step
@@ -230,7 +234,9 @@ void ConvInt16::Impl::place(std::byte* backward, std::byte* weights, std::byte* 
   dyp = reinterpret_cast<int16_t*>(backward + dyq_bytes);
   dw_part = reinterpret_cast<float*>(backward + dyq_bytes + dyp_bytes);
   xr = again ? reinterpret_cast<int16_t*>(backward + dyq_bytes + dyp_bytes + dw_part_bytes) : nullptr;
+  wbt = wb_bytes ? reinterpret_cast<int16_t*>(backward + dyq_bytes + dyp_bytes + dw_part_bytes + xr_bytes) : nullptr;
   wq = reinterpret_cast<int16_t*>(weights);
+  wb_pack = wb_transposed() ? reinterpret_cast<int16_t*>(weights + wq_bytes - 2 * unit_l1_bytes - wb_bytes) : wb.data();
   unit_l1_f = reinterpret_cast<int32_t*>(weights + wq_bytes - 2 * unit_l1_bytes);
   unit_l1_b = reinterpret_cast<int32_t*>(weights + wq_bytes - unit_l1_bytes);
   xq = reinterpret_cast<int16_t*>(input);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -30,7 +31,7 @@ void ConvInt16::Impl::set_weights(const float* w, float known_max) {
     }
   } else {
     stats.w = w_bwd = quantize_dfp16_with_max_abs(ctx, w, wq, n, known_max, step_w);
-    pack_weights(true, true);
+    pack_weights(true, opt.input_gradient);
   }
   have_w = true;
   if (shared_workspace) have_dy = have_x_fwd = false;  // wq overwrote them
@@ -108,7 +109,7 @@ void ConvInt16::Impl::pack_weights(bool fwd_layout, bool bwd_layout) {
       const int kb = static_cast<int>(u / CB), cb = static_cast<int>(u % CB);
       simd::PackWeightsArgs a{};
       a.f = fwd_layout ? wf.data() + (size_t(kb) * CB + cb) * T * 256 : nullptr;
-      a.b = bwd_layout ? wb.data() + (size_t(cb) * KB + kb) * T * 256 : nullptr;
+      a.b = bwd_layout ? wb_pack + (size_t(cb) * KB + kb) * T * 256 : nullptr;
       a.l1_f = unit_l1_f + size_t(kb) * 16 * CB * T + size_t(cb) * T;
       a.l1_f_stride = int64_t(CB) * T;
       a.l1_b = unit_l1_b + size_t(cb) * 16 * KB * T + size_t(kb) * T;
@@ -147,6 +148,30 @@ void ConvInt16::Impl::pack_weights(bool fwd_layout, bool bwd_layout) {
   // Chain tables. Packing lanes past K (or C) are zero weights: they never lengthen a window.
   if (fwd_layout) measure_chains(fwd, unit_l1_f, f_pair_max.load(), opt.activations.headroom);
   if (bwd_layout) measure_chains(bwd, unit_l1_b, b_pair_max.load(), opt.gradients.headroom);
+}
+
+// wb from wf where both hold one exponent's values (wb_transposed()): per tap, the forward unit
+// (kb, cb) has W[k][c] at (c / 2) * 32 + 2k + c % 2 (k, c in the block), and the backward-data unit
+// (cb, kb) has it at (k / 2) * 32 + 2c + k % 2: the layouts pack_weights writes from the same
+// block, so the copy has its bits. In groups of four values (64 bits), with k = 2j + p and
+// c = 2m + q: b's group (j, m) holds [2q + p] what f's group (m, j) holds at [2p + q], an 8x8
+// transpose of groups with each group's two middle values swapped.
+void ConvInt16::Impl::transpose_wf_to_wb() {
+  ctx.parallel_for(int64_t(KB) * CB, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int kb = static_cast<int>(u / CB), cb = static_cast<int>(u % CB);
+      const int16_t* f = wf.data() + (size_t(kb) * CB + cb) * T * 256;
+      int16_t* b = wbt + (size_t(cb) * KB + kb) * T * 256;
+      for (int t = 0; t < T; ++t, f += 256, b += 256)
+        for (int j = 0; j < 8; ++j)
+          for (int m = 0; m < 8; ++m) {
+            uint64_t g;
+            std::memcpy(&g, f + m * 32 + j * 4, 8);
+            g = (g & 0xFFFF00000000FFFFull) | ((g >> 16) & 0x00000000FFFF0000ull) | ((g << 16) & 0x0000FFFF00000000ull);
+            std::memcpy(b + j * 32 + m * 4, &g, 8);
+          }
+    }
+  });
 }
 
 }  // namespace dfp
