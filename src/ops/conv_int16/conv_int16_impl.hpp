@@ -366,6 +366,28 @@ struct ConvInt16::Impl {
   // x_row_step / x_col_step: rows and columns of xp between consecutive output positions (the
   // stride, or 1 where xp is subsampled); one indexing serves both forms.
   int xp_step = 1, xp_h = 0, xp_w = 0, x_row_step = 1, x_col_step = 1;
+  // An unfolded layer's xp (x_compact) holds x's own rows, not their unfolding: per image pair
+  // and row, the xc_cols columns of x with its column padding, C pairs each ([NP][H][xc_cols][C][2]).
+  // Unfolded channel c' = s * C + c at output column ow is x's channel c at padded column
+  // ow * stride_w + s: at ow * stride_w * C + c' pairs, so a block's 16 channels are 16
+  // consecutive pairs and the output columns stride_w * C pairs apart. The weight gradient
+  // broadcasts x's channels (lanes over K) and reads only those of a block (nk), so it takes this
+  // layout as it is, without the unfolding's copies of each value (a 7x7 stem's: S / stride_w,
+  // and 32 lanes for its 21 channels; 51 MB at 224x224, batch 32, against 10). Where the
+  // unfolded copies of one value could differ (stochastic rounding draws for each), per-slice
+  // exponents, lanes over C or the pairs-innermost order (which copies whole pair planes), xp is
+  // the unfolded layout.
+  bool x_compact = false;
+  int xc_cols = 0;
+  // xp's strides in int16 elements: image pair, input block, row (of xp), output column.
+  int64_t xp_pair_stride = 0, xp_block_stride = 0, xp_row_stride = 0, xp_col_stride = 32;
+  // xp at image pair p, block cb, xp row `row`, output column `col` (xp's column where not
+  // compact).
+  const int16_t* x_pairs_at(int p, int cb, int64_t row, int64_t col) const {
+    return x_pairs_data() + size_t(p) * xp_pair_stride + size_t(cb) * xp_block_stride + row * xp_row_stride +
+           col * xp_col_stride;
+  }
+  void compact_pair_row(const float* x, int p, int y, int e, const QuantOptions& qo);
   int16_t* wq = nullptr;  // the unpacked DFP16 weights, in the workspace while set_weights() packs them
   std::vector<std::pair<int, int>> tap_rows, tap_cols;  // per kernel row / column: valid output range
   int16_t *xq = nullptr, *dyq = nullptr, *dyp = nullptr;

@@ -176,6 +176,22 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
     slicing(dy_blk, wgrad_slices * KB, KB, false);
     dyq_row_max.assign(dy_row_max.size(), 0);
   }
+  x_compact = unfold && wgrad_lanes_k() && !x_slices && opt.activations.rounding != Rounding::stochastic &&
+              !wgrad_across_pairs();
+  if (x_compact) {
+    xc_cols = std::max((OW - 1) * user.stride_w + user.S, user.pad_w + user.W);
+    xp_col_stride = int64_t(user.stride_w) * user.C * 2;
+    xp_block_stride = 32;
+    xp_row_stride = int64_t(xc_cols) * user.C * 2;
+    xp_pair_stride = int64_t(sh.H) * xp_row_stride;
+    // A broadcast of a block's channels may load a whole 16-pair vector past the last row.
+    xp_elems = size_t(NP) * size_t(xp_pair_stride) + 32;
+  } else {
+    xp_col_stride = 32;
+    xp_row_stride = int64_t(xp_w) * 32;
+    xp_block_stride = int64_t(xp_h) * xp_row_stride;
+    xp_pair_stride = int64_t(CB) * xp_block_stride;
+  }
   if (x_slices || dy_slices) {
     plane_max.assign(size_t(sh.N) * std::max(CB, KB), 0.f);
     if (gemm) wgrad_scale.assign(size_t(KB) * CB, 1.f);

@@ -175,7 +175,11 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
         for (int y = 0; y < h; ++y) {
           for (int n = 2 * p; n < n1; ++n)
             for (int b = 0; b < B; ++b) quant_row(n, b, y, cnt);
-          for (int b = 0; b < B; ++b) pair_row(p, b, y);
+          if (x_compact) {
+            compact_pair_row(src, p, y, plane_e(2 * p, 0), qo);
+          } else {
+            for (int b = 0; b < B; ++b) pair_row(p, b, y);
+          }
         }
       }
       count(cnt);
@@ -351,6 +355,35 @@ __attribute__((noinline)) void ConvInt16::Impl::quant_span_row(const SpanSource&
     const int np = std::min(kSpan, w - w0);
     spans.fn(spans.producer, n, b, y, w0, np, tile);
     quant(tile, d + size_t(w0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, index_base + size_t(w0) * 16, &cnt);
+  }
+}
+
+// Row y of image pair p of the caller's x into the compact batch-pair copy (x_compact): its
+// padded columns, C pairs each, zero outside the image, quantized at exponent e. Rounding is
+// deterministic there, so each value is what the unfolded forward copy holds at every place it
+// occupies. The quantizer's counts are the forward copy's, already taken.
+void ConvInt16::Impl::compact_pair_row(const float* x, int p, int y, int e, const QuantOptions& qo) {
+  const int C = user.C;
+  const size_t plane = size_t(user.H) * user.W * 16;  // x: [N][1][H][W][16] (C < 16)
+  const float* row[2] = {x + size_t(2 * p) * plane + size_t(y) * user.W * 16,
+                         2 * p + 1 < user.N ? x + size_t(2 * p + 1) * plane + size_t(y) * user.W * 16 : nullptr};
+  int16_t* d = xp.data() + size_t(p) * xp_pair_stride + size_t(y) * xp_row_stride;
+  constexpr int kPieceCols = 64;
+  alignas(64) float tile[kPieceCols * 16 * 2];  // C <= 15 pairs per column
+  simd::QuantCounters ignored;
+  for (int c0 = 0; c0 < xc_cols; c0 += kPieceCols) {
+    const int nc = std::min(kPieceCols, xc_cols - c0);
+    float* t = tile;
+    for (int pc = c0; pc < c0 + nc; ++pc) {
+      const int w = pc - user.pad_w;
+      const bool inside = w >= 0 && w < user.W;
+      for (int c = 0; c < C; ++c, t += 2) {
+        t[0] = inside ? row[0][size_t(w) * 16 + c] : 0.f;
+        t[1] = inside && row[1] ? row[1][size_t(w) * 16 + c] : 0.f;
+      }
+    }
+    const size_t len = size_t(nc) * C * 2;
+    ctx.kernels().quantize.fn(tile, d + size_t(c0) * C * 2, len, e, qo.rounding, qo.seed, 0, &ignored);
   }
 }
 

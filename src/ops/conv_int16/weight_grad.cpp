@@ -125,8 +125,8 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   simd::PairKernelArgs base{};
   base.dw_k = direct ? sh.C : dw_k;
   base.nk = 16;
-  base.x_row = int64_t(x_row_step) * xp_w * 32;
-  base.x_col = int64_t(x_col_step) * 32;
+  base.x_row = int64_t(x_row_step) * xp_row_stride;
+  base.x_col = int64_t(x_col_step) * xp_col_stride;
   base.dy_col = 32;
   base.chain = chain;
   // Partials are sums in units of the scale, which sum_into_dw applies: a flush into them is
@@ -168,8 +168,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     if (lo_r >= hi_r || lo_c >= hi_c) return false;
     a.rows = hi_r - lo_r;
     a.cols = hi_c - lo_c;
-    a.x = x_pairs_data() + (((size_t(p) * CB + cb) * xp_h + size_t(lo_r) * x_row_step + r - sh.pad_h) * xp_w +
-                       size_t(lo_c) * x_col_step + s2 - sh.pad_w) * 32;
+    a.x = x_pairs_at(p, cb, int64_t(lo_r) * x_row_step + r - sh.pad_h, int64_t(lo_c) * x_col_step + s2 - sh.pad_w);
     return true;
   };
   // The kernel on a (x, dy, chain and scale set) into dW block (kb, cb) of tap t in acc; with lanes
@@ -199,7 +198,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     int chains[kWgradPlanes][kWgradKbGroup], l1_rows[kWgradPlanes][kWgradKbGroup];
     const int ih0 = -sh.pad_h, ih1 = (OH - 1) * sh.stride_h - sh.pad_h + sh.R;
     a.dy_row = int64_t(OW) * 32;
-    a.x_plane = int64_t(CB) * xp_h * xp_w * 32;
+    a.x_plane = xp_pair_stride;
     a.dy_plane = int64_t(KB) * OH * OW * 32;
     a.plane_chain = plane_chain;
     for (int q0 = p0; q0 < p1; q0 += kWgradPlanes) {
@@ -246,6 +245,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   // pair's line in one L1 set), so each chunk's pairs are first copied next to each other: x of
   // one input block, dy of the group's output blocks.
   auto reduce_across_pairs = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
+    DFP_CHECK(!x_compact, Status::internal, "convolution '" + name + "': pairs innermost on a compact x copy");
     const int ih0 = -sh.pad_h, ih1 = (OH - 1) * sh.stride_h - sh.pad_h + sh.R;
     const size_t x_pair = size_t(xp_h) * xp_w * 32, dy_pair = size_t(OH) * OW * 32;
     const int chunk = across_pairs_chunk();
@@ -434,10 +434,10 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         // repeated, not a wrong result.
         const char *next_x = nullptr, *x_end = nullptr;
         size_t x_share = 0;  // bytes per call
-        if (cb + 1 < CB) {
+        if (cb + 1 < CB && !x_compact) {  // a compact x: the next block's pairs are in the same lines
           const int r0 = std::max(0, oh0 * x_row_step - sh.pad_h);
           const int r1 = std::min(xp_h, (oh1 - 1) * x_row_step - sh.pad_h + sh.R);
-          next_x = reinterpret_cast<const char*>(x_pairs_data() + ((size_t(p) * CB + cb + 1) * xp_h + r0) * xp_w * 32);
+          next_x = reinterpret_cast<const char*>(x_pairs_at(p, cb + 1, r0, 0));
           const size_t lines = size_t(std::max(0, r1 - r0)) * xp_w;  // 64 bytes per position
           const size_t calls = size_t(T) * (kg1 - kg);
           x_share = (lines + calls - 1) / calls * 64;
