@@ -31,8 +31,10 @@ inline const std::vector<ConvShape>& edge_shapes() {
       make(1, 3, 9, 7, 20, 3, 3, 1, 1),   make(3, 5, 10, 11, 16, 3, 3, 2, 1), make(2, 17, 6, 5, 33, 1, 1, 1, 0),
       make(2, 16, 8, 8, 32, 1, 1, 2, 0),  make(1, 3, 15, 13, 8, 7, 7, 2, 3),
       // A 7x7 stem's two blocks of unfolded channels with the weight gradient's lanes over K: x's
-      // batch-pair copy is its own padded rows (x_compact), odd batch.
-      make(3, 3, 15, 13, 40, 7, 7, 2, 3),
+      // batch-pair copy is its own padded rows (x_compact), odd batch; with small images the
+      // weight gradient runs the pairs as planes, split by slices; with OW > 18 and four output
+      // blocks (ResNet-50's stem form) in position tiles, split by output blocks.
+      make(3, 3, 15, 13, 40, 7, 7, 2, 3), make(3, 3, 40, 40, 64, 7, 7, 2, 3),
       // strided 1x1 (the weight gradient's subsampled x): odd batch, odd sizes, strides 2 and 3
       make(3, 20, 9, 7, 24, 1, 1, 2, 0),  make(3, 33, 10, 11, 16, 1, 1, 3, 0),  make(2, 8, 19, 19, 16, 11, 11, 4, 2),
       make(2, 32, 9, 9, 16, 5, 5, 1, 2),  make(3, 64, 4, 30, 48, 3, 3, 1, 1), make(5, 40, 1, 1, 24, 1, 1, 1, 0),

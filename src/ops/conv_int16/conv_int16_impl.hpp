@@ -339,8 +339,9 @@ struct ConvInt16::Impl {
   // (Granularity::tensor): backward_data() writes them into the backward region (wbt, after xr)
   // from wf, so they do not persist between steps (a ResNet-50's 23.5 M weights: 47 MB); with
   // per-channel exponents (Granularity::slice) wb is its own quantization and persists.
-  // set_weights() packs that layout once still, into the weights region (after the unit L1
-  // tables), for its norms: the chain tables are measured from them.
+  // set_weights() packs that layout once still, into the weights region (after wq, before the
+  // unit L1 tables), for its norms: the chain tables are measured from them. An operator that
+  // owns its workspace keeps both regions apart, so it holds wb twice; a Model's layers share one.
   int16_t *wbt = nullptr, *wb_pack = nullptr;
   size_t wb_bytes = 0;
   bool wb_transposed() const { return !w_slices && opt.input_gradient; }

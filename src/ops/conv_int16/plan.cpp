@@ -184,7 +184,8 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
     xp_block_stride = 32;
     xp_row_stride = int64_t(xc_cols) * user.C * 2;
     xp_pair_stride = int64_t(sh.H) * xp_row_stride;
-    // A broadcast of a block's channels may load a whole 16-pair vector past the last row.
+    // The pair kernels broadcast only a block's nk channels; the 32 elements of slack keep a
+    // whole-vector load of the last position's block inside the buffer all the same.
     xp_elems = size_t(NP) * size_t(xp_pair_stride) + 32;
   } else {
     xp_col_stride = 32;
