@@ -163,8 +163,9 @@ class ConvInt16 {
   // Where recompute_input_pairs() is in effect: computes the weight gradient's copy of x now,
   // after quantize_grad_output() (it lives beside dy's copies), so that a caller can time it apart
   // from the weight-gradient pass; backward_weights() computes it itself when this was not called
-  // since quantize_grad_output(). Does nothing otherwise.
-  void recompute_input();
+  // since quantize_grad_output(). Returns whether it computed the copy: false, doing nothing,
+  // where recompute_input_pairs() is not in effect.
+  bool recompute_input();
 
   // Transient buffers -- x's padded copy for the forward pass; dy's two copies, the weight-
   // gradient partials and (with one weight exponent) backward-data's packing of the weights for

@@ -212,10 +212,9 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     clock.lap(parts_.quantize_dy);
     if (dx) q_->backward_data(dx, st.accumulate_dx & 1);
     clock.lap(parts_.backward_data);
-    if (recomputes_) {  // the weight gradient's copy of x, where the layer keeps none
-      q_->recompute_input();
-      clock.lap(parts_.quantize_x);
-    }
+    // The weight gradient's copy of x, where the layer keeps none; elsewhere the call does
+    // nothing, and no lap puts that into quantize_x.
+    if (q_->recompute_input()) clock.lap(parts_.quantize_x);
     q_->backward_weights(gw);
     clock.lap(parts_.backward_weights);
     if (st.sample)
@@ -251,10 +250,7 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     input_taken_ = true;
   }
   bool input_taken() const override { return input_taken_; }
-  bool recompute_input(InputSpanFn again, void* producer) override {
-    recomputes_ = q_->recompute_input_pairs(again, producer);
-    return recomputes_;
-  }
+  bool recompute_input(InputSpanFn again, void* producer) override { return q_->recompute_input_pairs(again, producer); }
   const LayerTime::Int16Parts& parts() const override { return parts_; }
   void reset_parts() override { parts_ = {}; }
 
@@ -264,7 +260,6 @@ class Int16Op final : public WeightedOp, public Int16Operation {
   size_t w_count_, in_size_, out_size_;
   std::unique_ptr<ConvInt16> q_;
   bool input_taken_ = false;  // the input was quantized by the producer in this step
-  bool recomputes_ = false;   // the weight gradient's copy of x is computed again (recompute_input)
   LayerTime::Int16Parts parts_;
 };
 

@@ -667,7 +667,9 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
         dx[k].assign(xb.size(), 0.f);
         dw[k].assign(w.size(), 0.f);
         c.backward_data(dx[k].data());
-        if (k < 2) c.recompute_input();  // nothing to do where k = 0; where k = 2 backward_weights does it
+        if (k < 2) {  // nothing to do where k = 0; where k = 2 backward_weights does it
+          EXPECT_EQ(c.recompute_input(), k == 1);
+        }
         const int recomputed = p.calls.load();
         c.backward_weights(dw[k].data());
         st[k] = c.stats();

@@ -38,7 +38,7 @@ bool ConvInt16::accepts_input_spans() const noexcept { return !impl_->unfold; }
 bool ConvInt16::recompute_input_pairs(InputSpanFn again, void* producer) {
   return impl_->recompute_input_pairs(again, producer);
 }
-void ConvInt16::recompute_input() { impl_->recompute_x_pairs(); }
+bool ConvInt16::recompute_input() { return impl_->recompute_x_pairs(); }
 void ConvInt16::quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs) {
   impl_->quantize_input_spans(fn, producer, max_abs, plane_max_abs);
 }

@@ -623,7 +623,7 @@ struct ConvInt16::Impl {
   void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes);
   void quantize_grad_output(const float* dy, float known_max, const float* known_planes);
   bool recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer);
-  void recompute_x_pairs();  // xr from `again`, at the forward's exponent (backward_weights)
+  bool recompute_x_pairs();  // xr from `again`, at the forward's exponent (backward_weights)
 
   // ---- passes (pixel_pass.cpp, weight_grad.cpp) ---------------------------------------------
   // Runs call(args, item) for items [0, n) on the context's threads. Each range of items works on

@@ -150,7 +150,6 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
   xp_w = xp_step > 1 ? OW : sh.W;
   x_row_step = sh.stride_h / xp_step;
   x_col_step = sh.stride_w / xp_step;
-  xp_elems = size_t(NP) * CB * xp_h * xp_w * 32;  // allocated once the Model has linked the layer (ensure_x_pairs)
   for (int r = 0; r < sh.R; ++r) tap_rows.push_back(valid_outputs(r, sh.pad_h, sh.stride_h, sh.H, OH));
   for (int c = 0; c < sh.S; ++c) tap_cols.push_back(valid_outputs(c, sh.pad_w, sh.stride_w, sh.W, OW));
   unit_l1_bytes = round64(size_t(KB) * 16 * CB * T * sizeof(int32_t));  // = CB*16 * KB*T too
@@ -184,15 +183,16 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
     xp_block_stride = 32;
     xp_row_stride = int64_t(xc_cols) * user.C * 2;
     xp_pair_stride = int64_t(sh.H) * xp_row_stride;
-    // The pair kernels broadcast only a block's nk channels; the 32 elements of slack keep a
-    // whole-vector load of the last position's block inside the buffer all the same.
-    xp_elems = size_t(NP) * size_t(xp_pair_stride) + 32;
   } else {
     xp_col_stride = 32;
     xp_row_stride = int64_t(xp_w) * 32;
     xp_block_stride = int64_t(xp_h) * xp_row_stride;
     xp_pair_stride = int64_t(CB) * xp_block_stride;
   }
+  // Allocated once the Model has linked the layer (ensure_x_pairs). The pair kernels broadcast
+  // only a block's nk channels; a compact copy's 32 elements of slack keep a whole-vector load of
+  // the last position's block inside the buffer all the same.
+  xp_elems = size_t(NP) * size_t(xp_pair_stride) + (x_compact ? 32 : 0);
   if (x_slices || dy_slices) {
     plane_max.assign(size_t(sh.N) * std::max(CB, KB), 0.f);
     if (gemm) wgrad_scale.assign(size_t(KB) * CB, 1.f);

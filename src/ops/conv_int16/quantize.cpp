@@ -609,8 +609,8 @@ bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* pro
 // Granularity::slice the forward's exponent per image pair and block). With one exponent the row
 // maxima are the forward copy's already; with slices this copy's own are measured here, and its
 // figures (x_pairs) too.
-void ConvInt16::Impl::recompute_x_pairs() {
-  if (!again) return;
+bool ConvInt16::Impl::recompute_x_pairs() {
+  if (!again) return false;
   require(have_x, "recompute_input", "quantize_input()");
   require(have_dy, "recompute_input", "quantize_grad_output()");
   DFP_CHECK(std::isfinite(x_pairs.max_abs) && x_pairs.max_abs >= 0.f, Status::internal,
@@ -625,6 +625,7 @@ void ConvInt16::Impl::recompute_x_pairs() {
     x_pairs.nonfinite = st.nonfinite;
     x_pairs.max_abs_int = st.max_abs_int;
   }
+  return true;
 }
 
 void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max, const float* known_planes) {
