@@ -247,7 +247,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   auto reduce_across_pairs = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
     DFP_CHECK(!x_compact, Status::internal, "convolution '" + name + "': pairs innermost on a compact x copy");
     const int ih0 = -sh.pad_h, ih1 = (OH - 1) * sh.stride_h - sh.pad_h + sh.R;
-    const size_t x_pair = size_t(xp_h) * xp_w * 32, dy_pair = size_t(OH) * OW * 32;
+    const size_t x_pair = size_t(xp_block_stride), dy_pair = size_t(OH) * OW * 32;  // one plane of one block
     const int chunk = across_pairs_chunk();
     alignas(64) int16_t tiles[kAcrossPairsTileBytes / sizeof(int16_t)];
     int16_t* const xt = tiles;
@@ -267,9 +267,9 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           dy_bound[kb - kg] = dy_max(c0, c1, kb, 0, OH);
         }
         for (int cb = 0; cb < CB; ++cb) {
-          const int16_t* x_cb = x_pairs_data() + (size_t(c0) * CB + cb) * x_pair;
+          const int16_t* x_cb = x_pairs_at(c0, cb, 0, 0);
           for (int p = c0; p < c1; ++p)
-            std::memcpy(xt + (p - c0) * x_pair, x_cb + size_t(p - c0) * CB * x_pair, x_pair * sizeof(int16_t));
+            std::memcpy(xt + (p - c0) * x_pair, x_pairs_at(p, cb, 0, 0), x_pair * sizeof(int16_t));
           const int32_t x_bound = x_max(c0, c1, cb, ih0, ih1);
           for (int t = 0; t < T; ++t)
             for (int oh = 0; oh < OH; ++oh) {
