@@ -384,6 +384,13 @@ using Dfp16RowsFn = void (*)(const float* src, float* dst, size_t rows, size_t l
                              size_t block, int headroom, Rounding r, int* exp_min, int* exp_max);
 
 using PixelKernelFn = void (*)(const PixelKernelArgs&);
+// `count` pixel-kernel calls that share their weights: the same wei, wei_ob, wei_ib, nob, taps
+// (tap_src, tap_wei, ntaps), nib, pairs, npix, src_pix, dst_ob, dst_pix and accumulate; each
+// with its own src, dst, chain, scale, lane_scale and pixel_scale. The results are those of the
+// calls one by one, each with its own flush points. Small calls (a 4x4 image's rows: 4 pixels,
+// 8 accumulators) read their weights from L2 once per call; a level may run several in one pass
+// over the weights instead (docs/design/kernels.md).
+using PixelCallsFn = void (*)(const PixelKernelArgs* calls, int count);
 using PairKernelFn = void (*)(const PairKernelArgs&);
 
 // ---- FP32 baseline: convolution and inner product -------------------------------------------

@@ -6,6 +6,7 @@
 namespace dfp::simd::avx512 {
 void conv_s16_pixel_bw(const PixelKernelArgs& a) { pixel_entry<DotBw>(a); }
 void conv_s16_pair_bw(const PairKernelArgs& a) { pair_entry<DotBw>(a); }
+void conv_s16_pixel_calls_bw(const PixelKernelArgs* calls, int count) { pixel_calls_entry<DotBw>(calls, count); }
 
 // A position is one vector: |v| as unsigned words (VPABSW leaves -32768 as 0x8000 = 32768), each
 // lane's two words added as INT32 halves. Two sums alternate positions, for two add chains.

@@ -281,6 +281,100 @@ void pixel_entry(const PixelKernelArgs& a) {
     pixel_dispatch_npix<Dot, 1>(a, std::make_integer_sequence<int, max_pixels(1)>{});
 }
 
+// ---- several pixel-kernel calls over one pass of their weights ------------------------------
+
+// CALLS calls of one output-block group (PixelCallsFn), each of NPIX pixels, two output blocks,
+// every channel pair, a source pixel stride of 16 and chains of whole (block, tap) units: each
+// call's accumulators, flushes and scale as pixel_kernel's, the weights loaded once for all of
+// them. A 4x4 image's row of 4 pixels (8 accumulators) otherwise reads its group's weights (295 KB
+// for 512 channels, 3x3) from L2 for every 4 pixels: on one core, two or three such calls ran
+// 1.2-1.5x faster this way (docs/design/kernels.md).
+template <class Dot, int NPIX, int CALLS, bool ACC>
+void pixel_calls_kernel(const PixelKernelArgs* c) {
+  constexpr int NOB = 2;
+  PixelAcc<NOB, NPIX> acc[CALLS];
+  FlushDst fd[CALLS];
+  const int16_t* src[CALLS];
+  int pending[CALLS], chain[CALLS];
+  bool flushed[CALLS];
+#pragma GCC unroll 4
+  for (int k = 0; k < CALLS; ++k) {
+#pragma GCC unroll 32
+    for (int i = 0; i < NOB * NPIX; ++i) acc[k].v[i] = _mm512_setzero_si512();
+    fd[k] = FlushDst{c[k].dst, c[k].dst_ob, c[k].dst_pix, c[k].scale, c[k].lane_scale, c[k].pixel_scale};
+    src[k] = c[k].src;
+    pending[k] = 0;
+    chain[k] = c[k].chain;
+    flushed[k] = false;
+#pragma GCC unroll 2
+    for (int ob = 0; ob < NOB; ++ob)
+#pragma GCC unroll 32
+      for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(c[k].dst + ob * c[k].dst_ob + p * c[k].dst_pix)));
+  }
+  const PixelKernelArgs& a = c[0];  // the shared weights, taps and strides
+  for (int ib = 0; ib < a.nib; ++ib) {
+    const int16_t* wei_ib = a.wei + ib * a.wei_ib;
+    for (int t = 0; t < a.ntaps; ++t) {
+      const int16_t* w = wei_ib + int64_t{a.tap_wei[t]} * 256;
+      const int16_t* s[CALLS];
+#pragma GCC unroll 4
+      for (int k = 0; k < CALLS; ++k) s[k] = src[k] + ib * a.src_ib + a.tap_src[t];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i w0 = _mm512_loadu_si512(w + 32 * j);
+        const __m512i w1 = _mm512_loadu_si512(w + a.wei_ob + 32 * j);
+#pragma GCC unroll 4
+        for (int k = 0; k < CALLS; ++k)
+#pragma GCC unroll 32
+          for (int p = 0; p < NPIX; ++p) {
+            Dot::step_tight(acc[k].v[p], w0, s[k] + p * 16 + 2 * j);
+            Dot::step_tight(acc[k].v[NPIX + p], w1, s[k] + p * 16 + 2 * j);
+          }
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < CALLS; ++k) {
+        pending[k] += 8;
+        if (pending[k] == chain[k]) {
+          pixel_flush_mid(acc[k], fd[k], ACC, flushed[k]);
+          flushed[k] = true;
+          pending[k] = 0;
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < CALLS; ++k) pixel_flush_end(acc[k], fd[k], ACC, flushed[k], pending[k]);
+}
+
+template <class Dot, int CALLS, bool ACC, int... P>
+void pixel_calls_dispatch(const PixelKernelArgs* c, std::integer_sequence<int, P...>) {
+  using Fn = void (*)(const PixelKernelArgs*);
+  static constexpr Fn table[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC>...};
+  table[c[0].npix - 1](c);
+}
+
+// Two or three calls in one pass where their accumulators fit in registers beside the two weight
+// vectors (at most 28) and they take pixel_calls_kernel's form; otherwise (and with the BW step,
+// whose temporaries leave no room) the calls one by one.
+template <class Dot>
+void pixel_calls_entry(const PixelKernelArgs* c, int count) {
+  if constexpr (Dot::kNoTemps) {
+    const PixelKernelArgs& a = c[0];
+    bool fused = (count == 2 || count == 3) && a.nob == 2 && a.pairs == 8 && a.src_pix == 16 &&
+                 2 * count * a.npix <= kPixelAccumulators;
+    for (int k = 0; fused && k < count; ++k) fused = c[k].chain % 8 == 0 && !c[k].stream;
+    if (fused) {
+      constexpr auto two = std::make_integer_sequence<int, kPixelAccumulators / 4>{};
+      constexpr auto three = std::make_integer_sequence<int, kPixelAccumulators / 6>{};
+      if (count == 2 && a.accumulate) return pixel_calls_dispatch<Dot, 2, true>(c, two);
+      if (count == 2) return pixel_calls_dispatch<Dot, 2, false>(c, two);
+      if (a.accumulate) return pixel_calls_dispatch<Dot, 3, true>(c, three);
+      return pixel_calls_dispatch<Dot, 3, false>(c, three);
+    }
+  }
+  for (int k = 0; k < count; ++k) pixel_entry<Dot>(c[k]);
+}
+
 // ---- pair kernel (weight gradient) ---------------------------------------------------------
 
 // PREFETCH: the call fetches a.prefetch's lines (instantiated for 16 rows, and for the 8-row

@@ -6,4 +6,5 @@
 namespace dfp::simd::avx512vnni {
 void conv_s16_pixel(const PixelKernelArgs& a) { pixel_entry<DotVnni>(a); }
 void conv_s16_pair(const PairKernelArgs& a) { pair_entry<DotVnni>(a); }
+void conv_s16_pixel_calls(const PixelKernelArgs* calls, int count) { pixel_calls_entry<DotVnni>(calls, count); }
 }  // namespace dfp::simd::avx512vnni

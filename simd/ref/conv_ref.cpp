@@ -96,6 +96,10 @@ void conv_s16_pixel(const PixelKernelArgs& a) {
   }
 }
 
+void conv_s16_pixel_calls(const PixelKernelArgs* calls, int count) {
+  for (int i = 0; i < count; ++i) conv_s16_pixel(calls[i]);
+}
+
 void conv_s16_pair(const PairKernelArgs& a) {
   for (int k = 0; k < a.nk; ++k) {
     for (int l = 0; l < 16; ++l) {

@@ -238,3 +238,78 @@ TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
   }
   EXPECT_EQ(cases, 5 * 4 * 3 * 4 * 2);
 }
+
+// Several pixel-kernel calls that share their weights (PixelCallsFn) at every level against the
+// reference's calls one by one: the AVX-512 levels run two or three calls of at most 7 or 4
+// pixels over one pass of the weights, each call with its own source, output, chain, scale and
+// lane and pixel scales; the rest (one output block, partial channel pairs, a source stride
+// other than 16, chains not of whole units, more pixels) run the calls one by one. Full-range
+// operands, so every call's own flush points show in the FP32 rounding, and chains that differ
+// between the calls of one group.
+TEST(ConvInt16, PixelCallsAreTheCallsOneByOneAtEveryLevel) {
+  const CpuFeatures cpu = detect_cpu_features();
+  uint32_t seed = 900;
+  auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
+  const int nib = 3, ntaps = 3, max_calls = 3;
+  const int64_t tap_span = 40, wei_ib = ntaps * 256, wei_ob = nib * wei_ib;
+  const int64_t tap_src[ntaps] = {0, tap_span, 2 * tap_span - 16};
+  const int32_t tap_wei[ntaps] = {2, 0, 1};
+  const std::vector<int16_t> wei = operands(size_t(2 * wei_ob));
+  const std::vector<float> lane_scale = {0x1p-3f, 0x1p-1f, 0x1p2f, 1.f, 0x1p-2f, 0x1p1f, 1.f, 0x1p-4f,
+                                         1.f,     0x1p3f,  0x1p-1f, 1.f, 0x1p2f, 1.f,    0x1p-3f, 1.f,
+                                         0x1p1f,  1.f,     0x1p-2f, 1.f, 0x1p-1f, 1.f,   0x1p2f,  1.f,
+                                         1.f,     0x1p-3f, 1.f,     0x1p1f, 1.f,  0x1p-2f, 1.f,   0x1p3f};
+  const std::vector<float> pixel_scale = {0x1p1f, 1.f, 0x1p-2f, 1.f, 0x1p3f, 0x1p-1f, 1.f, 0x1p2f};
+  for (int nob : {1, 2}) {
+    for (int npix = 1; npix <= 8; ++npix) {
+      for (int variant = 0; variant < 4; ++variant) {  // 0: the fused form; 1-3: what it declines
+        const int pairs = variant == 1 ? 5 : 8;
+        const int64_t src_pix = variant == 2 ? 32 : 16;
+        const int64_t src_ib = src_pix * 8 + 64;
+        std::vector<std::vector<int16_t>> src;
+        for (int k = 0; k < max_calls; ++k) src.push_back(operands(size_t(nib * src_ib + 2 * tap_span + 64)));
+        for (int count = 1; count <= max_calls; ++count) {
+          for (bool accumulate : {false, true}) {
+            for (bool scales : {false, true}) {
+              const int64_t dst_pix = 16, dst_ob = 16 * 8;
+              const std::vector<float> start = random_vec(size_t(max_calls * 2 * dst_ob), seed++, -1e6f, 1e6f);
+              simd::PixelKernelArgs calls[max_calls];
+              std::vector<float> want = start;
+              for (int k = 0; k < count; ++k) {
+                simd::PixelKernelArgs& a = calls[k];
+                a = simd::PixelKernelArgs{};
+                a.src = src[size_t(k)].data(); a.wei = wei.data(); a.tap_src = tap_src; a.tap_wei = tap_wei;
+                a.ntaps = ntaps; a.nib = nib; a.pairs = pairs; a.src_ib = src_ib; a.src_pix = src_pix;
+                a.wei_ob = wei_ob; a.wei_ib = wei_ib; a.dst_ob = dst_ob; a.dst_pix = dst_pix;
+                a.npix = npix; a.nob = nob; a.accumulate = accumulate;
+                // Chains of whole units (8 steps) that differ between the calls; variant 3 one step.
+                a.chain = variant == 3 ? 1 + k : pairs * (1 + 2 * k);
+                a.scale = k == 1 ? 0x1p-18f : 0x1p-20f;
+                if (scales) {
+                  a.lane_scale = lane_scale.data() + 4 * k;
+                  a.pixel_scale = pixel_scale.data() + k;
+                }
+                a.dst = want.data() + size_t(k) * 2 * dst_ob;
+                simd::ref::conv_s16_pixel(a);
+              }
+              for (Isa isa : kIsaLevels) {
+                if (!cpu.supports(isa)) continue;
+                const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+                std::vector<float> got = start;
+                simd::PixelKernelArgs c[max_calls];
+                for (int k = 0; k < count; ++k) {
+                  c[k] = calls[k];
+                  c[k].dst = got.data() + size_t(k) * 2 * dst_ob;
+                }
+                t.conv_s16_pixel_calls.fn(c, count);
+                ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+                    << t.conv_s16_pixel_calls.name << " nob " << nob << " npix " << npix << " variant " << variant
+                    << " calls " << count << " accumulate " << accumulate << " scales " << scales;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}

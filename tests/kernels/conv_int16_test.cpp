@@ -339,6 +339,25 @@ TEST(ConvInt16, ChainsFollowTheRowsEachCallReads) {
     Context ctx(ContextOptions{.threads = 2});
     EXPECT_EQ(run_verified_exact(ctx, s, x, w, dy).stats.x.max_abs_int, 6144);
   }
+  // 4x4 images: a row's calls of three images (then two) run over one pass of the weights
+  // (PixelPass::images_per_item), each image's call with the chain of its own rows. Image 2's big
+  // row (x) and image 1's (dy) share their items with small images; a call that took another
+  // image's bound would overflow.
+  const ConvShape s = make(5, 64, 4, 4, 64, 3, 3, 1, 1);
+  SCOPED_TRACE(describe(s));
+  const float big = 1.5f, small = 1.5f / 64;
+  std::vector<float> x(size_t(s.N) * s.C * 16), dy(size_t(s.N) * s.K * 16);
+  const std::vector<float> w(size_t(s.K) * s.C * 9, big);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t n = i / (size_t(s.C) * 16), h = i / 4 % 4;
+    x[i] = n == 4 || (n == 2 && h == 1) ? big : small;
+  }
+  for (size_t i = 0; i < dy.size(); ++i) {
+    const size_t n = i / (size_t(s.K) * 16), h = i / 4 % 4;
+    dy[i] = n == 4 || (n == 1 && h == 2) ? big : small;
+  }
+  Context ctx(ContextOptions{.threads = 2});
+  EXPECT_EQ(run_verified_exact(ctx, s, x, w, dy).stats.x.max_abs_int, 6144);
 }
 
 // Images whose weight-gradient tile is the whole output (8x8 here) run their image pairs as one

@@ -103,6 +103,9 @@ constexpr int kUnfoldPixels = 64;   // pixels per gather tile of the column unfo
 // tiles are faster than image tiles. Figures: docs/design/kernels.md, "Tiling and weight packing".
 constexpr int kImageTileMaxRow = 2;
 constexpr int kImageTileNarrow = 8;
+// Images whose row calls one pixel-pass item runs over one pass of the weights, at most
+// (PixelPass::images_per_item).
+constexpr int kMaxImagesPerItem = 3;
 // Row calls take the weights of at most this many bytes of output-block groups per item (at least
 // one group), so that they stay in L2 across a thread's items (under Zen 2's 512 KiB, the smallest
 // L2 of the CPUs dfp runs on).
@@ -317,7 +320,10 @@ struct ConvInt16::Impl {
   struct PixelPass {
     std::vector<Phase> phases;
     std::vector<RowBlocks> blocks;    // per phase
-    std::vector<int64_t> row_begin;   // prefix sums over phases of N * (ni rows + edge-column calls)
+    // Row calls run images_per_item images at a time (the same row of each, its calls over one
+    // pass of the weights: PixelCallsFn) where they are short; items are those groups of images.
+    int images_per_item = 1;
+    std::vector<int64_t> row_begin;   // prefix sums over phases of groups * (ni rows + edge-column calls)
     std::vector<int64_t> pos_begin;   // prefix sums of ni * nj over phases
     bool image_tiles = false;         // every phase's rows are short: tile over images instead
     int in_channels = 0, in_blocks = 0, out_blocks = 0;
@@ -536,6 +542,9 @@ struct ConvInt16::Impl {
 
   simd::PixelKernelFn pixel_fn() const {
     return opt.verify ? &simd::ref::conv_s16_pixel : ctx.kernels().conv_s16_pixel.fn;
+  }
+  simd::PixelCallsFn pixel_calls_fn() const {
+    return opt.verify ? &simd::ref::conv_s16_pixel_calls : ctx.kernels().conv_s16_pixel_calls.fn;
   }
   simd::PairKernelFn pair_fn() const {
     return opt.verify ? &simd::ref::conv_s16_pair : ctx.kernels().conv_s16_pair.fn;

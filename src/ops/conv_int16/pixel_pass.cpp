@@ -53,6 +53,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
                                     const int16_t* row_max, const int16_t* wei, float* dst, bool accumulate,
                                     const char* pass, const PassScales& sc) {
   const auto fn = pixel_fn();
+  const auto calls_fn = pixel_calls_fn();
   simd::PixelKernelArgs base{};
   base.chain = choose_chains(pp, src_stats.max_abs_int);
   if (sc.image || sc.lane) check_scales(sc, pass);
@@ -133,45 +134,63 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
     while (r >= pp.row_begin[q + 1]) ++q;
     const Phase& p = pp.phases[q];
     a.stream = stream_zeros && p.tap_wei.empty();
+    // Item r: one call of each of up to images_per_item images, the same row or edge column.
     const int64_t local = r - pp.row_begin[q], per_image = p.ni + p.edges.calls();
-    const int n = static_cast<int>(local / per_image);
-    const int16_t* src_n = src + n * pp.src_img;
-    float* dst_n = dst + n * pp.dst_img + p.dst_off;
-    if (sc.image) a.scale = base.scale * sc.image[n];  // a call reads one image
-    if (local % per_image >= p.ni) {  // an edge column's call: pixels down its rows
-      int i0;
-      const EdgeColumns::Column& col = p.edges.use(a, local % per_image - p.ni, i0);
-      a.chain = col.chain.for_bound(bound(p, n, i0, i0 + a.npix));
-      a.src_pix = pp.src_row;
-      a.dst_pix = pp.dst_row;
-      a.src = src_n + i0 * pp.src_row + col.col * pp.src_col;
-      for (int g = g0; g < g1; ++g) {
-        a.nob = std::min(2, pp.out_blocks - 2 * g);
-        a.wei = wei + g * wei_group;
-        if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
-        a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
-        fn(a);
+    const int n0 = static_cast<int>(local / per_image) * pp.images_per_item;
+    const int images = std::min(pp.images_per_item, sh.N - n0);
+    const int call = static_cast<int>(local % per_image);
+    if (call >= p.ni) {  // an edge column's call: pixels down its rows, image by image
+      for (int n = n0; n < n0 + images; ++n) {
+        const int16_t* src_n = src + n * pp.src_img;
+        float* dst_n = dst + n * pp.dst_img + p.dst_off;
+        if (sc.image) a.scale = base.scale * sc.image[n];  // a call reads one image
+        int i0;
+        const EdgeColumns::Column& col = p.edges.use(a, call - p.ni, i0);
+        a.chain = col.chain.for_bound(bound(p, n, i0, i0 + a.npix));
+        a.src_pix = pp.src_row;
+        a.dst_pix = pp.dst_row;
+        a.src = src_n + i0 * pp.src_row + col.col * pp.src_col;
+        for (int g = g0; g < g1; ++g) {
+          a.nob = std::min(2, pp.out_blocks - 2 * g);
+          a.wei = wei + g * wei_group;
+          if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
+          a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
+          fn(a);
+        }
       }
       return;
     }
-    const int i = static_cast<int>(local % per_image);
-    a.src_pix = pp.src_col;
-    a.dst_pix = pp.dst_col;
-    use_row_group(a, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), bound(p, n, i, i + 1));
-    const int16_t* src_row = src_n + i * pp.src_row;
-    float* dst_row = dst_n + i * pp.dst_row;
+    // Row i of each image: its own taps' chain from its own rows' bound, and its own scale.
+    const int i = call;
+    simd::PixelKernelArgs calls[kMaxImagesPerItem];
+    for (int m = 0; m < images; ++m) {
+      simd::PixelKernelArgs& c = calls[m];
+      c = a;
+      if (sc.image) c.scale = base.scale * sc.image[n0 + m];  // a call reads one image
+      c.src_pix = pp.src_col;
+      c.dst_pix = pp.dst_col;
+      use_row_group(c, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), bound(p, n0 + m, i, i + 1));
+    }
+    const RowBlocks& rb = pp.blocks[q];
     for (int g = g0; g < g1; ++g) {
-      a.nob = std::min(2, pp.out_blocks - 2 * g);
-      const RowBlocks& rb = pp.blocks[q];
-      const auto& bs = a.nob == 2 ? rb.start2 : rb.start1;
-      const auto& bl = a.nob == 2 ? rb.len2 : rb.len1;
-      a.wei = wei + g * wei_group;
-      if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
+      const int nob = std::min(2, pp.out_blocks - 2 * g);
+      const auto& bs = nob == 2 ? rb.start2 : rb.start1;
+      const auto& bl = nob == 2 ? rb.len2 : rb.len1;
       for (size_t b = 0; b < bs.size(); ++b) {
-        a.npix = bl[b];
-        a.src = src_row + bs[b] * pp.src_col;
-        a.dst = dst_row + 2 * g * pp.dst_ob + bs[b] * pp.dst_col;
-        fn(a);
+        for (int m = 0; m < images; ++m) {
+          simd::PixelKernelArgs& c = calls[m];
+          const int n = n0 + m;
+          c.nob = nob;
+          c.wei = wei + g * wei_group;
+          if (sc.lane) c.lane_scale = sc.lane + 2 * g * 16;
+          c.npix = bl[b];
+          c.src = src + n * pp.src_img + i * pp.src_row + bs[b] * pp.src_col;
+          c.dst = dst + n * pp.dst_img + p.dst_off + i * pp.dst_row + 2 * g * pp.dst_ob + bs[b] * pp.dst_col;
+        }
+        if (images == 1)
+          fn(calls[0]);
+        else
+          calls_fn(calls, images);
       }
     }
   });

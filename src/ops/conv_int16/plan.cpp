@@ -370,8 +370,22 @@ void ConvInt16::Impl::plan_pixel_pass(PixelPass& pp) {
         return c >= 0 && c < pp.src_cols;
       });
     pp.blocks.push_back(p.nj > 0 ? row_blocks(p.nj, p.edges) : RowBlocks{});
+  }
+  // Short row calls (ResNet-18c's and VGG's 4x4 images: 4 pixels, 8 accumulators) read their
+  // weights from L2 once per call: two or three images' calls of a row then run over one pass of
+  // them, as many as the kernel's accumulators hold (PixelCallsFn). Each call keeps its own
+  // chains and flushes, so the results are the same. Only with a source pixel stride of 16,
+  // which the AVX-512 form takes.
+  int longest = 0;
+  for (const RowBlocks& rb : pp.blocks)
+    for (int len : rb.len2) longest = std::max(longest, len);
+  pp.images_per_item = 1;
+  if (!gemm && !pp.image_tiles && pp.src_col == 16 && longest > 0 && sh.N > 1)
+    pp.images_per_item = std::min(kMaxImagesPerItem, simd::kPixelAccumulators / (2 * longest));
+  const int64_t groups = (sh.N + pp.images_per_item - 1) / pp.images_per_item;
+  for (Phase& p : pp.phases) {
     pp.row_begin.push_back(rows);
-    rows += int64_t(sh.N) * (p.ni + p.edges.calls());
+    rows += groups * (p.ni + p.edges.calls());
     p.rows.plan(p.ni, static_cast<int>(p.tap_wei.size()), pp.in_blocks, unit_steps, [&](int i, int t) {
       const int r = i * pp.row_step + p.tap_dr[t];
       return r >= 0 && r < pp.src_rows;
