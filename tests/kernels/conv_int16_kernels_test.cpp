@@ -4,6 +4,7 @@
 // has no forced-level re-runs (conv_int16_test.cpp runs the operators built on these kernels).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -255,11 +256,10 @@ TEST(ConvInt16, PixelCallsAreTheCallsOneByOneAtEveryLevel) {
   const int64_t tap_src[ntaps] = {0, tap_span, 2 * tap_span - 16};
   const int32_t tap_wei[ntaps] = {2, 0, 1};
   const std::vector<int16_t> wei = operands(size_t(2 * wei_ob));
-  const std::vector<float> lane_scale = {0x1p-3f, 0x1p-1f, 0x1p2f, 1.f, 0x1p-2f, 0x1p1f, 1.f, 0x1p-4f,
-                                         1.f,     0x1p3f,  0x1p-1f, 1.f, 0x1p2f, 1.f,    0x1p-3f, 1.f,
-                                         0x1p1f,  1.f,     0x1p-2f, 1.f, 0x1p-1f, 1.f,   0x1p2f,  1.f,
-                                         1.f,     0x1p-3f, 1.f,     0x1p1f, 1.f,  0x1p-2f, 1.f,   0x1p3f};
-  const std::vector<float> pixel_scale = {0x1p1f, 1.f, 0x1p-2f, 1.f, 0x1p3f, 0x1p-1f, 1.f, 0x1p2f};
+  // Powers of two: call k reads lanes from 4k and pixels from k (2 blocks of 16 lanes, 8 pixels).
+  std::vector<float> lane_scale(4 * (max_calls - 1) + 32), pixel_scale(max_calls - 1 + 8);
+  for (size_t i = 0; i < lane_scale.size(); ++i) lane_scale[i] = std::ldexp(1.f, int(i * 7 % 9) - 4);
+  for (size_t i = 0; i < pixel_scale.size(); ++i) pixel_scale[i] = std::ldexp(1.f, int(i * 5 % 7) - 3);
   for (int nob : {1, 2}) {
     for (int npix = 1; npix <= 8; ++npix) {
       for (int variant = 0; variant < 4; ++variant) {  // 0: the fused form; 1-3: what it declines
