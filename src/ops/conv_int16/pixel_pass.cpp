@@ -117,10 +117,11 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
     });
     return base.chain;
   }
-  // Per phase and image: the phase's ni row calls (the middle columns), then its edge-column calls,
-  // each for output-block groups [g0, g1). Where the weights are larger than kPixelWeightBytes,
-  // items take as many groups as fit in it, with the groups outermost: a thread's consecutive
-  // items then share those groups' weights in L2 over all images. With every group in each item,
+  // Per phase and image (or group of images_per_item): the phase's ni row calls (the middle
+  // columns), then its edge-column calls, each for output-block groups [g0, g1). Where the weights
+  // are larger than kPixelWeightBytes, items take as many groups as fit in it, with the groups
+  // outermost: a thread's consecutive items then share those groups' weights in L2 over all
+  // images. With every group in each item,
   // ResNet-18c's 512-channel 4x4 layer (4.7 MB of weights, 4 output rows per image) read its
   // weights from L3 once per row and ran its forward at 40% of the INT16 peak, slower than
   // oneDNN's FP32 (docs/design/kernels.md).
