@@ -151,6 +151,19 @@ __attribute__((always_inline)) inline void pixel_flush_mid(PixelAcc<NOB, NPIX>& 
     pixel_flush<Flush::store>(acc, fd);
 }
 
+// The end of a chain's worth of steps: pending counts the steps since the last flush; where it
+// reaches the chain, the flush before the end of the call.
+template <int NOB, int NPIX>
+__attribute__((always_inline)) inline void count_steps(PixelAcc<NOB, NPIX>& acc, const FlushDst& fd, bool accumulate,
+                                                       int steps, int chain, int& pending, bool& flushed) {
+  pending += steps;
+  if (pending == chain) {
+    pixel_flush_mid(acc, fd, accumulate, flushed);
+    flushed = true;
+    pending = 0;
+  }
+}
+
 // The end of the call: the steps since the last flush (pending), then the scale. An accumulating
 // call with no steps leaves dst as it was; an overwriting one writes zero.
 template <int NOB, int NPIX>
@@ -166,6 +179,18 @@ __attribute__((always_inline)) inline void pixel_flush_end(PixelAcc<NOB, NPIX>& 
   } else {
     pixel_flush<Flush::scale>(acc, fd);
   }
+}
+
+// Asks for a call's output lines for writing as it starts: the first flush then finds them in
+// cache instead of stalling on read-for-ownership misses. It matters where the reduction is short
+// and the output large (1x1 layers with K >> C, as ResNet-50's 64 -> 256); prefetching the next
+// tile's lines from the driver as well is slower (docs/design/kernels.md).
+template <int NOB, int NPIX>
+__attribute__((always_inline)) inline void prefetch_tile_for_write(const PixelKernelArgs& a) {
+#pragma GCC unroll 32
+  for (int ob = 0; ob < NOB; ++ob)
+#pragma GCC unroll 32
+    for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + ob * a.dst_ob + p * a.dst_pix)));
 }
 
 // SRC_PIX: src elements between output pixels when known at compile time (16 = stride 1,
@@ -185,14 +210,7 @@ void pixel_kernel(const PixelKernelArgs& a) {
 #pragma GCC unroll 32
   for (int i = 0; i < NOB * NPIX; ++i) acc.v[i] = _mm512_setzero_si512();
   const int64_t src_pix = SRC_PIX ? SRC_PIX : a.src_pix;
-  // Ask for the tile's output lines now, for writing: the first flush then finds them in cache
-  // instead of stalling on read-for-ownership misses. It matters where the reduction is short and
-  // the output large (1x1 layers with K >> C, as ResNet-50's 64 -> 256); prefetching the next
-  // tile's lines from the driver as well is slower (docs/design/kernels.md).
-#pragma GCC unroll 32
-  for (int ob = 0; ob < NOB; ++ob)
-#pragma GCC unroll 32
-    for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(a.dst + ob * a.dst_ob + p * a.dst_pix)));
+  prefetch_tile_for_write<NOB, NPIX>(a);
   const FlushDst fd{a.dst, a.dst_ob, a.dst_pix, a.scale, a.lane_scale, a.pixel_scale};
   const bool accumulate = ACC;
   bool flushed = false;
@@ -223,20 +241,9 @@ void pixel_kernel(const PixelKernelArgs& a) {
           Dot::step_tight(acc.v[p], w0, pix(p) + 2 * j);
           if constexpr (NOB == 2) Dot::step_tight(acc.v[NPIX + p], w1, pix(p) + 2 * j);
         }
-        if constexpr (!UNIT_CHAIN) {
-          if (++pending == a.chain) {
-            pixel_flush_mid(acc, fd, accumulate, flushed);
-            flushed = true; pending = 0;
-          }
-        }
+        if constexpr (!UNIT_CHAIN) count_steps(acc, fd, accumulate, 1, a.chain, pending, flushed);
       }
-      if constexpr (UNIT_CHAIN) {
-        pending += pairs;
-        if (pending == a.chain) {
-          pixel_flush_mid(acc, fd, accumulate, flushed);
-          flushed = true; pending = 0;
-        }
-      }
+      if constexpr (UNIT_CHAIN) count_steps(acc, fd, accumulate, pairs, a.chain, pending, flushed);
     }
   }
   pixel_flush_end(acc, fd, accumulate, flushed, pending);
@@ -306,10 +313,7 @@ void pixel_calls_kernel(const PixelKernelArgs* c) {
     pending[k] = 0;
     chain[k] = c[k].chain;
     flushed[k] = false;
-#pragma GCC unroll 2
-    for (int ob = 0; ob < NOB; ++ob)
-#pragma GCC unroll 32
-      for (int p = 0; p < NPIX; ++p) asm volatile("prefetchw %0" ::"m"(*(c[k].dst + ob * c[k].dst_ob + p * c[k].dst_pix)));
+    prefetch_tile_for_write<NOB, NPIX>(c[k]);
   }
   const PixelKernelArgs& a = c[0];  // the shared weights, taps and strides
   for (int ib = 0; ib < a.nib; ++ib) {
@@ -332,14 +336,7 @@ void pixel_calls_kernel(const PixelKernelArgs* c) {
           }
       }
 #pragma GCC unroll 4
-      for (int k = 0; k < CALLS; ++k) {
-        pending[k] += 8;
-        if (pending[k] == chain[k]) {
-          pixel_flush_mid(acc[k], fd[k], ACC, flushed[k]);
-          flushed[k] = true;
-          pending[k] = 0;
-        }
-      }
+      for (int k = 0; k < CALLS; ++k) count_steps(acc[k], fd[k], ACC, 8, chain[k], pending[k], flushed[k]);
     }
   }
 #pragma GCC unroll 4
