@@ -291,12 +291,12 @@ void pixel_entry(const PixelKernelArgs& a) {
 // ---- several pixel-kernel calls over one pass of their weights ------------------------------
 
 // CALLS calls of one output-block group (PixelCallsFn), each of NPIX pixels, two output blocks,
-// every channel pair, a source pixel stride of 16 and chains of whole (block, tap) units: each
-// call's accumulators, flushes and scale as pixel_kernel's, the weights loaded once for all of
-// them. A 4x4 image's row of 4 pixels (8 accumulators) otherwise reads its group's weights (295 KB
-// for 512 channels, 3x3) from L2 for every 4 pixels: on one core, two or three such calls ran
-// 1.2-1.5x faster this way (docs/design/kernels.md).
-template <class Dot, int NPIX, int CALLS, bool ACC>
+// every channel pair, a source pixel stride of SRC_PIX (16, or 32: stride 2) and chains of whole
+// (block, tap) units: each call's accumulators, flushes and scale as pixel_kernel's, the weights
+// loaded once for all of them. A 4x4 image's row of 4 pixels (8 accumulators) otherwise reads its
+// group's weights (295 KB for 512 channels, 3x3) from L2 for every 4 pixels: on one core, two or
+// three such calls ran 1.2-1.5x faster this way (docs/design/kernels.md).
+template <class Dot, int NPIX, int CALLS, bool ACC, int SRC_PIX>
 void pixel_calls_kernel(const PixelKernelArgs* c) {
   constexpr int NOB = 2;
   PixelAcc<NOB, NPIX> acc[CALLS];
@@ -331,8 +331,8 @@ void pixel_calls_kernel(const PixelKernelArgs* c) {
         for (int k = 0; k < CALLS; ++k)
 #pragma GCC unroll 32
           for (int p = 0; p < NPIX; ++p) {
-            Dot::step_tight(acc[k].v[p], w0, s[k] + p * 16 + 2 * j);
-            Dot::step_tight(acc[k].v[NPIX + p], w1, s[k] + p * 16 + 2 * j);
+            Dot::step_tight(acc[k].v[p], w0, s[k] + p * SRC_PIX + 2 * j);
+            Dot::step_tight(acc[k].v[NPIX + p], w1, s[k] + p * SRC_PIX + 2 * j);
           }
       }
 #pragma GCC unroll 4
@@ -346,8 +346,9 @@ void pixel_calls_kernel(const PixelKernelArgs* c) {
 template <class Dot, int CALLS, bool ACC, int... P>
 void pixel_calls_dispatch(const PixelKernelArgs* c, std::integer_sequence<int, P...>) {
   using Fn = void (*)(const PixelKernelArgs*);
-  static constexpr Fn table[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC>...};
-  table[c[0].npix - 1](c);
+  static constexpr Fn dense[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC, 16>...};
+  static constexpr Fn strided[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC, 32>...};
+  (c[0].src_pix == 16 ? dense : strided)[c[0].npix - 1](c);
 }
 
 // Two or three calls in one pass where their accumulators fit in registers beside the two weight
@@ -357,9 +358,10 @@ template <class Dot>
 void pixel_calls_entry(const PixelKernelArgs* c, int count) {
   if constexpr (Dot::kNoTemps) {
     const PixelKernelArgs& a = c[0];
-    bool fused = (count == 2 || count == 3) && a.nob == 2 && a.pairs == 8 && a.src_pix == 16 &&
-                 2 * count * a.npix <= kPixelAccumulators;
-    for (int k = 0; fused && k < count; ++k) fused = c[k].chain % 8 == 0 && !c[k].stream;
+    bool fused = (count == 2 || count == 3) && a.nob == 2 && a.pairs == 8 &&
+                 (a.src_pix == 16 || a.src_pix == 32) && 2 * count * a.npix <= kPixelAccumulators;
+    for (int k = 0; fused && k < count; ++k)
+      fused = c[k].chain % 8 == 0 && !c[k].stream && c[k].src_pix == a.src_pix;
     if (fused) {
       constexpr auto two = std::make_integer_sequence<int, kPixelAccumulators / 4>{};
       constexpr auto three = std::make_integer_sequence<int, kPixelAccumulators / 6>{};

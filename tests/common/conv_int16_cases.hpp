@@ -50,6 +50,9 @@ inline const std::vector<ConvShape>& edge_shapes() {
       // (forward 2 of 3 groups per item, backward-data 6 of 8); the weight gradient's pairs as
       // planes, the last pair with one image.
       make(5, 256, 4, 4, 96, 3, 3, 1, 1),
+      // Stride 2 with rows of 7 and 4 output pixels: the forward's row calls of 2 or 3 images over
+      // one pass of the weights, reading every other source pixel.
+      make(3, 32, 14, 14, 32, 3, 3, 2, 1), make(4, 16, 8, 8, 32, 1, 1, 2, 0),
       // 2x2 output images, by output blocks: the weight gradient's calls across image pairs, in
       // two chunks of pairs (32 and 2, the last pair with one image).
       make(67, 16, 2, 2, 64, 3, 3, 1, 1),

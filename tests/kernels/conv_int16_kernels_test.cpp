@@ -262,9 +262,11 @@ TEST(ConvInt16, PixelCallsAreTheCallsOneByOneAtEveryLevel) {
   for (size_t i = 0; i < pixel_scale.size(); ++i) pixel_scale[i] = std::ldexp(1.f, int(i * 5 % 7) - 3);
   for (int nob : {1, 2}) {
     for (int npix = 1; npix <= 8; ++npix) {
-      for (int variant = 0; variant < 4; ++variant) {  // 0: the fused form; 1-3: what it declines
+      // 0: the fused form; 2: the same with a source pixel stride of 32 (stride 2); 1, 3 and 4:
+      // what it declines (5 pairs, a one-step chain, a source pixel stride of 48).
+      for (int variant = 0; variant < 5; ++variant) {
         const int pairs = variant == 1 ? 5 : 8;
-        const int64_t src_pix = variant == 2 ? 32 : 16;
+        const int64_t src_pix = variant == 2 ? 32 : variant == 4 ? 48 : 16;
         const int64_t src_ib = src_pix * 8 + 64;
         std::vector<std::vector<int16_t>> src;
         for (int k = 0; k < max_calls; ++k) src.push_back(operands(size_t(nib * src_ib + 2 * tap_span + 64)));
