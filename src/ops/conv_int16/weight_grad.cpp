@@ -508,7 +508,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     // there are no partial sums to store or add (large layers would make them memory-bound).
     // Tasks are groups of output blocks that share x tiles (at most kWgradKbGroup), small enough
     // that with several threads each gets about four: with one task per thread (64-channel
-    // layers) or two, a thread whose tasks ran slower left the other waiting, 3-4% of the pass.
+    // layers) or two, a thread whose tasks ran slower left the other waiting, 2.5-4% of the pass.
     // Each kb sees the same calls in the same order however the blocks are grouped, so the
     // result does not depend on the thread count.
     const int threads = ctx.threads();
