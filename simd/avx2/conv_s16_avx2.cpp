@@ -6,10 +6,7 @@
 namespace dfp::simd::avx2 {
 void conv_s16_pixel(const PixelKernelArgs& a) { pixel_entry<DotMadd>(a); }
 void conv_s16_pair(const PairKernelArgs& a) { pair_entry<DotMadd>(a); }
-// The calls one by one: the 12-accumulator kernel has no registers to spare for a second call.
-void conv_s16_pixel_calls(const PixelKernelArgs* calls, int count) {
-  for (int i = 0; i < count; ++i) pixel_entry<DotMadd>(calls[i]);
-}
+void conv_s16_pixel_calls(const PixelKernelArgs* calls, int count) { pixel_calls_entry<DotMadd>(calls, count); }
 
 // A position is two vectors (lanes 0-7, 8-15): |v| as unsigned words (VPABSW leaves -32768 as
 // 0x8000 = 32768), each lane's two words added as INT32 halves.

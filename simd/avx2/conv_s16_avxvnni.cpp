@@ -5,8 +5,5 @@
 namespace dfp::simd::avxvnni {
 void conv_s16_pixel(const PixelKernelArgs& a) { pixel_entry<DotAvxVnni>(a); }
 void conv_s16_pair(const PairKernelArgs& a) { pair_entry<DotAvxVnni>(a); }
-// The calls one by one: the 12-accumulator kernel has no registers to spare for a second call.
-void conv_s16_pixel_calls(const PixelKernelArgs* calls, int count) {
-  for (int i = 0; i < count; ++i) pixel_entry<DotAvxVnni>(calls[i]);
-}
+void conv_s16_pixel_calls(const PixelKernelArgs* calls, int count) { pixel_calls_entry<DotAvxVnni>(calls, count); }
 }  // namespace dfp::simd::avxvnni

@@ -261,6 +261,13 @@ void pixel_entry(const PixelKernelArgs& a) {
   }
 }
 
+// PixelCallsFn: the calls one by one. The 12-accumulator kernel has no registers to spare for a
+// second call's accumulators.
+template <class Dot>
+void pixel_calls_entry(const PixelKernelArgs* calls, int count) {
+  for (int i = 0; i < count; ++i) pixel_entry<Dot>(calls[i]);
+}
+
 // ---- pair kernel (weight gradient) ---------------------------------------------------------
 
 // NK <= kMaxRows rows k of 16 lanes. Flushes as the AVX-512 pair kernel's: a call that overwrites

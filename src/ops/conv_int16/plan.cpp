@@ -374,13 +374,13 @@ void ConvInt16::Impl::plan_pixel_pass(PixelPass& pp) {
   // Short row calls (ResNet-18c's and VGG's 4x4 images: 4 pixels, 8 accumulators) read their
   // weights from L2 once per call: two or three images' calls of a row then run over one pass of
   // them, as many as the kernel's accumulators hold (PixelCallsFn). Each call keeps its own
-  // chains and flushes, so the results are the same. Only with a source pixel stride of 16 or 32
-  // (stride 2), which the AVX-512 form takes.
+  // chains and flushes, so the results are the same; a level that cannot run them in one pass
+  // (the AVX2 levels, source strides other than 1 and 2) runs them one by one.
   int longest = 0;
   for (const RowBlocks& rb : pp.blocks)
     for (int len : rb.len2) longest = std::max(longest, len);
   pp.images_per_item = 1;
-  if (!gemm && !pp.image_tiles && (pp.src_col == 16 || pp.src_col == 32) && longest > 0 && sh.N > 1)
+  if (!gemm && !pp.image_tiles && longest > 0 && sh.N > 1)
     pp.images_per_item = std::min(kMaxImagesPerItem, simd::kPixelAccumulators / (2 * longest));
   const int64_t groups = (sh.N + pp.images_per_item - 1) / pp.images_per_item;
   for (Phase& p : pp.phases) {
