@@ -334,6 +334,18 @@ using BnBwdApplyS16Fn = float (*)(const int16_t* x, const float* dy, const uint1
                                   const BnCoefficients& c, size_t pixels, float max0);
 using BnBwdApplyF32Fn = float (*)(const float* x, const float* dy, const uint16_t* mask, float* dx,
                                   const BnCoefficients& c, size_t pixels, float max0);
+// A BatchNorm's output computed again from its saved DFP16 input and quantized straight into the
+// batch-pair layout that an INT16 conv's weight gradient reads: for `pixels` pixels of one channel
+// block of images a and b (b null: the zeros of an odd batch's missing image),
+//   y = (x * 2^e_in) * scale + shift, then y > 0 ? y : 0 where relu,
+// rounded to nearest (ties to even) at 2^e_out and interleaved as InterleaveFn interleaves: the
+// bits of dequantize, bn_scale_shift, relu_fwd, quantize and interleave in turn, with no FP32
+// tile between them. max_q[0], max_q[1]: each image's largest |q| (0 for a null b). Returns false
+// (dst and max_q then unspecified) where some |q| would reach 32767 or a y is not finite: there the
+// caller takes those kernels' own path, which counts and clamps.
+using BnRequantizePairFn = bool (*)(const int16_t* a, const int16_t* b, int e_in, const float* scale,
+                                    const float* shift, bool relu, int e_out, int16_t* dst, size_t pixels,
+                                    int32_t* max_q);
 
 // ---- BF16 / FP16 storage (include/dfp/float16.hpp is the specification) -----------------------
 // dst[i] = the 16-bit pattern of src[i] in the format; stochastic rounding draws element i's

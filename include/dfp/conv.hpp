@@ -159,7 +159,16 @@ class ConvInt16 {
   // is that of other values. Returns false, changing nothing, where the copy is not of that form:
   // stochastic rounding of x, unfolded columns, a strided 1x1 layer's subsampled copy, a 1x1
   // layer on 1x1 pixels.
-  bool recompute_input_pairs(InputSpanFn again, void* producer);
+  // again_pairs (optional) computes the same spans already quantized: images n and n + 1 (images
+  // 2; images 1: image n alone, and zeros for the pair's second) at 2^exponent, rounded to
+  // nearest (ties to even), straight into the batch-pair layout (count x 16 channels x 2 images
+  // INT16, each channel's two images side by side), with each image's largest |q| in max_q[0]
+  // and max_q[1]. It returns false where an element would reach |q| = 32767 or is not finite;
+  // those spans are then asked of `again`. Its bits must be those of quantizing again's spans.
+  // It is asked only where x is rounded to nearest.
+  using InputPairSpanFn = bool (*)(void* producer, int n, int images, int b, int h, int w0, int count, int exponent,
+                                   int16_t* out, int32_t* max_q);
+  bool recompute_input_pairs(InputSpanFn again, void* producer, InputPairSpanFn again_pairs = nullptr);
   // Where recompute_input_pairs() is in effect: computes the weight gradient's copy of x now,
   // after quantize_grad_output() (it lives beside dy's copies), so that a caller can time it apart
   // from the weight-gradient pass; backward_weights() computes it itself when this was not called

@@ -3,6 +3,9 @@
 // fused; every lane runs the reference's operations in its order).
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::avx2 {
@@ -117,6 +120,51 @@ float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, 
 float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
                        size_t pixels, float max0) {
   return bwd_apply(x, dy, mask, dx, c, pixels, max0);
+}
+
+}  // namespace dfp::simd::avx2
+
+namespace dfp::simd::avx2 {
+
+// Two ymm per pixel and image. The scales 2^e_in and 2^-e_out multiply as dequantize and quantize
+// do, which is exact only where they are normal floats; elsewhere the reference runs. VPACKSSDW
+// then a byte shuffle within each 128-bit lane put the two images' channels side by side, which
+// is interleave's order.
+bool bn_requantize_pair(const int16_t* a, const int16_t* b, int e_in, const float* scale, const float* shift,
+                        bool relu, int e_out, int16_t* dst, size_t pixels, int32_t* max_q) {
+  if (e_in < -126 || e_in > 127 || -e_out < -126 || -e_out > 127)
+    return ref::bn_requantize_pair(a, b, e_in, scale, shift, relu, e_out, dst, pixels, max_q);
+  const __m256 s_in = _mm256_set1_ps(std::ldexp(1.f, e_in)), s_out = _mm256_set1_ps(std::ldexp(1.f, -e_out));
+  const __m256 va[2] = {_mm256_loadu_ps(scale), _mm256_loadu_ps(scale + 8)};
+  const __m256 vb[2] = {_mm256_loadu_ps(shift), _mm256_loadu_ps(shift + 8)};
+  const __m256 z = _mm256_setzero_ps(), top = _mm256_set1_ps(32767.f), sign = _mm256_set1_ps(-0.f);
+  const __m256i zip = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+  __m256 peak[2] = {z, z}, bad = z;
+  // Half h of pixel x, rounded (as a float); a NaN or |q| >= 32767 marks `bad`.
+  auto one = [&](const int16_t* x, int h, __m256& pk) {
+    const __m256 v = _mm256_mul_ps(load_x(x + 8 * h), s_in);
+    __m256 y = _mm256_add_ps(_mm256_mul_ps(v, va[h]), vb[h]);
+    if (relu) y = _mm256_and_ps(y, _mm256_cmp_ps(y, z, _CMP_GT_OQ));  // as relu_fwd
+    const __m256 q = _mm256_round_ps(_mm256_mul_ps(y, s_out), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 m = _mm256_andnot_ps(sign, q);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(m, top, _CMP_NLT_UQ));
+    pk = _mm256_max_ps(pk, m);
+    return _mm256_cvtps_epi32(q);
+  };
+  for (size_t i = 0; i < pixels; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qa = one(a + i * 16, h, peak[0]);
+      const __m256i qb = b ? one(b + i * 16, h, peak[1]) : _mm256_setzero_si256();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * 32 + h * 16),
+                          _mm256_shuffle_epi8(_mm256_packs_epi32(qa, qb), zip));
+    }
+  if (_mm256_movemask_ps(bad)) return false;
+  for (int k = 0; k < 2; ++k) {
+    alignas(32) float m[8];
+    _mm256_store_ps(m, peak[k]);
+    max_q[k] = static_cast<int32_t>(*std::max_element(m, m + 8));
+  }
+  return true;
 }
 
 }  // namespace dfp::simd::avx2

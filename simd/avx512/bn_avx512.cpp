@@ -2,6 +2,8 @@
 // simd/ref/bn_ref.cpp (compiled with -ffp-contract=off, so no multiply-add is fused).
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::avx512 {
@@ -93,6 +95,42 @@ float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, 
 float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
                        size_t pixels, float max0) {
   return bwd_apply(x, dy, mask, dx, c, pixels, max0);
+}
+
+}  // namespace dfp::simd::avx512
+
+namespace dfp::simd::avx512 {
+
+// One zmm per pixel and image: the dequantization and the quantization scale by VSCALEFPS, as
+// dequantize and quantize do (exact at any exponent); VPACKSSDW then a byte shuffle within each
+// 128-bit lane put the two images' channels 4k..4k+3 side by side, which is interleave's order.
+bool bn_requantize_pair(const int16_t* a, const int16_t* b, int e_in, const float* scale, const float* shift,
+                        bool relu, int e_out, int16_t* dst, size_t pixels, int32_t* max_q) {
+  const __m512 ein = _mm512_set1_ps(static_cast<float>(e_in)), neg_eout = _mm512_set1_ps(static_cast<float>(-e_out));
+  const __m512 va = _mm512_loadu_ps(scale), vb = _mm512_loadu_ps(shift), z = _mm512_setzero_ps();
+  // Words 0-3 (image a) and 4-7 (image b) of each lane, zipped.
+  const __m512i zip = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+  // A NaN, an infinity or a value beyond INT32 converts to INT32_MIN, whose |.| is 2^31 unsigned.
+  auto one = [&](const int16_t* x) {
+    const __m512 v = _mm512_scalef_ps(load_x(x), ein);
+    __m512 y = _mm512_add_ps(_mm512_mul_ps(v, va), vb);
+    if (relu) y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, z, _CMP_GT_OQ), y);  // as relu_fwd
+    return _mm512_cvt_roundps_epi32(_mm512_scalef_ps(y, neg_eout), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  };
+  __m512i peak_a = _mm512_setzero_si512(), peak_b = _mm512_setzero_si512();
+  for (size_t i = 0; i < pixels; ++i) {
+    const __m512i qa = one(a + i * 16);
+    peak_a = _mm512_max_epu32(peak_a, _mm512_abs_epi32(qa));
+    __m512i qb = _mm512_setzero_si512();
+    if (b) {
+      qb = one(b + i * 16);
+      peak_b = _mm512_max_epu32(peak_b, _mm512_abs_epi32(qb));
+    }
+    _mm512_storeu_si512(dst + i * 32, _mm512_shuffle_epi8(_mm512_packs_epi32(qa, qb), zip));
+  }
+  max_q[0] = static_cast<int32_t>(std::min(_mm512_reduce_max_epu32(peak_a), 0x7FFFFFFFu));
+  max_q[1] = static_cast<int32_t>(std::min(_mm512_reduce_max_epu32(peak_b), 0x7FFFFFFFu));
+  return max_q[0] < 32767 && max_q[1] < 32767;
 }
 
 }  // namespace dfp::simd::avx512

@@ -1,5 +1,6 @@
 // Scalar references of the BatchNorm kernels (kernel_table.hpp states the operations). Compiled
 // with -ffp-contract=off: every product and sum is rounded on its own, as in the vector kernels.
+#include <algorithm>
 #include <cmath>
 
 #include "simd/kernel_table.hpp"
@@ -82,6 +83,34 @@ float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, 
 float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
                        size_t pixels, float max0) {
   return bwd_apply(x, dy, mask, dx, c, pixels, max0);
+}
+
+}  // namespace dfp::simd::ref
+
+namespace dfp::simd::ref {
+
+// The kernels it stands for, in turn, a piece of pixels at a time.
+bool bn_requantize_pair(const int16_t* a, const int16_t* b, int e_in, const float* scale, const float* shift,
+                        bool relu, int e_out, int16_t* dst, size_t pixels, int32_t* max_q) {
+  constexpr size_t kPixels = 32;
+  float y[kPixels * 16];
+  int16_t q[2][kPixels * 16];
+  uint16_t mask[kPixels];
+  max_q[0] = max_q[1] = 0;
+  for (size_t p0 = 0; p0 < pixels; p0 += kPixels) {
+    const size_t np = std::min(kPixels, pixels - p0), n = np * 16;
+    for (int i = 0; i < (b ? 2 : 1); ++i) {
+      dequantize((i ? b : a) + p0 * 16, y, n, e_in);
+      bn_scale_shift(y, y, scale, shift, np);
+      if (relu) relu_fwd(y, y, mask, n);
+      QuantCounters c;
+      quantize(y, q[i], n, e_out, Rounding::nearest_even, 0, 0, &c);
+      if (c.saturated || c.nonfinite || c.max_abs_q >= 32767) return false;
+      max_q[i] = std::max(max_q[i], c.max_abs_q);
+    }
+    interleave(q[0], b ? q[1] : nullptr, dst + p0 * 32, n);
+  }
+  return true;
 }
 
 }  // namespace dfp::simd::ref

@@ -103,7 +103,8 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
   bool feed_spans_to(Layer* consumer, size_t slot) override {
     consumer_ = consumer->as<TakesInputSpans>();
     consumer_slot_ = slot;
-    if (consumer_ && from_saved_) consumer_->recompute_input_spans(slot, &BatchNorm::recompute_span, this);
+    if (consumer_ && from_saved_)
+      consumer_->recompute_input_spans(slot, &BatchNorm::recompute_span, this, &BatchNorm::recompute_pair_span);
     return consumer_ != nullptr;
   }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
@@ -267,6 +268,18 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
     if (!bn.relu_) return;
     alignas(64) uint16_t mask[(kPiece * 16 + 15) / 16];  // the forward's mask stays
     for (size_t i = 0; i < len; i += kPiece * 16) k.relu_fwd.fn(out + i, out + i, mask, std::min(kPiece * 16, len - i));
+  }
+  // The spans of images n and n + 1 (images 2) again, quantized at 2^exponent into a batch-pair
+  // layout in one pass: the bits of recompute_span and the quantization after it (the kernel
+  // declines a piece that the quantization would count, and recompute_span then runs).
+  static bool recompute_pair_span(void* self, int n, int images, int b, int h, int w0, int count, int exponent,
+                                  int16_t* out, int32_t* max_q) {
+    const BatchNorm& bn = *static_cast<const BatchNorm*>(self);
+    const int16_t* a = bn.xq_.data() + span_offset(bn, n, b, h, w0);
+    const int16_t* second = images == 2 ? bn.xq_.data() + span_offset(bn, n + 1, b, h, w0) : nullptr;
+    return bn.span_.ctx->kernels().bn_requantize_pair.fn(a, second, bn.xq_exp_, bn.fa_.data() + b * 16,
+                                                          bn.fb_.data() + b * 16, bn.relu_, exponent, out,
+                                                          size_t(count), max_q);
   }
   // v (n floats) as the saved copy holds them: rounded to DFP16 at its exponent and back, unless
   // one is not finite (normalize takes such x itself).

@@ -235,6 +235,9 @@ class MeasuresMaxima {
 // A span is `count` pixels of channel block b of image n from pixel w0 of row h; an Add's run on
 // into the following rows of the same plane (w0 + count <= (H - h) * W).
 using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
+// The same spans of images n and n + 1 quantized into a batch-pair layout (ConvInt16::InputPairSpanFn).
+using InputPairSpanFn = bool (*)(void* producer, int n, int images, int b, int h, int w0, int count, int exponent,
+                                 int16_t* out, int32_t* max_q);
 class TakesInputSpans {
  public:
   virtual ~TakesInputSpans() = default;
@@ -247,7 +250,10 @@ class TakesInputSpans {
   // is what its output is computed from). A consumer that would keep a copy of the input for its
   // backward (an INT16 conv's weight-gradient operand) may compute that copy then instead and
   // keep nothing between the passes; returns whether it does. Offered once, by feed_spans_to().
-  virtual bool recompute_input_spans(size_t i, InputSpanFn again, void* producer) { return false; }
+  // again_pairs (optional): the same spans already in the conv's batch-pair layout.
+  virtual bool recompute_input_spans(size_t i, InputSpanFn again, void* producer, InputPairSpanFn again_pairs) {
+    return false;
+  }
 };
 class FeedsSpans {
  public:

@@ -278,8 +278,8 @@ class Conv2d final : public WeightedLayer, public TakesInputSpans {
     op_->int16()->take_input_spans(fn, producer, max_abs, plane_max, st);  // only where accepted
   }
   bool input_taken() const override { return op_->int16() && op_->int16()->input_taken(); }
-  bool recompute_input_spans(size_t i, InputSpanFn again, void* producer) override {
-    return accepts_input_spans(i) && op_->int16()->recompute_input(again, producer);
+  bool recompute_input_spans(size_t i, InputSpanFn again, void* producer, InputPairSpanFn again_pairs) override {
+    return accepts_input_spans(i) && op_->int16()->recompute_input(again, producer, again_pairs);
   }
 
   int r_, stride_, pad_;

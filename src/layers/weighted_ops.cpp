@@ -250,7 +250,9 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     input_taken_ = true;
   }
   bool input_taken() const override { return input_taken_; }
-  bool recompute_input(InputSpanFn again, void* producer) override { return q_->recompute_input_pairs(again, producer); }
+  bool recompute_input(InputSpanFn again, void* producer, InputPairSpanFn again_pairs) override {
+    return q_->recompute_input_pairs(again, producer, again_pairs);
+  }
   const LayerTime::Int16Parts& parts() const override { return parts_; }
   void reset_parts() override { parts_ = {}; }
 

@@ -71,7 +71,8 @@ class Int16Operation {
   virtual void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
                                 const StepInfo& st) = 0;
   virtual bool input_taken() const = 0;
-  virtual bool recompute_input(InputSpanFn again, void* producer) = 0;  // TakesInputSpans::recompute_input_spans
+  virtual bool recompute_input(InputSpanFn again, void* producer,
+                               InputPairSpanFn again_pairs) = 0;  // TakesInputSpans::recompute_input_spans
   virtual const LayerTime::Int16Parts& parts() const = 0;
   virtual void reset_parts() = 0;
 };

@@ -592,6 +592,29 @@ struct Producer {
     std::memcpy(out, p.xb->data() + off * 16, size_t(count) * 16 * sizeof(float));
     ++p.calls;
   }
+  // The spans of images n and n + 1 quantized (the reference's nearest rounding) and interleaved,
+  // declining rows h = 1 (mod 3) and whatever the quantization would count, as a producer may.
+  std::atomic<int> pair_calls{0};
+  static bool pair_span(void* self, int n, int images, int b, int h, int w0, int count, int exponent, int16_t* out,
+                        int32_t* max_q) {
+    auto& p = *static_cast<Producer*>(self);
+    if (h % 3 == 1) return false;
+    const size_t len = size_t(count) * 16;
+    std::vector<float> f(len);
+    std::vector<int16_t> q[2] = {std::vector<int16_t>(len), std::vector<int16_t>(len, 0)};
+    for (int i = 0; i < images; ++i) {
+      const size_t off = ((size_t(n + i) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
+      std::memcpy(f.data(), p.xb->data() + off * 16, len * sizeof(float));
+      simd::QuantCounters cnt;
+      simd::ref::quantize(f.data(), q[i].data(), len, exponent, Rounding::nearest_even, 0, 0, &cnt);
+      if (cnt.saturated || cnt.nonfinite || cnt.max_abs_q >= 32767) return false;
+      max_q[i] = cnt.max_abs_q;
+    }
+    if (images == 1) max_q[1] = 0;
+    simd::ref::interleave(q[0].data(), images == 2 ? q[1].data() : nullptr, out, len);
+    ++p.pair_calls;
+    return true;
+  }
 };
 }  // namespace
 
@@ -647,7 +670,8 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
 // again from the producer in backward_weights(), with the bits of the kept copy (forward, both
 // backward passes), for nearest and biased rounding, one exponent or per-slice ones, rows wider
 // than one span, an odd batch, a strided padded layer and a 1x1 layer, in a shared workspace that
-// something else overwrote between the passes. The workspace grows by the copy; a producer that
+// something else overwrote between the passes; also where the producer offers the spans already
+// quantized into pairs (asked for under nearest rounding only, and declined for some rows). The workspace grows by the copy; a producer that
 // changed its values since the forward changes dW (the copy really is computed again). Shapes
 // whose copy is of another form (subsampled, unfolded, 1x1 pixels) and stochastic rounding keep it.
 TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
@@ -660,16 +684,17 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
       o.activations.rounding = r;
       o.activations.granularity = g;
       const auto [w, xb, dyb, mx] = blocked_case(s, 51, true);
-      std::vector<float> y[3], dx[3], dw[3];
-      size_t ws[3];
-      ConvStats st[3];
-      for (int k = 0; k < 3; ++k) {  // kept, recomputed, recomputed from changed values
+      std::vector<float> y[4], dx[4], dw[4];
+      size_t ws[4];
+      ConvStats st[4];
+      // Kept, recomputed, recomputed from changed values, recomputed with quantized pairs offered.
+      for (int k = 0; k < 4; ++k) {
         ConvInt16 c(ctx, s, o, "again");
         std::vector<float> xk = xb;  // the producer's values, changed between the passes where k = 2
         Producer p{&xk, s};
         const size_t kept = c.workspace_bytes();
         if (k > 0) {
-          ASSERT_TRUE(c.recompute_input_pairs(&Producer::span, &p));
+          ASSERT_TRUE(c.recompute_input_pairs(&Producer::span, &p, k == 3 ? &Producer::pair_span : nullptr));
         }
         ws[k] = c.workspace_bytes();
         AlignedBuffer<std::byte> region(ws[k]);
@@ -686,15 +711,21 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
         dx[k].assign(xb.size(), 0.f);
         dw[k].assign(w.size(), 0.f);
         c.backward_data(dx[k].data());
-        if (k < 2) {  // nothing to do where k = 0; where k = 2 backward_weights does it
-          EXPECT_EQ(c.recompute_input(), k == 1);
+        if (k != 2) {  // nothing to do where k = 0; where k = 2 backward_weights does it
+          EXPECT_EQ(c.recompute_input(), k > 0);
         }
-        const int recomputed = p.calls.load();
+        const int recomputed = p.calls.load() + p.pair_calls.load();
         c.backward_weights(dw[k].data());
         st[k] = c.stats();
-        EXPECT_EQ(p.calls.load() > before, k > 0);
-        if (k == 1) {
-          EXPECT_EQ(p.calls.load(), recomputed);  // not computed twice
+        EXPECT_EQ(p.calls.load() + p.pair_calls.load() > before, k > 0);
+        if (k == 1 || k == 3) {
+          EXPECT_EQ(p.calls.load() + p.pair_calls.load(), recomputed);  // not computed twice
+        }
+        // Quantized pairs are taken where offered under nearest rounding, and the declined rows
+        // come as float spans.
+        EXPECT_EQ(p.pair_calls.load() > 0, k == 3 && r == Rounding::nearest_even);
+        if (k == 3) {
+          EXPECT_GT(p.calls.load(), before);
         }
         if (k > 0) {
           EXPECT_GE(ws[k], kept + size_t(s.N + 1) / 2 * 2 * s.H * s.W * channel_blocks(s.C) * 16 * 2);
@@ -703,8 +734,12 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
       expect_bits_equal(y[0], y[1], "forward");
       expect_bits_equal(dx[0], dx[1], "backward_data");
       expect_bits_equal(dw[0], dw[1], "backward_weights");
+      expect_bits_equal(y[0], y[3], "forward, pairs offered");
+      expect_bits_equal(dx[0], dx[3], "backward_data, pairs offered");
+      expect_bits_equal(dw[0], dw[3], "backward_weights, pairs offered");
       EXPECT_NE(0, std::memcmp(dw[0].data(), dw[2].data(), dw[0].size() * sizeof(float)));
       EXPECT_EQ(st[0].chain_wgrad, st[1].chain_wgrad);
+      EXPECT_EQ(st[0].chain_wgrad, st[3].chain_wgrad);
     }
   auto refused = [&](const ConvShape& s, DfpConvOptions o, const char* what) {
     ConvInt16 c(ctx, s, o, "kept");

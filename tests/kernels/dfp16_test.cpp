@@ -814,6 +814,82 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
   }
 }
 
+// A BatchNorm's output recomputed from its saved DFP16 input and quantized into the batch-pair
+// layout in one kernel: the reference's bits, which are those of this level's own dequantize,
+// scale-shift, ReLU, quantize and interleave in turn; false wherever an element would count.
+TEST_P(Dfp16Isa, BatchNormRequantizePairIsTheKernelsInTurn) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const auto& k = c.kernels();
+  const auto lanes = [](uint32_t seed) { return test::random_vec(16, seed, -2.f, 2.f); };
+  const std::vector<float> a = lanes(21), b = lanes(22);
+  int clean_runs = 0, refused_runs = 0;
+  for (size_t px : {size_t(1), size_t(7), size_t(33), size_t(128)})
+    for (bool relu : {false, true})
+      for (bool two : {false, true})
+        // (e_in, e_out): clean; some |q| past 32767; exponents beyond a normal float's 2^k.
+        for (auto [e_in, e_out] : {std::pair{-15, -12}, std::pair{-15, -14}, std::pair{-140, -13},
+                                   std::pair{120, 118}}) {
+          const size_t n = px * 16;
+          const auto ia = test::random_ints(n, 30 + uint32_t(px), -32767, 32767);
+          const auto ib = test::random_ints(n, 31 + uint32_t(px), -32767, 32767);
+          std::vector<int16_t> xa(ia.begin(), ia.end()), xb(ib.begin(), ib.end());
+          xa[0] = 0;
+          xa[n - 1] = -32767;
+          const int16_t* pb = two ? xb.data() : nullptr;
+          std::vector<int16_t> d0(2 * n, 7), d1(2 * n, 9);
+          int32_t m0[2] = {-1, -1}, m1[2] = {-2, -2};
+          const bool r0 = simd::ref::bn_requantize_pair(xa.data(), pb, e_in, a.data(), b.data(), relu, e_out,
+                                                        d0.data(), px, m0);
+          const bool r1 = k.bn_requantize_pair.fn(xa.data(), pb, e_in, a.data(), b.data(), relu, e_out, d1.data(),
+                                                  px, m1);
+          const std::string at = std::to_string(px) + " " + std::to_string(relu) + " " + std::to_string(two) + " " +
+                                 std::to_string(e_in) + " " + std::to_string(e_out);
+          ASSERT_EQ(r0, r1) << at;
+          // This level's kernels one after the other, with the counters of the checked path.
+          std::vector<float> y(n);
+          std::vector<uint16_t> mask(px);
+          std::vector<int16_t> q[2] = {std::vector<int16_t>(n), std::vector<int16_t>(n)};
+          simd::QuantCounters cnt[2];
+          for (int i = 0; i < (two ? 2 : 1); ++i) {
+            k.dequantize.fn(i ? xb.data() : xa.data(), y.data(), n, e_in);
+            k.bn_scale_shift.fn(y.data(), y.data(), a.data(), b.data(), px);
+            if (relu) k.relu_fwd.fn(y.data(), y.data(), mask.data(), n);
+            k.quantize.fn(y.data(), q[i].data(), n, e_out, Rounding::nearest_even, 0, 0, &cnt[i]);
+          }
+          std::vector<int16_t> want(2 * n);
+          k.interleave.fn(q[0].data(), two ? q[1].data() : nullptr, want.data(), n);
+          const bool counted = cnt[0].saturated || cnt[0].nonfinite || cnt[0].max_abs_q >= 32767 ||
+                               cnt[1].saturated || cnt[1].nonfinite || cnt[1].max_abs_q >= 32767;
+          ASSERT_EQ(r0, !counted) << at;
+          if (!r0) {
+            ++refused_runs;
+            continue;
+          }
+          ++clean_runs;
+          ASSERT_EQ(d0, want) << at;
+          ASSERT_EQ(d1, want) << at;
+          ASSERT_EQ(m0[0], cnt[0].max_abs_q) << at;
+          ASSERT_EQ(m1[0], cnt[0].max_abs_q) << at;
+          ASSERT_EQ(m0[1], two ? cnt[1].max_abs_q : 0) << at;
+          ASSERT_EQ(m1[1], m0[1]) << at;
+        }
+  // Both outcomes ran: the clean pairs and those the caller has to take by the checked path.
+  ASSERT_GE(clean_runs, 32);
+  ASSERT_GE(refused_runs, 20);
+  // A NaN shift lane: refused without a ReLU; with one the NaN is 0, as relu_fwd makes it.
+  std::vector<float> nan_b = b;
+  nan_b[3] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<int16_t> x(64 * 16, 100);
+  std::vector<int16_t> d(2 * x.size());
+  int32_t m[2];
+  for (bool relu : {false, true}) {
+    ASSERT_EQ(relu, k.bn_requantize_pair.fn(x.data(), x.data(), -15, a.data(), nan_b.data(), relu, -12, d.data(), 64, m));
+    ASSERT_EQ(relu, simd::ref::bn_requantize_pair(x.data(), x.data(), -15, a.data(), nan_b.data(), relu, -12, d.data(),
+                                                  64, m));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::ValuesIn(test::isa_names_from(Isa::avx2)));
 
 TEST(Dfp16Quantize, RejectsBadHeadroom) {

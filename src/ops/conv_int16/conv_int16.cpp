@@ -35,8 +35,8 @@ void ConvInt16::quantize_input_with_max_abs(const float* x, float max_abs, const
   impl_->quantize_input(x, max_abs, plane_max_abs);
 }
 bool ConvInt16::accepts_input_spans() const noexcept { return !impl_->unfold; }
-bool ConvInt16::recompute_input_pairs(InputSpanFn again, void* producer) {
-  return impl_->recompute_input_pairs(again, producer);
+bool ConvInt16::recompute_input_pairs(InputSpanFn again, void* producer, InputPairSpanFn again_pairs) {
+  return impl_->recompute_input_pairs(again, producer, again_pairs);
 }
 bool ConvInt16::recompute_input() { return impl_->recompute_x_pairs(); }
 void ConvInt16::quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs) {

@@ -355,6 +355,7 @@ struct ConvInt16::Impl {
   void transpose_wf_to_wb();
   ConvInt16::InputSpanFn again = nullptr;
   void* again_producer = nullptr;
+  ConvInt16::InputPairSpanFn again_pairs = nullptr;
   int16_t* xr = nullptr;
   size_t xr_bytes = 0;
   bool have_xr = false;  // xr holds this backward's copy (since quantize_grad_output())
@@ -586,6 +587,7 @@ struct ConvInt16::Impl {
   struct SpanSource {
     ConvInt16::InputSpanFn fn;
     void* producer;
+    ConvInt16::InputPairSpanFn pairs = nullptr;  // the pair-only path's quantized spans, where offered
   };
   // Zeroes a row's border pixels (16 INT16 lanes each). Most borders are one pixel: a fixed-size
   // copy inlines to two stores, cheaper than a memset call per border of every row
@@ -631,7 +633,7 @@ struct ConvInt16::Impl {
   void quantize_input(const float* x, float known_max, const float* known_planes);
   void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes);
   void quantize_grad_output(const float* dy, float known_max, const float* known_planes);
-  bool recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer);
+  bool recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer, ConvInt16::InputPairSpanFn pairs);
   bool recompute_x_pairs();  // xr from `again`, at the forward's exponent (backward_weights)
 
   // ---- passes (pixel_pass.cpp, weight_grad.cpp) ---------------------------------------------

@@ -127,6 +127,9 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
     DFP_CHECK(pair && !unfolded_src && pair_step == 1, Status::internal,
               "convolution '" + name + "': pair-only quantization of a plain tensor expected");
     constexpr size_t kPiece = size_t(ConvInt16::kInputSpanPixels) * 16;  // elements per image and piece
+    // A producer that offers quantized pairs computes them in one pass, where nearest rounding's
+    // bits are all it has to give (it declines a piece that would count anything).
+    const bool pairs_at_nearest = spans && spans->pairs && qo.rounding == Rounding::nearest_even;
     ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
       simd::QuantCounters cnt;
       alignas(64) int16_t tile[2][kPiece];
@@ -139,6 +142,17 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
           int16_t* d = pair + (((size_t(p) * B + b) * h2 + y + top2) * w2 + left2) * 32;
           for (size_t o = 0; o < row_len; o += kPiece) {
             const size_t len = std::min(kPiece, row_len - o);
+            if (pairs_at_nearest && plane_e(2 * p, b) == plane_e(2 * p + images - 1, b)) {
+              int32_t mq[2];
+              if (spans->pairs(spans->producer, 2 * p, images, b, y, static_cast<int>(o / 16),
+                               static_cast<int>(len / 16), plane_e(2 * p, b), d + o * 2, mq)) {
+                for (int i = 0; i < images; ++i) {
+                  row_q[i] = std::max(row_q[i], mq[i]);
+                  cnt.max_abs_q = std::max(cnt.max_abs_q, mq[i]);
+                }
+                continue;
+              }
+            }
             for (int i = 0; i < images; ++i) {
               const size_t r = (size_t(2 * p + i) * B + b) * h + y;  // the row's index in src
               const float* from = src + r * row_len + o;
@@ -589,7 +603,8 @@ void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* prod
   quantize_x(nullptr, max_abs, known_planes, &spans);
 }
 
-bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer) {
+bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer,
+                                            ConvInt16::InputPairSpanFn pairs) {
   DFP_CHECK(fn, Status::invalid_argument, "convolution '" + name + "': recompute_input_pairs() needs a function");
   DFP_CHECK(!shared_workspace, Status::invalid_argument,
             "convolution '" + name + "': recompute_input_pairs() after use_workspace(): the region was sized without "
@@ -597,6 +612,7 @@ bool ConvInt16::Impl::recompute_input_pairs(ConvInt16::InputSpanFn fn, void* pro
   if (unfold || xp_step != 1 || gemm || opt.activations.rounding == Rounding::stochastic) return false;
   again = fn;
   again_producer = producer;
+  again_pairs = pairs;
   xr_bytes = round64(xp_elems * sizeof(int16_t));
   xp = AlignedBuffer<int16_t>();
   use_workspace(nullptr);  // the owned region is sized again on first use
@@ -615,7 +631,7 @@ bool ConvInt16::Impl::recompute_x_pairs() {
   require(have_dy, "recompute_input", "quantize_grad_output()");
   DFP_CHECK(std::isfinite(x_pairs.max_abs) && x_pairs.max_abs >= 0.f, Status::internal,
             "convolution '" + name + "': x's max|x| from the forward pass is not finite");
-  const SpanSource spans{again, again_producer};
+  const SpanSource spans{again, again_producer, again_pairs};
   const QuantStats st =
       quantize_blocked(nullptr, CB, sh.H, sh.W, nullptr, 0, 0, 0, 0, xr, xp_h, xp_w, 0, 0, step_x, x_pairs.max_abs,
                        x_slices ? x_row_max.data() : nullptr, false, &spans, 1, x_slices ? x_blk.planes.data() : nullptr);
