@@ -97,9 +97,6 @@ float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, fl
   return bwd_apply(x, dy, mask, dx, c, pixels, max0);
 }
 
-}  // namespace dfp::simd::avx512
-
-namespace dfp::simd::avx512 {
 
 // One zmm per pixel and image: the dequantization and the quantization scale by VSCALEFPS, as
 // dequantize and quantize do (exact at any exponent); VPACKSSDW then a byte shuffle within each
