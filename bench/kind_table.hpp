@@ -3,8 +3,9 @@
 // profiled layer times (Model::set_profiling) and the optimizer's time the bench measured.
 // Rows: the Conv2d/Linear passes apart from INT16's operand quantization (forward, and backward =
 // backward-data + weight gradient; INT16's two backward passes also apart, indented: oneDNN's FP32
-// layers are timed as one backward), that quantization (x and dy), every other kind by its short
-// name (forward + backward), the optimizer (update with the weights' re-quantization and packing),
+// layers are timed as one backward), that quantization (x and dy; x that a BatchNorm hands over
+// span by span is quantized inside the BatchNorm's forward, and stays in its row), every other
+// kind by its short name (forward + backward), the optimizer (update with the weights' re-quantization and packing),
 // and the step.
 #pragma once
 
@@ -33,13 +34,16 @@ inline void print_kind_table(const std::vector<KindColumn>& cols) {
       const double per = 1e3 / double(t.steps);
       const LayerTime::Int16Parts& q = t.int16;
       if (t.kind == "conv" || t.kind == "fc") {
-        ms[i][t.kind + " fwd"] += (t.forward_seconds - q.quantize_x) * per;
-        ms[i][t.kind + " bwd"] += (t.backward_seconds - q.quantize_dy) * per;
+        // Each part where the layer's own times hold it: x quantized in its forward, or again in
+        // its backward; what a producer's forward quantizes for it stays in that producer's row.
+        const double x_fwd = q.quantize_x - q.quantize_x_in_producer - q.quantize_x_in_backward;
+        ms[i][t.kind + " fwd"] += (t.forward_seconds - x_fwd) * per;
+        ms[i][t.kind + " bwd"] += (t.backward_seconds - q.quantize_dy - q.quantize_x_in_backward) * per;
         if (t.kind == "conv") {
           ms[i]["  bwd data"] += q.backward_data * per;
           ms[i]["  bwd weights"] += q.backward_weights * per;
         }
-        ms[i]["quantize x+dy"] += (q.quantize_x + q.quantize_dy) * per;
+        ms[i]["quantize x+dy"] += (x_fwd + q.quantize_x_in_backward + q.quantize_dy) * per;
         continue;
       }
       ms[i][t.kind] += (t.forward_seconds + t.backward_seconds) * per;

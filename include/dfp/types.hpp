@@ -78,8 +78,13 @@ struct LayerTime {
   // unfolding) and the weight-gradient pass (with the dy batch-pair interleave it does as it
   // goes). A pass's time includes its kernel's flushes of INT32 chains into FP32, which run
   // inside the kernel. The weights' quantization and packing run in the optimizer's time.
+  // Of quantize_x, the parts that other times hold: quantize_x_in_producer, the spans quantized
+  // inside the producer's forward (in that layer's forward_seconds, not this one's), and
+  // quantize_x_in_backward, the batch-pair copy computed again (in this layer's
+  // backward_seconds); the rest is in this layer's forward_seconds.
   struct Int16Parts {
     double quantize_x = 0, forward = 0, quantize_dy = 0, backward_data = 0, backward_weights = 0;
+    double quantize_x_in_producer = 0, quantize_x_in_backward = 0;
   } int16;
 };
 

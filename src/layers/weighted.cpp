@@ -419,6 +419,8 @@ class GroupedConv2d final : public Layer, public ReducedPrecision, public Profil
       parts_.quantize_dy += p.quantize_dy;
       parts_.backward_data += p.backward_data;
       parts_.backward_weights += p.backward_weights;
+      parts_.quantize_x_in_producer += p.quantize_x_in_producer;
+      parts_.quantize_x_in_backward += p.quantize_x_in_backward;
     }
     return &parts_;
   }

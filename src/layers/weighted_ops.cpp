@@ -214,7 +214,11 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     clock.lap(parts_.backward_data);
     // The weight gradient's copy of x, where the layer keeps none; elsewhere the call does
     // nothing, and no lap puts that into quantize_x.
-    if (q_->recompute_input()) clock.lap(parts_.quantize_x);
+    if (q_->recompute_input()) {
+      const double before = parts_.quantize_x;
+      clock.lap(parts_.quantize_x);
+      parts_.quantize_x_in_backward += parts_.quantize_x - before;
+    }
     q_->backward_weights(gw);
     clock.lap(parts_.backward_weights);
     if (st.sample)
@@ -246,7 +250,9 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     PartClock clock(st.timed);
     q_->set_step(st.step);
     q_->quantize_input_spans(fn, producer, max_abs, plane_max);
+    const double before = parts_.quantize_x;
     clock.lap(parts_.quantize_x);
+    parts_.quantize_x_in_producer += parts_.quantize_x - before;
     input_taken_ = true;
   }
   bool input_taken() const override { return input_taken_; }
