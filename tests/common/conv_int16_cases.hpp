@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -182,6 +185,26 @@ inline Outputs run_verified_exact(const Context& ctx, const ConvShape& s, const 
   expect_equal(r.dx, dx, "dx");
   expect_equal(r.dw, dw, "dw");
   return r;
+}
+
+// A layer's operands in the blocked layout: weights, x (with `images_apart`, image n scaled by
+// 2^-n) and dy from seeds seed .. seed + 2, and max|x|.
+struct BlockedCase {
+  std::vector<float> w, xb, dyb;
+  float max_x = 0.f;
+};
+inline BlockedCase blocked_case(const ConvShape& s, uint32_t seed, bool images_apart) {
+  auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, seed, -2.f, 2.f);
+  if (images_apart)
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], -int(i / (x.size() / s.N)));
+  const auto dy = random_vec(size_t(s.N) * s.K * s.OH() * s.OW(), seed + 2, -1e-3f, 1e-3f);
+  BlockedCase c{random_vec(size_t(s.K) * s.C * s.R * s.S, seed + 1, -0.3f, 0.3f),
+                std::vector<float>(blocked_size(s.N, s.C, s.H, s.W)),
+                std::vector<float>(blocked_size(s.N, s.K, s.OH(), s.OW()))};
+  to_blocked(x.data(), c.xb.data(), s.N, s.C, s.H, s.W);
+  to_blocked(dy.data(), c.dyb.data(), s.N, s.K, s.OH(), s.OW());
+  for (float v : c.xb) c.max_x = std::max(c.max_x, std::fabs(v));
+  return c;
 }
 
 }  // namespace dfp::test::conv_int16_cases

@@ -1,0 +1,205 @@
+// INT16 convolution fed by a producer's spans: x quantized span by span as a BatchNorm hands it
+// over (quantize_input_spans), and the weight gradient's batch-pair copy computed again from the
+// producer in the backward pass (recompute_input_pairs), with and without quantized pairs offered.
+// The rest of the operator's suite is in conv_int16_test.cpp.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "dfp/context.hpp"
+#include "dfp/conv.hpp"
+#include "dfp/status.hpp"
+#include "simd/kernel_table.hpp"
+#include "src/core/aligned_buffer.hpp"
+#include "tests/common/conv_int16_cases.hpp"
+#include "tests/common/expect_error.hpp"
+#include "tests/common/reference.hpp"
+
+using namespace dfp;
+using namespace test::conv_int16_cases;
+
+namespace {
+// x's spans from a blocked tensor, as a BatchNorm hands them to a conv; counts the calls.
+struct Producer {
+  const std::vector<float>* xb;
+  ConvShape s;
+  std::atomic<int> calls{0};
+  static void span(void* self, int n, int b, int h, int w0, int count, float* out) {
+    auto& p = *static_cast<Producer*>(self);
+    ASSERT_LE(count, ConvInt16::kInputSpanPixels);
+    const size_t off = ((size_t(n) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
+    std::memcpy(out, p.xb->data() + off * 16, size_t(count) * 16 * sizeof(float));
+    ++p.calls;
+  }
+  // The spans of images n and n + 1 quantized (the reference's nearest rounding) and interleaved,
+  // declining rows h = 1 (mod 3) and whatever the quantization would count, as a producer may.
+  std::atomic<int> pair_calls{0};
+  static bool pair_span(void* self, int n, int images, int b, int h, int w0, int count, int exponent, int16_t* out,
+                        int32_t* max_q) {
+    auto& p = *static_cast<Producer*>(self);
+    if (h % 3 == 1) return false;
+    const size_t len = size_t(count) * 16;
+    std::vector<float> f(len);
+    std::vector<int16_t> q[2] = {std::vector<int16_t>(len), std::vector<int16_t>(len, 0)};
+    for (int i = 0; i < images; ++i) {
+      const size_t off = ((size_t(n + i) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
+      std::memcpy(f.data(), p.xb->data() + off * 16, len * sizeof(float));
+      simd::QuantCounters cnt;
+      simd::ref::quantize(f.data(), q[i].data(), len, exponent, Rounding::nearest_even, 0, 0, &cnt);
+      if (cnt.saturated || cnt.nonfinite || cnt.max_abs_q >= 32767) return false;
+      max_q[i] = cnt.max_abs_q;
+    }
+    if (images == 1) max_q[1] = 0;
+    simd::ref::interleave(q[0].data(), images == 2 ? q[1].data() : nullptr, out, len);
+    ++p.pair_calls;
+    return true;
+  }
+};
+}  // namespace
+
+// quantize_input_spans gives the bits of quantize_input_with_max_abs on the tensor the spans make
+// up: forward output, weight gradient (which reads the batch-pair copy), stats, for nearest and
+// stochastic rounding, rows wider than one span (W = 150 > 128) and a strided padded layer.
+TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
+  Context ctx(ContextOptions{.threads = 2});
+  for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1)})
+    for (Rounding r : {Rounding::nearest_even, Rounding::stochastic})
+    for (Granularity g : {Granularity::tensor, Granularity::slice}) {  // slice: spans asked for more than once
+      DfpConvOptions o;
+      o.activations.rounding = r;
+      o.activations.seed = 77;
+      o.activations.granularity = g;
+      const auto [w, xb, dyb, mx] = blocked_case(s, 41, true);
+      std::vector<float> y[2], dw[2];
+      ConvStats st[2];
+      for (int k = 0; k < 2; ++k) {
+        ConvInt16 c(ctx, s, o, "spans");
+        ASSERT_TRUE(c.accepts_input_spans());
+        c.set_step(5);
+        c.set_weights(w.data());
+        Producer p{&xb, s};
+        if (k == 0)
+          c.quantize_input_with_max_abs(xb.data(), mx);
+        else
+          c.quantize_input_spans(&Producer::span, &p, mx);
+        y[k].assign(blocked_size(s.N, s.K, s.OH(), s.OW()), 0.f);
+        dw[k].assign(w.size(), 0.f);
+        c.forward(y[k].data());
+        c.quantize_grad_output(dyb.data());
+        c.backward_weights(dw[k].data());
+        st[k] = c.stats();
+      }
+      expect_bits_equal(y[0], y[1], "forward");
+      expect_bits_equal(dw[0], dw[1], "backward_weights");
+      EXPECT_EQ(st[0].x.exponent, st[1].x.exponent);
+      EXPECT_EQ(st[0].x.exponent_min, st[1].x.exponent_min);
+      EXPECT_EQ(st[0].x.max_abs_int, st[1].x.max_abs_int);
+      EXPECT_EQ(st[0].x.saturated, st[1].x.saturated);
+    }
+  // A layer with unfolded columns gathers x across columns: spans are refused, naming the layer.
+  ConvInt16 first(ctx, make(1, 3, 8, 8, 16, 3, 3, 1, 1), {}, "stem");
+  EXPECT_FALSE(first.accepts_input_spans());
+  test::expect_error([&] { first.quantize_input_spans(&Producer::span, nullptr, 1.f); }, Status::invalid_argument, {"stem"});
+  ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
+  EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, -1.f), Error);
+  EXPECT_THROW(c.quantize_input_spans(&Producer::span, nullptr, INFINITY), Error);
+}
+
+// recompute_input_pairs: the weight gradient's batch-pair copy of x is not kept but quantized
+// again from the producer in backward_weights(), with the bits of the kept copy (forward, both
+// backward passes), for nearest and biased rounding, one exponent or per-slice ones, rows wider
+// than one span, an odd batch, a strided padded layer and a 1x1 layer, in a shared workspace that
+// something else overwrote between the passes; also where the producer offers the spans already
+// quantized into pairs (asked for under nearest rounding only, and declined for some rows). The workspace grows by the copy; a producer that
+// changed its values since the forward changes dW (the copy really is computed again). Shapes
+// whose copy is of another form (subsampled, unfolded, 1x1 pixels) and stochastic rounding keep it.
+TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
+  Context ctx(ContextOptions{.threads = 2});
+  for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1),
+                             make(3, 16, 5, 6, 40, 1, 1, 1, 0)})
+    for (Rounding r : {Rounding::nearest_even, Rounding::biased})
+    for (Granularity g : {Granularity::tensor, Granularity::slice}) {
+      DfpConvOptions o;
+      o.activations.rounding = r;
+      o.activations.granularity = g;
+      const auto [w, xb, dyb, mx] = blocked_case(s, 51, true);
+      std::vector<float> y[4], dx[4], dw[4];
+      size_t ws[4];
+      ConvStats st[4];
+      // Kept, recomputed, recomputed from changed values, recomputed with quantized pairs offered.
+      for (int k = 0; k < 4; ++k) {
+        ConvInt16 c(ctx, s, o, "again");
+        std::vector<float> xk = xb;  // the producer's values, changed between the passes where k = 2
+        Producer p{&xk, s};
+        const size_t kept = c.workspace_bytes();
+        if (k > 0) {
+          ASSERT_TRUE(c.recompute_input_pairs(&Producer::span, &p, k == 3 ? &Producer::pair_span : nullptr));
+        }
+        ws[k] = c.workspace_bytes();
+        AlignedBuffer<std::byte> region(ws[k]);
+        c.use_workspace(region.data());
+        c.set_step(3);
+        c.set_weights(w.data());
+        c.quantize_input_spans(&Producer::span, &p, mx);
+        y[k].assign(blocked_size(s.N, s.K, s.OH(), s.OW()), 0.f);
+        c.forward(y[k].data());
+        std::memset(region.data(), 0x5a, ws[k]);  // another layer's use of the region
+        if (k == 2) xk[xk.size() / 2 + 16] *= 0.5f;
+        const int before = p.calls.load();
+        c.quantize_grad_output(dyb.data());
+        dx[k].assign(xb.size(), 0.f);
+        dw[k].assign(w.size(), 0.f);
+        c.backward_data(dx[k].data());
+        if (k != 2) {  // nothing to do where k = 0; where k = 2 backward_weights does it
+          EXPECT_EQ(c.recompute_input(), k > 0);
+        }
+        const int recomputed = p.calls.load() + p.pair_calls.load();
+        c.backward_weights(dw[k].data());
+        st[k] = c.stats();
+        EXPECT_EQ(p.calls.load() + p.pair_calls.load() > before, k > 0);
+        if (k == 1 || k == 3) {
+          EXPECT_EQ(p.calls.load() + p.pair_calls.load(), recomputed);  // not computed twice
+        }
+        // Quantized pairs are taken where offered under nearest rounding, and the declined rows
+        // come as float spans.
+        EXPECT_EQ(p.pair_calls.load() > 0, k == 3 && r == Rounding::nearest_even);
+        if (k == 3) {
+          EXPECT_GT(p.calls.load(), before);
+        }
+        if (k > 0) {
+          EXPECT_GE(ws[k], kept + size_t(s.N + 1) / 2 * 2 * s.H * s.W * channel_blocks(s.C) * 16 * 2);
+        }
+      }
+      expect_bits_equal(y[0], y[1], "forward");
+      expect_bits_equal(dx[0], dx[1], "backward_data");
+      expect_bits_equal(dw[0], dw[1], "backward_weights");
+      expect_bits_equal(y[0], y[3], "forward, pairs offered");
+      expect_bits_equal(dx[0], dx[3], "backward_data, pairs offered");
+      expect_bits_equal(dw[0], dw[3], "backward_weights, pairs offered");
+      EXPECT_NE(0, std::memcmp(dw[0].data(), dw[2].data(), dw[0].size() * sizeof(float)));
+      EXPECT_EQ(st[0].chain_wgrad, st[1].chain_wgrad);
+      EXPECT_EQ(st[0].chain_wgrad, st[3].chain_wgrad);
+    }
+  auto refused = [&](const ConvShape& s, DfpConvOptions o, const char* what) {
+    ConvInt16 c(ctx, s, o, "kept");
+    const size_t ws = c.workspace_bytes();
+    EXPECT_FALSE(c.recompute_input_pairs(&Producer::span, nullptr)) << what;
+    EXPECT_EQ(c.workspace_bytes(), ws) << what;
+  };
+  DfpConvOptions stochastic;
+  stochastic.activations.rounding = Rounding::stochastic;
+  refused(make(2, 16, 6, 6, 16, 3, 3, 1, 1), stochastic, "stochastic");
+  refused(make(2, 3, 8, 8, 16, 3, 3, 1, 1), {}, "unfolded");
+  refused(make(2, 16, 8, 8, 32, 1, 1, 2, 0), {}, "subsampled");
+  refused(make(4, 32, 1, 1, 16, 1, 1, 1, 0), {}, "1x1 pixels");
+  ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
+  test::expect_error([&] { c.recompute_input_pairs(nullptr, nullptr); }, Status::invalid_argument, {"'c'"});
+  AlignedBuffer<std::byte> region(c.workspace_bytes());  // sized without the copy
+  c.use_workspace(region.data());
+  test::expect_error([&] { c.recompute_input_pairs(&Producer::span, nullptr); }, Status::invalid_argument,
+                     {"'c'", "use_workspace"});
+}
