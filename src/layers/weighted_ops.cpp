@@ -175,6 +175,12 @@ class PartClock {
     sum += std::chrono::duration<double>(now - t_).count();
     t_ = now;
   }
+  // The same interval into sum and into `within`, which says where part of sum is held.
+  void lap(double& sum, double& within) {
+    const double before = sum;
+    lap(sum);
+    within += sum - before;
+  }
 
  private:
   bool on_;
@@ -214,11 +220,7 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     clock.lap(parts_.backward_data);
     // The weight gradient's copy of x, where the layer keeps none; elsewhere the call does
     // nothing, and no lap puts that into quantize_x.
-    if (q_->recompute_input()) {
-      const double before = parts_.quantize_x;
-      clock.lap(parts_.quantize_x);
-      parts_.quantize_x_in_backward += parts_.quantize_x - before;
-    }
+    if (q_->recompute_input()) clock.lap(parts_.quantize_x, parts_.quantize_x_in_backward);
     q_->backward_weights(gw);
     clock.lap(parts_.backward_weights);
     if (st.sample)
@@ -250,9 +252,7 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     PartClock clock(st.timed);
     q_->set_step(st.step);
     q_->quantize_input_spans(fn, producer, max_abs, plane_max);
-    const double before = parts_.quantize_x;
-    clock.lap(parts_.quantize_x);
-    parts_.quantize_x_in_producer += parts_.quantize_x - before;
+    clock.lap(parts_.quantize_x, parts_.quantize_x_in_producer);
     input_taken_ = true;
   }
   bool input_taken() const override { return input_taken_; }
