@@ -35,15 +35,17 @@ inline void print_kind_table(const std::vector<KindColumn>& cols) {
       const LayerTime::Int16Parts& q = t.int16;
       if (t.kind == "conv" || t.kind == "fc") {
         // Each part where the layer's own times hold it: x quantized in its forward, or again in
-        // its backward; what a producer's forward quantizes for it stays in that producer's row.
+        // its backward, dy in its backward; what a neighbour's pass quantizes for it (x in the
+        // producer's forward, dy in the BatchNorm's backward) stays in that neighbour's row.
         const double x_fwd = q.quantize_x - q.quantize_x_in_producer - q.quantize_x_in_backward;
+        const double dy_own = q.quantize_dy - q.quantize_dy_in_producer;
         ms[i][t.kind + " fwd"] += (t.forward_seconds - x_fwd) * per;
-        ms[i][t.kind + " bwd"] += (t.backward_seconds - q.quantize_dy - q.quantize_x_in_backward) * per;
+        ms[i][t.kind + " bwd"] += (t.backward_seconds - dy_own - q.quantize_x_in_backward) * per;
         if (t.kind == "conv") {
           ms[i]["  bwd data"] += q.backward_data * per;
           ms[i]["  bwd weights"] += q.backward_weights * per;
         }
-        ms[i]["quantize x+dy"] += (x_fwd + q.quantize_x_in_backward + q.quantize_dy) * per;
+        ms[i]["quantize x+dy"] += (x_fwd + q.quantize_x_in_backward + dy_own) * per;
         continue;
       }
       ms[i][t.kind] += (t.forward_seconds + t.backward_seconds) * per;

@@ -250,7 +250,8 @@ void run_batch(const Options& opt, int batch) {
     const double passes_ops = ops * (first ? 2 : 3);
     ops_all += passes_ops;
     passes_only += passes;
-    quant += (p.quantize_x - p.quantize_x_in_producer + p.quantize_dy) * per;  // within the layer's own time
+    quant += (p.quantize_x - p.quantize_x_in_producer + p.quantize_dy - p.quantize_dy_in_producer) *
+             per;  // within the layer's own time
     in_training += (t.forward_seconds + t.backward_seconds) * per;
     alone_all += a.fwd + a.bwd_data + a.bwd_weights;
     f32_conv += f32_ms / 1e3;

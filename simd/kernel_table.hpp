@@ -319,7 +319,8 @@ using BnMomentsFn = void (*)(const float* x, size_t pixels, float* centre, float
                              float* max);
 // Backward, with xhat = (x * x_scale - mean) * inv (x the saved input: DFP16 integers with
 // x_scale = 2^e, or FP32 with x_scale = 1):
-//   sums:  sdy += dy;  sdyx += dy * (x * x_scale - mean) * inv
+//   sums:  sdy += dy;  sdyx += dy * (x * x_scale - mean) * inv;  glo, ghi: running min and max of
+//          dy (as masked; NaN never wins), from which the caller estimates max|dx| before apply
 //   apply: dx = k1 * (dy - k2 - xhat * k3)          (dx may be dy); returns max(max0, |dx|), NaN never winning
 // `mask` (one word per pixel, or null) is a fused ReLU's: where its bit is clear dy counts as 0.
 struct BnCoefficients {
@@ -327,9 +328,9 @@ struct BnCoefficients {
   float x_scale;
 };
 using BnBwdSumsS16Fn = void (*)(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c,
-                                size_t pixels, float* sdy, float* sdyx);
+                                size_t pixels, float* sdy, float* sdyx, float* glo, float* ghi);
 using BnBwdSumsF32Fn = void (*)(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c,
-                                size_t pixels, float* sdy, float* sdyx);
+                                size_t pixels, float* sdy, float* sdyx, float* glo, float* ghi);
 using BnBwdApplyS16Fn = float (*)(const int16_t* x, const float* dy, const uint16_t* mask, float* dx,
                                   const BnCoefficients& c, size_t pixels, float max0);
 using BnBwdApplyF32Fn = float (*)(const float* x, const float* dy, const uint16_t* mask, float* dx,

@@ -148,6 +148,20 @@ class ConvInt16 {
   static constexpr int kInputSpanPixels = 128;
   bool accepts_input_spans() const noexcept;
   void quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs = nullptr);
+  // Producer-fused output gradient: dy asked of its producer a span at a time (as
+  // quantize_input_spans asks for x; a span fn returns the largest magnitude it wrote, NaN never
+  // winning), so dy never exists in memory as FP32 (a BatchNorm's backward computes dx, this
+  // conv's dy, span by span). estimate: the producer's estimate of max|dy| (an upper bound
+  // usually is), whose exponent the spans are first quantized at; the operator takes max|dy| from
+  // the spans as they come and, where its exponent is not the estimate's, asks for every span
+  // again and quantizes at that. So the result always has the bits of
+  // quantize_grad_output_with_max_abs on the tensor the spans make up, with its max|dy|; the
+  // estimate decides only how often the spans are computed twice. Returns whether the estimate's
+  // exponent held (once over the spans). Not available where accepts_grad_output_spans() is false
+  // (Granularity::slice gradients).
+  using GradSpanFn = float (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
+  bool accepts_grad_output_spans() const noexcept;
+  bool quantize_grad_output_spans(GradSpanFn fn, void* producer, float estimate);
   // Where x's producer can compute x again, span by span, from the end of the forward pass until
   // backward_weights() (a BatchNorm does, from the DFP16 input its own backward keeps), the batch-
   // pair copy of x that the weight gradient reads need not persist between the passes: from this

@@ -51,6 +51,11 @@ struct LayerSpec {
   // quantizes each span, the add adds it -- and the FP32 tensor is not written (Model::set_fusion;
   // training steps without numerics sampling), once built
   bool input_spans = false;
+  // conv (int16): its output gradient comes span by span from the BatchNorm that alone reads its
+  // output and runs right after it, computed as the conv quantizes it; that FP32 gradient is not
+  // written (Model::set_fusion; training steps without numerics sampling or adaptive loss
+  // scaling), once built
+  bool grad_spans = false;
   uint64_t seed = 0;             // dropout: its random stream (set by build())
 
   // The parameters as the kind's type (ConvParams for a conv, ...).

@@ -81,10 +81,13 @@ struct LayerTime {
   // Of quantize_x, the parts that other times hold: quantize_x_in_producer, the spans quantized
   // inside the producer's forward (in that layer's forward_seconds, not this one's), and
   // quantize_x_in_backward, the batch-pair copy computed again (in this layer's
-  // backward_seconds); the rest is in this layer's forward_seconds.
+  // backward_seconds); the rest is in this layer's forward_seconds. Of quantize_dy,
+  // quantize_dy_in_producer: dy computed span by span and quantized inside the backward of the
+  // BatchNorm that reads this layer's output (in that layer's backward_seconds, with its
+  // computation of each span); the rest is in this layer's backward_seconds.
   struct Int16Parts {
     double quantize_x = 0, forward = 0, quantize_dy = 0, backward_data = 0, backward_weights = 0;
-    double quantize_x_in_producer = 0, quantize_x_in_backward = 0;
+    double quantize_x_in_producer = 0, quantize_x_in_backward = 0, quantize_dy_in_producer = 0;
   } int16;
 };
 

@@ -29,19 +29,24 @@ inline __m256 abs_ps(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x
 
 template <class T>
 void bwd_sums(const T* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels, float* sdy,
-              float* sdyx) {
+              float* sdyx, float* glo, float* ghi) {
   const __m256 xs = _mm256_set1_ps(c.x_scale);
   for (int h = 0; h < 2; ++h) {
     const __m256 mean = _mm256_loadu_ps(c.mean + 8 * h), inv = _mm256_loadu_ps(c.inv + 8 * h);
     __m256 a = _mm256_loadu_ps(sdy + 8 * h), b = _mm256_loadu_ps(sdyx + 8 * h);
+    __m256 lo = _mm256_loadu_ps(glo + 8 * h), hi = _mm256_loadu_ps(ghi + 8 * h);
     for (size_t i = 0; i < pixels; ++i) {
       const __m256 g = load_grad(dy, mask, i, h);
       a = _mm256_add_ps(a, g);
+      lo = _mm256_min_ps(g, lo);  // second operand on NaN: NaN never wins
+      hi = _mm256_max_ps(g, hi);
       const __m256 centred = _mm256_sub_ps(_mm256_mul_ps(load_x(x + i * 16 + 8 * h), xs), mean);
       b = _mm256_add_ps(b, _mm256_mul_ps(_mm256_mul_ps(g, centred), inv));
     }
     _mm256_storeu_ps(sdy + 8 * h, a);
     _mm256_storeu_ps(sdyx + 8 * h, b);
+    _mm256_storeu_ps(glo + 8 * h, lo);
+    _mm256_storeu_ps(ghi + 8 * h, hi);
   }
 }
 
@@ -106,12 +111,12 @@ void bn_moments(const float* x, size_t pixels, float* centre, float* dev, float*
 }
 
 void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx) {
-  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
+                     float* sdy, float* sdyx, float* glo, float* ghi) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx, glo, ghi);
 }
 void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx) {
-  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
+                     float* sdy, float* sdyx, float* glo, float* ghi) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx, glo, ghi);
 }
 float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
                        size_t pixels, float max0) {

@@ -21,17 +21,22 @@ inline __m512 load_grad(const float* dy, const uint16_t* mask, size_t i) {
 
 template <class T>
 void bwd_sums(const T* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels, float* sdy,
-              float* sdyx) {
+              float* sdyx, float* glo, float* ghi) {
   const __m512 xs = _mm512_set1_ps(c.x_scale), mean = _mm512_loadu_ps(c.mean), inv = _mm512_loadu_ps(c.inv);
   __m512 a = _mm512_loadu_ps(sdy), b = _mm512_loadu_ps(sdyx);
+  __m512 lo = _mm512_loadu_ps(glo), hi = _mm512_loadu_ps(ghi);
   for (size_t i = 0; i < pixels; ++i) {
     const __m512 g = load_grad(dy, mask, i);
     a = _mm512_add_ps(a, g);
+    lo = _mm512_min_ps(g, lo);  // second operand on NaN: NaN never wins
+    hi = _mm512_max_ps(g, hi);
     const __m512 centred = _mm512_sub_ps(_mm512_mul_ps(load_x(x + i * 16), xs), mean);
     b = _mm512_add_ps(b, _mm512_mul_ps(_mm512_mul_ps(g, centred), inv));
   }
   _mm512_storeu_ps(sdy, a);
   _mm512_storeu_ps(sdyx, b);
+  _mm512_storeu_ps(glo, lo);
+  _mm512_storeu_ps(ghi, hi);
 }
 
 template <class T>
@@ -81,12 +86,12 @@ void bn_moments(const float* x, size_t pixels, float* centre, float* dev, float*
 }
 
 void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx) {
-  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
+                     float* sdy, float* sdyx, float* glo, float* ghi) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx, glo, ghi);
 }
 void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx) {
-  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
+                     float* sdy, float* sdyx, float* glo, float* ghi) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx, glo, ghi);
 }
 float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
                        size_t pixels, float max0) {

@@ -15,12 +15,14 @@ inline float grad(const float* dy, const uint16_t* mask, size_t i, int l) {
 
 template <class T>
 void bwd_sums(const T* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels, float* sdy,
-              float* sdyx) {
+              float* sdyx, float* glo, float* ghi) {
   for (size_t i = 0; i < pixels; ++i)
     for (int l = 0; l < 16; ++l) {
       const size_t e = i * 16 + l;
       const float g = grad(dy, mask, i, l);
       sdy[l] += g;
+      glo[l] = g < glo[l] ? g : glo[l];  // NaN never wins
+      ghi[l] = g > ghi[l] ? g : ghi[l];
       sdyx[l] += g * (float(x[e]) * c.x_scale - c.mean[l]) * c.inv[l];
     }
 }
@@ -69,12 +71,12 @@ void bn_moments(const float* x, size_t pixels, float* centre, float* dev, float*
 }
 
 void bn_bwd_sums_s16(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx) {
-  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
+                     float* sdy, float* sdyx, float* glo, float* ghi) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx, glo, ghi);
 }
 void bn_bwd_sums_f32(const float* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels,
-                     float* sdy, float* sdyx) {
-  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx);
+                     float* sdy, float* sdyx, float* glo, float* ghi) {
+  bwd_sums(x, dy, mask, c, pixels, sdy, sdyx, glo, ghi);
 }
 float bn_bwd_apply_s16(const int16_t* x, const float* dy, const uint16_t* mask, float* dx, const BnCoefficients& c,
                        size_t pixels, float max0) {

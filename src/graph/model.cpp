@@ -146,6 +146,15 @@ void Model::Impl::build(int b, const PrecisionPolicy& policy) {
         }
       }
     }
+  if (fusion)  // a BatchNorm right after the conv whose output only it reads hands the conv its dy as spans
+    for (size_t c = 2; c < nodes.size(); ++c) {
+      NodeInfo& n = nodes[c];
+      if (!n.layer || n.inputs.size() != 1 || n.inputs[0] != int(c) - 1) continue;
+      NodeInfo& producer = nodes[c - 1];
+      auto* feeds = n.layer->as<model::FeedsGradSpans>();
+      if (producer.layer && producer.consumers == 1 && feeds && feeds->feed_grad_spans_to(producer.layer.get()))
+        producer.spec.grad_spans = true;
+    }
   for (size_t c = 1; c < nodes.size(); ++c)  // add(x, x): both parts of x's gradient need x's one spare buffer
     for (size_t k = 1; k < nodes[c].inputs.size(); ++k) {
       const int i = nodes[c].inputs[k];

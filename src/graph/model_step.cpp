@@ -263,10 +263,13 @@ bool Model::Impl::backward(const float* logits_grad) {
         if (dxs.back() != n.grad) poison_fresh(dxs.back(), in.elements);  // not in place
       }
     }
-    poison_workspace();
+    // The workspace holds the dy that the BatchNorm after this layer already quantized for it.
+    const auto* takes = poison ? n.layer->as<model::TakesGradSpans>() : nullptr;  // a debug run only
+    if (!(takes && takes->grad_taken())) poison_workspace();
     if (fusion) {
       stb.grad_max_abs = n.grad_max;
       stb.grad_plane_max = n.grad_planes;
+      stb.grad_spans = !adaptive;  // adaptive scaling reads each layer's dy
     }
     n.layer->backward(ctx, xs, n.layer->backward_reads_output() ? n.act : nullptr, n.grad, dxs, stb);
     finite &= unscale_params(n);

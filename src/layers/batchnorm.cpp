@@ -30,7 +30,11 @@ namespace {
 // combined in FP64: the forward statistics as each run's mean and squared deviations about it
 // (bn_moments, Chan et al.), the backward sums as plain run totals (the error of a 256-term FP32
 // sum at most).
-class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima, public FeedsSpans {
+class BatchNorm final : public Layer,
+                        public AbsorbsRelu,
+                        public MeasuresMaxima,
+                        public FeedsSpans,
+                        public FeedsGradSpans {
  public:
   explicit BatchNorm(double eps) : eps_(eps) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override { return in[0]; }
@@ -56,6 +60,8 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
     part_n_.assign(size_t(cb_of(s_)) * slices_, 0.0);
     part_min_.assign(part_a_.size(), 0.f);
     part_max_.assign(part_a_.size(), 0.f);
+    part_glo_.assign(part_a_.size(), 0.f);
+    part_ghi_.assign(part_a_.size(), 0.f);
     fa_.assign(cp, 0.f);
     job_.assign(size_t(cp) * 3, 0.0);
     lo_.assign(cp, 0.f);
@@ -106,6 +112,14 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
     if (consumer_ && from_saved_)
       consumer_->recompute_input_spans(slot, &BatchNorm::recompute_span, this, &BatchNorm::recompute_pair_span);
     return consumer_ != nullptr;
+  }
+  // Backward: where this layer's input is an INT16 conv's output that only it reads, the conv's
+  // dy (this layer's dx) is computed span by span as the conv quantizes it (grad_span), with the
+  // saved DFP16 input (so under the INT16 policy only).
+  bool feed_grad_spans_to(Layer* producer) override {
+    grad_consumer_ = xq_.size() ? producer->as<TakesGradSpans>() : nullptr;
+    if (grad_consumer_ && !grad_consumer_->accepts_grad_spans()) grad_consumer_ = nullptr;
+    return grad_consumer_ != nullptr;
   }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo& st) override {
     const int CB = cb_of(s_);
@@ -197,8 +211,8 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
   }
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
-    if (xq_.size()) backward_from(ctx, xq_.data(), std::ldexp(1.f, xq_exp_), dy, dx[0], st.statistics_sum);
-    else backward_from(ctx, x[0], 1.f, dy, dx[0], st.statistics_sum);
+    if (xq_.size()) backward_from(ctx, xq_.data(), std::ldexp(1.f, xq_exp_), dy, dx[0], st);
+    else backward_from(ctx, x[0], 1.f, dy, dx[0], st);
   }
   void parameters(std::vector<Parameter>& out) override {
     // The padded lanes are part of the storage; their gradient is always 0, so they stay 0.
@@ -374,14 +388,16 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
     m2 += m2_b + delta * delta * (count * count_b / total);
   }
 
-  // Backward's sums: calls term(blk, first element, pixels, a[16], b[16]) over runs of at most
-  // kRun pixels of every plane, accumulating into FP32 lanes that each run starts at zero, then
-  // adds each run's lanes into the FP64 partials part_a_, part_b_ per (channel block, batch slice,
-  // lane).
+  // Backward's sums: calls term(blk, first element, pixels, a[16], b[16], glo[16], ghi[16]) over
+  // runs of at most kRun pixels of every plane, accumulating into FP32 lanes that each run starts
+  // at zero, then adds each run's lanes into the FP64 partials part_a_, part_b_ per (channel
+  // block, batch slice, lane); glo and ghi, the gradient's extremes, run on over a task's runs.
   template <class Term>
   void reduce(const Context& ctx, Term term) {
     std::fill(part_a_.begin(), part_a_.end(), 0.0);
     std::fill(part_b_.begin(), part_b_.end(), 0.0);
+    std::fill(part_glo_.begin(), part_glo_.end(), std::numeric_limits<float>::infinity());
+    std::fill(part_ghi_.begin(), part_ghi_.end(), -std::numeric_limits<float>::infinity());
     const int S = slices_, CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     ctx.parallel_for(int64_t(CB) * S, [&](int64_t t0, int64_t t1) {
@@ -393,7 +409,8 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
           for (size_t i0 = 0; i0 < hw; i0 += kRun) {
             alignas(64) float fa[16] = {}, fb[16] = {};
-            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb);
+            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb, part_glo_.data() + size_t(t) * 16,
+                 part_ghi_.data() + size_t(t) * 16);
             for (int l = 0; l < 16; ++l) { A[l] += fa[l]; B[l] += fb[l]; }
           }
         }
@@ -408,25 +425,25 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
   }
 
   // x[i] * x_scale is the saved input (FP32, or DFP16 with x_scale = 2^e).
+  simd::BnCoefficients coefficients(int blk, float x_scale) const {
+    return simd::BnCoefficients{mean_.data() + blk * 16, invstd_.data() + blk * 16, k1_.data() + blk * 16,
+                                k2_.data() + blk * 16, k3_.data() + blk * 16, x_scale};
+  }
   template <class T>
-  void backward_from(const Context& ctx, const T* x, float x_scale, const float* dy, float* dx,
-                     const std::function<void(double*, size_t)>* sums) {
+  void backward_from(const Context& ctx, const T* x, float x_scale, const float* dy, float* dx, const StepInfo& st) {
+    const std::function<void(double*, size_t)>* sums = st.statistics_sum;
     const int CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     const double m = sums ? job_count_ : double(s_.n) * hw;
-    const float *mean = mean_.data(), *inv = invstd_.data();
     // Fused ReLU: the kernels read dy through its mask (0 where the ReLU blocked it).
     const uint16_t* mask = relu_ ? mask_.data() : nullptr;
-    auto coefficients = [&](int blk) {
-      return simd::BnCoefficients{mean + blk * 16, inv + blk * 16, k1_.data() + blk * 16, k2_.data() + blk * 16,
-                                  k3_.data() + blk * 16, x_scale};
-    };
-    auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx) {
+    auto coefficients = [&](int blk) { return this->coefficients(blk, x_scale); };
+    auto term = [&](int blk, size_t e, size_t np, float* sdy, float* sdyx, float* glo, float* ghi) {
       const uint16_t* m = mask ? mask + e / 16 : nullptr;
       if constexpr (std::is_same_v<T, int16_t>)
-        ctx.kernels().bn_bwd_sums_s16.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
+        ctx.kernels().bn_bwd_sums_s16.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx, glo, ghi);
       else
-        ctx.kernels().bn_bwd_sums_f32.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx);
+        ctx.kernels().bn_bwd_sums_f32.fn(x + e, dy + e, m, coefficients(blk), np, sdy, sdyx, glo, ghi);
     };
     reduce(ctx, term);
     if (sums) {  // the job's sums (dx); the parameter gradients stay this process's own
@@ -448,6 +465,16 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
     }
     in_grad_max_ = -1.f;
     if (!dx) return;
+    if constexpr (std::is_same_v<T, int16_t>) {
+      if (grad_consumer_ && st.grad_spans && !st.sample) {
+        const float estimate = grad_max_estimate();
+        if (estimate >= 0.f) {
+          grad_ = {dy, &ctx};
+          grad_consumer_->take_grad_spans(&BatchNorm::grad_span, this, estimate, st);
+          return;
+        }
+      }
+    }
     std::atomic<float> dx_max{0.f};
     for_blocks(ctx, s_.n, CB, [&](int n, int blk) {
       const size_t off = (size_t(n) * CB + blk) * plane(s_);
@@ -464,6 +491,39 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
     in_grad_max_ = dx_max.load();
   }
 
+  // The conv's dy for one span: dx of `count` pixels from the saved DFP16 input and dy, through
+  // the apply kernel that writes the whole tensor otherwise (the same bits); returns max|dx|.
+  static float grad_span(void* self, int n, int b, int h, int w0, int count, float* out) {
+    const BatchNorm& bn = *static_cast<const BatchNorm*>(self);
+    const size_t off = span_offset(bn, n, b, h, w0);
+    return bn.grad_.ctx->kernels().bn_bwd_apply_s16.fn(bn.xq_.data() + off, bn.grad_.dy + off,
+                                                        bn.relu_ ? bn.mask_.data() + off / 16 : nullptr, out,
+                                                        bn.coefficients(b, std::ldexp(1.f, bn.xq_exp_)), size_t(count),
+                                                        0.f);
+  }
+  // An estimate of max|dx| before any dx is computed, from each channel's extremes of the masked
+  // dy (the sums' pass) and of x (the forward's): dx = k1 (g - k2 - xhat k3) is affine in (g,
+  // xhat), so over the box of the two ranges its magnitude is largest at a corner. That bounds
+  // the exact dx (less the FP32 roundings), which is what the conv needs to quantize dy at the
+  // exponent of max|dx| on the first pass over the spans; it checks and redoes a miss.
+  // Negative where not finite (a non-finite gradient takes the plain path).
+  float grad_max_estimate() const {
+    double m = 0;
+    for (int c = 0; c < s_.c; ++c) {
+      float glo = std::numeric_limits<float>::infinity(), ghi = -glo;
+      for (int sl = 0; sl < slices_; ++sl) {
+        const size_t i = (size_t(c / 16) * slices_ + sl) * 16 + c % 16;
+        glo = std::min(glo, part_glo_[i]);
+        ghi = std::max(ghi, part_ghi_[i]);
+      }
+      const double xl = (double(lo_[c]) - mean_[c]) * invstd_[c], xh = (double(hi_[c]) - mean_[c]) * invstd_[c];
+      const double a = xl * k3_[c], b = xh * k3_[c];
+      const double t0 = double(glo) - k2_[c] - std::max(a, b), t1 = double(ghi) - k2_[c] - std::min(a, b);
+      m = std::max(m, std::fabs(double(k1_[c])) * std::max(std::fabs(t0), std::fabs(t1)));
+    }
+    return std::isfinite(m) && m < 1e30 ? static_cast<float>(m) : -1.f;
+  }
+
   static constexpr double kMomentum = 0.1;
   double eps_;  // added to the variance, as PyTorch's eps
   TensorShape s_;
@@ -475,6 +535,7 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
   std::vector<double> part_a_, part_b_;  // per (channel block, slice, lane)
   std::vector<double> part_n_;           // forward: values per (channel block, slice)
   std::vector<float> part_min_, part_max_;
+  std::vector<float> part_glo_, part_ghi_;  // backward: the masked dy's extremes, per (block, slice, lane)
   std::vector<float> fa_, fb_;           // forward: y = x * fa_ + fb_ per channel
   std::vector<float> lo_, hi_;           // forward (training): each channel's min and max of x
   std::vector<float> plane_lo_, plane_hi_;  // the same per plane, [N][CB][16]
@@ -485,6 +546,11 @@ class BatchNorm final : public Layer, public AbsorbsRelu, public MeasuresMaxima,
     uint64_t qseed = 0;
     const Context* ctx = nullptr;
   } span_;
+  struct GradSpan {                      // what grad_span() reads, set by each backward() that feeds
+    const float* dy = nullptr;
+    const Context* ctx = nullptr;
+  } grad_;
+  TakesGradSpans* grad_consumer_ = nullptr;  // takes dx as spans (feed_grad_spans_to)
   TakesInputSpans* consumer_ = nullptr;  // takes the output as spans (feed_spans_to)
   size_t consumer_slot_ = 0;             // as its input consumer_slot_
   AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_

@@ -48,6 +48,9 @@ struct StepInfo {
   // Model::set_batch_offset: image n of this batch is image first_image + n of the job's global
   // batch (per-image random draws are keyed by the latter).
   int first_image = 0;
+  // Backward: the layer may hand its input gradient to that input's producer as spans
+  // (FeedsGradSpans): nothing else reads that gradient in this step (no adaptive loss scaling).
+  bool grad_spans = false;
 };
 
 // Bounds of adaptive loss scaling (Zhao et al. 2019), see include/dfp/loss_scale.hpp.
@@ -259,6 +262,27 @@ class FeedsSpans {
  public:
   virtual ~FeedsSpans() = default;
   virtual bool feed_spans_to(Layer* consumer, size_t i) = 0;
+};
+
+// Backward fusion, linked by the Model after build(): a BatchNorm whose input is an INT16 conv's
+// output, read by nothing else, can hand the conv its input gradient (the conv's dy) as spans
+// that it computes on request, so that gradient is never written as FP32. The conv's backward
+// runs right after the BatchNorm's (the Model links only such neighbours), and skips its own
+// quantization of dy in a step where it took the spans (grad_taken()). A span is as for
+// InputSpanFn; the function returns the largest magnitude it wrote (NaN never wins).
+using GradSpanFn = float (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
+class TakesGradSpans {
+ public:
+  virtual ~TakesGradSpans() = default;
+  virtual bool accepts_grad_spans() const = 0;
+  // estimate: the producer's estimate of max|gradient| (ConvInt16::quantize_grad_output_spans).
+  virtual void take_grad_spans(GradSpanFn fn, void* producer, float estimate, const StepInfo& st) = 0;
+  virtual bool grad_taken() const = 0;
+};
+class FeedsGradSpans {
+ public:
+  virtual ~FeedsGradSpans() = default;
+  virtual bool feed_grad_spans_to(Layer* producer) = 0;
 };
 
 class LayerArgs;

@@ -246,7 +246,7 @@ class ConvF32Operator final : public F32Operator {
   ConvF32 f_;
 };
 
-class Conv2d final : public WeightedLayer, public TakesInputSpans {
+class Conv2d final : public WeightedLayer, public TakesInputSpans, public TakesGradSpans {
  public:
   Conv2d(int k, int r, int stride, int pad, bool bias) : WeightedLayer(k, bias), r_(r), stride_(stride), pad_(pad) {}
   TensorShape infer(const std::vector<TensorShape>& in) const override {
@@ -281,6 +281,12 @@ class Conv2d final : public WeightedLayer, public TakesInputSpans {
   bool recompute_input_spans(size_t i, InputSpanFn again, void* producer, InputPairSpanFn again_pairs) override {
     return accepts_input_spans(i) && op_->int16()->recompute_input(again, producer, again_pairs);
   }
+  // dy as spans where only the INT16 operation reads it (a bias gradient reads dy itself).
+  bool accepts_grad_spans() const override { return op_->int16() && !has_bias_ && op_->int16()->accepts_grad_spans(); }
+  void take_grad_spans(GradSpanFn fn, void* producer, float estimate, const StepInfo& st) override {
+    op_->int16()->take_grad_spans(fn, producer, estimate, st);  // only where accepted
+  }
+  bool grad_taken() const override { return op_->int16() && op_->int16()->grad_taken(); }
 
   int r_, stride_, pad_;
 };
@@ -421,6 +427,7 @@ class GroupedConv2d final : public Layer, public ReducedPrecision, public Profil
       parts_.backward_weights += p.backward_weights;
       parts_.quantize_x_in_producer += p.quantize_x_in_producer;
       parts_.quantize_x_in_backward += p.quantize_x_in_backward;
+      parts_.quantize_dy_in_producer += p.quantize_dy_in_producer;
     }
     return &parts_;
   }

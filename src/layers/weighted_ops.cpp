@@ -214,8 +214,12 @@ class Int16Op final : public WeightedOp, public Int16Operation {
   }
   void backward(const float*, const float* dy, float* dx, float* gw, const StepInfo& st) override {
     PartClock clock(st.timed);
-    q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs, st.grad_plane_max);
-    clock.lap(parts_.quantize_dy);
+    if (grad_taken_) {
+      grad_taken_ = false;  // quantized by the BatchNorm after this layer, in this step
+    } else {
+      q_->quantize_grad_output_with_max_abs(dy, st.grad_max_abs, st.grad_plane_max);
+      clock.lap(parts_.quantize_dy);
+    }
     if (dx) q_->backward_data(dx, st.accumulate_dx & 1);
     clock.lap(parts_.backward_data);
     // The weight gradient's copy of x, where the layer keeps none; elsewhere the call does
@@ -256,6 +260,14 @@ class Int16Op final : public WeightedOp, public Int16Operation {
     input_taken_ = true;
   }
   bool input_taken() const override { return input_taken_; }
+  bool accepts_grad_spans() const override { return q_->accepts_grad_output_spans(); }
+  void take_grad_spans(GradSpanFn fn, void* producer, float estimate, const StepInfo& st) override {
+    PartClock clock(st.timed);
+    q_->quantize_grad_output_spans(fn, producer, estimate);
+    clock.lap(parts_.quantize_dy, parts_.quantize_dy_in_producer);
+    grad_taken_ = true;
+  }
+  bool grad_taken() const override { return grad_taken_; }
   bool recompute_input(InputSpanFn again, void* producer, InputPairSpanFn again_pairs) override {
     return q_->recompute_input_pairs(again, producer, again_pairs);
   }
@@ -268,6 +280,7 @@ class Int16Op final : public WeightedOp, public Int16Operation {
   size_t w_count_, in_size_, out_size_;
   std::unique_ptr<ConvInt16> q_;
   bool input_taken_ = false;  // the input was quantized by the producer in this step
+  bool grad_taken_ = false;   // dy was quantized by its producer (a BatchNorm's backward) in this step
   LayerTime::Int16Parts parts_;
 };
 

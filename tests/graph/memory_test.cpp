@@ -238,6 +238,50 @@ TEST(Fusion, LayersTakeTheirBatchNormInputAsSpans) {
   EXPECT_EQ(linked(Precision::int16, true, "layer2.1.conv2"), both);
 }
 
+// Which convs take their output gradient as spans from the BatchNorm right after them: with fusion,
+// every INT16 conv of ResNet-20 (each is read by its BatchNorm alone); none in FP32, none without
+// fusion, none with exponents per slice of dy, and not a conv kept in FP32 or one with a bias.
+TEST(Fusion, ConvsTakeTheirGradientAsSpansFromTheBatchNormAfterThem) {
+  auto linked = [](Precision p, bool fusion, const char* keep_fp32, Granularity g) {
+    Model m(ctx2(), "r");
+    build_model(m, "resnet20", 3, 8, 8, 10);
+    m.set_fusion(fusion);
+    PrecisionPolicy pol;
+    pol.precision = p;
+    pol.dfp.gradients.granularity = g;
+    if (keep_fp32) pol.overrides = {{keep_fp32, Precision::fp32}};
+    m.build(2, pol);
+    std::vector<std::string> names;
+    int convs = 0;
+    for (const LayerSpec& s : m.graph()) {
+      convs += s.kind == LayerKind::conv;
+      if (s.grad_spans) names.push_back(s.name);
+    }
+    EXPECT_EQ(convs, 19);
+    return names;
+  };
+  const auto all = linked(Precision::int16, true, nullptr, Granularity::tensor);
+  EXPECT_EQ(all.size(), 19u);
+  EXPECT_TRUE(linked(Precision::int16, false, nullptr, Granularity::tensor).empty());
+  EXPECT_TRUE(linked(Precision::fp32, true, nullptr, Granularity::tensor).empty());
+  EXPECT_TRUE(linked(Precision::int16, true, nullptr, Granularity::slice).empty());
+  auto some = all;
+  some.erase(std::find(some.begin(), some.end(), "layer2.1.conv2"));
+  EXPECT_EQ(linked(Precision::int16, true, "layer2.1.conv2", Granularity::tensor), some);
+  Model m(ctx2(), "bias");
+  auto x = m.input(3, 6, 6);
+  auto b = m.batchnorm(m.conv(x, 16, 3, 1, 1, true, "biased"), "bn");
+  auto c = m.batchnorm(m.conv(b, 16, 3, 1, 1, false, "plain"), "bn2");
+  m.softmax_cross_entropy(m.linear(m.flatten(c, "fl"), 3, true, "fc"));
+  PrecisionPolicy pol;
+  pol.precision = Precision::int16;
+  m.build(2, pol);
+  std::vector<std::string> names;
+  for (const LayerSpec& s : m.graph())
+    if (s.grad_spans) names.push_back(s.name);
+  EXPECT_EQ(names, std::vector<std::string>{"plain"});
+}
+
 // Pools take their input as spans from a BatchNorm (and its ReLU) read by nothing else: every
 // max-pool of VGG-11-BN, in every precision, and none without fusion.
 TEST(Fusion, PoolsTakeTheirBatchNormInputAsSpans) {

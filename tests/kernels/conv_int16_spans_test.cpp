@@ -4,10 +4,12 @@
 // The rest of the operator's suite is in conv_int16_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "dfp/context.hpp"
@@ -202,4 +204,93 @@ TEST(ConvInt16, RecomputedInputPairsGiveTheKeptCopysBits) {
   c.use_workspace(region.data());
   test::expect_error([&] { c.recompute_input_pairs(&Producer::span, nullptr); }, Status::invalid_argument,
                      {"'c'", "use_workspace"});
+}
+
+namespace {
+// dy's spans from a blocked tensor, as a BatchNorm's backward hands them to the conv before it;
+// each returns the largest magnitude it wrote. Counts the calls.
+struct GradProducer {
+  const std::vector<float>* dyb;
+  ConvShape s;
+  std::atomic<int> calls{0};
+  static float span(void* self, int n, int b, int h, int w0, int count, float* out) {
+    auto& p = *static_cast<GradProducer*>(self);
+    EXPECT_LE(count, ConvInt16::kInputSpanPixels);
+    const size_t off = ((size_t(n) * channel_blocks(p.s.K) + b) * p.s.OH() + h) * p.s.OW() + w0;
+    std::memcpy(out, p.dyb->data() + off * 16, size_t(count) * 16 * sizeof(float));
+    float m = 0.f;
+    for (int i = 0; i < count * 16; ++i) m = std::fabs(out[i]) > m ? std::fabs(out[i]) : m;
+    ++p.calls;
+    return m;
+  }
+};
+}  // namespace
+
+// quantize_grad_output_spans gives the bits of quantize_grad_output_with_max_abs on the tensor the
+// spans make up, with its max|dy|, whatever the estimate: both backward passes and the stats, for
+// nearest and stochastic rounding, rows wider than one span (OW = 150 > 128), a strided layer, an
+// odd batch and a layer without a backward-data pass. An estimate at the tensor's exponent asks for
+// each span once; one above it or below it asks again, and says that it did.
+TEST(ConvInt16, GradOutputSpansGiveTheBitsOfTheTensor) {
+  Context ctx(ContextOptions{.threads = 2});
+  for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1)})
+    for (bool input_gradient : {true, false})
+      for (Rounding r : {Rounding::nearest_even, Rounding::stochastic}) {
+        DfpConvOptions o;
+        o.gradients.rounding = r;
+        o.gradients.seed = 91;
+        o.input_gradient = input_gradient;
+        const auto [w, xb, dyb, mx] = blocked_case(s, 43, true);
+        float dy_max = 0.f;
+        for (float v : dyb) dy_max = std::max(dy_max, std::fabs(v));
+        ASSERT_GT(dy_max, 0.f);
+        const int spans = s.N * channel_blocks(s.K) * s.OH() * ((s.OW() + ConvInt16::kInputSpanPixels - 1) /
+                                                                  ConvInt16::kInputSpanPixels);
+        for (float factor : {1.f, 2.5f, 0.3f, 0.f}) {
+          std::vector<float> dx[2], dw[2];
+          ConvStats st[2];
+          for (int k = 0; k < 2; ++k) {
+            ConvInt16 c(ctx, s, o, "grad spans");
+            ASSERT_TRUE(c.accepts_grad_output_spans());
+            c.set_step(3);
+            c.set_weights(w.data());
+            c.quantize_input_with_max_abs(xb.data(), mx);
+            GradProducer p{&dyb, s};
+            if (k == 0) {
+              c.quantize_grad_output_with_max_abs(dyb.data(), dy_max);
+            } else {
+              const bool held = c.quantize_grad_output_spans(&GradProducer::span, &p, dy_max * factor);
+              EXPECT_EQ(held, factor == 1.f) << factor;
+              EXPECT_EQ(p.calls.load(), held ? spans : 2 * spans) << factor;
+            }
+            if (input_gradient) {
+              dx[k].assign(blocked_size(s.N, s.C, s.H, s.W), 0.f);
+              c.backward_data(dx[k].data());
+            }
+            dw[k].assign(w.size(), 0.f);
+            c.backward_weights(dw[k].data());
+            st[k] = c.stats();
+          }
+          const std::string what = describe(s) + " factor " + std::to_string(factor);
+          if (input_gradient) expect_bits_equal(dx[0], dx[1], ("backward_data " + what).c_str());
+          expect_bits_equal(dw[0], dw[1], ("backward_weights " + what).c_str());
+          EXPECT_EQ(st[0].dy.exponent, st[1].dy.exponent) << what;
+          EXPECT_EQ(st[0].dy.max_abs, st[1].dy.max_abs) << what;
+          EXPECT_EQ(st[0].dy.max_abs_int, st[1].dy.max_abs_int) << what;
+          EXPECT_EQ(st[0].dy.saturated, st[1].dy.saturated) << what;
+        }
+      }
+  // Exponents per slice of dy are not taken from spans; nor is an estimate that is not a finite
+  // number >= 0. Each refusal names the layer.
+  DfpConvOptions sliced;
+  sliced.gradients.granularity = Granularity::slice;
+  ConvInt16 per_slice(ctx, make(2, 16, 4, 4, 16, 3, 3, 1, 1), sliced, "sliced");
+  EXPECT_FALSE(per_slice.accepts_grad_output_spans());
+  test::expect_error([&] { per_slice.quantize_grad_output_spans(&GradProducer::span, nullptr, 1.f); },
+                     Status::invalid_argument, {"sliced"});
+  ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "c");
+  test::expect_error([&] { c.quantize_grad_output_spans(&GradProducer::span, nullptr, -1.f); },
+                     Status::invalid_argument, {"'c'"});
+  EXPECT_THROW(c.quantize_grad_output_spans(&GradProducer::span, nullptr, NAN), Error);
+  EXPECT_THROW(c.quantize_grad_output_spans(nullptr, nullptr, 1.f), Error);
 }

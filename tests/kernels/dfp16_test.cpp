@@ -789,9 +789,24 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
     for (float scale : {1.f, 0x1p-13f}) {
       const simd::BnCoefficients co{mean.data(), inv.data(), k1.data(), k2.data(), k3.data(), scale};
       std::vector<float> d0 = lanes(15), e0 = lanes(16), d1 = d0, e1 = e0;
-      simd::ref::bn_bwd_sums_s16(xq.data(), dy.data(), mk, co, px, d0.data(), e0.data());
-      k.bn_bwd_sums_s16.fn(xq.data(), dy.data(), mk, co, px, d1.data(), e1.data());
+      // The gradient's running extremes start from values of their own (a previous run's).
+      std::vector<float> g0 = lanes(18), h0 = lanes(19);
+      for (int l = 0; l < 16; ++l) h0[l] = g0[l] + 1.f;
+      std::vector<float> g1 = g0, h1 = h0;
+      simd::ref::bn_bwd_sums_s16(xq.data(), dy.data(), mk, co, px, d0.data(), e0.data(), g0.data(), h0.data());
+      k.bn_bwd_sums_s16.fn(xq.data(), dy.data(), mk, co, px, d1.data(), e1.data(), g1.data(), h1.data());
       ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_s16 " << px;
+      ASSERT_TRUE(same(g0, g1) && same(h0, h1)) << "bwd_sums_s16 extremes " << px;
+      for (int l = 0; l < 16; ++l) {  // the masked gradient's extremes, and the earlier ones
+        float lo = lanes(18)[l], hi = lo + 1.f;
+        for (size_t i = 0; i < px; ++i) {
+          const float g = !mk || (mk[i] >> l) & 1 ? dy[i * 16 + l] : 0.f;
+          lo = std::min(lo, g);
+          hi = std::max(hi, g);
+        }
+        ASSERT_EQ(g0[l], lo) << px;
+        ASSERT_EQ(h0[l], hi) << px;
+      }
       const float a0 = simd::ref::bn_bwd_apply_s16(xq.data(), dy.data(), mk, y0.data(), co, px, 0.25f);
       const float a1 = k.bn_bwd_apply_s16.fn(xq.data(), dy.data(), mk, y1.data(), co, px, 0.25f);
       ASSERT_TRUE(same(y0, y1)) << "bwd_apply_s16 " << px;
@@ -800,9 +815,12 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
       ASSERT_EQ(a0, a1);
       ASSERT_EQ(a0, amax);
       std::vector<float> xf = dy;  // finite FP32 input
-      simd::ref::bn_bwd_sums_f32(xf.data(), x.data(), mk, co, px, d0.data(), e0.data());
-      k.bn_bwd_sums_f32.fn(xf.data(), x.data(), mk, co, px, d1.data(), e1.data());
+      // dy here is x, which holds a NaN: the extremes pass over it.
+      simd::ref::bn_bwd_sums_f32(xf.data(), x.data(), mk, co, px, d0.data(), e0.data(), g0.data(), h0.data());
+      k.bn_bwd_sums_f32.fn(xf.data(), x.data(), mk, co, px, d1.data(), e1.data(), g1.data(), h1.data());
       ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_f32 " << px;
+      ASSERT_TRUE(same(g0, g1) && same(h0, h1)) << "bwd_sums_f32 extremes " << px;
+      for (int l = 0; l < 16; ++l) ASSERT_FALSE(std::isnan(g0[l]) || std::isnan(h0[l])) << px;
       y0 = xf, y1 = xf;  // in place: dx over dy
       // x holds a NaN: its dx is NaN, which the max ignores.
       const float b0 = simd::ref::bn_bwd_apply_f32(x.data(), y0.data(), mk, y0.data(), co, px, 0.f);

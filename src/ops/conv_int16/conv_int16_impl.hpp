@@ -634,6 +634,7 @@ struct ConvInt16::Impl {
   void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes);
   void quantize_grad_output(const float* dy, float known_max, const float* known_planes);
   bool recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer, ConvInt16::InputPairSpanFn pairs);
+  bool quantize_grad_output_spans(ConvInt16::GradSpanFn fn, void* producer, float estimate);
   bool recompute_x_pairs();  // xr from `again`, at the forward's exponent (backward_weights)
 
   // ---- passes (pixel_pass.cpp, weight_grad.cpp) ---------------------------------------------
@@ -689,6 +690,8 @@ struct ConvInt16::Impl {
                          const std::vector<float>* lane_scale, const std::vector<int>& lane_exp, int lanes) const;
   void quantize_x_slices(const float* x, const float* known_planes, const SpanSource* spans);
   void quantize_dy_slices(const float* dy, const float* known_planes);
+  QuantStats quantize_dy_blocked(const float* dy, float known_max, const SpanSource* spans);
+  void dy_quantized();  // the flags after any quantization of dy
   SliceExponents slice_exponents(const float* src, int B, size_t plane_len, const float* known_planes,
                                  const SpanSource* spans, bool per_block,
                                  int headroom, Slicing& img, Slicing& blk);

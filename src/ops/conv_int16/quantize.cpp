@@ -649,11 +649,52 @@ void ConvInt16::Impl::quantize_grad_output(const float* dy, float known_max, con
   if (dy_slices) {
     quantize_dy_slices(dy, known_planes);
   } else {
-    stats.dy = quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
-                                dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data(),
-                                false, nullptr, 1, nullptr, dyp_row_l1_out());
+    stats.dy = quantize_dy_blocked(dy, known_max, nullptr);
     dy_pairs = stats.dy;
   }
+  dy_quantized();
+}
+
+// dy with one exponent into both backward layouts, from dy or from a producer's spans.
+QuantStats ConvInt16::Impl::quantize_dy_blocked(const float* dy, float known_max, const SpanSource* spans) {
+  return quantize_blocked(dy, KB, OH, OW, opt.input_gradient ? dyq : nullptr, OHb, OWb, pt, pl,
+                          dy_whole_pairs ? dyp : nullptr, OH, OW, 0, 0, step_dy, known_max, dy_row_max.data(), false,
+                          spans, 1, nullptr, dyp_row_l1_out());
+}
+
+bool ConvInt16::Impl::quantize_grad_output_spans(ConvInt16::GradSpanFn fn, void* producer, float estimate) {
+  DFP_CHECK(!dy_slices, Status::invalid_argument,
+            "convolution '" + name + "': quantize_grad_output_spans() with an exponent per slice of dy; use "
+            "quantize_grad_output()");
+  DFP_CHECK(fn && estimate >= 0.f && std::isfinite(estimate), Status::invalid_argument,
+            "convolution '" + name + "': quantize_grad_output_spans() needs a function and a finite estimate >= 0, got " +
+                std::to_string(estimate));
+  ensure_workspace();
+  // The spans' largest magnitude, over all of them, as the threads ask for them.
+  struct Measured {
+    ConvInt16::GradSpanFn fn;
+    void* producer;
+    std::atomic<float> max_abs{0.f};
+  } measured{fn, producer};
+  const SpanSource spans{+[](void* m, int n, int b, int h, int w0, int count, float* out) {
+                           auto& s = *static_cast<Measured*>(m);
+                           atomic_max(s.max_abs, s.fn(s.producer, n, b, h, w0, count, out));
+                         },
+                         &measured};
+  stats.dy = quantize_dy_blocked(nullptr, estimate, &spans);
+  const float max_abs = measured.max_abs.load();
+  const bool held = dfp16_exponent(max_abs, step_dy.headroom) == stats.dy.exponent;
+  if (!held) {
+    measured.max_abs = 0.f;
+    stats.dy = quantize_dy_blocked(nullptr, max_abs, &spans);
+  }
+  stats.dy.max_abs = max_abs;  // as the tensor's own, not the estimate
+  dy_pairs = stats.dy;
+  dy_quantized();
+  return held;
+}
+
+void ConvInt16::Impl::dy_quantized() {
   have_dy = true;
   have_xr = false;  // this backward's copy of x is yet to be computed
   if (shared_workspace) have_x_fwd = false;  // the workspace now holds dy
