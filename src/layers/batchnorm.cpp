@@ -424,11 +424,13 @@ class BatchNorm final : public Layer,
     return t;
   }
 
-  // x[i] * x_scale is the saved input (FP32, or DFP16 with x_scale = 2^e).
+  // The backward kernels' coefficients for channel block blk.
   simd::BnCoefficients coefficients(int blk, float x_scale) const {
     return simd::BnCoefficients{mean_.data() + blk * 16, invstd_.data() + blk * 16, k1_.data() + blk * 16,
                                 k2_.data() + blk * 16, k3_.data() + blk * 16, x_scale};
   }
+  // x[i] * x_scale is the saved input (FP32, or DFP16 with x_scale = 2^e). Where the conv before
+  // this layer takes dx as spans (feed_grad_spans_to), dx is not written here.
   template <class T>
   void backward_from(const Context& ctx, const T* x, float x_scale, const float* dy, float* dx, const StepInfo& st) {
     const std::function<void(double*, size_t)>* sums = st.statistics_sum;
