@@ -127,17 +127,29 @@ inline __m256 biased_q(__m256 y) {
   return _mm256_or_ps(qa, _mm256_and_ps(y, _mm256_set1_ps(-0.f)));
 }
 
+// The counts per lane, as INT32 vectors (a compare's all-ones lane subtracted is one more):
+// a MOVMSKPS and a POPCNT per 8 elements on the scalar ports cost 17% of the kernel on L1
+// pieces (docs/measurements.md, session 45). A lane counts at most n / 8 elements.
 struct Counts {
-  uint64_t saturated = 0, bad = 0;
+  __m256i saturated = _mm256_setzero_si256(), bad = _mm256_setzero_si256();
   __m256 max_q = _mm256_setzero_ps();
 };
+
+inline uint64_t lane_total(__m256i v) {
+  alignas(32) uint32_t l[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), v);
+  uint64_t t = 0;
+  for (uint32_t x : l) t += x;
+  return t;
+}
 
 // 8 elements: the rounded, clamped values as INT32 (for the caller to pack).
 template <Rounding R>
 inline __m256i quantize8(__m256 x, __m256 scale, __m256 rand24, Counts& c) {
-  const __m256 finite = finite_mask(x);
-  c.bad += 8 - count(finite);
-  x = _mm256_and_ps(x, finite);
+  // Not finite: |x| not below Inf (NaN compares unordered).
+  const __m256 bad = _mm256_cmp_ps(abs_ps(x), _mm256_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+  c.bad = _mm256_sub_epi32(c.bad, _mm256_castps_si256(bad));
+  x = _mm256_andnot_ps(bad, x);
   const __m256 y = _mm256_mul_ps(x, scale);
   __m256 q;
   if constexpr (R == Rounding::nearest_even) {
@@ -149,7 +161,7 @@ inline __m256i quantize8(__m256 x, __m256 scale, __m256 rand24, Counts& c) {
     q = stochastic_q(y, nonzero, rand24);
   }
   const __m256 top = _mm256_set1_ps(32767.f);
-  c.saturated += count(_mm256_cmp_ps(abs_ps(q), top, _CMP_GT_OQ));
+  c.saturated = _mm256_sub_epi32(c.saturated, _mm256_castps_si256(_mm256_cmp_ps(abs_ps(q), top, _CMP_GT_OQ)));
   q = _mm256_min_ps(_mm256_max_ps(q, _mm256_set1_ps(-32767.f)), top);
   c.max_q = _mm256_max_ps(c.max_q, abs_ps(q));
   return _mm256_cvtps_epi32(q);  // integer-valued and in range: exact
@@ -181,8 +193,8 @@ void quantize_impl(const float* src, int16_t* dst, size_t n, int exponent, uint6
     std::memcpy(dst + i, d, (n - i) * sizeof(int16_t));
   }
   if (counters) {
-    counters->saturated += c.saturated;
-    counters->nonfinite += c.bad;
+    counters->saturated += lane_total(c.saturated);
+    counters->nonfinite += lane_total(c.bad);
     const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(c.max_q), _mm256_extractf128_ps(c.max_q, 1));
     alignas(16) float m[4];
     _mm_store_ps(m, m4);
