@@ -197,6 +197,7 @@ class Int16Op final : public WeightedOp, public Int16Operation {
   }
   void forward(const float* x, float* y, const StepInfo& st) override {
     PartClock clock(st.timed);
+    grad_taken_ = false;  // a new pass: a dy handed over in a backward that did not reach this layer is stale
     if (input_taken_) {
       input_taken_ = false;  // quantized by the producer, in this step
     } else {
