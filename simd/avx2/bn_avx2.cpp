@@ -127,7 +127,6 @@ float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, fl
   return bwd_apply(x, dy, mask, dx, c, pixels, max0);
 }
 
-
 // Two ymm per pixel and image. The scales 2^e_in and 2^-e_out multiply as dequantize and quantize
 // do, which is exact only where they are normal floats; elsewhere the reference runs. VPACKSSDW
 // then a byte shuffle within each 128-bit lane put the two images' channels side by side, which

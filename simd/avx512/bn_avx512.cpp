@@ -102,7 +102,6 @@ float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, fl
   return bwd_apply(x, dy, mask, dx, c, pixels, max0);
 }
 
-
 // One zmm per pixel and image: the dequantization and the quantization scale by VSCALEFPS, as
 // dequantize and quantize do (exact at any exponent); VPACKSSDW then a byte shuffle within each
 // 128-bit lane put the two images' channels 4k..4k+3 side by side, which is interleave's order.

@@ -87,7 +87,6 @@ float bn_bwd_apply_f32(const float* x, const float* dy, const uint16_t* mask, fl
   return bwd_apply(x, dy, mask, dx, c, pixels, max0);
 }
 
-
 // The kernels it stands for, in turn, a piece of pixels at a time.
 bool bn_requantize_pair(const int16_t* a, const int16_t* b, int e_in, const float* scale, const float* shift,
                         bool relu, int e_out, int16_t* dst, size_t pixels, int32_t* max_q) {

@@ -60,8 +60,6 @@ class BatchNorm final : public Layer,
     part_n_.assign(size_t(cb_of(s_)) * slices_, 0.0);
     part_min_.assign(part_a_.size(), 0.f);
     part_max_.assign(part_a_.size(), 0.f);
-    part_glo_.assign(part_a_.size(), 0.f);
-    part_ghi_.assign(part_a_.size(), 0.f);
     fa_.assign(cp, 0.f);
     job_.assign(size_t(cp) * 3, 0.0);
     lo_.assign(cp, 0.f);
@@ -311,8 +309,7 @@ class BatchNorm final : public Layer,
   // bn_moments (one pass over memory), combined in FP64 in run order: part_a_ the mean and part_b_
   // the sum of squared deviations per lane over part_n_ values, part_min_ and part_max_ the extremes.
   void moments(const Context& ctx, const float* x) {
-    std::fill(part_min_.begin(), part_min_.end(), std::numeric_limits<float>::infinity());
-    std::fill(part_max_.begin(), part_max_.end(), -std::numeric_limits<float>::infinity());
+    reset_extremes();
     const int S = slices_, CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     const auto run_moments = ctx.kernels().bn_moments.fn;
@@ -380,6 +377,10 @@ class BatchNorm final : public Layer,
     return job_count_;
   }
 
+  void reset_extremes() {
+    std::fill(part_min_.begin(), part_min_.end(), std::numeric_limits<float>::infinity());
+    std::fill(part_max_.begin(), part_max_.end(), -std::numeric_limits<float>::infinity());
+  }
   // Adds a part of `count_b` values with mean mean_b and sum of squared deviations m2_b to one of
   // `count` values (Chan, Golub and LeVeque's pairwise update).
   static void combine_moments(double& mean, double& m2, double count, double mean_b, double m2_b, double count_b) {
@@ -388,16 +389,16 @@ class BatchNorm final : public Layer,
     m2 += m2_b + delta * delta * (count * count_b / total);
   }
 
-  // Backward's sums: calls term(blk, first element, pixels, a[16], b[16], glo[16], ghi[16]) over
+  // Backward's sums: calls term(blk, first element, pixels, a[16], b[16], lo[16], hi[16]) over
   // runs of at most kRun pixels of every plane, accumulating into FP32 lanes that each run starts
   // at zero, then adds each run's lanes into the FP64 partials part_a_, part_b_ per (channel
-  // block, batch slice, lane); glo and ghi, the gradient's extremes, run on over a task's runs.
+  // block, batch slice, lane); the gradient's extremes run on over a task's runs in part_min_,
+  // part_max_ (the forward's are spent by then: lo_, hi_ hold what it needs of them).
   template <class Term>
   void reduce(const Context& ctx, Term term) {
     std::fill(part_a_.begin(), part_a_.end(), 0.0);
     std::fill(part_b_.begin(), part_b_.end(), 0.0);
-    std::fill(part_glo_.begin(), part_glo_.end(), std::numeric_limits<float>::infinity());
-    std::fill(part_ghi_.begin(), part_ghi_.end(), -std::numeric_limits<float>::infinity());
+    reset_extremes();
     const int S = slices_, CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     ctx.parallel_for(int64_t(CB) * S, [&](int64_t t0, int64_t t1) {
@@ -409,8 +410,8 @@ class BatchNorm final : public Layer,
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
           for (size_t i0 = 0; i0 < hw; i0 += kRun) {
             alignas(64) float fa[16] = {}, fb[16] = {};
-            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb, part_glo_.data() + size_t(t) * 16,
-                 part_ghi_.data() + size_t(t) * 16);
+            term(blk, off + i0 * 16, std::min(hw, i0 + kRun) - i0, fa, fb, part_min_.data() + size_t(t) * 16,
+                 part_max_.data() + size_t(t) * 16);
             for (int l = 0; l < 16; ++l) { A[l] += fa[l]; B[l] += fb[l]; }
           }
         }
@@ -515,8 +516,8 @@ class BatchNorm final : public Layer,
       float glo = std::numeric_limits<float>::infinity(), ghi = -glo;
       for (int sl = 0; sl < slices_; ++sl) {
         const size_t i = (size_t(c / 16) * slices_ + sl) * 16 + c % 16;
-        glo = std::min(glo, part_glo_[i]);
-        ghi = std::max(ghi, part_ghi_[i]);
+        glo = std::min(glo, part_min_[i]);
+        ghi = std::max(ghi, part_max_[i]);
       }
       const double xl = (double(lo_[c]) - mean_[c]) * invstd_[c], xh = (double(hi_[c]) - mean_[c]) * invstd_[c];
       const double a = xl * k3_[c], b = xh * k3_[c];
@@ -536,8 +537,7 @@ class BatchNorm final : public Layer,
   int slices_ = 1;
   std::vector<double> part_a_, part_b_;  // per (channel block, slice, lane)
   std::vector<double> part_n_;           // forward: values per (channel block, slice)
-  std::vector<float> part_min_, part_max_;
-  std::vector<float> part_glo_, part_ghi_;  // backward: the masked dy's extremes, per (block, slice, lane)
+  std::vector<float> part_min_, part_max_;  // extremes per (block, slice, lane): of x (forward), of the masked dy (backward)
   std::vector<float> fa_, fb_;           // forward: y = x * fa_ + fb_ per channel
   std::vector<float> lo_, hi_;           // forward (training): each channel's min and max of x
   std::vector<float> plane_lo_, plane_hi_;  // the same per plane, [N][CB][16]
