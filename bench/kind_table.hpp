@@ -24,6 +24,18 @@ struct KindColumn {
   double optimizer_ms = 0;       // per step
 };
 
+// Of an INT16 layer's quantization, what its own times hold: x in its forward, x computed again
+// and dy in its backward. A neighbour's pass holds the rest (x quantized span by span in its
+// producer's forward, dy in the BatchNorm's backward after it) and keeps it in that row.
+struct OwnQuantization {
+  double x_forward, x_backward, dy;
+  double total() const { return x_forward + x_backward + dy; }
+};
+inline OwnQuantization own_quantization(const LayerTime::Int16Parts& q) {
+  return {q.quantize_x - q.quantize_x_in_producer - q.quantize_x_in_backward, q.quantize_x_in_backward,
+          q.quantize_dy - q.quantize_dy_in_producer};
+}
+
 inline void print_kind_table(const std::vector<KindColumn>& cols) {
   std::vector<std::string> order = {"conv fwd", "conv bwd", "  bwd data", "  bwd weights", "fc fwd", "fc bwd",
                                     "quantize x+dy"};
@@ -34,18 +46,14 @@ inline void print_kind_table(const std::vector<KindColumn>& cols) {
       const double per = 1e3 / double(t.steps);
       const LayerTime::Int16Parts& q = t.int16;
       if (t.kind == "conv" || t.kind == "fc") {
-        // Each part where the layer's own times hold it: x quantized in its forward, or again in
-        // its backward, dy in its backward; what a neighbour's pass quantizes for it (x in the
-        // producer's forward, dy in the BatchNorm's backward) stays in that neighbour's row.
-        const double x_fwd = q.quantize_x - q.quantize_x_in_producer - q.quantize_x_in_backward;
-        const double dy_own = q.quantize_dy - q.quantize_dy_in_producer;
-        ms[i][t.kind + " fwd"] += (t.forward_seconds - x_fwd) * per;
-        ms[i][t.kind + " bwd"] += (t.backward_seconds - dy_own - q.quantize_x_in_backward) * per;
+        const OwnQuantization own = own_quantization(q);
+        ms[i][t.kind + " fwd"] += (t.forward_seconds - own.x_forward) * per;
+        ms[i][t.kind + " bwd"] += (t.backward_seconds - own.dy - own.x_backward) * per;
         if (t.kind == "conv") {
           ms[i]["  bwd data"] += q.backward_data * per;
           ms[i]["  bwd weights"] += q.backward_weights * per;
         }
-        ms[i]["quantize x+dy"] += (x_fwd + q.quantize_x_in_backward + dy_own) * per;
+        ms[i]["quantize x+dy"] += own.total() * per;
         continue;
       }
       ms[i][t.kind] += (t.forward_seconds + t.backward_seconds) * per;

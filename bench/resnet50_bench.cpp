@@ -250,8 +250,7 @@ void run_batch(const Options& opt, int batch) {
     const double passes_ops = ops * (first ? 2 : 3);
     ops_all += passes_ops;
     passes_only += passes;
-    quant += (p.quantize_x - p.quantize_x_in_producer + p.quantize_dy - p.quantize_dy_in_producer) *
-             per;  // within the layer's own time
+    quant += dfp::bench::own_quantization(p).total() * per;  // within the layer's own time
     in_training += (t.forward_seconds + t.backward_seconds) * per;
     alone_all += a.fwd + a.bwd_data + a.bwd_weights;
     f32_conv += f32_ms / 1e3;
@@ -265,7 +264,7 @@ void run_batch(const Options& opt, int batch) {
   }
   std::printf("\nINT16 convolutions over the network (%zu layers, %.0f GOP per step):\n", rows.size(), ops_all / 1e9);
   std::printf("  in training, whole layer time %8.1f ms/step  %6.0f GOP/s\n", in_training * 1e3, ops_all / in_training / 1e9);
-  std::printf("    of which quantization of x and dy %6.1f ms (x quantized inside its BatchNorm's forward is not in it)\n",
+  std::printf("    of which quantization of x and dy %6.1f ms (x and dy quantized inside a BatchNorm's forward or backward are not in it)\n",
               quant * 1e3);
   std::printf("  the three passes alone in training %6.1f ms/step  %6.0f GOP/s\n", passes_only * 1e3, ops_all / passes_only / 1e9);
   if (opt.kernels)
