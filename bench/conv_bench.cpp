@@ -21,6 +21,10 @@
 //
 // Extra flags (consumed before Google Benchmark parses the rest):
 //   --threads=1,2     thread counts to register (dfp::Context threads = OpenMP threads for oneDNN)
+//   --chain=N         every INT16 row's INT32 chain forced to N steps (DfpConvOptions::chain_override;
+//                     timing only: the results differ). The uniform operands here give chains of
+//                     15-31 steps and several flushes per kernel call; training's gradients give
+//                     chains as long as a call (one flush per call), which --chain=4096 stands for.
 // Defaults applied unless given on the command line: --benchmark_min_time=0.2.
 // Run one thread count with e.g. --benchmark_filter='threads:2/'. Do NOT set OMP_PROC_BIND: it
 // pins the calling thread to one core when oneDNN first runs, and the TBB workers that dfp's INT16
@@ -128,6 +132,9 @@ void set_gops_counter(benchmark::State& state, const ConvShape& s, const std::st
 
 // ---- dfp INT16 -------------------------------------------------------------------------------
 
+// --chain: 0 leaves the chains to the operands' bounds.
+int chain_override = 0;
+
 void bench_int16(benchmark::State& state, const ConvLayer& layer, Pass pass, int threads) {
   const ConvShape& s = layer.shape;
   try {
@@ -137,6 +144,7 @@ void bench_int16(benchmark::State& state, const ConvLayer& layer, Pass pass, int
     // the weight gradient's layout); its weight-gradient row runs the operator so built.
     dfp::DfpConvOptions options;
     if (pass == Pass::bwd_weights && s.C <= 3) options.input_gradient = false;
+    options.chain_override = chain_override;
     dfp::ConvInt16 conv(ctx, s, options, layer.name);
     AlignedFloats w = aligned_floats(size_t(s.K) * s.C * s.R * s.S);
     fill_plain(w.get(), size_t(s.K) * s.C * s.R * s.S, 1);
@@ -333,6 +341,17 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "conv_bench: %s\n", e.what());
         return 2;
       }
+      continue;
+    }
+    if (a.rfind("--chain=", 0) == 0) {
+      const std::string v(a.substr(std::strlen("--chain=")));
+      char* end = nullptr;
+      const long c = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || c < 1 || c > (1 << 20)) {
+        std::fprintf(stderr, "conv_bench: --chain: expected a step count in [1, 1048576], got '%s'\n", v.c_str());
+        return 2;
+      }
+      chain_override = int(c);
       continue;
     }
     if (a.rfind("--benchmark_min_time=", 0) == 0) has_min_time = true;

@@ -66,7 +66,8 @@ struct DfpConvOptions {
   QuantOptions weights{kDfpDefaultHeadroom, Rounding::nearest_even, 0, NonFinitePolicy::error, "weights"};
   QuantOptions activations{kDfpDefaultHeadroom, Rounding::nearest_even, 0, NonFinitePolicy::error, "activations"};
   QuantOptions gradients{kDfpDefaultHeadroom, Rounding::nearest_even, 0, NonFinitePolicy::error, "gradients"};
-  // 0: chains from the bound (safe). > 0: force this many VPDPWSSD steps per chain (tests only).
+  // 0: chains from the bound (safe). > 0: force this many VPDPWSSD steps per chain (tests and
+  // benchmarks only).
   int chain_override = 0;
   // Run every pass through the reference kernel with INT64 shadow accumulators and count INT32
   // overflow events into ConvStats::overflow_events (slow; for verification).
