@@ -23,8 +23,10 @@ namespace dfp::simd::avx2 {
 namespace {
 
 inline __m256 abs_ps(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x); }
-// All-ones where x is finite (NaN and Inf fail |x| < Inf).
-inline __m256 finite_mask(__m256 x) { return _mm256_cmp_ps(abs_ps(x), _mm256_set1_ps(__builtin_inff()), _CMP_LT_OQ); }
+// All-ones where x is not finite: |x| not below Inf (NaN compares unordered).
+inline __m256 nonfinite_mask(__m256 x) {
+  return _mm256_cmp_ps(abs_ps(x), _mm256_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+}
 inline unsigned count(__m256 mask) { return static_cast<unsigned>(__builtin_popcount(_mm256_movemask_ps(mask))); }
 
 // ARS-5 (simd/kernel_table.hpp: ars5, dfp16_rand24) on AES-NI, one 128-bit block per counter:
@@ -146,8 +148,7 @@ inline uint64_t lane_total(__m256i v) {
 // 8 elements: the rounded, clamped values as INT32 (for the caller to pack).
 template <Rounding R>
 inline __m256i quantize8(__m256 x, __m256 scale, __m256 rand24, Counts& c) {
-  // Not finite: |x| not below Inf (NaN compares unordered).
-  const __m256 bad = _mm256_cmp_ps(abs_ps(x), _mm256_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+  const __m256 bad = nonfinite_mask(x);
   c.bad = _mm256_sub_epi32(c.bad, _mm256_castps_si256(bad));
   x = _mm256_andnot_ps(bad, x);
   const __m256 y = _mm256_mul_ps(x, scale);
@@ -217,9 +218,9 @@ float max_abs(const float* x, size_t n, uint64_t* nonfinite) {
   __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
   uint64_t bad = 0;
   auto one = [&](__m256 v, __m256& m) {
-    const __m256 finite = finite_mask(v);
-    bad += 8 - count(finite);
-    m = _mm256_max_ps(m, _mm256_and_ps(abs_ps(v), finite));
+    const __m256 nonfinite = nonfinite_mask(v);
+    bad += count(nonfinite);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(nonfinite, abs_ps(v)));
   };
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
