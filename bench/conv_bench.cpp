@@ -286,18 +286,24 @@ void bench_onednn(benchmark::State& state, const ConvLayer& layer, Pass pass, in
 
 // ---- registration --------------------------------------------------------------------------
 
+// A whole decimal number in [lo, hi], or false.
+bool parse_count(std::string_view text, long lo, long hi, int& out) {
+  const std::string item(text);
+  char* end = nullptr;
+  const long v = std::strtol(item.c_str(), &end, 10);
+  if (item.empty() || *end != '\0' || v < lo || v > hi) return false;
+  out = int(v);
+  return true;
+}
+
 std::vector<int> parse_threads(std::string_view text) {
   std::vector<int> out;
   size_t pos = 0;
   while (pos <= text.size()) {
     const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string item(text.substr(pos, comma - pos));
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1 || v > 1024)
+    if (!parse_count(text.substr(pos, comma - pos), 1, 1024, out.emplace_back()))
       throw std::invalid_argument("--threads: expected a comma-separated list of counts >= 1, got '" +
                                   std::string(text) + "'");
-    out.push_back(int(v));
     pos = comma + 1;
   }
   return out;
@@ -344,14 +350,12 @@ int main(int argc, char** argv) {
       continue;
     }
     if (a.rfind("--chain=", 0) == 0) {
-      const std::string v(a.substr(std::strlen("--chain=")));
-      char* end = nullptr;
-      const long c = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || c < 1 || c > (1 << 20)) {
-        std::fprintf(stderr, "conv_bench: --chain: expected a step count in [1, 1048576], got '%s'\n", v.c_str());
+      const std::string_view v = a.substr(std::strlen("--chain="));
+      if (!parse_count(v, 1, 1 << 20, chain_override)) {
+        std::fprintf(stderr, "conv_bench: --chain: expected a step count in [1, 1048576], got '%s'\n",
+                     std::string(v).c_str());
         return 2;
       }
-      chain_override = int(c);
       continue;
     }
     if (a.rfind("--benchmark_min_time=", 0) == 0) has_min_time = true;
