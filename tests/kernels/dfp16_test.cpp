@@ -790,15 +790,16 @@ TEST_P(Dfp16Isa, BatchNormKernelsBitIdenticalToReference) {
       const simd::BnCoefficients co{mean.data(), inv.data(), k1.data(), k2.data(), k3.data(), scale};
       std::vector<float> d0 = lanes(15), e0 = lanes(16), d1 = d0, e1 = e0;
       // The gradient's running extremes start from values of their own (a previous run's).
-      std::vector<float> g0 = lanes(18), h0 = lanes(19);
-      for (int l = 0; l < 16; ++l) h0[l] = g0[l] + 1.f;
+      const std::vector<float> g_start = lanes(18);
+      std::vector<float> g0 = g_start, h0 = g_start;
+      for (float& v : h0) v += 1.f;
       std::vector<float> g1 = g0, h1 = h0;
       simd::ref::bn_bwd_sums_s16(xq.data(), dy.data(), mk, co, px, d0.data(), e0.data(), g0.data(), h0.data());
       k.bn_bwd_sums_s16.fn(xq.data(), dy.data(), mk, co, px, d1.data(), e1.data(), g1.data(), h1.data());
       ASSERT_TRUE(same(d0, d1) && same(e0, e1)) << "bwd_sums_s16 " << px;
       ASSERT_TRUE(same(g0, g1) && same(h0, h1)) << "bwd_sums_s16 extremes " << px;
       for (int l = 0; l < 16; ++l) {  // the masked gradient's extremes, and the earlier ones
-        float lo = lanes(18)[l], hi = lo + 1.f;
+        float lo = g_start[l], hi = lo + 1.f;
         for (size_t i = 0; i < px; ++i) {
           const float g = !mk || (mk[i] >> l) & 1 ? dy[i * 16 + l] : 0.f;
           lo = std::min(lo, g);
