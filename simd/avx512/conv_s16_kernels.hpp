@@ -229,7 +229,9 @@ __attribute__((always_inline)) inline void prefetch_tile_for_write(const PixelKe
 // accumulators on the stack through every (block, tap) unit; the overwriting calls' loop (forward,
 // most backward-data) has no FMA flush and keeps them all in registers. The accumulating one still
 // spills.
-template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL, bool ACC>
+// ONE_FLUSH: the call's steps fit one chain (a.nib * a.ntaps * 8 <= a.chain, every channel
+// pair), so its only flush is the one at its end: the loop has no flush in it.
+template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL, bool ACC, bool ONE_FLUSH = false>
 void pixel_kernel(const PixelKernelArgs& a) {
   PixelAcc<NOB, NPIX> acc;
 #pragma GCC unroll 32
@@ -270,9 +272,10 @@ void pixel_kernel(const PixelKernelArgs& a) {
         }
         if constexpr (!UNIT_CHAIN) count_steps(acc, fd, accumulate, 1, a.chain, pending, flushed);
       }
-      if constexpr (UNIT_CHAIN) count_steps(acc, fd, accumulate, pairs, a.chain, pending, flushed);
+      if constexpr (UNIT_CHAIN && !ONE_FLUSH) count_steps(acc, fd, accumulate, pairs, a.chain, pending, flushed);
     }
   }
+  if constexpr (ONE_FLUSH) pending = a.nib * a.ntaps * 8;
   pixel_flush_end(acc, fd, accumulate, flushed, pending);
 }
 
@@ -284,6 +287,13 @@ void pixel_dispatch_stride(const PixelKernelArgs& a) {
   if (a.pairs != 8) {
     if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, false, ACC>(a);
     return pixel_kernel<Dot, NOB, NPIX, 0, false, false, ACC>(a);
+  }
+  // An accumulating call's flush in its loop makes GCC keep a dozen accumulators on the stack
+  // through the loop (the scale registers beside 28 accumulators); where one chain covers the
+  // call (1x1 layers' backward-data in training), a loop without it.
+  if (ACC && int64_t{a.nib} * a.ntaps * 8 <= a.chain) {
+    if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, true, ACC, true>(a);
+    if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true, true, ACC, true>(a);
   }
   if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, true, ACC>(a);
   if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true, true, ACC>(a);

@@ -315,3 +315,57 @@ TEST(ConvInt16, PixelCallsAreTheCallsOneByOneAtEveryLevel) {
     }
   }
 }
+
+// The pixel kernel at every level against the reference where the chain is near the call's steps
+// (nib * ntaps * 8): one unit short of them (a flush in the loop), exactly them and beyond them (the
+// accumulating calls' form without a flush in its loop), in both directions, with and without lane
+// and pixel scales, at the two compile-time source strides and the widest tiles.
+TEST(ConvInt16, PixelKernelChainsAroundTheCallAtEveryLevel) {
+  const CpuFeatures cpu = detect_cpu_features();
+  uint32_t seed = 1300;
+  auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
+  const int nib = 2, ntaps = 2, steps = nib * ntaps * 8;
+  const int64_t tap_span = 48, wei_ib = ntaps * 256, wei_ob = nib * wei_ib;
+  const int64_t tap_src[ntaps] = {0, tap_span};
+  const int32_t tap_wei[ntaps] = {1, 0};
+  const std::vector<int16_t> wei = operands(size_t(2 * wei_ob));
+  std::vector<float> lane_scale(32), pixel_scale(28);
+  for (size_t i = 0; i < lane_scale.size(); ++i) lane_scale[i] = std::ldexp(1.f, int(i * 7 % 9) - 4);
+  for (size_t i = 0; i < pixel_scale.size(); ++i) pixel_scale[i] = std::ldexp(1.f, int(i * 5 % 7) - 3);
+  for (int nob : {1, 2}) {
+    for (int npix : {1, 5, 14, 28}) {
+      if (npix > simd::max_pixels(nob)) continue;
+      for (int64_t src_pix : {16, 32}) {
+        const int64_t src_ib = src_pix * npix + 2 * tap_span;
+        const std::vector<int16_t> src = operands(size_t(nib * src_ib + 64));
+        for (int chain : {steps - 8, steps, steps + 8, 1 << 20}) {
+          for (bool accumulate : {false, true}) {
+            for (bool scales : {false, true}) {
+              const int64_t dst_pix = 16, dst_ob = 16 * npix;
+              const std::vector<float> start = random_vec(size_t(2 * dst_ob), seed++, -1e6f, 1e6f);
+              simd::PixelKernelArgs a{};
+              a.src = src.data(); a.wei = wei.data(); a.tap_src = tap_src; a.tap_wei = tap_wei;
+              a.ntaps = ntaps; a.nib = nib; a.pairs = 8; a.src_ib = src_ib; a.src_pix = src_pix;
+              a.wei_ob = wei_ob; a.wei_ib = wei_ib; a.dst_ob = dst_ob; a.dst_pix = dst_pix;
+              a.npix = npix; a.nob = nob; a.accumulate = accumulate; a.chain = chain; a.scale = 0x1p-20f;
+              if (scales) {
+                a.lane_scale = lane_scale.data();
+                a.pixel_scale = pixel_scale.data();
+              }
+              std::vector<float> want = start;
+              a.dst = want.data();
+              simd::ref::conv_s16_pixel(a);
+              for (Isa isa : kIsaLevels) {
+                if (!cpu.supports(isa)) continue;
+                const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+                EXPECT_TRUE(same_bits(a, &simd::PixelKernelArgs::dst, t.conv_s16_pixel.fn, start, want))
+                    << t.conv_s16_pixel.name << " nob " << nob << " npix " << npix << " src_pix " << src_pix
+                    << " chain " << chain << " accumulate " << accumulate << " scales " << scales;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
