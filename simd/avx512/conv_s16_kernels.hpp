@@ -228,7 +228,7 @@ __attribute__((always_inline)) inline void prefetch_tile_for_write(const PixelKe
 // accumulating flush in the loop, its scale registers beside 28 accumulators, GCC keeps a dozen
 // accumulators on the stack through every (block, tap) unit; the overwriting calls' loop (forward,
 // most backward-data) has no FMA flush and keeps them all in registers. The accumulating one still
-// spills.
+// spills where a chain ends inside the call (with one chain for the whole call, ONE_FLUSH).
 // ONE_FLUSH: the call's steps fit one chain (a.nib * a.ntaps * 8 <= a.chain, every channel
 // pair), so its only flush is the one at its end: the loop has no flush in it.
 template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL, bool ACC, bool ONE_FLUSH = false>
