@@ -130,7 +130,9 @@ struct FlushDst {
   }
 };
 
-template <Flush MODE, int NOB, int NPIX>
+// SCALES: whether the call may have lane or pixel scales (FlushDst::scale_at); without them every
+// mode takes `scale` as it is.
+template <Flush MODE, int NOB, int NPIX, bool SCALES = true>
 __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NOB, NPIX>& acc, const FlushDst& fd) {
   const __m512 scale1 = _mm512_set1_ps(fd.scale);
   float* d = fd.dst;
@@ -143,7 +145,8 @@ __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NOB, NPIX>& acc,
     for (int ob = 0; ob < NOB; ++ob) {
       float* o = d + ob * fd.ob;
       __m512i& v = acc.v[ob * NPIX + p];
-      const __m512 scale = MODE == Flush::store || MODE == Flush::add ? scale1 : fd.scale_at(scale1, ob, p);
+      const __m512 scale =
+          !SCALES || MODE == Flush::store || MODE == Flush::add ? scale1 : fd.scale_at(scale1, ob, p);
       if constexpr (MODE == Flush::scale) {
         _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), scale));
         continue;
@@ -165,11 +168,11 @@ __attribute__((always_inline)) inline void pixel_flush(PixelAcc<NOB, NPIX>& acc,
 }
 
 // A flush before the end of the call.
-template <int NOB, int NPIX>
+template <int NOB, int NPIX, bool SCALES = true>
 __attribute__((always_inline)) inline void pixel_flush_mid(PixelAcc<NOB, NPIX>& acc, const FlushDst& fd,
                                                            bool accumulate, bool flushed) {
   if (accumulate)
-    pixel_flush<Flush::fma>(acc, fd);
+    pixel_flush<Flush::fma, NOB, NPIX, SCALES>(acc, fd);
   else if (flushed)
     pixel_flush<Flush::add>(acc, fd);
   else
@@ -178,12 +181,12 @@ __attribute__((always_inline)) inline void pixel_flush_mid(PixelAcc<NOB, NPIX>& 
 
 // The end of a chain's worth of steps: pending counts the steps since the last flush; where it
 // reaches the chain, the flush before the end of the call.
-template <int NOB, int NPIX>
+template <int NOB, int NPIX, bool SCALES = true>
 __attribute__((always_inline)) inline void count_steps(PixelAcc<NOB, NPIX>& acc, const FlushDst& fd, bool accumulate,
                                                        int steps, int chain, int& pending, bool& flushed) {
   pending += steps;
   if (pending == chain) {
-    pixel_flush_mid(acc, fd, accumulate, flushed);
+    pixel_flush_mid<NOB, NPIX, SCALES>(acc, fd, accumulate, flushed);
     flushed = true;
     pending = 0;
   }
@@ -191,11 +194,11 @@ __attribute__((always_inline)) inline void count_steps(PixelAcc<NOB, NPIX>& acc,
 
 // The end of the call: the steps since the last flush (pending), then the scale. An accumulating
 // call with no steps leaves dst as it was; an overwriting one writes zero.
-template <int NOB, int NPIX>
+template <int NOB, int NPIX, bool SCALES = true>
 __attribute__((always_inline)) inline void pixel_flush_end(PixelAcc<NOB, NPIX>& acc, const FlushDst& fd,
                                                            bool accumulate, bool flushed, int pending) {
   if (accumulate) {
-    if (pending > 0) pixel_flush<Flush::fma>(acc, fd);
+    if (pending > 0) pixel_flush<Flush::fma, NOB, NPIX, SCALES>(acc, fd);
   } else if (pending > 0 || !flushed) {
     if (flushed)
       pixel_flush<Flush::add_scale>(acc, fd);
@@ -227,11 +230,10 @@ __attribute__((always_inline)) inline void prefetch_tile_for_write(const PixelKe
 // ACC: whether the call adds to dst (PixelKernelArgs::accumulate), as a constant. With the
 // accumulating flush in the loop, its scale registers beside 28 accumulators, GCC keeps a dozen
 // accumulators on the stack through every (block, tap) unit; the overwriting calls' loop (forward,
-// most backward-data) has no FMA flush and keeps them all in registers. The accumulating one still
-// spills where a chain ends inside the call (with one chain for the whole call, ONE_FLUSH).
-// ONE_FLUSH: the call's steps fit one chain (a.nib * a.ntaps * 8 <= a.chain, every channel
-// pair), so its only flush is the one at its end: the loop has no flush in it.
-template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL, bool ACC, bool ONE_FLUSH = false>
+// most backward-data) has no FMA flush and keeps them all in registers. The accumulating one keeps
+// them too where the call has no lane or pixel scales (SCALES false: the FMA flush's scale is one
+// register); with them (Granularity::slice) it still spills.
+template <class Dot, int NOB, int NPIX, int SRC_PIX, bool UNIT_CHAIN, bool FULL, bool ACC, bool SCALES = true>
 void pixel_kernel(const PixelKernelArgs& a) {
   PixelAcc<NOB, NPIX> acc;
 #pragma GCC unroll 32
@@ -272,11 +274,10 @@ void pixel_kernel(const PixelKernelArgs& a) {
         }
         if constexpr (!UNIT_CHAIN) count_steps(acc, fd, accumulate, 1, a.chain, pending, flushed);
       }
-      if constexpr (UNIT_CHAIN && !ONE_FLUSH) count_steps(acc, fd, accumulate, pairs, a.chain, pending, flushed);
+      if constexpr (UNIT_CHAIN) count_steps<NOB, NPIX, SCALES>(acc, fd, accumulate, pairs, a.chain, pending, flushed);
     }
   }
-  if constexpr (ONE_FLUSH) pending = a.nib * a.ntaps * 8;
-  pixel_flush_end(acc, fd, accumulate, flushed, pending);
+  pixel_flush_end<NOB, NPIX, SCALES>(acc, fd, accumulate, flushed, pending);
 }
 
 template <class Dot, int NOB, int NPIX, bool ACC>
@@ -288,12 +289,11 @@ void pixel_dispatch_stride(const PixelKernelArgs& a) {
     if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, false, ACC>(a);
     return pixel_kernel<Dot, NOB, NPIX, 0, false, false, ACC>(a);
   }
-  // An accumulating call's flush in its loop makes GCC keep a dozen accumulators on the stack
-  // through the loop (the scale registers beside 28 accumulators); where one chain covers the
-  // call (1x1 layers' backward-data in training), a loop without it.
-  if (ACC && int64_t{a.nib} * a.ntaps * 8 <= a.chain) {
-    if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, true, ACC, true>(a);
-    if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true, true, ACC, true>(a);
+  // An accumulating call's FMA flush sits in its loop; with the lane and pixel scales' code in it
+  // (FlushDst::scale_at) GCC kept a dozen of the 28 accumulators on the stack through the loop.
+  if (ACC && !a.lane_scale && !a.pixel_scale) {
+    if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, true, ACC, false>(a);
+    if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true, true, ACC, false>(a);
   }
   if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, true, ACC>(a);
   if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true, true, ACC>(a);

@@ -317,9 +317,9 @@ TEST(ConvInt16, PixelCallsAreTheCallsOneByOneAtEveryLevel) {
 }
 
 // The pixel kernel at every level against the reference where the chain is near the call's steps
-// (nib * ntaps * 8): one unit short of them (a flush in the loop), exactly them and beyond them (the
-// accumulating calls' form without a flush in its loop), in both directions, with and without lane
-// and pixel scales, at the two compile-time source strides and the widest tiles.
+// (nib * ntaps * 8): one unit short of them (a flush in the loop), exactly them and beyond them, in
+// both directions, with and without lane and pixel scales (accumulating calls without them take a
+// variant of their own), at the two compile-time source strides and the widest tiles.
 TEST(ConvInt16, PixelKernelChainsAroundTheCallAtEveryLevel) {
   const CpuFeatures cpu = detect_cpu_features();
   uint32_t seed = 1300;
