@@ -332,8 +332,8 @@ void pixel_entry(const PixelKernelArgs& a) {
 // (block, tap) units: each call's accumulators, flushes and scale as pixel_kernel's, the weights
 // loaded once for all of them. A 4x4 image's row of 4 pixels (8 accumulators) otherwise reads its
 // group's weights (295 KB for 512 channels, 3x3) from L2 for every 4 pixels: on one core, two or
-// three such calls ran 1.2-1.5x faster this way (docs/design/kernels.md).
-template <class Dot, int NPIX, int CALLS, bool ACC, int SRC_PIX>
+// three such calls ran 1.2-1.5x faster this way (docs/design/kernels.md). SCALES: as pixel_kernel's.
+template <class Dot, int NPIX, int CALLS, bool ACC, int SRC_PIX, bool SCALES>
 void pixel_calls_kernel(const PixelKernelArgs* c) {
   constexpr int NOB = 2;
   PixelAcc<NOB, NPIX> acc[CALLS];
@@ -372,18 +372,19 @@ void pixel_calls_kernel(const PixelKernelArgs* c) {
           }
       }
 #pragma GCC unroll 4
-      for (int k = 0; k < CALLS; ++k) count_steps(acc[k], fd[k], ACC, 8, chain[k], pending[k], flushed[k]);
+      for (int k = 0; k < CALLS; ++k)
+        count_steps<NOB, NPIX, SCALES>(acc[k], fd[k], ACC, 8, chain[k], pending[k], flushed[k]);
     }
   }
 #pragma GCC unroll 4
-  for (int k = 0; k < CALLS; ++k) pixel_flush_end(acc[k], fd[k], ACC, flushed[k], pending[k]);
+  for (int k = 0; k < CALLS; ++k) pixel_flush_end<NOB, NPIX, SCALES>(acc[k], fd[k], ACC, flushed[k], pending[k]);
 }
 
-template <class Dot, int CALLS, bool ACC, int... P>
+template <class Dot, int CALLS, bool ACC, bool SCALES, int... P>
 void pixel_calls_dispatch(const PixelKernelArgs* c, std::integer_sequence<int, P...>) {
   using Fn = void (*)(const PixelKernelArgs*);
-  static constexpr Fn dense[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC, 16>...};
-  static constexpr Fn strided[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC, 32>...};
+  static constexpr Fn dense[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC, 16, SCALES>...};
+  static constexpr Fn strided[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC, 32, SCALES>...};
   (c[0].src_pix == 16 ? dense : strided)[c[0].npix - 1](c);
 }
 
@@ -401,10 +402,17 @@ void pixel_calls_entry(const PixelKernelArgs* c, int count) {
     if (fused) {
       constexpr auto two = std::make_integer_sequence<int, kPixelAccumulators / 4>{};
       constexpr auto three = std::make_integer_sequence<int, kPixelAccumulators / 6>{};
-      if (count == 2 && a.accumulate) return pixel_calls_dispatch<Dot, 2, true>(c, two);
-      if (count == 2) return pixel_calls_dispatch<Dot, 2, false>(c, two);
-      if (a.accumulate) return pixel_calls_dispatch<Dot, 3, true>(c, three);
-      return pixel_calls_dispatch<Dot, 3, false>(c, three);
+      // Accumulating calls without lane or pixel scales: pixel_kernel's SCALES.
+      bool scales = false;
+      for (int k = 0; k < count; ++k) scales |= c[k].lane_scale || c[k].pixel_scale;
+      if (a.accumulate && !scales) {
+        if (count == 2) return pixel_calls_dispatch<Dot, 2, true, false>(c, two);
+        return pixel_calls_dispatch<Dot, 3, true, false>(c, three);
+      }
+      if (count == 2 && a.accumulate) return pixel_calls_dispatch<Dot, 2, true, true>(c, two);
+      if (count == 2) return pixel_calls_dispatch<Dot, 2, false, true>(c, two);
+      if (a.accumulate) return pixel_calls_dispatch<Dot, 3, true, true>(c, three);
+      return pixel_calls_dispatch<Dot, 3, false, true>(c, three);
     }
   }
   for (int k = 0; k < count; ++k) pixel_entry<Dot>(c[k]);
