@@ -23,7 +23,8 @@ namespace dfp::simd {
 namespace {
 
 struct DotVnni {
-  static constexpr bool kNoTemps = true;  // a step needs no ZMM temporaries (embedded broadcast, in place)
+  // step() needs no ZMM temporaries (embedded broadcast, in place); step_two needs one.
+  static constexpr bool kNoTemps = true;
   static constexpr bool kLatencyBound = true;  // each step waits for the last (VPDPWSSD's latency)
   static inline void step(__m512i& acc, __m512i w, const int16_t* pair) {
     asm("vpdpwssd %[m]%{1to16%}, %[w], %[acc]"
@@ -129,6 +130,9 @@ struct FlushDst {
     return s;
   }
 };
+
+// Whether a call has lane or pixel scales (FlushDst::scale_at): the kernels' SCALES parameter.
+inline bool has_scales(const PixelKernelArgs& a) { return a.lane_scale || a.pixel_scale; }
 
 // SCALES: whether the call may have lane or pixel scales (FlushDst::scale_at); without them every
 // mode takes `scale` as it is.
@@ -291,7 +295,7 @@ void pixel_dispatch_stride(const PixelKernelArgs& a) {
   }
   // An accumulating call's FMA flush sits in its loop; with the lane and pixel scales' code in it
   // (FlushDst::scale_at) GCC kept a dozen of the 28 accumulators on the stack through the loop.
-  if (ACC && !a.lane_scale && !a.pixel_scale) {
+  if (ACC && !has_scales(a)) {
     if (a.src_pix == 16) return pixel_kernel<Dot, NOB, NPIX, 16, true, true, ACC, false>(a);
     if (a.src_pix == 32) return pixel_kernel<Dot, NOB, NPIX, 32, true, true, ACC, false>(a);
   }
@@ -380,17 +384,28 @@ void pixel_calls_kernel(const PixelKernelArgs* c) {
   for (int k = 0; k < CALLS; ++k) pixel_flush_end<NOB, NPIX, SCALES>(acc[k], fd[k], ACC, flushed[k], pending[k]);
 }
 
-template <class Dot, int CALLS, bool ACC, bool SCALES, int... P>
+// The calls' form: accumulating or not, and for accumulating calls whether any has lane or pixel
+// scales (pixel_kernel's SCALES; the overwriting calls flush with them outside their loop).
+template <class Dot, int CALLS, int... P>
 void pixel_calls_dispatch(const PixelKernelArgs* c, std::integer_sequence<int, P...>) {
   using Fn = void (*)(const PixelKernelArgs*);
-  static constexpr Fn dense[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC, 16, SCALES>...};
-  static constexpr Fn strided[] = {&pixel_calls_kernel<Dot, P + 1, CALLS, ACC, 32, SCALES>...};
-  (c[0].src_pix == 16 ? dense : strided)[c[0].npix - 1](c);
+  static constexpr Fn table[3][2][sizeof...(P)] = {
+      {{&pixel_calls_kernel<Dot, P + 1, CALLS, false, 16, true>...},
+       {&pixel_calls_kernel<Dot, P + 1, CALLS, false, 32, true>...}},
+      {{&pixel_calls_kernel<Dot, P + 1, CALLS, true, 16, true>...},
+       {&pixel_calls_kernel<Dot, P + 1, CALLS, true, 32, true>...}},
+      {{&pixel_calls_kernel<Dot, P + 1, CALLS, true, 16, false>...},
+       {&pixel_calls_kernel<Dot, P + 1, CALLS, true, 32, false>...}}};
+  bool scales = false;
+  for (int k = 0; k < CALLS; ++k) scales |= has_scales(c[k]);
+  const int form = !c[0].accumulate ? 0 : scales ? 1 : 2;
+  table[form][c[0].src_pix == 16 ? 0 : 1][c[0].npix - 1](c);
 }
 
 // Two or three calls in one pass where their accumulators fit in registers beside the two weight
-// vectors (at most 28) and they take pixel_calls_kernel's form; otherwise (and with the BW step,
-// whose temporaries leave no room) the calls one by one.
+// vectors (at most 28) and they take pixel_calls_kernel's form; otherwise the calls one by one. The
+// BW step's two temporaries would fill the last two of 32 ZMM; fused, its small images' layers ran
+// about as fast (docs/measurements.md, session 47), so it runs them one by one.
 template <class Dot>
 void pixel_calls_entry(const PixelKernelArgs* c, int count) {
   if constexpr (Dot::kNoTemps) {
@@ -402,17 +417,8 @@ void pixel_calls_entry(const PixelKernelArgs* c, int count) {
     if (fused) {
       constexpr auto two = std::make_integer_sequence<int, kPixelAccumulators / 4>{};
       constexpr auto three = std::make_integer_sequence<int, kPixelAccumulators / 6>{};
-      // Accumulating calls without lane or pixel scales: pixel_kernel's SCALES.
-      bool scales = false;
-      for (int k = 0; k < count; ++k) scales |= c[k].lane_scale || c[k].pixel_scale;
-      if (a.accumulate && !scales) {
-        if (count == 2) return pixel_calls_dispatch<Dot, 2, true, false>(c, two);
-        return pixel_calls_dispatch<Dot, 3, true, false>(c, three);
-      }
-      if (count == 2 && a.accumulate) return pixel_calls_dispatch<Dot, 2, true, true>(c, two);
-      if (count == 2) return pixel_calls_dispatch<Dot, 2, false, true>(c, two);
-      if (a.accumulate) return pixel_calls_dispatch<Dot, 3, true, true>(c, three);
-      return pixel_calls_dispatch<Dot, 3, false, true>(c, three);
+      if (count == 2) return pixel_calls_dispatch<Dot, 2>(c, two);
+      return pixel_calls_dispatch<Dot, 3>(c, three);
     }
   }
   for (int k = 0; k < count; ++k) pixel_entry<Dot>(c[k]);
