@@ -143,9 +143,13 @@ inline constexpr int max_pixels(int nob) { return kPixelAccumulators / nob; }
 // The bits are those of an FMA per flush either way (see Flush in simd/avx512/conv_s16_kernels.hpp).
 // Planes: `planes` grids of rows x cols positions, plane i's x_plane * i and dy_plane * i further,
 // run in order as one sequence, the flush counter starting again at each plane (with the chain
-// plane_chain[i], or `chain` where plane_chain is null) and a flush at each plane's end. With
-// accumulate that is a call per plane, in order, with dw read once and written once: the weight
-// gradient of a small image runs the batch's image pairs as planes (docs/design/kernels.md).
+// plane_chain[i], or `chain` where plane_chain is null) and a flush at each plane's end, except
+// where plane_chain[i] is kPlaneContinues (i > 0): plane i then continues the chain that plane
+// i - 1 ended with, with no flush between them (the caller has bounded their sums together).
+// Without continuations and with accumulate that is a call per plane, in order, with dw read once
+// and written once: the weight gradient of a small image runs the batch's image pairs as planes
+// (docs/design/kernels.md).
+inline constexpr int kPlaneContinues = -1;
 struct PairKernelArgs {
   const int16_t* x;   // [..][16 c][2 images]
   const int16_t* dy;  // [..][16 k][2 images]

@@ -302,11 +302,14 @@ void pair_kernel(const PairKernelArgs& a) {
   // alias the arguments), a dozen scalar instructions beside 12 dot-product steps.
   const int64_t x_col = a.x_col, dy_col = a.dy_col, x_row = a.x_row, dy_row = a.dy_row;
   const int rows = a.rows, cols = a.cols;
-  int pending = 0;
+  int pending = 0, chain = a.chain;
   for (int p = 0; p < a.planes; ++p) {
-    if (pending > 0) flush(false);  // the previous plane's last chain
-    pending = 0;
-    const int chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+    const int plane_chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+    if (plane_chain != kPlaneContinues) {
+      if (pending > 0) flush(false);  // the previous plane's last chain
+      pending = 0;
+      chain = plane_chain;
+    }
     const int16_t* xr = a.x + p * a.x_plane;
     const int16_t* gr = a.dy + p * a.dy_plane;
     for (int r = 0; r < rows; ++r, xr += x_row, gr += dy_row) {

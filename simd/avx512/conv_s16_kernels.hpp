@@ -501,8 +501,11 @@ void pair_kernel(const PairKernelArgs& a) {
   const int rows = a.rows, cols = a.cols;
   const int64_t x_col = a.x_col, dy_col = a.dy_col, x_row = a.x_row, dy_row = a.dy_row;
   for (int p = 0; p < a.planes; ++p) {
-    if (left != chain) flush(false);  // the previous plane's last chain
-    chain = left = a.plane_chain ? a.plane_chain[p] : a.chain;
+    const int plane_chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+    if (plane_chain != kPlaneContinues) {
+      if (left != chain) flush(false);  // the previous plane's last chain
+      chain = left = plane_chain;
+    }
     const int16_t* xr = a.x + p * a.x_plane;
     const int16_t* gr = a.dy + p * a.dy_plane;
     for (int r = 0; r < rows; ++r, xr += x_row, gr += dy_row) {

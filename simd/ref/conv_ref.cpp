@@ -105,11 +105,14 @@ void conv_s16_pair(const PairKernelArgs& a) {
     for (int l = 0; l < 16; ++l) {
       Lane lane;
       LaneOut out{a.dw + k * a.dw_k + l, a.scale, a.accumulate};
-      int steps = 0;
+      int steps = 0, chain = a.chain;
       for (int p = 0; p < a.planes; ++p) {
-        if (steps > 0) out.flush(lane);  // the previous plane's last chain
-        steps = 0;
-        const int chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+        const int plane_chain = a.plane_chain ? a.plane_chain[p] : a.chain;
+        if (plane_chain != kPlaneContinues) {
+          if (steps > 0) out.flush(lane);  // the previous plane's last chain
+          steps = 0;
+          chain = plane_chain;
+        }
         for (int r = 0; r < a.rows; ++r) {
           for (int c = 0; c < a.cols; ++c) {
             const int16_t* x = a.x + p * a.x_plane + r * a.x_row + c * a.x_col + 2 * l;

@@ -165,7 +165,9 @@ TEST(ConvInt16, Avx2MicroKernelsMatchTheScalarModel) {
 // The pair kernel's planes (the weight gradient's image pairs in one call) at every level, and
 // the AVX2 kernel's two forms, against the reference; and the reference's planes, accumulating,
 // against a call per plane: 1-4 planes of 1-3 rows x 1-5 columns, a chain per plane (dividing
-// its positions exactly, shorter, longer, one position) or one for all, every row count.
+// its positions exactly, shorter, longer, one position) or one for all, every row count, and
+// planes that continue the chain of the plane before them (kPlaneContinues) after chains that
+// end mid-plane or with it.
 // Full-range operands, so every flush point shows in the FP32 rounding; half the cases with a
 // prefetch range (the AVX-512 kernels' other form).
 TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
@@ -190,11 +192,14 @@ TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
         const std::vector<int16_t> x = operands(size_t(planes * x_plane + 32));
         const std::vector<int16_t> dy = operands(size_t(planes * dy_plane + 32));
         const int n = rows * cols;
-        for (int chains = 0; chains < 4; ++chains) {
-          // chains 0: one for all planes; 1-3: per plane.
+        for (int chains = 0; chains < 5; ++chains) {
+          // chains 0: one for all planes; 1-3: per plane; 4: odd planes continue the even ones'.
           std::vector<int> plane_chain(static_cast<size_t>(planes), 0);
           for (int p = 0; p < planes; ++p)
-            plane_chain[size_t(p)] = chains == 1 ? n : chains == 2 ? 1 + (p * 5 + 2) % (n + 2) : p % 2 ? 1 : cols;
+            plane_chain[size_t(p)] = chains == 1   ? n
+                                     : chains == 2 ? 1 + (p * 5 + 2) % (n + 2)
+                                     : chains == 3 ? (p % 2 ? 1 : cols)
+                                                   : (p % 2 ? simd::kPlaneContinues : 2 + p);
           for (bool accumulate : {false, true}) {
             const int64_t dw_k = 24;
             const std::vector<float> start = random_vec(size_t(16 * dw_k), seed++, -1e6f, 1e6f);
@@ -211,7 +216,7 @@ TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
             std::vector<float> want = start;
             a.dw = want.data();
             simd::ref::conv_s16_pair(a);
-            if (accumulate) {  // the reference's planes are its calls, one per plane
+            if (accumulate && chains != 4) {  // the reference's planes are its calls, one per plane
               std::vector<float> each = start;
               simd::PairKernelArgs one = a;
               one.planes = 1;
@@ -237,7 +242,52 @@ TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
       }
     }
   }
-  EXPECT_EQ(cases, 5 * 4 * 3 * 4 * 2);
+  EXPECT_EQ(cases, 5 * 4 * 3 * 5 * 2);
+}
+
+// A plane that continues the chain before it (kPlaneContinues) adds into the same INT32 sums: one
+// flush for the planes together, where a flush per plane rounds each plane's part into dw. Each
+// of four planes adds 1 to every output (one position of x and dy at 1); dw starts at 2^24, where
+// FP32 steps by 2: a flush per plane adds 1 four times and rounds back to 2^24 each time (ties
+// to even), one flush for all four adds 4. At every level, overwriting and accumulating.
+TEST(ConvInt16, PairKernelPlanesThatContinueFlushOnceAtEveryLevel) {
+  const CpuFeatures cpu = detect_cpu_features();
+  std::vector<std::pair<std::string, simd::PairKernelFn>> fns{{"ref", &simd::ref::conv_s16_pair}};
+  for (Isa isa : kIsaLevels) {
+    if (isa == Isa::ref || !cpu.supports(isa)) continue;
+    const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+    fns.emplace_back(t.conv_s16_pair.name, t.conv_s16_pair.fn);
+  }
+  const int planes = 4, rows = 2, cols = 3;
+  const int64_t x_plane = rows * cols * 32, dy_plane = x_plane;
+  std::vector<int16_t> x(size_t(planes * x_plane), 0), dy(size_t(planes * dy_plane), 0);
+  for (int p = 0; p < planes; ++p)
+    for (int i = 0; i < 32; ++i) {  // position (1, 2) of each plane, image 0 only: a product of 1
+      x[size_t(p * x_plane + 5 * 32 + i)] = i % 2 == 0 ? 1 : 0;
+      dy[size_t(p * dy_plane + 5 * 32 + i)] = i % 2 == 0 ? 1 : 0;
+    }
+  for (const auto& [name, fn] : fns)
+    for (bool join : {false, true})
+      for (int nk : {1, 5, 16}) {
+        std::vector<int> plane_chain(planes, 1000);
+        if (join) plane_chain[1] = plane_chain[2] = plane_chain[3] = simd::kPlaneContinues;
+        std::vector<float> dw(16 * 16, 0x1p24f);
+        simd::PairKernelArgs a{};
+        a.x = x.data(); a.dy = dy.data(); a.dw = dw.data(); a.dw_k = 16; a.nk = nk; a.rows = rows; a.cols = cols;
+        a.x_row = cols * 32; a.x_col = 32; a.dy_row = cols * 32; a.dy_col = 32; a.chain = 1000; a.scale = 1.f;
+        a.accumulate = true;
+        a.planes = planes; a.x_plane = x_plane; a.dy_plane = dy_plane; a.plane_chain = plane_chain.data();
+        fn(a);
+        for (int k = 0; k < nk; ++k)
+          for (int l = 0; l < 16; ++l)
+            ASSERT_EQ(dw[size_t(k * 16 + l)], join ? 0x1p24f + 4.f : 0x1p24f)
+                << name << (join ? " joined" : " per plane") << " nk " << nk << " row " << k << " lane " << l;
+        // Overwriting: the planes' sums (4 either way, exact), scaled once.
+        a.accumulate = false;
+        a.scale = 0.5f;
+        fn(a);
+        for (int k = 0; k < nk; ++k) ASSERT_EQ(dw[size_t(k * 16)], 2.f) << name << " overwriting nk " << nk;
+      }
 }
 
 // Several pixel-kernel calls that share their weights (PixelCallsFn) at every level against the

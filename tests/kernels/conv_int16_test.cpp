@@ -385,6 +385,30 @@ TEST(ConvInt16, ChainsFollowThePairOfEachPlane) {
   EXPECT_LT(r.stats.chain_wgrad, 64);  // the bound really shortened a chain
 }
 
+// The planes of one call (4x4 images: kWgradPlanes pairs) continue each other's chain only where
+// their sums together fit INT32. x is big; dy is small in pair 0 and big in pairs 1-3: a big
+// pair's center tap sums 32 products of 6144^2 (1.21e9), so pair 0 (1/64 of that, with a chain
+// from its own small bound) can take pair 1 into its chain, and no other two planes fit one:
+// continued past that, the chain would overflow INT32, and verification counts it. With dy
+// small everywhere all four fit one chain. Exact against FP64. K = 64: by output blocks, so one
+// task's calls take all four pairs.
+TEST(ConvInt16, PlanesContinueAChainOnlyWhereTheirSumsFitInt32) {
+  const ConvShape s = make(8, 16, 4, 4, 64, 3, 3, 1, 1);
+  const float big = 1.5f, small = big / 64;
+  const size_t dy_image = size_t(s.K) * s.OH() * s.OW();
+  for (bool all_small : {false, true}) {
+    SCOPED_TRACE(all_small ? "dy small" : "dy big but in pair 0");
+    const std::vector<float> x(size_t(s.N) * s.C * s.H * s.W, big), w(size_t(s.K) * s.C * 9, big);
+    std::vector<float> dy(size_t(s.N) * dy_image);
+    for (size_t i = 0; i < dy.size(); ++i) dy[i] = all_small || i / dy_image < 2 ? small : big;
+    for (int threads : {1, 2}) {
+      Context ctx(ContextOptions{.threads = threads});
+      const Outputs r = run_verified_exact(ctx, s, x, w, dy);
+      EXPECT_EQ(r.stats.x.max_abs_int, 6144);
+    }
+  }
+}
+
 // Image tiles (rows of at most 2 pixels: 8 images at one position) and GEMM layers (1x1 over 1x1
 // images: 14 images per call) bound each call by the largest |q| over the images it takes. One
 // image of x and one of dy are big, each in the second tile; every weight is big. A call whose

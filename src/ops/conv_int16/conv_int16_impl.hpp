@@ -520,8 +520,9 @@ struct ConvInt16::Impl {
   // where one tile holds a whole output image and the pairs share one exponent: a call per pair
   // read and wrote its 16 dW rows for a few positions (a 4x4 layer: 16), and ResNet-18c's 4x4
   // layers ran their weight gradient at 28% of the INT16 peak. dy is then quantized into whole
-  // pairs (dyp), which the calls read in place. Each pair keeps its own positions, chains and
-  // flushes, so the bits are those of a call per pair.
+  // pairs (dyp), which the calls read in place. Each pair keeps its own positions and chains; a
+  // pair that one chain covers continues the chain of the pair before it in the call where their
+  // sums together fit INT32 (join_planes in weight_grad.cpp), and flushes with it.
   bool wgrad_planes() const {
     return !gemm && !x_slices && !dy_slices && OW <= kPairTile && OH <= kPairTile / OW;
   }
