@@ -32,6 +32,21 @@ bool same_bits(Args a, float* Args::*dst, void (*fn)(const Args&), const std::ve
   return std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0;
 }
 
+// The pair kernel of every level this CPU runs but the reference, and the AVX2 kernel's two forms
+// directly (the table takes only one of them on a CPU with AVX-VNNI).
+std::vector<std::pair<std::string, simd::PairKernelFn>> pair_kernels_above_reference() {
+  const CpuFeatures cpu = detect_cpu_features();
+  std::vector<std::pair<std::string, simd::PairKernelFn>> fns;
+  for (Isa isa : kIsaLevels) {
+    if (isa == Isa::ref || !cpu.supports(isa)) continue;
+    const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+    fns.emplace_back(t.conv_s16_pair.name, t.conv_s16_pair.fn);
+  }
+  if (cpu.supports(Isa::avx2)) fns.emplace_back("avx2 direct", &simd::avx2::conv_s16_pair);
+  if (cpu.supports(Isa::avx2) && cpu.avx_vnni) fns.emplace_back("avxvnni direct", &simd::avxvnni::conv_s16_pair);
+  return fns;
+}
+
 }  // namespace
 
 // The chain tables' window maxima at every level this CPU runs, against the reference, which the
@@ -171,15 +186,7 @@ TEST(ConvInt16, Avx2MicroKernelsMatchTheScalarModel) {
 // Full-range operands, so every flush point shows in the FP32 rounding; half the cases with a
 // prefetch range (the AVX-512 kernels' other form).
 TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
-  const CpuFeatures cpu = detect_cpu_features();
-  std::vector<std::pair<std::string, simd::PairKernelFn>> fns;
-  for (Isa isa : kIsaLevels) {
-    if (isa == Isa::ref || !cpu.supports(isa)) continue;
-    const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
-    fns.emplace_back(t.conv_s16_pair.name, t.conv_s16_pair.fn);
-  }
-  if (cpu.supports(Isa::avx2)) fns.emplace_back("avx2 direct", &simd::avx2::conv_s16_pair);
-  if (cpu.supports(Isa::avx2) && cpu.avx_vnni) fns.emplace_back("avxvnni direct", &simd::avxvnni::conv_s16_pair);
+  const auto fns = pair_kernels_above_reference();
   uint32_t seed = 700;
   auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
   int cases = 0;
@@ -249,15 +256,11 @@ TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
 // flush for the planes together, where a flush per plane rounds each plane's part into dw. Each
 // of four planes adds 1 to every output (one position of x and dy at 1); dw starts at 2^24, where
 // FP32 steps by 2: a flush per plane adds 1 four times and rounds back to 2^24 each time (ties
-// to even), one flush for all four adds 4. At every level, overwriting and accumulating.
+// to even), one flush for all four adds 4. At every level and AVX2 form, overwriting and
+// accumulating.
 TEST(ConvInt16, PairKernelPlanesThatContinueFlushOnceAtEveryLevel) {
-  const CpuFeatures cpu = detect_cpu_features();
-  std::vector<std::pair<std::string, simd::PairKernelFn>> fns{{"ref", &simd::ref::conv_s16_pair}};
-  for (Isa isa : kIsaLevels) {
-    if (isa == Isa::ref || !cpu.supports(isa)) continue;
-    const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
-    fns.emplace_back(t.conv_s16_pair.name, t.conv_s16_pair.fn);
-  }
+  auto fns = pair_kernels_above_reference();
+  fns.emplace(fns.begin(), "ref", &simd::ref::conv_s16_pair);
   const int planes = 4, rows = 2, cols = 3;
   const int64_t x_plane = rows * cols * 32, dy_plane = x_plane;
   std::vector<int16_t> x(size_t(planes * x_plane), 0), dy(size_t(planes * dy_plane), 0);
