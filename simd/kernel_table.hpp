@@ -425,6 +425,9 @@ class ConvF32Backend {
   virtual void forward(const float* x, float* y) = 0;
   virtual void backward_data(const float* dy, float* dx) = 0;
   virtual void backward_weights(const float* x, const float* dy, float* dw_kcrs) = 0;
+  // The buffers forward/backward_data read were written since: backward_weights reads its
+  // arguments, not copies of them (ConvF32::inputs_rewritten).
+  virtual void inputs_rewritten() = 0;
 };
 class LinearF32Backend {
  public:
@@ -434,6 +437,7 @@ class LinearF32Backend {
   virtual void forward(const float* x_nc, float* y_nk) = 0;
   virtual void backward_data(const float* dy_nk, float* dx_nc) = 0;
   virtual void backward_weights(const float* x_nc, const float* dy_nk, float* dw_kc) = 0;
+  virtual void inputs_rewritten() = 0;
 };
 // BF16-operand convolution with FP32 accumulation and FP32 outputs (the bf16 precision's native
 // form): x and dy are BF16 bit patterns in the blocked layout, weights are passed as FP32 values

@@ -258,8 +258,12 @@ class ConvF32 {
   void backward_data(const float* dy, float* dx);
   // x and dy as forward() and backward_data() of this step read them: where oneDNN wants other
   // layouts, the copies those calls made of the same buffers are used again (one reorder per
-  // tensor and step), so the buffers must not change in between.
+  // tensor and step), so the buffers must not change in between, unless inputs_rewritten() says
+  // they did.
   void backward_weights(const float* x, const float* dy, float* dw_kcrs);
+  // The buffers forward() and backward_data() read have been written since (a weight gradient on
+  // operands of its own, as MX's): the next backward_weights() reads x and dy as they are now.
+  void inputs_rewritten();
 
  private:
   struct Impl;
@@ -277,7 +281,10 @@ class LinearF32 {
   void set_weights(const float* w_kc);
   void forward(const float* x_nc, float* y_nk);
   void backward_data(const float* dy_nk, float* dx_nc);
+  // As ConvF32's: x and dy as this step's forward() and backward_data() read them, unless
+  // inputs_rewritten() says the buffers have been written since.
   void backward_weights(const float* x_nc, const float* dy_nk, float* dw_kc);
+  void inputs_rewritten();
 
  private:
   struct Impl;

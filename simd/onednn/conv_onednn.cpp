@@ -58,7 +58,8 @@ struct Training {
   // holds, from the last forward / backward-data call, until the weight gradient has read it:
   // one reorder per tensor per training step, not one per pass. The caller's contract: the
   // buffers passed to backward_weights hold what forward / backward_data read from them (the
-  // saved input and the gradient of this step), as in any training step.
+  // saved input and the gradient of this step), as in any training step, unless it says
+  // otherwise (inputs_rewritten clears both).
   bool bw_src_shared = false, bw_diff_dst_shared = false;
   const void* x_ready = nullptr;
   const void* dy_ready = nullptr;
@@ -384,6 +385,7 @@ void ConvPrimitives::backward_data(const void* dy, float* dx) { onednn::backward
 void ConvPrimitives::backward_weights(const void* x, const void* dy, float* dw) {
   onednn::backward_weights(impl_->t, x, dy, dw);
 }
+void ConvPrimitives::inputs_rewritten() noexcept { impl_->t.x_ready = impl_->t.dy_ready = nullptr; }
 
 // ---- inner product ---------------------------------------------------------------------------
 
@@ -455,6 +457,7 @@ void InnerProductPrimitives::backward_data(const float* dy, float* dx) { onednn:
 void InnerProductPrimitives::backward_weights(const float* x, const float* dy, float* dw) {
   onednn::backward_weights(impl_->t, x, dy, dw);
 }
+void InnerProductPrimitives::inputs_rewritten() noexcept { impl_->t.x_ready = impl_->t.dy_ready = nullptr; }
 
 std::optional<ConvPrimitives> native_bf16_conv(int threads, const ConvShape& shape, const std::string& name) {
   try {
@@ -483,6 +486,7 @@ class Onednn final : public Backend {
   void forward(const float* x, float* y) override { p_.forward(x, y); }
   void backward_data(const float* dy, float* dx) override { p_.backward_data(dy, dx); }
   void backward_weights(const float* x, const float* dy, float* dw) override { p_.backward_weights(x, dy, dw); }
+  void inputs_rewritten() override { p_.inputs_rewritten(); }
 
  private:
   Primitives p_;

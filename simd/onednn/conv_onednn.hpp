@@ -45,6 +45,9 @@ class ConvPrimitives {
   void forward(const void* x, float* y);                                   // nChw16c -> nChw16c
   void backward_data(const void* dy, float* dx);                           // nChw16c -> nChw16c
   void backward_weights(const void* x, const void* dy, float* dw_kcrs);   // -> OIHW
+  // The buffers forward / backward_data read were written since: backward_weights reorders its
+  // arguments again rather than reading the copies those calls made.
+  void inputs_rewritten() noexcept;
 
  private:
   struct Impl;
@@ -74,6 +77,7 @@ class InnerProductPrimitives {
   void forward(const float* x_nc, float* y_nk);
   void backward_data(const float* dy_nk, float* dx_nc);
   void backward_weights(const float* x_nc, const float* dy_nk, float* dw_kc);
+  void inputs_rewritten() noexcept;
 
  private:
   struct Impl;

@@ -137,6 +137,7 @@ class RefConv final : public ConvF32Backend {
   void backward_weights(const float* x, const float* dy, float* dw) override {
     conv_f32_backward_weights(s_, x, dy, dw);
   }
+  void inputs_rewritten() override {}  // every pass reads its arguments
 
  private:
   ConvShape s_;
@@ -155,6 +156,7 @@ class RefLinear final : public LinearF32Backend {
   void backward_weights(const float* x, const float* dy, float* dw) override {
     inner_product_f32_backward_weights(n_, c_, k_, x, dy, dw);
   }
+  void inputs_rewritten() override {}
 
  private:
   int n_, c_, k_;

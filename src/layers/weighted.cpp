@@ -239,7 +239,10 @@ class ConvF32Operator final : public F32Operator {
     f_.backward_weights(x, dy, gw);
   }
   void backward_data(const float* dy, float* dx) override { f_.backward_data(dy, dx); }
-  void backward_weights(const float* x, const float* dy, float* gw) override { f_.backward_weights(x, dy, gw); }
+  void backward_weights(const float* x, const float* dy, float* gw) override {
+    f_.inputs_rewritten();  // its operands are its own, possibly in the buffers the other passes read
+    f_.backward_weights(x, dy, gw);
+  }
   std::string implementation() const override { return f_.kernel_name(); }
 
  private:
@@ -541,6 +544,7 @@ class LinearF32Operator final : public F32Operator {
   void backward_weights(const float* x, const float* dy, float* gw) override {
     to_rows(x, rows_x_.data(), n_, f_in_);
     to_rows(dy, rows_y_.data(), n_, k_);
+    f_.inputs_rewritten();  // rows_x_ and rows_y_ now hold this pass's operands
     f_.backward_weights(rows_x_.data(), rows_y_.data(), gw);
   }
   std::string implementation() const override { return f_.kernel_name(); }

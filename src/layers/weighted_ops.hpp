@@ -43,7 +43,8 @@ class F32Operator {
   // dx may be null; gw is overwritten. x is this step's input as forward() saw it.
   virtual void backward(const float* x, const float* dy, float* dx, float* gw) = 0;
   // The two backward passes apart, each on operands of its own (MX quantizes each pass's
-  // operands along its own reduction): dx from dy with the weights set last; gw from x and dy.
+  // operands along its own reduction): dx from dy with the weights set last; gw from x and dy,
+  // read as they are now even where they are the buffers the other passes read.
   virtual void backward_data(const float* dy, float* dx) = 0;
   virtual void backward_weights(const float* x, const float* dy, float* gw) = 0;
   virtual std::string implementation() const = 0;

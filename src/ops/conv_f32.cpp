@@ -70,6 +70,8 @@ void ConvF32::backward_weights(const float* x, const float* dy, float* dw_kcrs) 
   m.backend->backward_weights(x, dy, dw_kcrs);
 }
 
+void ConvF32::inputs_rewritten() { impl_->backend->inputs_rewritten(); }
+
 // ---- LinearF32 ---------------------------------------------------------------------------
 
 struct LinearF32::Impl {
@@ -128,5 +130,7 @@ void LinearF32::backward_weights(const float* x_nc, const float* dy_nk, float* d
   check_pointer(dw_kc, m.name, "backward_weights", "dw_kc");
   m.backend->backward_weights(x_nc, dy_nk, dw_kc);
 }
+
+void LinearF32::inputs_rewritten() { impl_->backend->inputs_rewritten(); }
 
 }  // namespace dfp

@@ -250,13 +250,17 @@ TEST(ConvF32OneDnn, MatchesReferenceAllPasses) {
 
 // The weight gradient reuses the forward's and backward-data's reordered x and dy only within a
 // step: the same buffers refilled for the next step, with the passes in another order (weight
-// gradient before backward-data), give the next step's gradient. Few-channel shapes make oneDNN
-// want other layouts than nChw16c, so the reorders (and their reuse) happen.
+// gradient before backward-data), give the next step's gradient; and a caller that writes other
+// values into those buffers between the passes (MX's weight gradient quantizes x and dy along its
+// own reduction into them) says so with inputs_rewritten(), and the weight gradient reads them.
+// Few-channel shapes make oneDNN want other layouts than nChw16c, so the reorders (and their
+// reuse) happen; so does 40 channels at oneDNN's AVX2 level (nChw8c).
 TEST(ConvF32OneDnn, WeightGradientReadsThisStepsTensors) {
   dfp::Context ref_ctx(ref_options());
   dfp::Context fast(fast_options());
   if (fast.isa() == dfp::Isa::ref) GTEST_SKIP() << "context level is ref (DFP_ISA or CPU): no oneDNN path";
-  for (const ConvShape& s : {conv(4, 3, 12, 12, 3, 3, 3, 1, 1), conv(4, 3, 12, 12, 16, 3, 3, 1, 1)}) {
+  for (const ConvShape& s : {conv(4, 3, 12, 12, 3, 3, 3, 1, 1), conv(4, 3, 12, 12, 16, 3, 3, 1, 1),
+                             conv(2, 40, 6, 6, 20, 3, 3, 1, 1)}) {
     SCOPED_TRACE(describe(s));
     const std::vector<float> w = random_values(size_t(s.K) * s.C * s.R * s.S, 13);
     dfp::ConvF32 ref(ref_ctx, s, "ref");
@@ -265,18 +269,25 @@ TEST(ConvF32OneDnn, WeightGradientReadsThisStepsTensors) {
     dnn.set_weights(w.data());
     std::vector<float> x(dfp::blocked_size(s.N, s.C, s.H, s.W)), dx(x.size());
     std::vector<float> dy(dfp::blocked_size(s.N, s.K, s.OH(), s.OW())), y(dy.size());
-    for (int step = 0; step < 3; ++step) {
-      const std::vector<float> xs = random_blocked(s.N, s.C, s.H, s.W, 20 + step);
-      const std::vector<float> dys = random_blocked(s.N, s.K, s.OH(), s.OW(), 30 + step);
-      std::copy(xs.begin(), xs.end(), x.begin());  // the same buffers, new values
+    auto refill = [&](int seed) {  // the same buffers, new values
+      const std::vector<float> xs = random_blocked(s.N, s.C, s.H, s.W, 20 + seed);
+      const std::vector<float> dys = random_blocked(s.N, s.K, s.OH(), s.OW(), 30 + seed);
+      std::copy(xs.begin(), xs.end(), x.begin());
       std::copy(dys.begin(), dys.end(), dy.begin());
+    };
+    for (int step = 0; step < 4; ++step) {
+      refill(step);
       dnn.forward(x.data(), y.data());
       std::vector<float> dw = nan_filled(w.size()), dw_ref = nan_filled(w.size());
-      if (step >= 1) {  // weight gradient first, twice running: step 1's dy copy must not serve step 2
+      if (step == 1 || step == 2) {  // weight gradient first, twice running: step 1's dy copy must not serve step 2
         dnn.backward_weights(x.data(), dy.data(), dw.data());
         dnn.backward_data(dy.data(), dx.data());
       } else {
         dnn.backward_data(dy.data(), dx.data());
+        if (step == 3) {  // both buffers rewritten between the passes
+          refill(10);
+          dnn.inputs_rewritten();
+        }
         dnn.backward_weights(x.data(), dy.data(), dw.data());
       }
       ref.backward_weights(x.data(), dy.data(), dw_ref.data());
