@@ -272,8 +272,10 @@ void pixel_calls_entry(const PixelKernelArgs* calls, int count) {
 
 // NK <= kMaxRows rows k of 16 lanes. Flushes as the AVX-512 pair kernel's: a call that overwrites
 // dw sums unscaled from its first flush and scales at its last; one that accumulates takes an FMA,
-// or an add where the scale is 1 (the same bits).
-template <class Dot, int NK>
+// or an add where the scale is 1 (the same bits). PREFETCH: the call fetches a.prefetch's lines,
+// one per position (the next input block's x, which the hardware prefetcher finds only after a
+// few misses: a 1x1 layer's calls otherwise wait on x from L3 or memory).
+template <class Dot, int NK, bool PREFETCH>
 void pair_kernel(const PairKernelArgs& a) {
   __m256i acc[NK][2];
 #pragma GCC unroll 8
@@ -303,6 +305,8 @@ void pair_kernel(const PairKernelArgs& a) {
   const int64_t x_col = a.x_col, dy_col = a.dy_col, x_row = a.x_row, dy_row = a.dy_row;
   const int rows = a.rows, cols = a.cols;
   int pending = 0, chain = a.chain;
+  const char* pf = a.prefetch;  // branch-free: once the range is done, its last line again
+  const char* const pf_end = a.prefetch_end;
   for (int p = 0; p < a.planes; ++p) {
     const int plane_chain = a.plane_chain ? a.plane_chain[p] : a.chain;
     if (plane_chain != kPlaneContinues) {
@@ -320,6 +324,11 @@ void pair_kernel(const PairKernelArgs& a) {
         const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 16));
 #pragma GCC unroll 8
         for (int k = 0; k < NK; ++k) Dot::step2(acc[k][0], acc[k][1], x0, x1, g + 2 * k);
+        if constexpr (PREFETCH) {
+          asm volatile("prefetcht1 %0" ::"m"(*pf));
+          const char* next = pf + 64;
+          pf = next < pf_end ? next : pf;
+        }
         if (++pending == chain) {
           flush(false);
           pending = 0;
@@ -344,12 +353,14 @@ void pair_kernel(const PairKernelArgs& a) {
 template <class Dot, int... K>
 void pair_dispatch_nk(const PairKernelArgs& a, std::integer_sequence<int, K...>) {
   using Fn = void (*)(const PairKernelArgs&);
-  static constexpr Fn table[] = {&pair_kernel<Dot, K + 1>...};
-  table[a.nk - 1](a);
+  static constexpr Fn table[2][sizeof...(K)] = {{&pair_kernel<Dot, K + 1, false>...},
+                                                {&pair_kernel<Dot, K + 1, true>...}};
+  table[a.prefetch != nullptr][a.nk - 1](a);
 }
 
-// Sub-calls of at most kMaxRows rows, spread evenly (16 rows: 6, 5, 5). The prefetch hint is not
-// used (it has no effect on the result).
+// Sub-calls of at most kMaxRows rows, spread evenly (16 rows: 6, 5, 5). The first sub-call, which
+// streams x from wherever it is (the others find it in L1), fetches the prefetch hint's lines
+// (they have no effect on the result).
 template <class Dot>
 void pair_entry(const PairKernelArgs& a) {
   const int chunks = (a.nk + kMaxRows - 1) / kMaxRows;
@@ -360,6 +371,7 @@ void pair_entry(const PairKernelArgs& a) {
     sub.dy = a.dy + 2 * k0;
     sub.dw = a.dw + k0 * a.dw_k;
     sub.nk = n;
+    if (c > 0) sub.prefetch = sub.prefetch_end = nullptr;
     pair_dispatch_nk<Dot>(sub, std::make_integer_sequence<int, kMaxRows>{});
     k0 += n;
   }
