@@ -4,7 +4,7 @@
 # label "long" excluded) but for its avx2_only: reruns: those replay whole suites with oneDNN limited to
 # AVX2, a check of the code's CPU assumptions that the normal build makes, while dfp's avx2 kernels
 # run instrumented here in the isa_avx2: runs. Any sanitizer report fails the test it occurs in.
-# Extra arguments go to CMake's configure step. See the README ("Sanitizers and fuzzing") for what is instrumented.
+# Extra arguments go to CMake's configure step. See docs/design/testing.md for what is instrumented.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 # -O1, as the sanitizers' documentation advises: at -O3 the instrumented kernel units take
