@@ -238,19 +238,23 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     a.x_plane = xp_pair_stride;
     a.dy_plane = int64_t(KB) * OH * OW * 32;
     a.plane_chain = plane_chain;
-    for (int q0 = p0; q0 < p1; q0 += kWgradPlanes) {
-      const int np = std::min(p1 - q0, kWgradPlanes);
-      a.planes = np;
-      for (int kg = kb0; kg < kb1; kg += kWgradKbGroup) {
-        const int kg1 = std::min(kb1, kg + kWgradKbGroup);
-        for (int q = 0; q < np; ++q)
-          for (int kb = kg; kb < kg1; ++kb) dy_bound[q][kb - kg] = dy_max(q0 + q, q0 + q + 1, kb, 0, OH);
-        for (int cb = 0; cb < CB; ++cb) {
+    // Input block, then pairs: each dW block's partials take every pair's calls while they are
+    // in L1 (kWgradKbGroup blocks of every tap: 18 KiB for 3x3), where with the pairs outermost
+    // each group of kWgradPlanes pairs read and wrote all of the task's partials again (590 KiB
+    // for a 512-channel 3x3 layer; its weight gradient 17% slower, docs/design/kernels.md).
+    // Each dW value sees the same calls in the same order, so the same bits.
+    for (int kg = kb0; kg < kb1; kg += kWgradKbGroup) {
+      const int kg1 = std::min(kb1, kg + kWgradKbGroup);
+      for (int cb = 0; cb < CB; ++cb) {
+        for (int q0 = p0; q0 < p1; q0 += kWgradPlanes) {
+          const int np = std::min(p1 - q0, kWgradPlanes);
+          a.planes = np;
           for (int q = 0; q < np; ++q) {
             const int p = q0 + q;
             x_bound[q] = x_max(p, p + 1, cb, ih0, ih1);
             for (int kb = kg; kb < kg1; ++kb) {
               const int i = kb - kg;
+              dy_bound[q][i] = dy_max(p, p + 1, kb, 0, OH);
               chains[q][i] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound[q], dy_bound[q][i]));
               l1_rows[q][i] = opt.chain_override || chains[q][i] >= OH * OW
                                   ? 0
