@@ -46,6 +46,9 @@ inline const std::vector<ConvShape>& edge_shapes() {
       make(17, 32, 2, 2, 40, 3, 3, 1, 1), make(15, 20, 3, 4, 36, 3, 3, 2, 1),
       // >= 4 output blocks: the weight gradient is split by output block instead of by slices.
       make(3, 20, 7, 9, 70, 3, 3, 1, 1),  make(5, 40, 1, 1, 80, 1, 1, 1, 0),
+      // Four and five output blocks over tiles of positions (12x12 outputs), by output blocks,
+      // with three input blocks: 3x3, and 1x1 with a partial last block.
+      make(3, 48, 12, 12, 64, 3, 3, 1, 1), make(3, 44, 12, 12, 70, 1, 1, 1, 0),
       // GEMM with whole channel blocks and >= 4 output blocks: the weight gradient writes dW in
       // place; and with 2 KiB input rows (C = 1024): tiles of 8 images, not 14.
       make(7, 48, 1, 1, 72, 1, 1, 1, 0),  make(17, 1024, 1, 1, 40, 1, 1, 1, 0),

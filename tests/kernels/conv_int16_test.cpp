@@ -451,8 +451,11 @@ TEST(ConvInt16, ChainsAcrossImagePairsFollowEveryPairTheyRead) {
 
 TEST(ConvInt16, IndependentOfThreadCount) {
   // K = 40: the weight gradient sums fixed slices of image pairs; K = 72 (5 output blocks): it
-  // runs by groups of output blocks, grouped differently for each thread count.
-  for (const ConvShape& s : {make(6, 24, 10, 10, 40, 3, 3, 2, 1), make(5, 20, 9, 9, 72, 3, 3, 1, 1)}) {
+  // runs by groups of output blocks, grouped differently for each thread count (as planes: 9x9
+  // outputs); K = 64 and 70 the same over tiles of positions (12x12 outputs) with 3 input
+  // blocks (3x3, and 1x1 with a partial last block).
+  for (const ConvShape& s : {make(6, 24, 10, 10, 40, 3, 3, 2, 1), make(5, 20, 9, 9, 72, 3, 3, 1, 1),
+                             make(3, 48, 12, 12, 64, 3, 3, 1, 1), make(3, 44, 12, 12, 70, 1, 1, 1, 0)}) {
     SCOPED_TRACE(describe(s));
     const auto x = random_vec(size_t(s.N) * s.C * s.H * s.W, 31);
     const auto w = random_vec(size_t(s.K) * s.C * s.R * s.S, 32);
