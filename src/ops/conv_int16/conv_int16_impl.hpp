@@ -415,12 +415,15 @@ struct ConvInt16::Impl {
   // fully connected layer, whose chains do not take them).
   std::vector<int32_t> dyp_row_l1;
   int32_t* dyp_row_l1_out() { return dyp_row_l1.empty() ? nullptr : dyp_row_l1.data(); }
-  // The weight gradient's calls over planes (wgrad_planes()): per image pair, output block and
-  // kernel row r, the sum of dyp_row_l1 over the output rows that row's taps read, [NP][KB][R].
-  // A call's chain joins (join_planes) need it for every input block and tap: summed there, per
-  // call, the calls' planning took 10.6% of perf's samples of ResNet-18c's 512-channel 4x4
-  // weight gradient (`conv_bench`), 8.6% with the sums once per pass (docs/measurements.md).
-  std::vector<int64_t> plane_tap_l1;
+  // The weight gradient's calls over planes (wgrad_planes()): dyp_row_l1's prefix sums per image
+  // pair and output block, [NP][KB][OH + 1], so a call's chain joins (join_planes) take the sum
+  // over any rows in one subtraction. Summed row by row in every call, for every input block and
+  // tap, the calls' planning took 10.6% of perf's samples of ResNet-18c's 512-channel 4x4 weight
+  // gradient (`conv_bench`), 8.6% with the sums once per pass (docs/measurements.md).
+  std::vector<int64_t> dyp_row_l1_prefix;
+  // And each image pair's largest |q| per output block (dy_max over its whole plane), [NP][KB]:
+  // the calls' chain bound, needed once per input block.
+  std::vector<int32_t> dyp_pair_max;
   std::vector<int16_t> x_row_max, dy_row_max;  // max|q| of each quantized row: [N][CB][H], [N][KB][OH]
   // Granularity::slice (DfpConvOptions): an exponent may vary along what a pass does not reduce
   // over, and its kernels' flush takes per-lane or per-image scales. Forward: x per image (xq,

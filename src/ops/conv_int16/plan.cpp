@@ -218,7 +218,8 @@ ConvInt16::Impl::Impl(const Context& c, const ConvShape& s, const DfpConvOptions
   dyq_bytes = opt.input_gradient ? round64(size_t(sh.N) * KB * OHb * OWb * 16 * sizeof(int16_t)) : 0;
   dyp_bytes = dy_whole_pairs ? round64(size_t(NP) * KB * OH * OW * 32 * sizeof(int16_t)) : 0;
   dyp_row_l1.assign(dy_whole_pairs && !gemm ? size_t(NP) * KB * OH : 0, 0);
-  plane_tap_l1.assign(wgrad_planes() ? size_t(NP) * KB * sh.R : 0, 0);
+  dyp_row_l1_prefix.assign(wgrad_planes() ? size_t(NP) * KB * (OH + 1) : 0, 0);
+  dyp_pair_max.assign(wgrad_planes() ? size_t(NP) * KB : 0, 0);
   dw_part_bytes = round64(size_t(wgrad_partials()) * dw_rows() * dw_row() * sizeof(float));
   use_workspace(nullptr);
 }

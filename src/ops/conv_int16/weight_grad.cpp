@@ -198,7 +198,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
   // 5-9%; docs/measurements.md, session 48). A plane's sum in any lane is at most its x bound
   // times the L1 norm, over the dy rows it reads, of its largest dy lane (both images; dyp's
   // stored row norms), and at most its x bound times its dy bound times two per position.
-  auto join_planes = [&](int* plane_chain, int np, int q0, int kb, int i, int tap_row, int rows, int cols,
+  auto join_planes = [&](int* plane_chain, int np, int q0, int kb, int i, int lo_r, int rows, int cols,
                          const int32_t* x_bound, const int32_t (*dy_bound)[kWgradKbGroup]) {
     const int64_t positions = int64_t(rows) * cols;
     int64_t open = -1;  // the bound of the sums of the chain that the last plane ended with; -1: none
@@ -207,7 +207,8 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         open = -1;
         continue;
       }
-      const int64_t l1 = plane_tap_l1[(size_t(q0 + q) * KB + kb) * sh.R + tap_row];
+      const int64_t* prefix = dyp_row_l1_prefix.data() + (size_t(q0 + q) * KB + kb) * (OH + 1);
+      const int64_t l1 = prefix[lo_r + rows] - prefix[lo_r];
       const int64_t bound =
           std::min(int64_t{x_bound[q]} * l1, 2 * int64_t{x_bound[q]} * dy_bound[q][i] * positions);
       if (open >= 0 && open + bound <= kInt32Max) {
@@ -218,15 +219,15 @@ void ConvInt16::Impl::backward_weights(float* dw) {
       }
     }
   };
-  if (planes && !across_pairs && !opt.chain_override) {  // plane_tap_l1: tap row r's rows as at_tap's over the image
+  if (planes && !across_pairs) {  // dyp_pair_max for the chains, dyp_row_l1_prefix for join_planes
     for (int p = 0; p < NP; ++p)
-      for (int kb = 0; kb < KB; ++kb) {
-        const int32_t* row_l1 = dyp_row_l1.data() + (size_t(p) * KB + kb) * OH;
-        for (int r = 0; r < sh.R; ++r) {
-          int64_t l1 = 0;
-          for (int oh = std::max(0, tap_rows[r].first); oh < std::min(OH, tap_rows[r].second); ++oh) l1 += row_l1[oh];
-          plane_tap_l1[(size_t(p) * KB + kb) * sh.R + r] = l1;
-        }
+      for (int kb = 0; kb < KB; ++kb) dyp_pair_max[size_t(p) * KB + kb] = dy_max(p, p + 1, kb, 0, OH);
+    if (!opt.chain_override)
+      for (size_t pk = 0; pk < size_t(NP) * KB; ++pk) {
+        const int32_t* row_l1 = dyp_row_l1.data() + pk * OH;
+        int64_t* prefix = dyp_row_l1_prefix.data() + pk * (OH + 1);
+        prefix[0] = 0;
+        for (int oh = 0; oh < OH; ++oh) prefix[oh + 1] = prefix[oh] + row_l1[oh];
       }
   }
   auto reduce_planes = [&](simd::PairKernelArgs& a, float* acc, int p0, int p1, int kb0, int kb1) {
@@ -254,7 +255,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
             x_bound[q] = x_max(p, p + 1, cb, ih0, ih1);
             for (int kb = kg; kb < kg1; ++kb) {
               const int i = kb - kg;
-              dy_bound[q][i] = dy_max(p, p + 1, kb, 0, OH);
+              dy_bound[q][i] = dyp_pair_max[size_t(p) * KB + kb];
               chains[q][i] = opt.chain_override ? chain : std::max(chain, pair_chain(x_bound[q], dy_bound[q][i]));
               l1_rows[q][i] = opt.chain_override || chains[q][i] >= OH * OW
                                   ? 0
@@ -270,7 +271,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
                 const int m = l1_rows[q][i];
                 plane_chain[q] = m >= a.rows ? kMaxChain : std::max(chains[q][i], m * a.cols);
               }
-              if (!opt.chain_override) join_planes(plane_chain, np, q0, kb, i, t / sh.S, a.rows, a.cols, x_bound, dy_bound);
+              if (!opt.chain_override) join_planes(plane_chain, np, q0, kb, i, lo_r, a.rows, a.cols, x_bound, dy_bound);
               a.dy = dyp_at(q0, kb, lo_r, lo_c);
               call(a, acc, t, cb, kb);
             }
