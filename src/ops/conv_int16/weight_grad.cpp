@@ -262,11 +262,31 @@ void ConvInt16::Impl::backward_weights(float* dw) {
                                   : rows_within(dyp_row_l1.data() + (size_t(p) * KB + kb) * OH, OH, kInt32Max / x_bound[q]);
             }
           }
+          // The x planes of the block that runs next (the next pairs of this input block, else the
+          // first pairs of the next one) are fetched into L2 while these calls compute: each call a
+          // contiguous share of one plane, the planes shared out over the calls in order.
+          int next_q0 = q0 + kWgradPlanes, next_cb = cb;
+          if (next_q0 >= p1) next_q0 = p0, ++next_cb;
+          const int next_np = next_cb < CB && !x_compact ? std::min(p1 - next_q0, kWgradPlanes) : 0;
+          const int ncalls = T * (kg1 - kg);
+          const size_t plane_bytes = size_t(xp_block_stride) * sizeof(int16_t);
+          auto plane_share = [&](int c, const char*& from, const char*& to) {
+            from = to = nullptr;
+            if (next_np == 0) return;
+            const int q = int(int64_t(c) * next_np / ncalls);
+            const int first = int((int64_t(q) * ncalls + next_np - 1) / next_np);
+            const int count = int((int64_t(q + 1) * ncalls + next_np - 1) / next_np) - first;
+            const size_t share = (plane_bytes / size_t(count) + 63) / 64 * 64;
+            const char* plane = reinterpret_cast<const char*>(x_pairs_at(next_q0 + q, next_cb, 0, 0));
+            from = plane + size_t(c - first) * share;
+            to = std::min(plane + plane_bytes, from + share);
+          };
           for (int t = 0; t < T; ++t) {
             int lo_r, lo_c;
             if (!at_tap(a, t, q0, cb, 0, OH, 0, OW, lo_r, lo_c)) continue;
             for (int kb = kg; kb < kg1; ++kb) {
               const int i = kb - kg;
+              plane_share(t * (kg1 - kg) + i, a.prefetch, a.prefetch_end);
               for (int q = 0; q < np; ++q) {  // as call_chain in `reduce`
                 const int m = l1_rows[q][i];
                 plane_chain[q] = m >= a.rows ? kMaxChain : std::max(chains[q][i], m * a.cols);
@@ -281,6 +301,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     }
     a.planes = 1;  // plane_chain is this call's
     a.plane_chain = nullptr;
+    a.prefetch = a.prefetch_end = nullptr;
   };
   // wgrad_across_pairs(): across_pairs_chunk() pairs of [p0, p1) as one call's columns, its
   // rows the tap's output columns, so that the two accumulator sets alternate over pairs. In xp
@@ -477,10 +498,17 @@ void ConvInt16::Impl::backward_weights(float* dw) {
         // repeated, not a wrong result.
         const char *next_x = nullptr, *x_end = nullptr;
         size_t x_share = 0;  // bytes per call
-        if (cb + 1 < CB && !x_compact) {  // a compact x: the next block's pairs are in the same lines
-          const int r0 = std::max(0, oh0 * x_row_step - sh.pad_h);
-          const int r1 = std::min(xp_h, (oh1 - 1) * x_row_step - sh.pad_h + sh.R);
-          next_x = reinterpret_cast<const char*>(x_pairs_at(p, cb + 1, r0, 0));
+        // After the last block, the first block of the next step's tile, where that is a new
+        // tile (with only the output blocks changed, the tile's x is still in L2): with few
+        // blocks (64 channels: 4) a cold first block was a quarter of them.
+        Step after = step;
+        const bool new_tile = cb + 1 == CB && next(after) && (after.p != p || after.oh0 != oh0 || after.ow0 != ow0);
+        if ((cb + 1 < CB || new_tile) && !x_compact) {  // a compact x: the next block's pairs are in the same lines
+          const int xo0 = cb + 1 < CB ? oh0 : after.oh0;
+          const int xo1 = cb + 1 < CB ? oh1 : std::min(OH, after.oh0 + chunk_rows);
+          const int r0 = std::max(0, xo0 * x_row_step - sh.pad_h);
+          const int r1 = std::min(xp_h, (xo1 - 1) * x_row_step - sh.pad_h + sh.R);
+          next_x = reinterpret_cast<const char*>(cb + 1 < CB ? x_pairs_at(p, cb + 1, r0, 0) : x_pairs_at(after.p, 0, r0, 0));
           const size_t lines = size_t(std::max(0, r1 - r0)) * xp_w;  // 64 bytes per position
           const size_t calls = size_t(T) * (kg1 - kg);
           x_share = (lines + calls - 1) / calls * 64;
