@@ -103,8 +103,13 @@ int kind_table(const Config& cfg, int rounds, bool layers) {
     cols.back().run->model.set_profiling(true);
     cols.back().run->model.reset_layer_times();
   }
-  for (int r = 0; r < rounds; ++r)
-    for (Column& c : cols)
+  // Each round's ratio too: the host's speed drifts between rounds, and a slow stretch that
+  // falls on one precision's block moves the total more than the median of the rounds.
+  std::vector<double> round_ratio;
+  for (int r = 0; r < rounds; ++r) {
+    double block_s[2] = {0, 0};
+    for (size_t ci = 0; ci < cols.size(); ++ci) {
+      Column& c = cols[ci];
       for (int i = 0; i < kRatioBlock; ++i) {
         const auto t0 = clock::now();
         c.run->model.forward(batch.x.data(), batch.y.data(), cfg.batch, true);
@@ -114,7 +119,11 @@ int kind_table(const Config& cfg, int rounds, bool layers) {
         const auto t2 = clock::now();
         c.optimizer_s += std::chrono::duration<double>(t2 - t1).count();
         c.step_s += std::chrono::duration<double>(t2 - t0).count();
+        block_s[ci] += std::chrono::duration<double>(t2 - t0).count();
       }
+    }
+    round_ratio.push_back(block_s[0] / block_s[1]);
+  }
   const double steps = double(rounds) * kRatioBlock;
   std::printf("%s b%d %dx%dx%d, 2 threads, isa %s: %d rounds of %d steps per precision\n", cfg.model, cfg.batch, cfg.c,
               cfg.h, cfg.w, dfp::isa_name(ctx.isa()), rounds, kRatioBlock);
@@ -124,7 +133,12 @@ int kind_table(const Config& cfg, int rounds, bool layers) {
                 cfg.batch / (c.step_s / steps));
     table.push_back({dfp::precision_name(c.precision), c.run->model.layer_times(), c.optimizer_s / steps * 1e3});
   }
-  std::printf("  int16 over fp32: %.3fx\n", cols[0].step_s / cols[1].step_s);
+  std::printf("  int16 over fp32: %.3fx (rounds:", cols[0].step_s / cols[1].step_s);
+  for (double q : round_ratio) std::printf(" %.3f", q);
+  std::vector<double> sorted = round_ratio;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t m = sorted.size();
+  std::printf("; median %.3f)\n", m % 2 ? sorted[m / 2] : (sorted[m / 2 - 1] + sorted[m / 2]) / 2);
   dfp::bench::print_kind_table(table);
   if (!layers) return 0;
   std::map<std::string, dfp::LayerTime> fp32, int16;
