@@ -270,16 +270,22 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           const int next_np = next_cb < CB && !x_compact ? std::min(p1 - next_q0, kWgradPlanes) : 0;
           const int ncalls = T * (kg1 - kg);
           const size_t plane_bytes = size_t(xp_block_stride) * sizeof(int16_t);
+          // Plane q goes to calls [first[q], first[q + 1]) in shares of share[q] bytes; the calls
+          // run in order, so each finds its plane by stepping q (no division per call).
+          int first[kWgradPlanes + 1];
+          size_t share[kWgradPlanes];
+          for (int q = 0; q <= next_np; ++q) first[q] = int((int64_t(q) * ncalls + next_np - 1) / std::max(next_np, 1));
+          for (int q = 0; q < next_np; ++q)
+            share[q] = (plane_bytes / size_t(std::max(1, first[q + 1] - first[q])) + 63) / 64 * 64;
+          int pq = 0;
           auto plane_share = [&](int c, const char*& from, const char*& to) {
             from = to = nullptr;
             if (next_np == 0) return;
-            const int q = int(int64_t(c) * next_np / ncalls);
-            const int first = int((int64_t(q) * ncalls + next_np - 1) / next_np);
-            const int count = int((int64_t(q + 1) * ncalls + next_np - 1) / next_np) - first;
-            const size_t share = (plane_bytes / size_t(count) + 63) / 64 * 64;
-            const char* plane = reinterpret_cast<const char*>(x_pairs_at(next_q0 + q, next_cb, 0, 0));
-            from = plane + size_t(c - first) * share;
-            to = std::min(plane + plane_bytes, from + share);
+            while (pq + 1 < next_np && c >= first[pq + 1]) ++pq;
+            if (c >= first[pq + 1] || c < first[pq]) return;  // a plane with no call (fewer calls than planes)
+            const char* plane = reinterpret_cast<const char*>(x_pairs_at(next_q0 + pq, next_cb, 0, 0));
+            from = plane + size_t(c - first[pq]) * share[pq];
+            to = std::min(plane + plane_bytes, from + share[pq]);
           };
           for (int t = 0; t < T; ++t) {
             int lo_r, lo_c;
