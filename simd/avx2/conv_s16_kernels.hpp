@@ -360,10 +360,10 @@ void pair_dispatch_nk(const PairKernelArgs& a, std::integer_sequence<int, K...>)
 
 // Sub-calls of at most kMaxRows rows, spread evenly (16 rows: 6, 5, 5). The first sub-call, which
 // streams x from wherever it is (the others find it in L1), fetches the prefetch hint's lines
-// (they have no effect on the result). Calls over several image planes fetch none: at these
-// levels their loop is bound by the multiply-adds, not by x, and the fetch's instructions cost
-// it (ResNet-18c's 512-channel 4x4 weight gradient 5-7% slower with them on Zen 5 at both avx2
-// forms, docs/design/kernels.md).
+// (they have no effect on the result). Calls over image planes (plane_chain set) fetch none: at
+// these levels their loop is bound by the multiply-adds, not by x, and the fetch's instructions
+// cost it (ResNet-18c's 512-channel 4x4 weight gradient 5-7% slower with them on Zen 5 at both
+// avx2 forms, docs/design/kernels.md).
 template <class Dot>
 void pair_entry(const PairKernelArgs& a) {
   const int chunks = (a.nk + kMaxRows - 1) / kMaxRows;
@@ -374,7 +374,7 @@ void pair_entry(const PairKernelArgs& a) {
     sub.dy = a.dy + 2 * k0;
     sub.dw = a.dw + k0 * a.dw_k;
     sub.nk = n;
-    if (c > 0 || a.planes > 1) sub.prefetch = sub.prefetch_end = nullptr;
+    if (c > 0 || a.plane_chain) sub.prefetch = sub.prefetch_end = nullptr;
     pair_dispatch_nk<Dot>(sub, std::make_integer_sequence<int, kMaxRows>{});
     k0 += n;
   }

@@ -270,19 +270,21 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           const int next_np = next_cb < CB && !x_compact ? std::min(p1 - next_q0, kWgradPlanes) : 0;
           const int ncalls = T * (kg1 - kg);
           const size_t plane_bytes = size_t(xp_block_stride) * sizeof(int16_t);
-          // Plane q goes to calls [first[q], first[q + 1]) in shares of share[q] bytes; the calls
-          // run in order, so each finds its plane by stepping q (no division per call).
+          // Plane q goes to calls [first[q], first[q + 1]) in shares of share[q] bytes (none where
+          // there are fewer calls than planes); the calls run in order, so each finds its plane by
+          // stepping q (no division per call).
           int first[kWgradPlanes + 1];
           size_t share[kWgradPlanes];
-          for (int q = 0; q <= next_np; ++q) first[q] = int((int64_t(q) * ncalls + next_np - 1) / std::max(next_np, 1));
-          for (int q = 0; q < next_np; ++q)
-            share[q] = (plane_bytes / size_t(std::max(1, first[q + 1] - first[q])) + 63) / 64 * 64;
+          if (next_np > 0) {
+            for (int q = 0; q <= next_np; ++q) first[q] = int((int64_t(q) * ncalls + next_np - 1) / next_np);
+            for (int q = 0; q < next_np; ++q)
+              share[q] = (plane_bytes / size_t(std::max(1, first[q + 1] - first[q])) + 63) / 64 * 64;
+          }
           int pq = 0;
           auto plane_share = [&](int c, const char*& from, const char*& to) {
             from = to = nullptr;
             if (next_np == 0) return;
-            while (pq + 1 < next_np && c >= first[pq + 1]) ++pq;
-            if (c >= first[pq + 1] || c < first[pq]) return;  // a plane with no call (fewer calls than planes)
+            while (pq + 1 < next_np && c >= first[pq + 1]) ++pq;  // past the planes that have no call
             const char* plane = reinterpret_cast<const char*>(x_pairs_at(next_q0 + pq, next_cb, 0, 0));
             from = plane + size_t(c - first[pq]) * share[pq];
             to = std::min(plane + plane_bytes, from + share[pq]);
@@ -514,7 +516,8 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           const int xo1 = cb + 1 < CB ? oh1 : std::min(OH, after.oh0 + chunk_rows);
           const int r0 = std::max(0, xo0 * x_row_step - sh.pad_h);
           const int r1 = std::min(xp_h, (xo1 - 1) * x_row_step - sh.pad_h + sh.R);
-          next_x = reinterpret_cast<const char*>(cb + 1 < CB ? x_pairs_at(p, cb + 1, r0, 0) : x_pairs_at(after.p, 0, r0, 0));
+          const int16_t* x_next = cb + 1 < CB ? x_pairs_at(p, cb + 1, r0, 0) : x_pairs_at(after.p, 0, r0, 0);
+          next_x = reinterpret_cast<const char*>(x_next);
           const size_t lines = size_t(std::max(0, r1 - r0)) * xp_w;  // 64 bytes per position
           const size_t calls = size_t(T) * (kg1 - kg);
           x_share = (lines + calls - 1) / calls * 64;
