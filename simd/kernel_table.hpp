@@ -167,6 +167,10 @@ struct PairKernelArgs {
   // than issued as a burst before it, which stalls on the full miss queue (docs/design/kernels.md).
   const char* prefetch = nullptr;
   const char* prefetch_end = nullptr;
+  // Where not 0, a call over planes fetches a range per plane: plane i the lines of
+  // [prefetch, prefetch_end) moved by i * prefetch_plane bytes (one range would leave a call of
+  // many planes with more positions than lines; the caller's planes to fetch lie a stride apart).
+  int64_t prefetch_plane = 0;
   int planes = 1;
   int64_t x_plane = 0, dy_plane = 0;
   const int* plane_chain = nullptr;

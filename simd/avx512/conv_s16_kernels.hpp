@@ -495,6 +495,7 @@ void pair_kernel(const PairKernelArgs& a) {
   // _mm_prefetch under a branch, GCC copied all 16 accumulators to other registers around every
   // step and spilled one).
   const char* pf = a.prefetch;
+  const char* pf_end = a.prefetch_end;
   // Strides and counts in locals, each row's pointers stepped from the last: read through `a`
   // inside the loops, GCC loads them again and computes the pointers anew at every row, which
   // slows the rows of 3 to 14 positions of small images by 10-25% (docs/design/kernels.md).
@@ -505,6 +506,12 @@ void pair_kernel(const PairKernelArgs& a) {
     if (plane_chain != kPlaneContinues) {
       if (left != chain) flush(false);  // the previous plane's last chain
       chain = left = plane_chain;
+    }
+    if constexpr (PREFETCH) {
+      if (a.prefetch_plane != 0) {  // this plane's range
+        pf = a.prefetch + p * a.prefetch_plane;
+        pf_end = a.prefetch_end + p * a.prefetch_plane;
+      }
     }
     const int16_t* xr = a.x + p * a.x_plane;
     const int16_t* gr = a.dy + p * a.dy_plane;
@@ -521,7 +528,7 @@ void pair_kernel(const PairKernelArgs& a) {
           if constexpr (PREFETCH) {
             asm volatile("prefetcht1 %0" ::"m"(*pf));
             const char* next = pf + 64;
-            pf = next < a.prefetch_end ? next : pf;
+            pf = next < pf_end ? next : pf;
           }
           if (--left == 0) { flush(false); left = chain; }
         }

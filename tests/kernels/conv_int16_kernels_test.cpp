@@ -219,6 +219,10 @@ TEST(ConvInt16, PairKernelPlanesAreACallPerPlaneAtEveryLevel) {
             if (chains % 2) {  // the kernels' prefetching forms (a hint: same result)
               a.prefetch = reinterpret_cast<const char*>(x.data());
               a.prefetch_end = a.prefetch + 64 * (n * planes / 2 + 1);
+              if (chains == 3) {  // a range per plane, each within its plane of x
+                a.prefetch_end = a.prefetch + 64 * (n / 2 + 1);
+                a.prefetch_plane = x_plane * int64_t(sizeof(int16_t));
+              }
             }
             std::vector<float> want = start;
             a.dw = want.data();

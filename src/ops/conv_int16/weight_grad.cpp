@@ -264,18 +264,24 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           }
           // The x planes of the block that runs next (the next pairs of this input block, else the
           // first pairs of the next one) are fetched into L2 while these calls compute: each call a
-          // contiguous share of one plane, the planes shared out over the calls in order.
+          // contiguous share of one plane, the planes shared out over the calls in order; where
+          // there are fewer calls than planes (1x1 layers: one tap, two output blocks), each call
+          // a share of every plane, plane q's while it computes its own plane q (a call fetches
+          // at most a line per position, so one plane each would leave the others unfetched).
           int next_q0 = q0 + kWgradPlanes, next_cb = cb;
           if (next_q0 >= p1) next_q0 = p0, ++next_cb;
           const int next_np = next_cb < CB && !x_compact ? std::min(p1 - next_q0, kWgradPlanes) : 0;
           const int ncalls = T * (kg1 - kg);
           const size_t plane_bytes = size_t(xp_block_stride) * sizeof(int16_t);
+          const bool per_plane = next_np == np && ncalls < np;
+          a.prefetch_plane = per_plane ? int64_t(xp_pair_stride) * int64_t(sizeof(int16_t)) : 0;
+          const size_t plane_part = (plane_bytes / size_t(ncalls) + 63) / 64 * 64;  // per_plane: each call's
           // Plane q goes to calls [first[q], first[q + 1]) in shares of share[q] bytes (none where
           // there are fewer calls than planes); the calls run in order, so each finds its plane by
           // stepping q (no division per call).
           int first[kWgradPlanes + 1];
           size_t share[kWgradPlanes];
-          if (next_np > 0) {
+          if (next_np > 0 && !per_plane) {
             for (int q = 0; q <= next_np; ++q) first[q] = int((int64_t(q) * ncalls + next_np - 1) / next_np);
             for (int q = 0; q < next_np; ++q)
               share[q] = (plane_bytes / size_t(std::max(1, first[q + 1] - first[q])) + 63) / 64 * 64;
@@ -284,6 +290,12 @@ void ConvInt16::Impl::backward_weights(float* dw) {
           auto plane_share = [&](int c, const char*& from, const char*& to) {
             from = to = nullptr;
             if (next_np == 0) return;
+            if (per_plane) {  // plane 0's part; plane q's is prefetch_plane * q further
+              const char* plane = reinterpret_cast<const char*>(x_pairs_at(next_q0, next_cb, 0, 0));
+              from = plane + size_t(c) * plane_part;
+              to = std::min(plane + plane_bytes, from + plane_part);
+              return;
+            }
             while (pq + 1 < next_np && c >= first[pq + 1]) ++pq;  // past the planes that have no call
             const char* plane = reinterpret_cast<const char*>(x_pairs_at(next_q0 + pq, next_cb, 0, 0));
             from = plane + size_t(c - first[pq]) * share[pq];
@@ -310,6 +322,7 @@ void ConvInt16::Impl::backward_weights(float* dw) {
     a.planes = 1;  // plane_chain is this call's
     a.plane_chain = nullptr;
     a.prefetch = a.prefetch_end = nullptr;
+    a.prefetch_plane = 0;
   };
   // wgrad_across_pairs(): across_pairs_chunk() pairs of [p0, p1) as one call's columns, its
   // rows the tap's output columns, so that the two accumulator sets alternate over pairs. In xp
