@@ -82,13 +82,14 @@ void train_ratio(benchmark::State& state, Config cfg, int threads, const dfp::Pr
 }
 
 // --kinds=MODEL_CxH (e.g. resnet18c_3x32): the step's time by layer kind, FP32 and INT16 side by
-// side (bench/kind_table.hpp), over rounds of kRatioBlock steps of each in turn on 2 threads, with
-// the layers' profiling on (two clock reads per layer and pass); with --layers, then a row per
-// convolution (bench/conv_layers.hpp).
-int kind_table(const Config& cfg, int rounds, bool layers) {
+// side (bench/kind_table.hpp), over rounds of kRatioBlock steps of each in turn on 2 threads (or
+// --threads=N: run with 1 beside 2, it shows which kinds scale with the threads), with the layers'
+// profiling on (two clock reads per layer and pass); with --layers, then a row per convolution
+// (bench/conv_layers.hpp).
+int kind_table(const Config& cfg, int rounds, bool layers, int threads) {
   using clock = std::chrono::steady_clock;
   dfp::ContextOptions o;
-  o.threads = 2;
+  o.threads = threads;
   dfp::Context ctx(o);
   const dfp::bench::TrainBatch batch(cfg);
   struct Column {
@@ -125,8 +126,8 @@ int kind_table(const Config& cfg, int rounds, bool layers) {
     round_ratio.push_back(block_s[0] / block_s[1]);
   }
   const double steps = double(rounds) * kRatioBlock;
-  std::printf("%s b%d %dx%dx%d, 2 threads, isa %s: %d rounds of %d steps per precision\n", cfg.model, cfg.batch, cfg.c,
-              cfg.h, cfg.w, dfp::isa_name(ctx.isa()), rounds, kRatioBlock);
+  std::printf("%s b%d %dx%dx%d, %d threads, isa %s: %d rounds of %d steps per precision\n", cfg.model, cfg.batch, cfg.c,
+              cfg.h, cfg.w, threads, dfp::isa_name(ctx.isa()), rounds, kRatioBlock);
   std::vector<dfp::bench::KindColumn> table;
   for (const Column& c : cols) {
     std::printf("  %-6s %8.1f ms per step, %7.1f images/s\n", dfp::precision_name(c.precision), c.step_s / steps * 1e3,
@@ -163,15 +164,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--kinds=", 0) != 0) continue;
-    int rounds = 3;
+    int rounds = 3, threads = 2;
     bool layers = false;
     for (int j = 1; j < argc; ++j) {
       if (std::string(argv[j]).rfind("--rounds=", 0) == 0) rounds = std::max(1, std::atoi(argv[j] + 9));
+      if (std::string(argv[j]).rfind("--threads=", 0) == 0) threads = std::max(1, std::atoi(argv[j] + 10));
       layers |= std::string(argv[j]) == "--layers";
     }
     for (const Config& c : configs)
       if (a.substr(8) == std::string(c.model) + "_" + std::to_string(c.c) + "x" + std::to_string(c.h))
-        return kind_table(c, rounds, layers);
+        return kind_table(c, rounds, layers, threads);
     std::fprintf(stderr, "train_bench: --kinds=%s: expected one of resnet20_3x32, resnet20_1x28, resnet18c_3x32, "
                  "vgg11bn_3x32\n", a.substr(8).c_str());
     return 2;
