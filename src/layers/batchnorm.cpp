@@ -17,7 +17,6 @@
 #include "src/layers/layer.hpp"
 #include "src/layers/layer_args.hpp"
 #include "src/layers/layer_helpers.hpp"
-#include "src/layers/layer_helpers.hpp"
 
 namespace dfp::model {
 namespace {
@@ -123,10 +122,14 @@ class BatchNorm final : public Layer,
     const int CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
     const bool save_q = st.train && xq_.size() > 0;
+    const uint64_t qseed = step_seed(xq_opts_.seed, st.step);
+    xq_ready_ = false;
     if (st.train) {
       double m = double(s_.n) * hw;
-      // One pass: each channel's mean, sum of squared deviations and extremes, and max|x|.
-      moments(ctx, x[0]);
+      // One pass: each channel's mean, sum of squared deviations and extremes, and max|x|; under
+      // the INT16 policy also the saved copy at the last step's exponent (see xq_ready_).
+      const bool predict = save_q && from_saved_ && xq_predicted_ != kNoExponent;
+      const uint64_t nonfinite = moments(ctx, x[0], predict ? xq_predicted_ : kNoExponent, qseed);
       if (st.statistics_sum) m = job_moments(*st.statistics_sum, m);
       float mx = 0.f;  // max|x|
       for (int c = 0; c < CB * 16; ++c) {  // combined over the slices, in slice order
@@ -155,7 +158,11 @@ class BatchNorm final : public Layer,
                                                kMomentum * var * m / std::max(1.0, m - 1));
         }
       }
-      if (save_q) xq_exp_ = dfp16_exponent(std::isfinite(mx) ? mx : 0.f, xq_opts_.headroom);
+      if (save_q) {
+        xq_exp_ = dfp16_exponent(std::isfinite(mx) ? mx : 0.f, xq_opts_.headroom);
+        xq_ready_ = predict && xq_exp_ == xq_predicted_ && nonfinite == 0;
+        xq_predicted_ = xq_exp_;
+      }
     } else {
       for (int c = 0; c < cb_of(s_) * 16; ++c) {
         mean_[c] = c < s_.c ? running_mean_[c] : 0.f;
@@ -166,7 +173,7 @@ class BatchNorm final : public Layer,
       fa_[c] = gamma_[c] * invstd_[c];
       fb_[c] = beta_[c] - mean_[c] * fa_[c];
     }
-    span_ = {x[0], save_q, step_seed(xq_opts_.seed, st.step), &ctx};
+    span_ = {x[0], save_q, qseed, &ctx};
     if (consumer_ && st.train && !st.sample) {
       // Fused into the consumer: max|y| of each plane from its extremes, through the same kernels
       // as the values themselves, and the tensor's as the largest (the channel's extremes are the
@@ -238,7 +245,10 @@ class BatchNorm final : public Layer,
     const float* p = span_.x + off;
     const auto& k = ctx.kernels();
     const float *a = fa_.data() + blk * 16, *b = fb_.data() + blk * 16;
-    if (span_.save_q && from_saved_) {  // each piece read before out, which may overwrite x, is written
+    if (span_.save_q && from_saved_ && xq_ready_) {  // the moments' pass saved x: only xq is read
+      for (size_t i = 0; i < pixels; i += kPiece)
+        from_saved(k, off + i * 16, blk, std::min(kPiece, pixels - i), out + i * 16);
+    } else if (span_.save_q && from_saved_) {  // each piece read before out, which may overwrite x, is written
       for (size_t i = 0; i < pixels; i += kPiece) {
         const size_t np = std::min(kPiece, pixels - i), o = off + i * 16;
         simd::QuantCounters cnt;
@@ -308,7 +318,11 @@ class BatchNorm final : public Layer,
   // Per (channel block, batch slice) task: runs of at most kRun pixels of each plane through
   // bn_moments (one pass over memory), combined in FP64 in run order: part_a_ the mean and part_b_
   // the sum of squared deviations per lane over part_n_ values, part_min_ and part_max_ the extremes.
-  void moments(const Context& ctx, const float* x) {
+  // With an exponent (not kNoExponent), each run is also quantized at it into xq_ while in L1, as
+  // normalize() would (the same kernel, elements and seed); returns the non-finite values it met.
+  uint64_t moments(const Context& ctx, const float* x, int exponent, uint64_t qseed) {
+    std::atomic<uint64_t> nonfinite{0};
+    const auto quantize = ctx.kernels().quantize.fn;
     reset_extremes();
     const int S = slices_, CB = cb_of(s_);
     const size_t hw = size_t(s_.h) * s_.w;
@@ -323,6 +337,7 @@ class BatchNorm final : public Layer,
         double count = 0;
         float* lo = part_min_.data() + size_t(t) * 16;
         float* hi = part_max_.data() + size_t(t) * 16;
+        simd::QuantCounters cnt;
         for (int n = sl * s_.n / S; n < (sl + 1) * s_.n / S; ++n) {
           const size_t off = (size_t(n) * CB + blk) * plane(s_);
           // The plane's own extremes (each plane's max|y| for Granularity::slice), then the slice's.
@@ -334,6 +349,10 @@ class BatchNorm final : public Layer,
             const size_t np = std::min(hw, i0 + kRun) - i0;
             alignas(64) float c[16], d[16], q[16];
             run_moments(x + off + i0 * 16, np, c, d, q, plo, phi);
+            if (exponent != kNoExponent) {
+              const size_t e = off + i0 * 16;
+              quantize(x + e, xq_.data() + e, np * 16, exponent, xq_opts_.rounding, qseed, e, &cnt);
+            }
             const double r = double(np);
             for (int l = 0; l < 16; ++l) {
               const double dev = d[l];  // the run's mean and squared deviations about it
@@ -347,8 +366,10 @@ class BatchNorm final : public Layer,
           }
         }
         part_n_[size_t(t)] = count;
+        atomic_add_nonzero(nonfinite, cnt.nonfinite);
       }
     });
+    return nonfinite.load();
   }
   // Synchronised statistics: each channel's count, sum and sum of squares over the job (this
   // process's from its moments), turned into the job's mean and sum of squared deviations at
@@ -557,6 +578,14 @@ class BatchNorm final : public Layer,
   size_t consumer_slot_ = 0;             // as its input consumer_slot_
   AlignedBuffer<int16_t> xq_;  // the saved input as DFP16 (INT16 policy), exponent xq_exp_
   int xq_exp_ = 0;
+  // The exponent of a tensor's max|x| seldom changes from one step to the next: the moments' pass,
+  // which reads x anyway, quantizes it at the last step's exponent, and where that is this step's
+  // (and every value finite) normalize() reads only xq_, 2 bytes a value where x is 4: the bits of
+  // quantizing after the moments, since the same kernel rounds each value alone. Otherwise
+  // normalize() quantizes x again at this step's exponent, as without the prediction.
+  static constexpr int kNoExponent = std::numeric_limits<int>::min();
+  int xq_predicted_ = kNoExponent;
+  bool xq_ready_ = false;  // xq_ holds this step's saved input (the prediction held)
   QuantOptions xq_opts_;
   bool from_saved_ = false;    // the output is computed from xq_'s values (deterministic rounding)
   bool relu_ = false;              // the following ReLU is applied here
