@@ -168,8 +168,8 @@ struct PairKernelArgs {
   const char* prefetch = nullptr;
   const char* prefetch_end = nullptr;
   // Where not 0, a call over planes fetches a range per plane: plane i the lines of
-  // [prefetch, prefetch_end) moved by i * prefetch_plane bytes (one range would leave a call of
-  // many planes with more positions than lines; the caller's planes to fetch lie a stride apart).
+  // [prefetch, prefetch_end) moved by i * prefetch_plane bytes. With fewer calls than planes to
+  // fetch, one range per call (at most a line per position) would leave some planes unfetched.
   int64_t prefetch_plane = 0;
   int planes = 1;
   int64_t x_plane = 0, dy_plane = 0;
