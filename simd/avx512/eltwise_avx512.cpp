@@ -38,13 +38,25 @@ inline void transpose16(__m512 r[16]) {
 }
 }  // namespace
 
+// The element-wise kernels run whole vectors unmasked and only the tail through masked loads and
+// stores: masked stores, and loads masked by a word from memory, ran these passes at half the
+// speed of the AVX2 kernels on Zen 5 (docs/measurements.md, session 53). Same bits.
 float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n) {
   const __m512 z = _mm512_setzero_ps();
   __m512 mx = z;
-  for (size_t i = 0; i < n; i += 16) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    // x > 0 ? x : 0 (maxps would turn -0 and NaN differently from the reference's compare)
+    const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ);
+    const __m512 r = _mm512_maskz_mov_ps(pos, v);
+    _mm512_storeu_ps(y + i, r);
+    mx = _mm512_max_ps(mx, r);
+    mask[i / 16] = pos;
+  }
+  for (; i < n; i += 16) {
     const __mmask16 m = tail(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    // x > 0 ? x : 0 (maxps would turn -0 and NaN differently from the reference's compare)
     const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ) & m;
     const __m512 r = _mm512_maskz_mov_ps(pos, v);
     _mm512_mask_storeu_ps(y + i, m, r);
@@ -57,7 +69,16 @@ float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n) {
 float add_relu(const float* a, const float* b, float* y, uint16_t* mask, size_t n) {
   const __m512 z = _mm512_setzero_ps();
   __m512 mx = z;
-  for (size_t i = 0; i < n; i += 16) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ);  // as relu_fwd
+    const __m512 r = _mm512_maskz_mov_ps(pos, v);
+    _mm512_storeu_ps(y + i, r);
+    mx = _mm512_max_ps(mx, r);
+    mask[i / 16] = pos;
+  }
+  for (; i < n; i += 16) {
     const __mmask16 m = tail(n - i);
     const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
     const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ) & m;  // as relu_fwd
@@ -70,14 +91,22 @@ float add_relu(const float* a, const float* b, float* y, uint16_t* mask, size_t 
 }
 
 void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n) {
-  for (size_t i = 0; i < n; i += 16) {
+  const __m512i bit = _mm512_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {  // the mask's bits tested in a vector: dy's cleared lanes ANDed away
+    const __m512i keep = _mm512_movm_epi32(_mm512_test_epi32_mask(_mm512_set1_epi32(mask[i / 16]), bit));
+    _mm512_storeu_ps(dx + i, _mm512_and_ps(_mm512_loadu_ps(dy + i), _mm512_castsi512_ps(keep)));
+  }
+  for (; i < n; i += 16) {
     const __mmask16 m = tail(n - i);
     _mm512_mask_storeu_ps(dx + i, m, _mm512_maskz_loadu_ps(__mmask16(mask[i / 16]) & m, dy + i));
   }
 }
 
 void add(const float* a, const float* b, float* y, size_t n) {
-  for (size_t i = 0; i < n; i += 16) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  for (; i < n; i += 16) {
     const __mmask16 m = tail(n - i);
     _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
   }
