@@ -30,8 +30,10 @@ inline __mmask16 tail_mask(size_t left) { return left >= 16 ? __mmask16(0xFFFF) 
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base) {
   if (r == Rounding::stochastic) return ref::to_bf16(src, dst, n, r, key, base);
   size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(bf16_bits_rne(_mm512_loadu_ps(src + i))));
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm512_cvtepi32_epi16(bf16_bits_rne(_mm512_loadu_ps(src + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+  }
   for (; i < n; i += 16) {
     const __mmask16 m = tail_mask(n - i);
     const __m512i h = bf16_bits_rne(_mm512_maskz_loadu_ps(m, src + i));
@@ -218,7 +220,8 @@ void mx_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t str
       __m512 amax = _mm512_setzero_ps();
       __mmask16 bad = 0;
       for (size_t r = r0; r < r1; ++r) {
-        const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(load(src + r * stride + l)), k.abs_bits));
+        const __m512i bits = _mm512_castps_si512(load(src + r * stride + l));
+        const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(bits, k.abs_bits));
         bad |= _mm512_cmp_ps_mask(ax, k.inf, _CMP_NLT_UQ);
         amax = _mm512_max_ps(amax, ax);
       }
