@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "simd/avx512/vector_loop.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::avx512 {
@@ -14,16 +15,11 @@ inline __m512 load_x(const int16_t* x) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
 }
 
-// dy, or 0 where a fused ReLU's mask bit is clear: the bits tested in a vector and the cleared
-// lanes ANDed away (the same bits as a zero-masked load). With the mask word moved into a k
-// register for a zero-masked load, the backward's sums and apply ran at half the speed of the
-// AVX2 kernels on Zen 5 (docs/measurements.md, session 53).
+// dy, or 0 where a fused ReLU's mask bit is clear (mask_lanes: not a load masked by the word,
+// vector_loop.hpp).
 inline __m512 load_grad(const float* dy, const uint16_t* mask, size_t i) {
   const __m512 g = _mm512_loadu_ps(dy + i * 16);
-  if (!mask) return g;
-  const __m512i bit = _mm512_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768);
-  const __m512i keep = _mm512_movm_epi32(_mm512_test_epi32_mask(_mm512_set1_epi32(mask[i]), bit));
-  return _mm512_and_ps(g, _mm512_castsi512_ps(keep));
+  return mask ? _mm512_and_ps(g, mask_lanes(mask[i])) : g;
 }
 
 template <class T>

@@ -8,12 +8,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "simd/avx512/vector_loop.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::avx512 {
 namespace {
 
-inline __mmask16 tail_mask(size_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 inline __m512i splat(int v) { return _mm512_set1_epi32(v); }
 // 2^e for integer lanes e in [-126, 127].
 inline __m512 pow2(__m512i e) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, splat(127)), 23)); }

@@ -3,11 +3,11 @@
 
 #include <limits>
 
+#include "simd/avx512/vector_loop.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::avx512 {
 namespace {
-inline __mmask16 tail(size_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 
 // Transposes the 16 x 16 floats of r (row i = r[i]) in place: 4x4 blocks within each 128-bit lane
 // (unpack of singles, then of pairs), then the lanes across rows four apart (two 128-bit shuffles).
@@ -38,78 +38,47 @@ inline void transpose16(__m512 r[16]) {
 }
 }  // namespace
 
-// The element-wise kernels run whole vectors unmasked and only the tail through masked loads and
-// stores: masked stores, and loads masked by a word from memory, ran these passes at half the
-// speed of the AVX2 kernels on Zen 5 (docs/measurements.md, session 53). Same bits.
+// The streaming kernels mask only their last, partial vector (vector_loop.hpp).
+
+namespace {
+// x > 0 ? x : 0 and its mask word (maxps would turn -0 and NaN differently from the reference's
+// compare); returns y.
+template <class V>
+inline __m512 relu(__m512 x, const V& v, uint16_t& mask) {
+  const __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ) & v.mask();
+  mask = pos;
+  return _mm512_maskz_mov_ps(pos, x);
+}
+}  // namespace
+
 float relu_fwd(const float* x, float* y, uint16_t* mask, size_t n) {
-  const __m512 z = _mm512_setzero_ps();
-  __m512 mx = z;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    // x > 0 ? x : 0 (maxps would turn -0 and NaN differently from the reference's compare)
-    const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ);
-    const __m512 r = _mm512_maskz_mov_ps(pos, v);
-    _mm512_storeu_ps(y + i, r);
+  __m512 mx = _mm512_setzero_ps();
+  for_each_vector(n, [&](size_t i, const auto& v) {
+    const __m512 r = relu(v.load(x + i), v, mask[i / 16]);
+    v.store(y + i, r);
     mx = _mm512_max_ps(mx, r);
-    mask[i / 16] = pos;
-  }
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail(n - i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ) & m;
-    const __m512 r = _mm512_maskz_mov_ps(pos, v);
-    _mm512_mask_storeu_ps(y + i, m, r);
-    mx = _mm512_max_ps(mx, r);
-    mask[i / 16] = pos;
-  }
+  });
   return _mm512_reduce_max_ps(mx);
 }
 
 float add_relu(const float* a, const float* b, float* y, uint16_t* mask, size_t n) {
-  const __m512 z = _mm512_setzero_ps();
-  __m512 mx = z;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
-    const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ);  // as relu_fwd
-    const __m512 r = _mm512_maskz_mov_ps(pos, v);
-    _mm512_storeu_ps(y + i, r);
+  __m512 mx = _mm512_setzero_ps();
+  for_each_vector(n, [&](size_t i, const auto& v) {
+    const __m512 r = relu(_mm512_add_ps(v.load(a + i), v.load(b + i)), v, mask[i / 16]);
+    v.store(y + i, r);
     mx = _mm512_max_ps(mx, r);
-    mask[i / 16] = pos;
-  }
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail(n - i);
-    const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
-    const __mmask16 pos = _mm512_cmp_ps_mask(v, z, _CMP_GT_OQ) & m;  // as relu_fwd
-    const __m512 r = _mm512_maskz_mov_ps(pos, v);
-    _mm512_mask_storeu_ps(y + i, m, r);
-    mx = _mm512_max_ps(mx, r);
-    mask[i / 16] = pos;
-  }
+  });
   return _mm512_reduce_max_ps(mx);
 }
 
 void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n) {
-  const __m512i bit = _mm512_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {  // the mask's bits tested in a vector: dy's cleared lanes ANDed away
-    const __m512i keep = _mm512_movm_epi32(_mm512_test_epi32_mask(_mm512_set1_epi32(mask[i / 16]), bit));
-    _mm512_storeu_ps(dx + i, _mm512_and_ps(_mm512_loadu_ps(dy + i), _mm512_castsi512_ps(keep)));
-  }
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail(n - i);
-    _mm512_mask_storeu_ps(dx + i, m, _mm512_maskz_loadu_ps(__mmask16(mask[i / 16]) & m, dy + i));
-  }
+  for_each_vector(n, [&](size_t i, const auto& v) {
+    v.store(dx + i, _mm512_and_ps(v.load(dy + i), mask_lanes(mask[i / 16])));  // dy where the bit is set
+  });
 }
 
 void add(const float* a, const float* b, float* y, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail(n - i);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
-  }
+  for_each_vector(n, [&](size_t i, const auto& v) { v.store(y + i, _mm512_add_ps(v.load(a + i), v.load(b + i))); });
 }
 void shift_lanes(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step, size_t pixels,
                  uint16_t keep) {
@@ -135,7 +104,7 @@ float to_blocked(const float* plain, size_t plane, int lanes, float* blocked, si
   __m512 mx = _mm512_setzero_ps();
   __m512 r[16];
   for (size_t p = 0; p < pixels; p += 16) {
-    const __mmask16 m = tail(pixels - p);
+    const __mmask16 m = tail_mask(pixels - p);
     for (int l = 0; l < 16; ++l) {
       r[l] = l < lanes ? _mm512_maskz_loadu_ps(m, plain + size_t(l) * plane + p) : _mm512_setzero_ps();
       mx = _mm512_max_ps(_mm512_and_ps(r[l], magnitude), mx);  // NaN never wins, as in the reference
@@ -150,7 +119,7 @@ float to_blocked(const float* plain, size_t plane, int lanes, float* blocked, si
 void from_blocked(const float* blocked, int lanes, float* plain, size_t plane, size_t pixels) {
   __m512 r[16];
   for (size_t p = 0; p < pixels; p += 16) {
-    const __mmask16 m = tail(pixels - p);
+    const __mmask16 m = tail_mask(pixels - p);
     const size_t count = pixels - p < 16 ? pixels - p : 16;
     for (size_t i = 0; i < 16; ++i) r[i] = i < count ? _mm512_loadu_ps(blocked + (p + i) * 16) : _mm512_setzero_ps();
     transpose16(r);

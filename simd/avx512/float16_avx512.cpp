@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "simd/avx512/vector_loop.hpp"
 #include "simd/kernel_table.hpp"
 
 namespace dfp::simd::avx512 {
@@ -21,49 +22,25 @@ inline __m512i bf16_bits_rne(__m512 x) {
   return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
 }
 
-inline __mmask16 tail_mask(size_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
-
 }  // namespace
 
-// The BF16 loops run whole vectors unmasked and mask only the tail: masked on every vector,
-// round_bf16 ran at 0.4x the AVX2 kernel's speed on Zen 5 (docs/measurements.md, session 53).
+// The BF16 conversions mask only their last, partial vector (vector_loop.hpp).
 void to_bf16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base) {
   if (r == Rounding::stochastic) return ref::to_bf16(src, dst, n, r, key, base);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256i h = _mm512_cvtepi32_epi16(bf16_bits_rne(_mm512_loadu_ps(src + i)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
-  }
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
-    const __m512i h = bf16_bits_rne(_mm512_maskz_loadu_ps(m, src + i));
-    _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, h);
-  }
+  for_each_vector(n, [&](size_t i, const auto& v) { v.store_u16(dst + i, bf16_bits_rne(v.load(src + i))); });
 }
 
 void round_bf16(const float* src, float* dst, size_t n, Rounding r, uint32_t key, uint64_t base) {
   if (r == Rounding::stochastic) return ref::round_bf16(src, dst, n, r, key, base);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits_rne(_mm512_loadu_ps(src + i)), 16)));
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
-    const __m512i h = bf16_bits_rne(_mm512_maskz_loadu_ps(m, src + i));
-    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
-  }
+  for_each_vector(n, [&](size_t i, const auto& v) {
+    v.store(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits_rne(v.load(src + i)), 16)));
+  });
 }
 
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
-  }
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
-    const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + i));
-    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
-  }
+  for_each_vector(n, [&](size_t i, const auto& v) {
+    v.store(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(v.load_u16(src + i), 16)));
+  });
 }
 
 void to_fp16(const float* src, uint16_t* dst, size_t n, Rounding r, uint32_t key, uint64_t base) {
@@ -158,24 +135,15 @@ float round_fp8(const float* src, float* dst, size_t n, FloatFormat format, Over
   const SmallFloat k(*float8_info(format), overflow);
   const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, scale_exp)), unscale = _mm512_set1_ps(std::ldexp(1.0f, -scale_exp));
   __m512 amax = _mm512_setzero_ps();
-  // Whole vectors unmasked, the tail masked (as the BF16 loops: masked on every vector, this ran at
-  // 0.3x the AVX2 kernel's speed on Zen 5). A lane's |x| counts where finite: the others are ANDed
-  // to +0, which leaves the maximum (>= +0) as the merge-masked max does.
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(src + i);
+  // Only the last, partial vector masked (vector_loop.hpp). A lane's |x| counts where finite: the
+  // others are ANDed to +0, which leaves the maximum (>= +0) as it is.
+  for_each_vector(n, [&](size_t i, const auto& v) {
+    const __m512 x = v.load(src + i);
     const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), k.abs_bits));
     const __m512i finite = _mm512_movm_epi32(_mm512_cmp_ps_mask(ax, k.inf, _CMP_LT_OQ));
     amax = _mm512_max_ps(amax, _mm512_and_ps(ax, _mm512_castsi512_ps(finite)));
-    _mm512_storeu_ps(dst + i, round_small(x, scale, unscale, k));
-  }
-  for (; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
-    const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
-    const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), k.abs_bits));
-    amax = _mm512_mask_max_ps(amax, _mm512_cmp_ps_mask(ax, k.inf, _CMP_LT_OQ), amax, ax);
-    _mm512_mask_storeu_ps(dst + i, m, round_small(x, scale, unscale, k));
-  }
+    v.store(dst + i, round_small(x, scale, unscale, k));
+  });
   return _mm512_reduce_max_ps(amax);
 }
 
@@ -211,32 +179,33 @@ void mx_rows(const float* src, float* dst, size_t rows, size_t lanes, size_t str
   const int emax = f.max_exponent();
   for (size_t l = 0; l < lanes; l += 16) {
     const __mmask16 m = tail_mask(lanes - l);
-    // Whole vectors unmasked (as round_fp8: masked loads and stores on every vector ran this at
-    // 0.7x the AVX2 kernel's speed on Zen 5); a block's NaN lanes merged in only where it has any.
-    const bool whole = m == 0xFFFF;
-    auto load = [&](const float* p) { return whole ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p); };
-    for (size_t r0 = 0; r0 < rows; r0 += kMxBlock) {
-      const size_t r1 = std::min(rows, r0 + kMxBlock);
-      __m512 amax = _mm512_setzero_ps();
-      __mmask16 bad = 0;
-      for (size_t r = r0; r < r1; ++r) {
-        const __m512i bits = _mm512_castps_si512(load(src + r * stride + l));
-        const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(bits, k.abs_bits));
-        bad |= _mm512_cmp_ps_mask(ax, k.inf, _CMP_NLT_UQ);
-        amax = _mm512_max_ps(amax, ax);
+    // Only a partial block of lanes masked (vector_loop.hpp); a block's NaN lanes merged in only
+    // where it has any.
+    auto blocks = [&](const auto& v) {
+      for (size_t r0 = 0; r0 < rows; r0 += kMxBlock) {
+        const size_t r1 = std::min(rows, r0 + kMxBlock);
+        __m512 amax = _mm512_setzero_ps();
+        __mmask16 bad = 0;
+        for (size_t r = r0; r < r1; ++r) {
+          const __m512i bits = _mm512_castps_si512(v.load(src + r * stride + l));
+          const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(bits, k.abs_bits));
+          bad |= _mm512_cmp_ps_mask(ax, k.inf, _CMP_NLT_UQ);
+          amax = _mm512_max_ps(amax, ax);
+        }
+        const __m512i x = mx_scale(amax, emax);
+        const __m512 scale = pow2(_mm512_sub_epi32(_mm512_setzero_si512(), x)), unscale = pow2(x);
+        for (size_t r = r0; r < r1; ++r) {
+          __m512 q = round_small(v.load(src + r * stride + l), scale, unscale, k);
+          if (bad) q = _mm512_mask_mov_ps(q, bad, k.qnan);
+          v.store(dst + r * stride + l, q);
+        }
+        fold_scales(x, m & ~bad, lo, hi);
       }
-      const __m512i x = mx_scale(amax, emax);
-      const __m512 scale = pow2(_mm512_sub_epi32(_mm512_setzero_si512(), x)), unscale = pow2(x);
-      for (size_t r = r0; r < r1; ++r) {
-        __m512 q = round_small(load(src + r * stride + l), scale, unscale, k);
-        if (bad) q = _mm512_mask_mov_ps(q, bad, k.qnan);
-        if (whole)
-          _mm512_storeu_ps(dst + r * stride + l, q);
-        else
-          _mm512_mask_storeu_ps(dst + r * stride + l, m, q);
-      }
-      fold_scales(x, m & ~bad, lo, hi);
-    }
+    };
+    if (m == 0xFFFF)
+      blocks(WholeVector{});
+    else
+      blocks(TailVector{m});
   }
 }
 
