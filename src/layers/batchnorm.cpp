@@ -128,8 +128,8 @@ class BatchNorm final : public Layer,
       double m = double(s_.n) * hw;
       // One pass: each channel's mean, sum of squared deviations and extremes, and max|x|; under
       // the INT16 policy also the saved copy at the last step's exponent (see xq_ready_).
-      const bool predict = save_q && from_saved_ && xq_predicted_ != kNoExponent;
-      const uint64_t nonfinite = moments(ctx, x[0], predict ? xq_predicted_ : kNoExponent, qseed);
+      const bool predict = save_q && from_saved_ && xq_exp_set_;
+      const uint64_t nonfinite = moments(ctx, x[0], predict ? xq_exp_ : kNoExponent, qseed);
       if (st.statistics_sum) m = job_moments(*st.statistics_sum, m);
       float mx = 0.f;  // max|x|
       for (int c = 0; c < CB * 16; ++c) {  // combined over the slices, in slice order
@@ -159,9 +159,10 @@ class BatchNorm final : public Layer,
         }
       }
       if (save_q) {
+        const int last = xq_exp_;
         xq_exp_ = dfp16_exponent(std::isfinite(mx) ? mx : 0.f, xq_opts_.headroom);
-        xq_ready_ = predict && xq_exp_ == xq_predicted_ && nonfinite == 0;
-        xq_predicted_ = xq_exp_;
+        xq_ready_ = predict && xq_exp_ == last && nonfinite == 0;
+        xq_exp_set_ = true;
       }
     } else {
       for (int c = 0; c < cb_of(s_) * 16; ++c) {
@@ -245,7 +246,7 @@ class BatchNorm final : public Layer,
     const float* p = span_.x + off;
     const auto& k = ctx.kernels();
     const float *a = fa_.data() + blk * 16, *b = fb_.data() + blk * 16;
-    if (span_.save_q && from_saved_ && xq_ready_) {  // the moments' pass saved x: only xq is read
+    if (xq_ready_) {  // the moments' pass saved x (a training step, from_saved_): only xq is read
       for (size_t i = 0; i < pixels; i += kPiece)
         from_saved(k, off + i * 16, blk, std::min(kPiece, pixels - i), out + i * 16);
     } else if (span_.save_q && from_saved_) {  // each piece read before out, which may overwrite x, is written
@@ -583,9 +584,9 @@ class BatchNorm final : public Layer,
   // (and every value finite) normalize() reads only xq_, 2 bytes a value where x is 4: the bits of
   // quantizing after the moments, since the same kernel rounds each value alone. Otherwise
   // normalize() quantizes x again at this step's exponent, as without the prediction.
-  static constexpr int kNoExponent = std::numeric_limits<int>::min();
-  int xq_predicted_ = kNoExponent;
-  bool xq_ready_ = false;  // xq_ holds this step's saved input (the prediction held)
+  static constexpr int kNoExponent = std::numeric_limits<int>::min();  // moments(): quantize nothing
+  bool xq_exp_set_ = false;  // a training forward has set xq_exp_ (the next one's prediction)
+  bool xq_ready_ = false;    // xq_ holds this step's saved input (the prediction held)
   QuantOptions xq_opts_;
   bool from_saved_ = false;    // the output is computed from xq_'s values (deterministic rounding)
   bool relu_ = false;              // the following ReLU is applied here
