@@ -5,7 +5,8 @@
 // backward-data + weight gradient; INT16's two backward passes also apart, indented: oneDNN's FP32
 // layers are timed as one backward), that quantization (x and dy; x that a BatchNorm hands over
 // span by span is quantized inside the BatchNorm's forward, and stays in its row), every other
-// kind by its short name (forward + backward), the optimizer (update with the weights' re-quantization and packing),
+// kind by its short name (forward + backward; indented below it, each apart where it takes a
+// millisecond a step), the optimizer (update with the weights' re-quantization and packing),
 // and the step.
 #pragma once
 
@@ -39,6 +40,7 @@ inline OwnQuantization own_quantization(const LayerTime::Int16Parts& q) {
 inline void print_kind_table(const std::vector<KindColumn>& cols) {
   std::vector<std::string> order = {"conv fwd", "conv bwd", "  bwd data", "  bwd weights", "fc fwd", "fc bwd",
                                     "quantize x+dy"};
+  std::map<std::string, std::string> part_of;  // a kind's forward and backward rows: the kind
   std::vector<std::map<std::string, double>> ms(cols.size());
   for (size_t i = 0; i < cols.size(); ++i) {
     for (const LayerTime& t : cols[i].times) {
@@ -57,9 +59,14 @@ inline void print_kind_table(const std::vector<KindColumn>& cols) {
         continue;
       }
       ms[i][t.kind] += (t.forward_seconds + t.backward_seconds) * per;
+      ms[i]["  " + t.kind + " fwd"] += t.forward_seconds * per;
+      ms[i]["  " + t.kind + " bwd"] += t.backward_seconds * per;
       bool known = false;
       for (const std::string& k : order) known |= k == t.kind;
-      if (!known) order.push_back(t.kind);
+      if (!known) {
+        order.insert(order.end(), {t.kind, "  " + t.kind + " fwd", "  " + t.kind + " bwd"});
+        part_of["  " + t.kind + " fwd"] = part_of["  " + t.kind + " bwd"] = t.kind;
+      }
     }
     ms[i]["optimizer"] = cols[i].optimizer_ms;
   }
@@ -78,6 +85,10 @@ inline void print_kind_table(const std::vector<KindColumn>& cols) {
   for (const std::string& k : order) {
     bool any = false;
     for (size_t i = 0; i < cols.size(); ++i) any |= ms[i].count(k) && ms[i].at(k) != 0;
+    if (const auto p = part_of.find(k); p != part_of.end()) {  // where a column spends 1 ms a step on the kind
+      any = false;
+      for (size_t i = 0; i < cols.size(); ++i) any |= ms[i].count(p->second) && ms[i].at(p->second) >= 1.0;
+    }
     if (!any) continue;
     std::printf("%-14s", k.c_str());
     for (size_t i = 0; i < cols.size(); ++i) {
