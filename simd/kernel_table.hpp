@@ -355,6 +355,13 @@ using BnBwdApplyF32Fn = float (*)(const float* x, const float* dy, const uint16_
 using BnRequantizePairFn = bool (*)(const int16_t* a, const int16_t* b, int e_in, const float* scale,
                                     const float* shift, bool relu, int e_out, int16_t* dst, size_t pixels,
                                     int32_t* max_q);
+// The same for one image into the plain layout (`pixels` x 16 INT16, an INT16 conv's forward copy
+// of x): y = (x * 2^e_in) * scale + shift, then, where mask is not null, the ReLU with relu_fwd's
+// mask (one word per pixel), rounded to nearest (ties to even) at 2^e_out; the bits of
+// dequantize, bn_scale_shift, relu_fwd and quantize in turn. max_q: the largest |q|. Returns false
+// (dst, mask and max_q then unspecified) where some |q| would reach 32767 or a y is not finite.
+using BnRequantizeFn = bool (*)(const int16_t* x, int e_in, const float* scale, const float* shift, uint16_t* mask,
+                                int e_out, int16_t* dst, size_t pixels, int32_t* max_q);
 
 // ---- BF16 / FP16 storage (include/dfp/float16.hpp is the specification) -----------------------
 // dst[i] = the 16-bit pattern of src[i] in the format; stochastic rounding draws element i's

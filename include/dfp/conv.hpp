@@ -145,10 +145,18 @@ class ConvInt16 {
   // and no plane_max_abs, twice: the first time for each plane's max|x|). The result has the same
   // bits as quantize_input_with_max_abs on the tensor the spans make up. Not available where accepts_input_spans() is false (a layer with C < 16 whose kernel
   // columns are unfolded gathers x across columns).
+  // quantized (optional) computes the same span already quantized at 2^exponent, rounded to
+  // nearest (ties to even), into `out` (count x 16 INT16, x's layout), with its largest |q| in
+  // max_q. It returns false where an element would reach |q| = 32767 or is not finite; that span
+  // is then asked of fn. Its bits must be those of quantizing fn's span. It is asked only where x
+  // is rounded to nearest.
   using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
+  using InputQuantSpanFn = bool (*)(void* producer, int n, int b, int h, int w0, int count, int exponent,
+                                    int16_t* out, int32_t* max_q);
   static constexpr int kInputSpanPixels = 128;
   bool accepts_input_spans() const noexcept;
-  void quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs = nullptr);
+  void quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs = nullptr,
+                            InputQuantSpanFn quantized = nullptr);
   // Producer-fused output gradient: dy asked of its producer a span at a time (as
   // quantize_input_spans asks for x; a span fn returns the largest magnitude it wrote, NaN never
   // winning), so dy never exists in memory as FP32 (a BatchNorm's backward computes dx, this

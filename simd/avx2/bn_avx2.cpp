@@ -168,4 +168,43 @@ bool bn_requantize_pair(const int16_t* a, const int16_t* b, int e_in, const floa
   return true;
 }
 
+// Two ymm per pixel, as bn_requantize_pair (the reference where the scales are not normal
+// floats); VPACKSSDW's 128-bit lanes put back in order by VPERMQ.
+bool bn_requantize(const int16_t* x, int e_in, const float* scale, const float* shift, uint16_t* mask, int e_out,
+                   int16_t* dst, size_t pixels, int32_t* max_q) {
+  if (e_in < -126 || e_in > 127 || -e_out < -126 || -e_out > 127)
+    return ref::bn_requantize(x, e_in, scale, shift, mask, e_out, dst, pixels, max_q);
+  const __m256 s_in = _mm256_set1_ps(std::ldexp(1.f, e_in)), s_out = _mm256_set1_ps(std::ldexp(1.f, -e_out));
+  const __m256 va[2] = {_mm256_loadu_ps(scale), _mm256_loadu_ps(scale + 8)};
+  const __m256 vb[2] = {_mm256_loadu_ps(shift), _mm256_loadu_ps(shift + 8)};
+  const __m256 z = _mm256_setzero_ps(), top = _mm256_set1_ps(32767.f), sign = _mm256_set1_ps(-0.f);
+  __m256 peak = z, bad = z;
+  for (size_t i = 0; i < pixels; ++i) {
+    __m256i q[2];
+    int bits = 0;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 v = _mm256_mul_ps(load_x(x + i * 16 + 8 * h), s_in);
+      __m256 y = _mm256_add_ps(_mm256_mul_ps(v, va[h]), vb[h]);
+      if (mask) {  // as relu_fwd
+        const __m256 pos = _mm256_cmp_ps(y, z, _CMP_GT_OQ);
+        bits |= _mm256_movemask_ps(pos) << (8 * h);
+        y = _mm256_and_ps(y, pos);
+      }
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(y, s_out), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256 m = _mm256_andnot_ps(sign, r);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(m, top, _CMP_NLT_UQ));
+      peak = _mm256_max_ps(peak, m);
+      q[h] = _mm256_cvtps_epi32(r);
+    }
+    if (mask) mask[i] = static_cast<uint16_t>(bits);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * 16),
+                        _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8));
+  }
+  if (_mm256_movemask_ps(bad)) return false;
+  alignas(32) float m[8];
+  _mm256_store_ps(m, peak);
+  *max_q = static_cast<int32_t>(*std::max_element(m, m + 8));
+  return true;
+}
+
 }  // namespace dfp::simd::avx2

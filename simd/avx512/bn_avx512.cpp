@@ -137,4 +137,29 @@ bool bn_requantize_pair(const int16_t* a, const int16_t* b, int e_in, const floa
   return max_q[0] < 32767 && max_q[1] < 32767;
 }
 
+// One zmm per pixel, as bn_requantize_pair; the ReLU's mask is the comparison's mask register.
+bool bn_requantize(const int16_t* x, int e_in, const float* scale, const float* shift, uint16_t* mask, int e_out,
+                   int16_t* dst, size_t pixels, int32_t* max_q) {
+  const __m512 ein = _mm512_set1_ps(static_cast<float>(e_in)), neg_eout = _mm512_set1_ps(static_cast<float>(-e_out));
+  const __m512 va = _mm512_loadu_ps(scale), vb = _mm512_loadu_ps(shift), z = _mm512_setzero_ps();
+  __m512i peak = _mm512_setzero_si512();
+  for (size_t i = 0; i < pixels; ++i) {
+    const __m512 v = _mm512_scalef_ps(load_x(x + i * 16), ein);
+    __m512 y = _mm512_add_ps(_mm512_mul_ps(v, va), vb);
+    if (mask) {  // as relu_fwd
+      const __mmask16 pos = _mm512_cmp_ps_mask(y, z, _CMP_GT_OQ);
+      mask[i] = static_cast<uint16_t>(pos);
+      y = _mm512_maskz_mov_ps(pos, y);
+    }
+    // A NaN, an infinity or a value beyond INT32 converts to INT32_MIN, whose |.| is 2^31 unsigned.
+    const __m512i q =
+        _mm512_cvt_roundps_epi32(_mm512_scalef_ps(y, neg_eout), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    peak = _mm512_max_epu32(peak, _mm512_abs_epi32(q));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * 16), _mm512_cvtepi32_epi16(q));
+  }
+  const uint32_t m = _mm512_reduce_max_epu32(peak);
+  *max_q = static_cast<int32_t>(std::min(m, 0x7FFFFFFFu));
+  return m < 32767;
+}
+
 }  // namespace dfp::simd::avx512

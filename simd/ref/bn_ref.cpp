@@ -111,4 +111,22 @@ bool bn_requantize_pair(const int16_t* a, const int16_t* b, int e_in, const floa
   return true;
 }
 
+bool bn_requantize(const int16_t* x, int e_in, const float* scale, const float* shift, uint16_t* mask, int e_out,
+                   int16_t* dst, size_t pixels, int32_t* max_q) {
+  constexpr size_t kPixels = 32;
+  float y[kPixels * 16];
+  *max_q = 0;
+  for (size_t p0 = 0; p0 < pixels; p0 += kPixels) {
+    const size_t np = std::min(kPixels, pixels - p0), n = np * 16;
+    dequantize(x + p0 * 16, y, n, e_in);
+    bn_scale_shift(y, y, scale, shift, np);
+    if (mask) relu_fwd(y, y, mask + p0, n);
+    QuantCounters c;
+    quantize(y, dst + p0 * 16, n, e_out, Rounding::nearest_even, 0, 0, &c);
+    if (c.saturated || c.nonfinite || c.max_abs_q >= 32767) return false;
+    *max_q = std::max(*max_q, c.max_abs_q);
+  }
+  return true;
+}
+
 }  // namespace dfp::simd::ref

@@ -33,7 +33,8 @@ class Add final : public Layer, public AbsorbsRelu, public MeasuresMaxima, publi
   // Either input may come as spans from a BatchNorm (its scale-shift, and the DFP16 copy it saves,
   // computed here piece by piece), so its FP32 output is never written or read.
   bool accepts_input_spans(size_t i) const override { return i < 2; }
-  void take_input_spans(size_t i, InputSpanFn fn, void* producer, float, const float*, const StepInfo&) override {
+  void take_input_spans(size_t i, InputSpanFn fn, void* producer, float, const float*, InputQuantSpanFn,
+                        const StepInfo&) override {
     spans_[i] = {fn, producer};
   }
   bool forward_in_place(size_t) const override { return true; }

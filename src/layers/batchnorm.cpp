@@ -203,7 +203,8 @@ class BatchNorm final : public Layer,
           mx = out_planes_[i] > mx ? out_planes_[i] : mx;
         }
       out_max_ = relu_ ? mx : -1.f;
-      consumer_->take_input_spans(consumer_slot_, &BatchNorm::produce_span, this, mx, out_planes_.data(), st);
+      consumer_->take_input_spans(consumer_slot_, &BatchNorm::produce_span, this, mx, out_planes_.data(),
+                                  &BatchNorm::produce_quantized_span, st);
       return;
     }
     std::atomic<float> out_max{0.f};
@@ -280,6 +281,18 @@ class BatchNorm final : public Layer,
   static void produce_span(void* self, int n, int b, int h, int w0, int count, float* out) {
     BatchNorm& bn = *static_cast<BatchNorm*>(self);
     bn.normalize(span_offset(bn, n, b, h, w0), b, size_t(count), out);
+  }
+  // The span quantized at 2^exponent in one kernel, where the moments' pass saved x (xq_ready_):
+  // the bits of produce_span and the quantization after it, with the ReLU's mask; false where
+  // x was not saved or an element would count (produce_span then runs).
+  static bool produce_quantized_span(void* self, int n, int b, int h, int w0, int count, int exponent, int16_t* out,
+                                     int32_t* max_q) {
+    BatchNorm& bn = *static_cast<BatchNorm*>(self);
+    if (!bn.xq_ready_) return false;
+    const size_t off = span_offset(bn, n, b, h, w0);
+    uint16_t* mask = bn.relu_ ? bn.mask_.data() + off / 16 : nullptr;
+    return bn.span_.ctx->kernels().bn_requantize.fn(bn.xq_.data() + off, bn.xq_exp_, bn.fa_.data() + b * 16,
+                                                    bn.fb_.data() + b * 16, mask, exponent, out, size_t(count), max_q);
   }
   // The same span again after the forward pass, until backward (from_saved_): from the saved
   // DFP16 values through the same kernels, so the same bits; nothing is saved again.

@@ -238,15 +238,19 @@ class MeasuresMaxima {
 // A span is `count` pixels of channel block b of image n from pixel w0 of row h; an Add's run on
 // into the following rows of the same plane (w0 + count <= (H - h) * W).
 using InputSpanFn = void (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
-// The same spans of images n and n + 1 quantized into a batch-pair layout (ConvInt16::InputPairSpanFn).
+// The same spans quantized (ConvInt16::InputQuantSpanFn), and those of images n and n + 1 quantized
+// into a batch-pair layout (ConvInt16::InputPairSpanFn).
+using InputQuantSpanFn = bool (*)(void* producer, int n, int b, int h, int w0, int count, int exponent, int16_t* out,
+                                  int32_t* max_q);
 using InputPairSpanFn = bool (*)(void* producer, int n, int images, int b, int h, int w0, int count, int exponent,
                                  int16_t* out, int32_t* max_q);
 class TakesInputSpans {
  public:
   virtual ~TakesInputSpans() = default;
   virtual bool accepts_input_spans(size_t i) const = 0;
+  // quantized (optional): the same spans already quantized, for a consumer that quantizes them.
   virtual void take_input_spans(size_t i, InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
-                                const StepInfo& st) = 0;
+                                InputQuantSpanFn quantized, const StepInfo& st) = 0;
   virtual bool input_taken() const { return false; }
   // The producer can compute the same spans again, from what it keeps for its own backward, from
   // the end of its forward() until its backward() (`again`: a BatchNorm whose saved DFP16 input

@@ -276,7 +276,7 @@ struct LayerOp::Impl {
       const float m = max_abs(ctx, x, size_t(n) * p.in.c * hw, &nonfinite);
       if (nonfinite == 0) {  // else the blocked path below reports the tensor as the layer does
         PlainSpans spans{ctx.kernels().to_blocked.fn, x, p.in.c, p.in.h, p.in.w};
-        takes->take_input_spans(0, &PlainSpans::fill, &spans, m, nullptr, st);
+        takes->take_input_spans(0, &PlainSpans::fill, &spans, m, nullptr, nullptr, st);
         taken = true;
       }
     }

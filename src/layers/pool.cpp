@@ -41,7 +41,8 @@ class Pool final : public Layer, public TakesInputSpans {
   // written or read. Every input row is asked for, in order, whether or not a window reads it: the
   // BatchNorm saves what its backward needs as it computes each span.
   bool accepts_input_spans(size_t i) const override { return i == 0 && size_t(k_) * in_.w <= kRingPixels; }
-  void take_input_spans(size_t, InputSpanFn fn, void* producer, float, const float*, const StepInfo&) override {
+  void take_input_spans(size_t, InputSpanFn fn, void* producer, float, const float*, InputQuantSpanFn,
+                        const StepInfo&) override {
     span_ = {fn, producer};
   }
   void forward(const Context& ctx, const std::vector<const float*>& x, float* y, const StepInfo&) override {

@@ -277,8 +277,8 @@ class Conv2d final : public WeightedLayer, public TakesInputSpans, public TakesG
     return i == 0 && op_->int16() && op_->int16()->accepts_input_spans();
   }
   void take_input_spans(size_t, InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
-                        const StepInfo& st) override {
-    op_->int16()->take_input_spans(fn, producer, max_abs, plane_max, st);  // only where accepted
+                        InputQuantSpanFn quantized, const StepInfo& st) override {
+    op_->int16()->take_input_spans(fn, producer, max_abs, plane_max, quantized, st);  // only where accepted
   }
   bool input_taken() const override { return op_->int16() && op_->int16()->input_taken(); }
   bool recompute_input_spans(size_t i, InputSpanFn again, void* producer, InputPairSpanFn again_pairs) override {

@@ -253,10 +253,10 @@ class Int16Op final : public WeightedOp, public Int16Operation {
   const ConvStats& stats() const noexcept override { return q_->stats(); }
   bool accepts_input_spans() const override { return q_->accepts_input_spans(); }
   void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
-                        const StepInfo& st) override {
+                        InputQuantSpanFn quantized, const StepInfo& st) override {
     PartClock clock(st.timed);
     q_->set_step(st.step);
-    q_->quantize_input_spans(fn, producer, max_abs, plane_max);
+    q_->quantize_input_spans(fn, producer, max_abs, plane_max, quantized);
     clock.lap(parts_.quantize_x, parts_.quantize_x_in_producer);
     input_taken_ = true;
   }

@@ -70,7 +70,7 @@ class Int16Operation {
   virtual const ConvStats& stats() const noexcept = 0;
   virtual bool accepts_input_spans() const = 0;
   virtual void take_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max,
-                                const StepInfo& st) = 0;
+                                InputQuantSpanFn quantized, const StepInfo& st) = 0;
   virtual bool input_taken() const = 0;
   virtual bool recompute_input(InputSpanFn again, void* producer,
                                InputPairSpanFn again_pairs) = 0;  // TakesInputSpans::recompute_input_spans

@@ -909,6 +909,74 @@ TEST_P(Dfp16Isa, BatchNormRequantizePairIsTheKernelsInTurn) {
   }
 }
 
+// The same for one image into the plain layout, with the ReLU's mask: the reference's bits and
+// mask, which are those of this level's own dequantize, scale-shift, ReLU and quantize in turn.
+TEST_P(Dfp16Isa, BatchNormRequantizeIsTheKernelsInTurn) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const auto& k = c.kernels();
+  const auto lanes = [](uint32_t seed) { return test::random_vec(16, seed, -2.f, 2.f); };
+  const std::vector<float> a = lanes(23), b = lanes(24);
+  int clean_runs = 0, refused_runs = 0;
+  for (size_t px : {size_t(1), size_t(7), size_t(33), size_t(128)})
+    for (bool relu : {false, true})
+      for (auto [e_in, e_out] : {std::pair{-15, -12}, std::pair{-15, -14}, std::pair{-140, -13},
+                                 std::pair{120, 118}}) {
+        const size_t n = px * 16;
+        const auto ix = test::random_ints(n, 40 + uint32_t(px), -32767, 32767);
+        std::vector<int16_t> x(ix.begin(), ix.end());
+        x[0] = 0;
+        x[n - 1] = -32767;
+        std::vector<int16_t> d0(n, 7), d1(n, 9);
+        std::vector<uint16_t> mask0(px, 0x5555), mask1(px, 0xAAAA);
+        int32_t m0 = -1, m1 = -2;
+        const bool r0 = simd::ref::bn_requantize(x.data(), e_in, a.data(), b.data(), relu ? mask0.data() : nullptr,
+                                                 e_out, d0.data(), px, &m0);
+        const bool r1 = k.bn_requantize.fn(x.data(), e_in, a.data(), b.data(), relu ? mask1.data() : nullptr, e_out,
+                                           d1.data(), px, &m1);
+        const std::string at =
+            std::to_string(px) + " " + std::to_string(relu) + " " + std::to_string(e_in) + " " + std::to_string(e_out);
+        ASSERT_EQ(r0, r1) << at;
+        // This level's kernels one after the other, with the counters of the checked path.
+        std::vector<float> y(n);
+        std::vector<uint16_t> mask(px, 0x5555);
+        std::vector<int16_t> want(n);
+        simd::QuantCounters cnt;
+        k.dequantize.fn(x.data(), y.data(), n, e_in);
+        k.bn_scale_shift.fn(y.data(), y.data(), a.data(), b.data(), px);
+        if (relu) k.relu_fwd.fn(y.data(), y.data(), mask.data(), n);
+        k.quantize.fn(y.data(), want.data(), n, e_out, Rounding::nearest_even, 0, 0, &cnt);
+        ASSERT_EQ(r0, !(cnt.saturated || cnt.nonfinite || cnt.max_abs_q >= 32767)) << at;
+        if (!r0) {
+          ++refused_runs;
+          continue;
+        }
+        ++clean_runs;
+        if (relu) {
+          ASSERT_EQ(mask0, mask) << at;
+          ASSERT_EQ(mask1, mask) << at;
+        }
+        ASSERT_EQ(d0, want) << at;
+        ASSERT_EQ(d1, want) << at;
+        ASSERT_EQ(m0, cnt.max_abs_q) << at;
+        ASSERT_EQ(m1, cnt.max_abs_q) << at;
+      }
+  ASSERT_GE(clean_runs, 12);
+  ASSERT_GE(refused_runs, 10);
+  // A NaN shift lane: refused without a ReLU; with one the NaN is 0, as relu_fwd makes it.
+  std::vector<float> nan_b = b;
+  nan_b[3] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<int16_t> x(64 * 16, 100);
+  std::vector<int16_t> d(x.size());
+  std::vector<uint16_t> mask(64);
+  int32_t m;
+  for (bool relu : {false, true}) {
+    uint16_t* mk = relu ? mask.data() : nullptr;
+    ASSERT_EQ(relu, k.bn_requantize.fn(x.data(), -15, a.data(), nan_b.data(), mk, -12, d.data(), 64, &m));
+    ASSERT_EQ(relu, simd::ref::bn_requantize(x.data(), -15, a.data(), nan_b.data(), mk, -12, d.data(), 64, &m));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::ValuesIn(test::isa_names_from(Isa::avx2)));
 
 TEST(Dfp16Quantize, RejectsBadHeadroom) {

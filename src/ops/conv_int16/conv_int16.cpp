@@ -39,8 +39,9 @@ bool ConvInt16::recompute_input_pairs(InputSpanFn again, void* producer, InputPa
   return impl_->recompute_input_pairs(again, producer, again_pairs);
 }
 bool ConvInt16::recompute_input() { return impl_->recompute_x_pairs(); }
-void ConvInt16::quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs) {
-  impl_->quantize_input_spans(fn, producer, max_abs, plane_max_abs);
+void ConvInt16::quantize_input_spans(InputSpanFn fn, void* producer, float max_abs, const float* plane_max_abs,
+                                     InputQuantSpanFn quantized) {
+  impl_->quantize_input_spans(fn, producer, max_abs, plane_max_abs, quantized);
 }
 bool ConvInt16::accepts_grad_output_spans() const noexcept { return !impl_->dy_slices; }
 bool ConvInt16::quantize_grad_output_spans(GradSpanFn fn, void* producer, float estimate) {

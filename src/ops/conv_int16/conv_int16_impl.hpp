@@ -598,6 +598,7 @@ struct ConvInt16::Impl {
     ConvInt16::InputSpanFn fn;
     void* producer;
     ConvInt16::InputPairSpanFn pairs = nullptr;  // the pair-only path's quantized spans, where offered
+    ConvInt16::InputQuantSpanFn quantized = nullptr;  // the plane path's, where offered
   };
   // Zeroes a row's border pixels (16 INT16 lanes each). Most borders are one pixel: a fixed-size
   // copy inlines to two stores, cheaper than a memset call per border of every row
@@ -641,7 +642,8 @@ struct ConvInt16::Impl {
   static constexpr size_t kUnfoldWide = size_t(kUnfoldPixels) * kUnfoldBlocks * 16 + 16;  // wide's floats
   void quantize_x(const float* x, float known_max, const float* known_planes, const SpanSource* spans);
   void quantize_input(const float* x, float known_max, const float* known_planes);
-  void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes);
+  void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes,
+                            ConvInt16::InputQuantSpanFn quantized);
   void quantize_grad_output(const float* dy, float known_max, const float* known_planes);
   bool recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer, ConvInt16::InputPairSpanFn pairs);
   bool quantize_grad_output_spans(ConvInt16::GradSpanFn fn, void* producer, float estimate);

@@ -365,8 +365,14 @@ __attribute__((noinline)) void ConvInt16::Impl::quant_span_row(const SpanSource&
   constexpr int kSpan = ConvInt16::kInputSpanPixels;
   alignas(64) float tile[kSpan * 16];
   const auto quant = ctx.kernels().quantize.fn;
+  const bool quantized = spans.quantized && qo.rounding == Rounding::nearest_even;
   for (int w0 = 0; w0 < w; w0 += kSpan) {
     const int np = std::min(kSpan, w - w0);
+    int32_t mq;
+    if (quantized && spans.quantized(spans.producer, n, b, y, w0, np, e, d + size_t(w0) * 16, &mq)) {
+      cnt.max_abs_q = std::max(cnt.max_abs_q, mq);
+      continue;
+    }
     spans.fn(spans.producer, n, b, y, w0, np, tile);
     quant(tile, d + size_t(w0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, index_base + size_t(w0) * 16, &cnt);
   }
@@ -592,14 +598,14 @@ void ConvInt16::Impl::quantize_input(const float* x, float known_max, const floa
 }
 
 void ConvInt16::Impl::quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs,
-                                           const float* known_planes) {
+                                           const float* known_planes, ConvInt16::InputQuantSpanFn quantized) {
   DFP_CHECK(!unfold, Status::invalid_argument,
             "convolution '" + name + "': quantize_input_spans() on a layer with unfolded columns (C = " +
                 std::to_string(user.C) + " < 16); use quantize_input()");
   DFP_CHECK(max_abs >= 0.f && std::isfinite(max_abs), Status::invalid_argument,
             "convolution '" + name + "': quantize_input_spans() needs a finite max_abs >= 0, got " +
                 std::to_string(max_abs));
-  const SpanSource spans{fn, producer};
+  const SpanSource spans{fn, producer, nullptr, quantized};
   quantize_x(nullptr, max_abs, known_planes, &spans);
 }
 
