@@ -362,6 +362,13 @@ using BnRequantizePairFn = bool (*)(const int16_t* a, const int16_t* b, int e_in
 // (dst, mask and max_q then unspecified) where some |q| would reach 32767 or a y is not finite.
 using BnRequantizeFn = bool (*)(const int16_t* x, int e_in, const float* scale, const float* shift, uint16_t* mask,
                                 int e_out, int16_t* dst, size_t pixels, int32_t* max_q);
+// A BatchNorm's dx (the INT16 conv before it: its dy) quantized as it is computed: the dx of
+// bn_bwd_apply_s16 (max0 0) rounded to nearest (ties to even) at 2^e_out into dst (`pixels` x 16
+// INT16), the bits of that kernel and quantize in turn, with no FP32 tile between them. Returns
+// max|dx| as bn_bwd_apply_s16 does, and the largest |q| in max_q; returns -1 (dst and max_q then
+// unspecified) where some |q| would reach 32767 or a dx is not finite.
+using BnBwdRequantizeFn = float (*)(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c,
+                                    size_t pixels, int e_out, int16_t* dst, int32_t* max_q);
 
 // ---- BF16 / FP16 storage (include/dfp/float16.hpp is the specification) -----------------------
 // dst[i] = the 16-bit pattern of src[i] in the format; stochastic rounding draws element i's

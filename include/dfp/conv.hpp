@@ -167,10 +167,15 @@ class ConvInt16 {
   // quantize_grad_output_with_max_abs on the tensor the spans make up, with its max|dy|; the
   // estimate decides only how often the spans are computed twice. Returns whether the estimate's
   // exponent held (once over the spans). Not available where accepts_grad_output_spans() is false
-  // (Granularity::slice gradients).
+  // (Granularity::slice gradients). quantized (optional) computes the same span already quantized,
+  // as InputQuantSpanFn does, and returns its largest magnitude as fn does; it returns a negative
+  // value where an element would reach |q| = 32767 or is not finite, and that span is then asked
+  // of fn. It is asked only where dy is rounded to nearest.
   using GradSpanFn = float (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
+  using GradQuantSpanFn = float (*)(void* producer, int n, int b, int h, int w0, int count, int exponent,
+                                    int16_t* out, int32_t* max_q);
   bool accepts_grad_output_spans() const noexcept;
-  bool quantize_grad_output_spans(GradSpanFn fn, void* producer, float estimate);
+  bool quantize_grad_output_spans(GradSpanFn fn, void* producer, float estimate, GradQuantSpanFn quantized = nullptr);
   // Where x's producer can compute x again, span by span, from the end of the forward pass until
   // backward_weights() (a BatchNorm does, from the DFP16 input its own backward keeps), the batch-
   // pair copy of x that the weight gradient reads need not persist between the passes: from this

@@ -207,4 +207,41 @@ bool bn_requantize(const int16_t* x, int e_in, const float* scale, const float* 
   return true;
 }
 
+// bwd_apply's dx, then the quantization of bn_requantize (the reference where 2^-e_out is not a
+// normal float).
+float bn_bwd_requantize(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c,
+                        size_t pixels, int e_out, int16_t* dst, int32_t* max_q) {
+  if (-e_out < -126 || -e_out > 127) return ref::bn_bwd_requantize(x, dy, mask, c, pixels, e_out, dst, max_q);
+  const __m256 xs = _mm256_set1_ps(c.x_scale), s_out = _mm256_set1_ps(std::ldexp(1.f, -e_out));
+  const __m256 z = _mm256_setzero_ps(), top = _mm256_set1_ps(32767.f);
+  __m256 mean[2], inv[2], k1[2], k2[2], k3[2];
+  for (int h = 0; h < 2; ++h) {
+    mean[h] = _mm256_loadu_ps(c.mean + 8 * h), inv[h] = _mm256_loadu_ps(c.inv + 8 * h);
+    k1[h] = _mm256_loadu_ps(c.k1 + 8 * h), k2[h] = _mm256_loadu_ps(c.k2 + 8 * h), k3[h] = _mm256_loadu_ps(c.k3 + 8 * h);
+  }
+  __m256 mx = z, peak = z, bad = z;
+  for (size_t i = 0; i < pixels; ++i) {
+    __m256i q[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(load_x(x + i * 16 + 8 * h), xs), mean[h]), inv[h]);
+      const __m256 g = load_grad(dy, mask, i, h);
+      const __m256 d = _mm256_mul_ps(k1[h], _mm256_sub_ps(_mm256_sub_ps(g, k2[h]), _mm256_mul_ps(xhat, k3[h])));
+      mx = _mm256_max_ps(abs_ps(d), mx);
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(d, s_out), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256 m = abs_ps(r);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(m, top, _CMP_NLT_UQ));  // a NaN too
+      peak = _mm256_max_ps(peak, m);
+      q[h] = _mm256_cvtps_epi32(r);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * 16),
+                        _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8));
+  }
+  if (_mm256_movemask_ps(bad)) return -1.f;
+  alignas(32) float m[8], p[8];
+  _mm256_store_ps(m, mx);
+  _mm256_store_ps(p, peak);
+  *max_q = static_cast<int32_t>(*std::max_element(p, p + 8));
+  return *std::max_element(m, m + 8);
+}
+
 }  // namespace dfp::simd::avx2

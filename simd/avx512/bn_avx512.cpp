@@ -162,4 +162,28 @@ bool bn_requantize(const int16_t* x, int e_in, const float* scale, const float* 
   return m < 32767;
 }
 
+// bwd_apply's dx, then the quantization of bn_requantize.
+float bn_bwd_requantize(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c,
+                        size_t pixels, int e_out, int16_t* dst, int32_t* max_q) {
+  __m512 mx = _mm512_setzero_ps();
+  const __m512 xs = _mm512_set1_ps(c.x_scale), mean = _mm512_loadu_ps(c.mean), inv = _mm512_loadu_ps(c.inv);
+  const __m512 k1 = _mm512_loadu_ps(c.k1), k2 = _mm512_loadu_ps(c.k2), k3 = _mm512_loadu_ps(c.k3);
+  const __m512 neg_eout = _mm512_set1_ps(static_cast<float>(-e_out));
+  __m512i peak = _mm512_setzero_si512();
+  for (size_t i = 0; i < pixels; ++i) {
+    const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(load_x(x + i * 16), xs), mean), inv);
+    const __m512 g = load_grad(dy, mask, i);
+    const __m512 d = _mm512_mul_ps(k1, _mm512_sub_ps(_mm512_sub_ps(g, k2), _mm512_mul_ps(xhat, k3)));
+    mx = _mm512_max_ps(_mm512_abs_ps(d), mx);
+    const __m512i q =
+        _mm512_cvt_roundps_epi32(_mm512_scalef_ps(d, neg_eout), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    peak = _mm512_max_epu32(peak, _mm512_abs_epi32(q));  // a NaN or infinity: 2^31
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * 16), _mm512_cvtepi32_epi16(q));
+  }
+  const uint32_t m = _mm512_reduce_max_epu32(peak);
+  if (m >= 32767) return -1.f;
+  *max_q = static_cast<int32_t>(m);
+  return _mm512_reduce_max_ps(mx);
+}
+
 }  // namespace dfp::simd::avx512

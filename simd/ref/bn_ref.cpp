@@ -129,4 +129,21 @@ bool bn_requantize(const int16_t* x, int e_in, const float* scale, const float* 
   return true;
 }
 
+float bn_bwd_requantize(const int16_t* x, const float* dy, const uint16_t* mask, const BnCoefficients& c,
+                        size_t pixels, int e_out, int16_t* dst, int32_t* max_q) {
+  constexpr size_t kPixels = 32;
+  float d[kPixels * 16];
+  float mx = 0.f;
+  *max_q = 0;
+  for (size_t p0 = 0; p0 < pixels; p0 += kPixels) {
+    const size_t np = std::min(kPixels, pixels - p0), n = np * 16;
+    mx = bwd_apply(x + p0 * 16, dy + p0 * 16, mask ? mask + p0 : nullptr, d, c, np, mx);
+    QuantCounters q;
+    quantize(d, dst + p0 * 16, n, e_out, Rounding::nearest_even, 0, 0, &q);
+    if (q.saturated || q.nonfinite || q.max_abs_q >= 32767) return -1.f;
+    *max_q = std::max(*max_q, q.max_abs_q);
+  }
+  return mx;
+}
+
 }  // namespace dfp::simd::ref

@@ -508,7 +508,7 @@ class BatchNorm final : public Layer,
         const float estimate = grad_max_estimate();
         if (estimate >= 0.f) {
           grad_ = {dy, &ctx};
-          grad_consumer_->take_grad_spans(&BatchNorm::grad_span, this, estimate, st);
+          grad_consumer_->take_grad_spans(&BatchNorm::grad_span, this, estimate, &BatchNorm::grad_quantized_span, st);
           return;
         }
       }
@@ -538,6 +538,16 @@ class BatchNorm final : public Layer,
                                                         bn.relu_ ? bn.mask_.data() + off / 16 : nullptr, out,
                                                         bn.coefficients(b, std::ldexp(1.f, bn.xq_exp_)), size_t(count),
                                                         0.f);
+  }
+  // The same span quantized at 2^exponent as it is computed (the bits of grad_span and the
+  // quantization after it); -1 where an element would count (grad_span then runs).
+  static float grad_quantized_span(void* self, int n, int b, int h, int w0, int count, int exponent, int16_t* out,
+                                   int32_t* max_q) {
+    const BatchNorm& bn = *static_cast<const BatchNorm*>(self);
+    const size_t off = span_offset(bn, n, b, h, w0);
+    return bn.grad_.ctx->kernels().bn_bwd_requantize.fn(
+        bn.xq_.data() + off, bn.grad_.dy + off, bn.relu_ ? bn.mask_.data() + off / 16 : nullptr,
+        bn.coefficients(b, std::ldexp(1.f, bn.xq_exp_)), size_t(count), exponent, out, max_q);
   }
   // An estimate of max|dx| before any dx is computed, from each channel's extremes of the masked
   // dy (the sums' pass) and of x (the forward's): dx = k1 (g - k2 - xhat k3) is affine in (g,

@@ -275,12 +275,16 @@ class FeedsSpans {
 // quantization of dy in a step where it took the spans (grad_taken()). A span is as for
 // InputSpanFn; the function returns the largest magnitude it wrote (NaN never wins).
 using GradSpanFn = float (*)(void* producer, int n, int b, int h, int w0, int count, float* out);
+using GradQuantSpanFn = float (*)(void* producer, int n, int b, int h, int w0, int count, int exponent, int16_t* out,
+                                  int32_t* max_q);  // ConvInt16::GradQuantSpanFn
 class TakesGradSpans {
  public:
   virtual ~TakesGradSpans() = default;
   virtual bool accepts_grad_spans() const = 0;
-  // estimate: the producer's estimate of max|gradient| (ConvInt16::quantize_grad_output_spans).
-  virtual void take_grad_spans(GradSpanFn fn, void* producer, float estimate, const StepInfo& st) = 0;
+  // estimate: the producer's estimate of max|gradient| (ConvInt16::quantize_grad_output_spans);
+  // quantized (optional): the same spans already quantized.
+  virtual void take_grad_spans(GradSpanFn fn, void* producer, float estimate, GradQuantSpanFn quantized,
+                               const StepInfo& st) = 0;
   virtual bool grad_taken() const = 0;
 };
 class FeedsGradSpans {

@@ -286,8 +286,9 @@ class Conv2d final : public WeightedLayer, public TakesInputSpans, public TakesG
   }
   // dy as spans where only the INT16 operation reads it (a bias gradient reads dy itself).
   bool accepts_grad_spans() const override { return op_->int16() && !has_bias_ && op_->int16()->accepts_grad_spans(); }
-  void take_grad_spans(GradSpanFn fn, void* producer, float estimate, const StepInfo& st) override {
-    op_->int16()->take_grad_spans(fn, producer, estimate, st);  // only where accepted
+  void take_grad_spans(GradSpanFn fn, void* producer, float estimate, GradQuantSpanFn quantized,
+                       const StepInfo& st) override {
+    op_->int16()->take_grad_spans(fn, producer, estimate, quantized, st);  // only where accepted
   }
   bool grad_taken() const override { return op_->int16() && op_->int16()->grad_taken(); }
 

@@ -262,9 +262,10 @@ class Int16Op final : public WeightedOp, public Int16Operation {
   }
   bool input_taken() const override { return input_taken_; }
   bool accepts_grad_spans() const override { return q_->accepts_grad_output_spans(); }
-  void take_grad_spans(GradSpanFn fn, void* producer, float estimate, const StepInfo& st) override {
+  void take_grad_spans(GradSpanFn fn, void* producer, float estimate, GradQuantSpanFn quantized,
+                       const StepInfo& st) override {
     PartClock clock(st.timed);
-    q_->quantize_grad_output_spans(fn, producer, estimate);
+    q_->quantize_grad_output_spans(fn, producer, estimate, quantized);
     clock.lap(parts_.quantize_dy, parts_.quantize_dy_in_producer);
     grad_taken_ = true;
   }

@@ -76,7 +76,8 @@ class Int16Operation {
                                InputPairSpanFn again_pairs) = 0;  // TakesInputSpans::recompute_input_spans
   // TakesGradSpans, for the layer (which declines where it reads dy itself: a bias).
   virtual bool accepts_grad_spans() const = 0;
-  virtual void take_grad_spans(GradSpanFn fn, void* producer, float estimate, const StepInfo& st) = 0;
+  virtual void take_grad_spans(GradSpanFn fn, void* producer, float estimate, GradQuantSpanFn quantized,
+                               const StepInfo& st) = 0;
   virtual bool grad_taken() const = 0;
   virtual const LayerTime::Int16Parts& parts() const = 0;
   virtual void reset_parts() = 0;

@@ -977,6 +977,79 @@ TEST_P(Dfp16Isa, BatchNormRequantizeIsTheKernelsInTurn) {
   }
 }
 
+// A BatchNorm's dx quantized as it is computed: the reference's bits, which are those of this
+// level's own bn_bwd_apply_s16 and quantize in turn, with the same max|dx|; refused wherever an
+// element would count.
+TEST_P(Dfp16Isa, BatchNormBackwardRequantizeIsTheKernelsInTurn) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const auto& k = c.kernels();
+  const auto lanes = [](uint32_t seed, float lo, float hi) { return test::random_vec(16, seed, lo, hi); };
+  const std::vector<float> mean = lanes(25, -1.f, 1.f), inv = lanes(26, 0.5f, 2.f), k1 = lanes(27, -2.f, 2.f),
+                           k2 = lanes(28, -0.1f, 0.1f), k3 = lanes(29, -0.5f, 0.5f);
+  const simd::BnCoefficients co{mean.data(), inv.data(), k1.data(), k2.data(), k3.data(), std::ldexp(1.f, -14)};
+  int clean_runs = 0, refused_runs = 0, clean_tiny = 0;
+  for (size_t px : {size_t(1), size_t(7), size_t(33), size_t(128)})
+    for (bool relu : {false, true})
+      // e_out: clean; some |q| past 32767; beyond a normal float's 2^k.
+      for (int e_out : {-12, -15, -140}) {
+        const size_t n = px * 16;
+        const auto ix = test::random_ints(n, 50 + uint32_t(px), -32767, 32767);
+        std::vector<int16_t> x(ix.begin(), ix.end());
+        const std::vector<float> dy = test::random_vec(n, 60 + uint32_t(px), -1.f, 1.f);
+        std::vector<uint16_t> mask(px);
+        for (size_t i = 0; i < px; ++i) mask[i] = static_cast<uint16_t>(0x9E37u * (i + 1));
+        const uint16_t* mk = relu ? mask.data() : nullptr;
+        // At 2^-140, dx of subnormal size: |q| within range, and a scale no float holds.
+        std::vector<float> k1s = k1;
+        if (e_out == -140)
+          for (float& v : k1s) v *= 2e-39f;
+        const simd::BnCoefficients cs{mean.data(), inv.data(), k1s.data(), k2.data(), k3.data(), co.x_scale};
+        const float* g = dy.data();
+        std::vector<int16_t> d0(n, 7), d1(n, 9);
+        int32_t m0 = -1, m1 = -2;
+        const float r0 = simd::ref::bn_bwd_requantize(x.data(), g, mk, cs, px, e_out, d0.data(), &m0);
+        const float r1 = k.bn_bwd_requantize.fn(x.data(), g, mk, cs, px, e_out, d1.data(), &m1);
+        const std::string at = std::to_string(px) + " " + std::to_string(relu) + " " + std::to_string(e_out);
+        ASSERT_EQ(r0, r1) << at;
+        // This level's kernels one after the other, with the counters of the checked path.
+        std::vector<float> dx(n);
+        std::vector<int16_t> want(n);
+        const float mx = k.bn_bwd_apply_s16.fn(x.data(), g, mk, dx.data(), cs, px, 0.f);
+        simd::QuantCounters cnt;
+        k.quantize.fn(dx.data(), want.data(), n, e_out, Rounding::nearest_even, 0, 0, &cnt);
+        const bool clean = !(cnt.saturated || cnt.nonfinite || cnt.max_abs_q >= 32767);
+        ASSERT_EQ(r0 >= 0.f, clean) << at;
+        if (!clean) {
+          ASSERT_EQ(r0, -1.f) << at;
+          ++refused_runs;
+          continue;
+        }
+        ++clean_runs;
+        clean_tiny += e_out == -140;
+        ASSERT_EQ(r0, mx) << at;
+        ASSERT_EQ(d0, want) << at;
+        ASSERT_EQ(d1, want) << at;
+        ASSERT_EQ(m0, cnt.max_abs_q) << at;
+        ASSERT_EQ(m1, cnt.max_abs_q) << at;
+      }
+  ASSERT_GE(clean_runs, 8);
+  ASSERT_GE(clean_tiny, 4);
+  ASSERT_GE(refused_runs, 4);
+  // A NaN in dy: refused where the mask lets it through, quantized (as 0's dx) where it does not.
+  const std::vector<int16_t> x(4 * 16, 100);
+  std::vector<float> dy(x.size(), 0.01f);
+  dy[5] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int16_t> d(x.size());
+  int32_t m;
+  for (uint16_t word : {uint16_t(0xFFFF), uint16_t(0xFFDF)}) {
+    const std::vector<uint16_t> mask(4, word);
+    const bool through = word & (1u << 5);
+    EXPECT_EQ(through, k.bn_bwd_requantize.fn(x.data(), dy.data(), mask.data(), co, 4, -12, d.data(), &m) < 0.f);
+    EXPECT_EQ(through, simd::ref::bn_bwd_requantize(x.data(), dy.data(), mask.data(), co, 4, -12, d.data(), &m) < 0.f);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Dfp16Isa, ::testing::ValuesIn(test::isa_names_from(Isa::avx2)));
 
 TEST(Dfp16Quantize, RejectsBadHeadroom) {

@@ -44,8 +44,8 @@ void ConvInt16::quantize_input_spans(InputSpanFn fn, void* producer, float max_a
   impl_->quantize_input_spans(fn, producer, max_abs, plane_max_abs, quantized);
 }
 bool ConvInt16::accepts_grad_output_spans() const noexcept { return !impl_->dy_slices; }
-bool ConvInt16::quantize_grad_output_spans(GradSpanFn fn, void* producer, float estimate) {
-  return impl_->quantize_grad_output_spans(fn, producer, estimate);
+bool ConvInt16::quantize_grad_output_spans(GradSpanFn fn, void* producer, float estimate, GradQuantSpanFn quantized) {
+  return impl_->quantize_grad_output_spans(fn, producer, estimate, quantized);
 }
 void ConvInt16::quantize_grad_output_with_max_abs(const float* dy, float max_abs, const float* plane_max_abs) {
   impl_->quantize_grad_output(dy, max_abs, plane_max_abs);

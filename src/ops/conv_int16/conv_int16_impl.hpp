@@ -646,7 +646,8 @@ struct ConvInt16::Impl {
                             ConvInt16::InputQuantSpanFn quantized);
   void quantize_grad_output(const float* dy, float known_max, const float* known_planes);
   bool recompute_input_pairs(ConvInt16::InputSpanFn fn, void* producer, ConvInt16::InputPairSpanFn pairs);
-  bool quantize_grad_output_spans(ConvInt16::GradSpanFn fn, void* producer, float estimate);
+  bool quantize_grad_output_spans(ConvInt16::GradSpanFn fn, void* producer, float estimate,
+                                  ConvInt16::GradQuantSpanFn quantized);
   bool recompute_x_pairs();  // xr from `again`, at the forward's exponent (backward_weights)
 
   // ---- passes (pixel_pass.cpp, weight_grad.cpp) ---------------------------------------------

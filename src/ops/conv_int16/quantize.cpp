@@ -130,6 +130,7 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
     // A producer that offers quantized pairs computes them in one pass, where nearest rounding's
     // bits are all it has to give (it declines a piece that would count anything).
     const bool pairs_at_nearest = spans && spans->pairs && qo.rounding == Rounding::nearest_even;
+    const bool quantized_at_nearest = spans && spans->quantized && qo.rounding == Rounding::nearest_even;
     ctx.parallel_for(int64_t(NP) * B, [&](int64_t t0, int64_t t1) {
       simd::QuantCounters cnt;
       alignas(64) int16_t tile[2][kPiece];
@@ -156,6 +157,14 @@ QuantStats ConvInt16::Impl::quantize_blocked(const float* src, int B, int h, int
             for (int i = 0; i < images; ++i) {
               const size_t r = (size_t(2 * p + i) * B + b) * h + y;  // the row's index in src
               const float* from = src + r * row_len + o;
+              int32_t mq;
+              if (quantized_at_nearest &&
+                  spans->quantized(spans->producer, 2 * p + i, b, y, static_cast<int>(o / 16),
+                                   static_cast<int>(len / 16), plane_e(2 * p + i, b), tile[i], &mq)) {
+                row_q[i] = std::max(row_q[i], mq);
+                cnt.max_abs_q = std::max(cnt.max_abs_q, mq);
+                continue;
+              }
               if (spans) {
                 spans->fn(spans->producer, 2 * p + i, b, y, static_cast<int>(o / 16), static_cast<int>(len / 16),
                           span_tile);
@@ -668,7 +677,8 @@ QuantStats ConvInt16::Impl::quantize_dy_blocked(const float* dy, float known_max
                           spans, 1, nullptr, dyp_row_l1_out());
 }
 
-bool ConvInt16::Impl::quantize_grad_output_spans(ConvInt16::GradSpanFn fn, void* producer, float estimate) {
+bool ConvInt16::Impl::quantize_grad_output_spans(ConvInt16::GradSpanFn fn, void* producer, float estimate,
+                                                 ConvInt16::GradQuantSpanFn quantized) {
   DFP_CHECK(!dy_slices, Status::invalid_argument,
             "convolution '" + name + "': quantize_grad_output_spans() with an exponent per slice of dy; use "
             "quantize_grad_output()");
@@ -679,14 +689,23 @@ bool ConvInt16::Impl::quantize_grad_output_spans(ConvInt16::GradSpanFn fn, void*
   // The spans' largest magnitude, over all of them, as the threads ask for them.
   struct Measured {
     ConvInt16::GradSpanFn fn;
+    ConvInt16::GradQuantSpanFn quantized;
     void* producer;
     std::atomic<float> max_abs{0.f};
-  } measured{fn, producer};
+  } measured{fn, quantized, producer};
+  const ConvInt16::InputQuantSpanFn measured_quantized = +[](void* m, int n, int b, int h, int w0, int count,
+                                                             int exponent, int16_t* out, int32_t* max_q) {
+    auto& s = *static_cast<Measured*>(m);
+    const float a = s.quantized(s.producer, n, b, h, w0, count, exponent, out, max_q);
+    if (a < 0.f) return false;  // refused: the span is asked of fn
+    atomic_max(s.max_abs, a);
+    return true;
+  };
   const SpanSource spans{+[](void* m, int n, int b, int h, int w0, int count, float* out) {
                            auto& s = *static_cast<Measured*>(m);
                            atomic_max(s.max_abs, s.fn(s.producer, n, b, h, w0, count, out));
                          },
-                         &measured};
+                         &measured, nullptr, quantized ? measured_quantized : nullptr};
   stats.dy = quantize_dy_blocked(nullptr, estimate, &spans);
   const float max_abs = measured.max_abs.load();
   const bool held = dfp16_exponent(max_abs, step_dy.headroom) == stats.dy.exponent;
