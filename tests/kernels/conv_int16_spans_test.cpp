@@ -60,12 +60,29 @@ struct Producer {
     ++p.pair_calls;
     return true;
   }
+  // One span quantized (nearest) into x's layout, declining rows h = 1 (mod 3) and whatever the
+  // quantization would count.
+  std::atomic<int> quantized_calls{0};
+  static bool quantized_span(void* self, int n, int b, int h, int w0, int count, int exponent, int16_t* out,
+                             int32_t* max_q) {
+    auto& p = *static_cast<Producer*>(self);
+    if (h % 3 == 1) return false;
+    const size_t len = size_t(count) * 16;
+    const size_t off = ((size_t(n) * channel_blocks(p.s.C) + b) * p.s.H + h) * p.s.W + w0;
+    simd::QuantCounters cnt;
+    simd::ref::quantize(p.xb->data() + off * 16, out, len, exponent, Rounding::nearest_even, 0, 0, &cnt);
+    if (cnt.saturated || cnt.nonfinite || cnt.max_abs_q >= 32767) return false;
+    *max_q = cnt.max_abs_q;
+    ++p.quantized_calls;
+    return true;
+  }
 };
 }  // namespace
 
 // quantize_input_spans gives the bits of quantize_input_with_max_abs on the tensor the spans make
 // up: forward output, weight gradient (which reads the batch-pair copy), stats, for nearest and
-// stochastic rounding, rows wider than one span (W = 150 > 128) and a strided padded layer.
+// stochastic rounding, rows wider than one span (W = 150 > 128) and a strided padded layer; with
+// quantized spans offered too (asked at nearest rounding, some declined).
 TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
   Context ctx(ContextOptions{.threads = 2});
   for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1)})
@@ -76,9 +93,9 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
       o.activations.seed = 77;
       o.activations.granularity = g;
       const auto [w, xb, dyb, mx] = blocked_case(s, 41, true);
-      std::vector<float> y[2], dw[2];
-      ConvStats st[2];
-      for (int k = 0; k < 2; ++k) {
+      std::vector<float> y[3], dw[3];
+      ConvStats st[3];
+      for (int k = 0; k < 3; ++k) {
         ConvInt16 c(ctx, s, o, "spans");
         ASSERT_TRUE(c.accepts_input_spans());
         c.set_step(5);
@@ -87,7 +104,12 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
         if (k == 0)
           c.quantize_input_with_max_abs(xb.data(), mx);
         else
-          c.quantize_input_spans(&Producer::span, &p, mx);
+          c.quantize_input_spans(&Producer::span, &p, mx, nullptr, k == 2 ? &Producer::quantized_span : nullptr);
+        if (k == 2) {  // asked for on the plane path at nearest rounding, declined spans then asked of span()
+          const bool asked = r == Rounding::nearest_even && g == Granularity::tensor;
+          EXPECT_EQ(p.quantized_calls.load() > 0, asked);
+          if (asked) EXPECT_GT(p.calls.load(), 0);
+        }
         y[k].assign(blocked_size(s.N, s.K, s.OH(), s.OW()), 0.f);
         dw[k].assign(w.size(), 0.f);
         c.forward(y[k].data());
@@ -95,12 +117,14 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
         c.backward_weights(dw[k].data());
         st[k] = c.stats();
       }
-      expect_bits_equal(y[0], y[1], "forward");
-      expect_bits_equal(dw[0], dw[1], "backward_weights");
-      EXPECT_EQ(st[0].x.exponent, st[1].x.exponent);
-      EXPECT_EQ(st[0].x.exponent_min, st[1].x.exponent_min);
-      EXPECT_EQ(st[0].x.max_abs_int, st[1].x.max_abs_int);
-      EXPECT_EQ(st[0].x.saturated, st[1].x.saturated);
+      for (int k = 1; k < 3; ++k) {
+        expect_bits_equal(y[0], y[k], "forward");
+        expect_bits_equal(dw[0], dw[k], "backward_weights");
+        EXPECT_EQ(st[0].x.exponent, st[k].x.exponent);
+        EXPECT_EQ(st[0].x.exponent_min, st[k].x.exponent_min);
+        EXPECT_EQ(st[0].x.max_abs_int, st[k].x.max_abs_int);
+        EXPECT_EQ(st[0].x.saturated, st[k].x.saturated);
+      }
     }
   // A layer with unfolded columns gathers x across columns: spans are refused, naming the layer.
   ConvInt16 first(ctx, make(1, 3, 8, 8, 16, 3, 3, 1, 1), {}, "stem");
@@ -223,6 +247,24 @@ struct GradProducer {
     ++p.calls;
     return m;
   }
+  // One span quantized (nearest), with its largest magnitude, declining rows h = 1 (mod 3) and
+  // whatever the quantization would count.
+  std::atomic<int> quantized_calls{0};
+  static float quantized_span(void* self, int n, int b, int h, int w0, int count, int exponent, int16_t* out,
+                              int32_t* max_q) {
+    auto& p = *static_cast<GradProducer*>(self);
+    if (h % 3 == 1) return -1.f;
+    const size_t len = size_t(count) * 16;
+    const float* from = p.dyb->data() + (((size_t(n) * channel_blocks(p.s.K) + b) * p.s.OH() + h) * p.s.OW() + w0) * 16;
+    simd::QuantCounters cnt;
+    simd::ref::quantize(from, out, len, exponent, Rounding::nearest_even, 0, 0, &cnt);
+    if (cnt.saturated || cnt.nonfinite || cnt.max_abs_q >= 32767) return -1.f;
+    *max_q = cnt.max_abs_q;
+    float m = 0.f;
+    for (size_t i = 0; i < len; ++i) m = std::fabs(from[i]) > m ? std::fabs(from[i]) : m;
+    ++p.quantized_calls;
+    return m;
+  }
 };
 }  // namespace
 
@@ -230,7 +272,8 @@ struct GradProducer {
 // spans make up, with its max|dy|, whatever the estimate: both backward passes and the stats, for
 // nearest and stochastic rounding, rows wider than one span (OW = 150 > 128), a strided layer, an
 // odd batch and a layer without a backward-data pass. An estimate at the tensor's exponent asks for
-// each span once; one above it or below it asks again, and says that it did.
+// each span once; one above it or below it asks again, and says that it did. The same with
+// quantized spans offered too (asked at nearest rounding, some declined and asked of span()).
 TEST(ConvInt16, GradOutputSpansGiveTheBitsOfTheTensor) {
   Context ctx(ContextOptions{.threads = 2});
   for (const ConvShape& s : {make(3, 20, 3, 150, 24, 3, 3, 1, 1), make(2, 32, 9, 11, 16, 3, 3, 2, 1)})
@@ -247,9 +290,9 @@ TEST(ConvInt16, GradOutputSpansGiveTheBitsOfTheTensor) {
         const int spans = s.N * channel_blocks(s.K) * s.OH() * ((s.OW() + ConvInt16::kInputSpanPixels - 1) /
                                                                   ConvInt16::kInputSpanPixels);
         for (float factor : {1.f, 2.5f, 0.3f, 0.f}) {
-          std::vector<float> dx[2], dw[2];
-          ConvStats st[2];
-          for (int k = 0; k < 2; ++k) {
+          std::vector<float> dx[3], dw[3];
+          ConvStats st[3];
+          for (int k = 0; k < 3; ++k) {
             ConvInt16 c(ctx, s, o, "grad spans");
             ASSERT_TRUE(c.accepts_grad_output_spans());
             c.set_step(3);
@@ -258,10 +301,18 @@ TEST(ConvInt16, GradOutputSpansGiveTheBitsOfTheTensor) {
             GradProducer p{&dyb, s};
             if (k == 0) {
               c.quantize_grad_output_with_max_abs(dyb.data(), dy_max);
-            } else {
+            } else if (k == 1) {
               const bool held = c.quantize_grad_output_spans(&GradProducer::span, &p, dy_max * factor);
               EXPECT_EQ(held, factor == 1.f) << factor;
               EXPECT_EQ(p.calls.load(), held ? spans : 2 * spans) << factor;
+            } else {
+              const bool held =
+                  c.quantize_grad_output_spans(&GradProducer::span, &p, dy_max * factor, &GradProducer::quantized_span);
+              EXPECT_EQ(held, factor == 1.f) << factor;
+              const int asked = p.calls.load() + p.quantized_calls.load();  // each span once from one or the other
+              EXPECT_EQ(asked, held ? spans : 2 * spans) << factor;
+              EXPECT_EQ(p.quantized_calls.load() > 0, r == Rounding::nearest_even) << factor;
+              if (r == Rounding::nearest_even) EXPECT_GT(p.calls.load(), 0) << factor;
             }
             if (input_gradient) {
               dx[k].assign(blocked_size(s.N, s.C, s.H, s.W), 0.f);
@@ -271,13 +322,15 @@ TEST(ConvInt16, GradOutputSpansGiveTheBitsOfTheTensor) {
             c.backward_weights(dw[k].data());
             st[k] = c.stats();
           }
-          const std::string what = describe(s) + " factor " + std::to_string(factor);
-          if (input_gradient) expect_bits_equal(dx[0], dx[1], ("backward_data " + what).c_str());
-          expect_bits_equal(dw[0], dw[1], ("backward_weights " + what).c_str());
-          EXPECT_EQ(st[0].dy.exponent, st[1].dy.exponent) << what;
-          EXPECT_EQ(st[0].dy.max_abs, st[1].dy.max_abs) << what;
-          EXPECT_EQ(st[0].dy.max_abs_int, st[1].dy.max_abs_int) << what;
-          EXPECT_EQ(st[0].dy.saturated, st[1].dy.saturated) << what;
+          for (int k = 1; k < 3; ++k) {
+            const std::string what = describe(s) + " factor " + std::to_string(factor) + " variant " + std::to_string(k);
+            if (input_gradient) expect_bits_equal(dx[0], dx[k], ("backward_data " + what).c_str());
+            expect_bits_equal(dw[0], dw[k], ("backward_weights " + what).c_str());
+            EXPECT_EQ(st[0].dy.exponent, st[k].dy.exponent) << what;
+            EXPECT_EQ(st[0].dy.max_abs, st[k].dy.max_abs) << what;
+            EXPECT_EQ(st[0].dy.max_abs_int, st[k].dy.max_abs_int) << what;
+            EXPECT_EQ(st[0].dy.saturated, st[k].dy.saturated) << what;
+          }
         }
       }
   // Exponents per slice of dy are not taken from spans; nor is an estimate that is not a finite
