@@ -1,6 +1,9 @@
 // AVX-512 DFP16 quantization (compiled with -mavx512f/bw/dq/vl and -mvaes): max-abs, the
 // VAES form of quantization (quant_kernels.hpp), dequantization and the batch-pair interleave.
+#include <cstring>
+
 #include "simd/avx512/quant_kernels.hpp"
+#include "simd/avx512/vector_loop.hpp"
 
 namespace dfp::simd::avx512 {
 namespace {
@@ -29,7 +32,10 @@ struct ArsVaes {
 
 }  // namespace
 
-float max_abs(const float* x, size_t n, uint64_t* nonfinite) {
+namespace {
+
+// max_abs where some element is not finite: each lane's comparison, counting those.
+float max_abs_counting(const float* x, size_t n, uint64_t* nonfinite) {
   __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
   uint64_t bad = 0;
   auto one = [&](__m512 v, __mmask16 valid, __m512& m) {
@@ -48,6 +54,30 @@ float max_abs(const float* x, size_t n, uint64_t* nonfinite) {
   }
   if (nonfinite) *nonfinite += bad;
   return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+}
+
+}  // namespace
+
+// The largest |x| as the largest of the bit patterns with the sign cleared: an unsigned maximum
+// orders finite magnitudes as their values (-0 as +0), and a non-finite value, whose exponent
+// bits are all ones, is above every finite one; where the largest is such, the counting loop
+// runs. Its per-vector class test and masked maximum cost more than the loads on Zen 5
+// (docs/measurements.md, session 54); non-finite values come only with an overflow.
+float max_abs(const float* x, size_t n, uint64_t* nonfinite) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(x + i), magnitude));
+    m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_loadu_si512(x + i + 16), magnitude));
+  }
+  for (; i < n; i += 16)  // masked-off lanes load as 0, which no maximum takes
+    m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_maskz_loadu_epi32(tail_mask(n - i), x + i), magnitude));
+  const uint32_t top = _mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+  if (top >= 0x7F800000u) return max_abs_counting(x, n, nonfinite);
+  float r;
+  std::memcpy(&r, &top, sizeof r);
+  return r;
 }
 
 void quantize_vaes(const float* src, int16_t* dst, size_t n, int exponent, Rounding rounding, uint64_t seed,

@@ -5,8 +5,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
@@ -493,6 +493,34 @@ TEST_P(Dfp16Isa, BitIdenticalToReference) {
     c.kernels().interleave.fn(a.data(), nullptr, i1.data(), n);
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(i1[2 * i + 1], 0);
   }
+}
+
+// max_abs: the reference's value and count of non-finite elements at every level and tail length,
+// with -0, denormals, and an infinity or NaN anywhere or nowhere (the largest |x| over the finite
+// elements: a non-finite one never wins).
+TEST_P(Dfp16Isa, MaxAbsBitIdenticalToReference) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(31), size_t(33), size_t(1000)})
+    for (int kind = 0; kind < 6; ++kind) {
+      std::vector<float> x = test::random_vec(n, uint32_t(n) + 5, -3.f, 3.f);
+      x[0] = -0.f;
+      if (n > 3) x[3] = 1e-42f;  // a denormal
+      if (kind == 1) x.assign(n, -0.f);
+      if (kind == 2) x[n - 1] = inf;
+      if (kind == 3) x[n / 2] = -nan;
+      if (kind == 4) x[0] = -inf, x[n - 1] = nan;
+      if (kind == 5) x[n - 1] = -7.5f;  // the largest in the tail
+      uint64_t bad0 = 3, bad1 = 3;  // counts add to what is there
+      const float m0 = simd::ref::max_abs(x.data(), n, &bad0);
+      const float m1 = c.kernels().max_abs.fn(x.data(), n, &bad1);
+      const std::string at = std::to_string(n) + " kind " + std::to_string(kind);
+      ASSERT_EQ(std::bit_cast<uint32_t>(m0), std::bit_cast<uint32_t>(m1)) << at;
+      ASSERT_EQ(bad0, bad1) << at;
+      ASSERT_FALSE(std::isnan(m0)) << at;
+      ASSERT_EQ(c.kernels().max_abs.fn(x.data(), n, nullptr), m0) << at;
+    }
 }
 
 // Sampled-numerics statistics: the same bits as the reference at every level, at every tail length,
