@@ -637,9 +637,8 @@ struct ConvInt16::Impl {
   void quant_unfolded_row(const float* x, int n, int b, int y, int16_t* d, int e, const QuantOptions& qo,
                           size_t index_base, simd::QuantCounters& cnt) const;
   // Block b of pixels [ow0, ow0 + np) of row y of image n of x' (see unfold), np <= kUnfoldPixels,
-  // gathered from the caller's x through `wide`; returns where they lie (wide or block).
-  const float* gather_unfolded(const float* x, int n, int b, int y, int ow0, int np, float* wide, float* block) const;
-  static constexpr size_t kUnfoldWide = size_t(kUnfoldPixels) * kUnfoldBlocks * 16 + 16;  // wide's floats
+  // gathered from the caller's x into block (np * 16 floats); returns block.
+  const float* gather_unfolded(const float* x, int n, int b, int y, int ow0, int np, float* block) const;
   void quantize_x(const float* x, float known_max, const float* known_planes, const SpanSource* spans);
   void quantize_input(const float* x, float known_max, const float* known_planes);
   void quantize_input_spans(ConvInt16::InputSpanFn fn, void* producer, float max_abs, const float* known_planes,

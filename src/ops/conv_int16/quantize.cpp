@@ -269,7 +269,6 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
     constexpr size_t kTile = size_t(ConvInt16::kInputSpanPixels) * 16;
     static_assert(kUnfoldPixels <= ConvInt16::kInputSpanPixels);
     alignas(64) float span_tile[kTile];
-    alignas(64) float wide[kUnfoldWide];
     alignas(64) int16_t tile[2][kTile];
     alignas(64) int16_t g[2][kTile];
     for (int64_t t = t0; t < t1; ++t) {
@@ -291,8 +290,7 @@ std::pair<QuantStats, QuantStats> ConvInt16::Impl::quantize_dual(const float* sr
             const size_t r = (size_t(n) * B + b) * h + y;  // the row's index in src
             const float* from = span_tile;
             if (unfolded_src)
-              from = gather_unfolded(src, n, b, y, static_cast<int>(o / 16), static_cast<int>(len / 16), wide,
-                                     span_tile);
+              from = gather_unfolded(src, n, b, y, static_cast<int>(o / 16), static_cast<int>(len / 16), span_tile);
             else if (spans)
               spans->fn(spans->producer, n, b, y, static_cast<int>(o / 16), static_cast<int>(len / 16), span_tile);
             else
@@ -422,39 +420,45 @@ void ConvInt16::Impl::compact_pair_row(const float* x, int p, int y, int e, cons
 void ConvInt16::Impl::quant_unfolded_row(const float* x, int n, int b, int y, int16_t* d, int e,
                                          const QuantOptions& qo, size_t index_base,
                                          simd::QuantCounters& cnt) const {
-  alignas(64) float wide[kUnfoldWide];
   alignas(64) float block[kUnfoldPixels * 16];
   const auto quant = ctx.kernels().quantize.fn;
   for (int ow0 = 0; ow0 < sh.W; ow0 += kUnfoldPixels) {
     const int np = std::min(kUnfoldPixels, sh.W - ow0);
-    const float* src = gather_unfolded(x, n, b, y, ow0, np, wide, block);
+    const float* src = gather_unfolded(x, n, b, y, ow0, np, block);
     quant(src, d + size_t(ow0) * 16, size_t(np) * 16, e, qo.rounding, qo.seed, index_base + size_t(ow0) * 16, &cnt);
   }
 }
 
-const float* ConvInt16::Impl::gather_unfolded(const float* x, int n, int b, int y, int ow0, int np, float* wide,
-                                              float* block) const {
-  static constexpr float kZeros[16] = {};
-  const int C = user.C, S = user.S, WD = CB * 16;  // WD: x' pixel width
-  // Pixel-major x' in wide (16 lanes of slack: the last copy runs past its pixel).
-  // The columns s whose channels [s * C, s * C + C) meet block b's lanes [16 b, 16 b + 16).
-  const int s_lo = 16 * b / C, s_hi = std::min(S, (16 * b + 16 + C - 1) / C);
-  const float* xrow = x + (size_t(n) * user.H + y) * user.W * 16;
-  for (int i = 0; i < np; ++i) {
-    float* px = wide + size_t(i) * WD;
-    const int w0 = (ow0 + i) * user.stride_w - user.pad_w;
-    // 16 lanes from lane s * C: those past C (x's zero padding) are overwritten by the next
-    // column's copy, and past S * C cleared below. Only the columns whose channels fall in
-    // block b are copied: the lanes of the others are not read (a 7x7 stem's 21 channels: 6
-    // and 2 copies for its two blocks instead of 7 and 7).
-    for (int s = s_lo; s < s_hi; ++s) {
-      const int w = w0 + s;
-      std::memcpy(px + s * C, w >= 0 && w < user.W ? xrow + size_t(w) * 16 : kZeros, 16 * sizeof(float));
-    }
-    std::fill(px + S * C, px + WD, 0.f);
+const float* ConvInt16::Impl::gather_unfolded(const float* x, int n, int b, int y, int ow0, int np, float* block) const {
+  const int C = user.C, S = user.S, W = user.W;
+  // Lane l of block b is x' channel u = 16 b + l: column s = u / C, channel c = u % C of x; lanes
+  // past S * C are zero. Each lane is read straight from x, at offset off[l] from column s_lo,
+  // the block's first. (Copying x's 16-lane pixels to lane offsets s * C and the block out of
+  // them leaves each load of the block straddling several overlapping stores, which the core
+  // cannot forward: that took half of a 7x7 stem's quantization.)
+  const int s_lo = 16 * b / C;
+  int off[16];
+  int lanes = 0;  // lanes [0, lanes) read x, the rest are zero
+  for (; lanes < 16 && 16 * b + lanes < S * C; ++lanes) {
+    const int u = 16 * b + lanes;
+    off[lanes] = (u / C - s_lo) * 16 + u % C;
   }
-  if (WD == 16) return wide;
-  for (int i = 0; i < np; ++i) std::memcpy(block + i * 16, wide + size_t(i) * WD + b * 16, 16 * sizeof(float));
+  const int s_hi = lanes > 0 ? s_lo + off[lanes - 1] / 16 : s_lo;  // the block's last column
+  const float* xrow = x + (size_t(n) * user.H + y) * W * 16;
+  for (int i = 0; i < np; ++i) {
+    float* px = block + size_t(i) * 16;
+    const int w_lo = (ow0 + i) * user.stride_w - user.pad_w + s_lo;  // x's column of s_lo
+    if (w_lo >= 0 && w_lo + s_hi - s_lo < W) {
+      const float* src = xrow + size_t(w_lo) * 16;
+      for (int l = 0; l < lanes; ++l) px[l] = src[off[l]];
+    } else {
+      for (int l = 0; l < lanes; ++l) {
+        const int w = w_lo + off[l] / 16;
+        px[l] = w >= 0 && w < W ? xrow[size_t(w) * 16 + off[l] % 16] : 0.f;
+      }
+    }
+    for (int l = lanes; l < 16; ++l) px[l] = 0.f;
+  }
   return block;
 }
 
