@@ -27,26 +27,33 @@ inline __m256 load_grad(const float* dy, const uint16_t* mask, size_t i, int h) 
 
 inline __m256 abs_ps(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x); }
 
+// Both halves of a pixel in one iteration: each lane's sums run in the reference's order, and the
+// two halves' chains of dependent additions overlap (one half at a time, the loop would wait on
+// one addition's latency per half pixel: half the AVX-512 kernel's rate).
 template <class T>
 void bwd_sums(const T* x, const float* dy, const uint16_t* mask, const BnCoefficients& c, size_t pixels, float* sdy,
               float* sdyx, float* glo, float* ghi) {
   const __m256 xs = _mm256_set1_ps(c.x_scale);
+  __m256 mean[2], inv[2], a[2], b[2], lo[2], hi[2];
   for (int h = 0; h < 2; ++h) {
-    const __m256 mean = _mm256_loadu_ps(c.mean + 8 * h), inv = _mm256_loadu_ps(c.inv + 8 * h);
-    __m256 a = _mm256_loadu_ps(sdy + 8 * h), b = _mm256_loadu_ps(sdyx + 8 * h);
-    __m256 lo = _mm256_loadu_ps(glo + 8 * h), hi = _mm256_loadu_ps(ghi + 8 * h);
-    for (size_t i = 0; i < pixels; ++i) {
+    mean[h] = _mm256_loadu_ps(c.mean + 8 * h), inv[h] = _mm256_loadu_ps(c.inv + 8 * h);
+    a[h] = _mm256_loadu_ps(sdy + 8 * h), b[h] = _mm256_loadu_ps(sdyx + 8 * h);
+    lo[h] = _mm256_loadu_ps(glo + 8 * h), hi[h] = _mm256_loadu_ps(ghi + 8 * h);
+  }
+  for (size_t i = 0; i < pixels; ++i)
+    for (int h = 0; h < 2; ++h) {
       const __m256 g = load_grad(dy, mask, i, h);
-      a = _mm256_add_ps(a, g);
-      lo = _mm256_min_ps(g, lo);  // second operand on NaN: NaN never wins
-      hi = _mm256_max_ps(g, hi);
-      const __m256 centred = _mm256_sub_ps(_mm256_mul_ps(load_x(x + i * 16 + 8 * h), xs), mean);
-      b = _mm256_add_ps(b, _mm256_mul_ps(_mm256_mul_ps(g, centred), inv));
+      a[h] = _mm256_add_ps(a[h], g);
+      lo[h] = _mm256_min_ps(g, lo[h]);  // second operand on NaN: NaN never wins
+      hi[h] = _mm256_max_ps(g, hi[h]);
+      const __m256 centred = _mm256_sub_ps(_mm256_mul_ps(load_x(x + i * 16 + 8 * h), xs), mean[h]);
+      b[h] = _mm256_add_ps(b[h], _mm256_mul_ps(_mm256_mul_ps(g, centred), inv[h]));
     }
-    _mm256_storeu_ps(sdy + 8 * h, a);
-    _mm256_storeu_ps(sdyx + 8 * h, b);
-    _mm256_storeu_ps(glo + 8 * h, lo);
-    _mm256_storeu_ps(ghi + 8 * h, hi);
+  for (int h = 0; h < 2; ++h) {
+    _mm256_storeu_ps(sdy + 8 * h, a[h]);
+    _mm256_storeu_ps(sdyx + 8 * h, b[h]);
+    _mm256_storeu_ps(glo + 8 * h, lo[h]);
+    _mm256_storeu_ps(ghi + 8 * h, hi[h]);
   }
 }
 
@@ -86,27 +93,33 @@ void bn_scale_shift(const float* x, float* y, const float* a, const float* b, si
   }
 }
 
+// Both halves per iteration, as bwd_sums.
 void bn_moments(const float* x, size_t pixels, float* centre, float* dev, float* sq, float* min, float* max) {
-  for (int h = 0; h < 2; ++h) {
-    __m256 s = _mm256_setzero_ps(), lo = _mm256_loadu_ps(min + 8 * h), hi = _mm256_loadu_ps(max + 8 * h);
-    for (size_t i = 0; i < pixels; ++i) {
+  __m256 s[2], lo[2], hi[2];
+  for (int h = 0; h < 2; ++h)
+    s[h] = _mm256_setzero_ps(), lo[h] = _mm256_loadu_ps(min + 8 * h), hi[h] = _mm256_loadu_ps(max + 8 * h);
+  for (size_t i = 0; i < pixels; ++i)
+    for (int h = 0; h < 2; ++h) {
       const __m256 v = _mm256_loadu_ps(x + i * 16 + 8 * h);
-      s = _mm256_add_ps(s, v);
-      lo = _mm256_min_ps(v, lo);  // minps/maxps return their second operand when either is NaN
-      hi = _mm256_max_ps(v, hi);
+      s[h] = _mm256_add_ps(s[h], v);
+      lo[h] = _mm256_min_ps(v, lo[h]);  // minps/maxps return their second operand when either is NaN
+      hi[h] = _mm256_max_ps(v, hi[h]);
     }
-    const __m256 c = _mm256_div_ps(s, _mm256_set1_ps(static_cast<float>(pixels)));
-    __m256 d = _mm256_setzero_ps(), q = _mm256_setzero_ps();
-    for (size_t i = 0; i < pixels; ++i) {
-      const __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + i * 16 + 8 * h), c);
-      d = _mm256_add_ps(d, t);
-      q = _mm256_add_ps(q, _mm256_mul_ps(t, t));
+  const __m256 n = _mm256_set1_ps(static_cast<float>(pixels));
+  const __m256 c[2] = {_mm256_div_ps(s[0], n), _mm256_div_ps(s[1], n)};
+  __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, q[2] = {d[0], d[1]};
+  for (size_t i = 0; i < pixels; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + i * 16 + 8 * h), c[h]);
+      d[h] = _mm256_add_ps(d[h], t);
+      q[h] = _mm256_add_ps(q[h], _mm256_mul_ps(t, t));
     }
-    _mm256_storeu_ps(centre + 8 * h, c);
-    _mm256_storeu_ps(dev + 8 * h, d);
-    _mm256_storeu_ps(sq + 8 * h, q);
-    _mm256_storeu_ps(min + 8 * h, lo);
-    _mm256_storeu_ps(max + 8 * h, hi);
+  for (int h = 0; h < 2; ++h) {
+    _mm256_storeu_ps(centre + 8 * h, c[h]);
+    _mm256_storeu_ps(dev + 8 * h, d[h]);
+    _mm256_storeu_ps(sq + 8 * h, q[h]);
+    _mm256_storeu_ps(min + 8 * h, lo[h]);
+    _mm256_storeu_ps(max + 8 * h, hi[h]);
   }
 }
 
