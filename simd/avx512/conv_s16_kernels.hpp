@@ -312,6 +312,119 @@ void pixel_dispatch_npix(const PixelKernelArgs& a, std::integer_sequence<int, P.
   table[a.accumulate ? 1 : 0][a.npix - 1](a);
 }
 
+// One output block (nob 1) at a source pixel stride of 16 whose whole reduction is one INT32
+// chain, where the taps come in runs that read consecutive source pixels (a stride-1 3x3 layer's
+// rows of taps: tap_src t, t + 16, t + 32, or t, t - 16, t - 32 in backward data). Output pixel
+// p of tap g of a run reads source pixel p + g, so each source pair is broadcast once and
+// multiplied by the run's 2 or 3 weight vectors into as many pixels' sums: per channel pair
+// NPIX + 2 broadcasts and 3 weight loads for 3 * NPIX VPDPWSSD, where pixel_kernel's one block
+// takes NPIX + 1 loads for NPIX, which on L1-resident operands holds it to about 70% of the
+// two-block kernel's rate. INT32 sums are exact in any order (modulo 2^32, and planning keeps
+// them in range), and with one chain the only flush is at the end: the bits of pixel_kernel.
+// NPIX accumulators, 3 weight vectors and the broadcast: 32 ZMM at most.
+// RUNS3: every run is of three taps (a 3x3 layer's middle calls), so the loop over them has one
+// path and GCC keeps the accumulators in registers through it (with the branch between run
+// lengths it stores and reloads them around each run).
+template <int NPIX, bool ACC, bool RUNS3>
+void pixel_kernel_shared_src(const PixelKernelArgs& a) {
+  PixelAcc<1, NPIX> acc;
+#pragma GCC unroll 32
+  for (int i = 0; i < NPIX; ++i) acc.v[i] = _mm512_setzero_si512();
+  prefetch_tile_for_write<1, NPIX>(a);
+  const FlushDst fd{a.dst, a.dst_ob, a.dst_pix, a.scale, a.lane_scale, a.pixel_scale};
+  auto bcast = [](const int16_t* pair) {
+    __m512i t;
+    asm("vpbroadcastd %[m], %[t]" : [t] "=v"(t) : [m] "m"(*reinterpret_cast<const int32_t*>(pair)));
+    return t;
+  };
+  // Taps [t, t + G) of a run, reading s + (p + g) * 16.
+  auto run = [&]<int G>(const int16_t* s, const int16_t* const* w) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __m512i wv[G];
+#pragma GCC unroll 3
+      for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(w[g] + 32 * j);
+#pragma GCC unroll 32
+      for (int q = 0; q < NPIX + G - 1; ++q) {
+        const __m512i x = bcast(s + q * 16 + 2 * j);
+#pragma GCC unroll 3
+        for (int g = 0; g < G; ++g)
+          if (q - g >= 0 && q - g < NPIX) DotVnni::step_vec(acc.v[q - g], wv[g], x);
+      }
+    }
+  };
+  int steps = 0;
+  for (int ib = 0; ib < a.nib; ++ib) {
+    const int16_t* src_ib = a.src + ib * a.src_ib;
+    const int16_t* wei_ib = a.wei + ib * a.wei_ib;
+    if constexpr (RUNS3) {
+      for (int t = 0; t < a.ntaps; t += 3) {
+        const bool right = a.tap_src[t + 1] > a.tap_src[t];
+        const int16_t* w[3];
+        for (int k = 0; k < 3; ++k) w[k] = wei_ib + int64_t{a.tap_wei[right ? t + k : t + 2 - k]} * 256;
+        run.template operator()<3>(src_ib + a.tap_src[right ? t : t + 2], w);
+      }
+      steps += 8 * a.ntaps;
+      continue;
+    }
+    for (int t = 0; t < a.ntaps;) {
+      // A run of g taps, each reading the source one pixel right of the last (a forward row of
+      // taps) or left of it (backward data's flipped taps: the run taken from its last tap).
+      int g = 1, dir = 1;
+      while (g < 3 && t + g < a.ntaps && a.tap_src[t + g] == a.tap_src[t] + 16 * g) ++g;
+      if (g == 1) {
+        dir = -1;
+        while (g < 3 && t + g < a.ntaps && a.tap_src[t + g] == a.tap_src[t] - 16 * g) ++g;
+      }
+      const int first = dir > 0 ? t : t + g - 1;  // the run's tap that reads the leftmost pixel
+      const int16_t* w[3];
+      for (int k = 0; k < g; ++k) w[k] = wei_ib + int64_t{a.tap_wei[dir > 0 ? t + k : t + g - 1 - k]} * 256;
+      const int16_t* s = src_ib + a.tap_src[first];
+      if (g == 3)
+        run.template operator()<3>(s, w);
+      else if (g == 2)
+        run.template operator()<2>(s, w);
+      else
+        run.template operator()<1>(s, w);
+      steps += 8 * g;
+      t += g;
+    }
+  }
+  pixel_flush_end<1, NPIX>(acc, fd, ACC, false, steps);
+}
+
+// Whether pixel_kernel_shared_src takes the call: one block, every channel pair, stride-1 source
+// pixels, one chain for all steps, and a first run of three taps in either direction (the rows of
+// a 3x3 layer's middle-column calls; an edge column's taps or a 1x1 layer's one tap gain
+// nothing).
+inline bool shares_src(const PixelKernelArgs& a) {
+  if (a.nob != 1 || a.stream || a.pairs != 8 || a.src_pix != 16 || a.ntaps < 3 ||
+      int64_t(a.chain) < int64_t(a.nib) * a.ntaps * 8)
+    return false;
+  const int64_t d = a.tap_src[1] - a.tap_src[0];
+  return (d == 16 || d == -16) && a.tap_src[2] - a.tap_src[1] == d;
+}
+
+// Whether every run of a call that shares_src is of three taps: whole runs of 3 in either
+// direction, each starting a new run (its next tap, if any, not continuing it).
+inline bool runs_of_three(const PixelKernelArgs& a) {
+  if (a.ntaps % 3) return false;
+  for (int t = 0; t < a.ntaps; t += 3) {
+    const int64_t d = a.tap_src[t + 1] - a.tap_src[t];
+    if ((d != 16 && d != -16) || a.tap_src[t + 2] - a.tap_src[t + 1] != d) return false;
+  }
+  return true;
+}
+
+template <int... P>
+void pixel_shared_src_dispatch(const PixelKernelArgs& a, std::integer_sequence<int, P...>) {
+  using Fn = void (*)(const PixelKernelArgs&);
+  static constexpr Fn table[2][2][sizeof...(P)] = {
+      {{&pixel_kernel_shared_src<P + 1, false, false>...}, {&pixel_kernel_shared_src<P + 1, true, false>...}},
+      {{&pixel_kernel_shared_src<P + 1, false, true>...}, {&pixel_kernel_shared_src<P + 1, true, true>...}}};
+  table[runs_of_three(a) ? 1 : 0][a.accumulate ? 1 : 0][a.npix - 1](a);
+}
+
 // A call that only writes zeros (no steps, overwriting) with non-temporal stores (see
 // PixelKernelArgs::stream): once here, not in every pixel-count instantiation.
 inline void pixel_stream_zeros(const PixelKernelArgs& a) {
@@ -323,6 +436,9 @@ inline void pixel_stream_zeros(const PixelKernelArgs& a) {
 template <class Dot>
 void pixel_entry(const PixelKernelArgs& a) {
   if (a.stream) return pixel_stream_zeros(a);
+  if constexpr (Dot::kNoTemps) {  // VNNI: the step takes register operands
+    if (shares_src(a)) return pixel_shared_src_dispatch(a, std::make_integer_sequence<int, max_pixels(1)>{});
+  }
   if (a.nob == 2)
     pixel_dispatch_npix<Dot, 2>(a, std::make_integer_sequence<int, max_pixels(2)>{});
   else

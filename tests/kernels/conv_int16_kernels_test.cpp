@@ -426,3 +426,70 @@ TEST(ConvInt16, PixelKernelChainsAroundTheCallAtEveryLevel) {
     }
   }
 }
+
+// One output block whose taps come in runs over consecutive source pixels (a stride-1 layer's
+// rows of taps) and whose chain covers the call: the AVX-512 VNNI level broadcasts each source
+// pair once for the run's taps (pixel_kernel_shared_src). Against the reference at every level:
+// 3x3 (runs of 3) and 5x5 (3 then 2), both in either direction (backward data's taps run right
+// to left), and taps two pixels apart (runs of 1); one and two input blocks, every pixel count,
+// weights in a permuted tap order, chains of exactly the call's steps and beyond (taken) and one
+// unit short (declined: a flush inside the call), overwriting and accumulating, with and without
+// lane and pixel scales. Full-range operands: the INT32 sums wrap, which leaves them exact
+// modulo 2^32 in any order, as the reference's are.
+TEST(ConvInt16, PixelKernelSharedSourceRunsAtEveryLevel) {
+  const CpuFeatures cpu = detect_cpu_features();
+  uint32_t seed = 1700;
+  auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
+  std::vector<float> lane_scale(16), pixel_scale(28);
+  for (size_t i = 0; i < lane_scale.size(); ++i) lane_scale[i] = std::ldexp(1.f, int(i * 7 % 9) - 4);
+  for (size_t i = 0; i < pixel_scale.size(); ++i) pixel_scale[i] = std::ldexp(1.f, int(i * 5 % 7) - 3);
+  const int64_t row = 16 * 40;  // source elements between tap rows
+  struct Taps {
+    int rows, cols, step;  // taps at r * row + c * step, c < cols (from the row's right end: step < 0)
+  };
+  for (const Taps& k : {Taps{3, 3, 16}, Taps{3, 3, -16}, Taps{5, 5, 16}, Taps{5, 5, -16}, Taps{3, 3, 32}}) {
+    const int ntaps = k.rows * k.cols;
+    std::vector<int64_t> tap_src;
+    std::vector<int32_t> tap_wei;
+    for (int r = 0; r < k.rows; ++r)
+      for (int c = 0; c < k.cols; ++c) {
+        tap_src.push_back(r * row + (k.step > 0 ? c : c - k.cols + 1) * k.step);
+        tap_wei.push_back((r * k.cols + c) * 5 % ntaps);  // 5 is prime to 9 and 25: a permutation
+      }
+    for (int nib : {1, 2}) {
+      const int steps = nib * ntaps * 8;
+      const int64_t src_ib = k.rows * row + 64, wei_ib = int64_t(ntaps) * 256;
+      const std::vector<int16_t> src = operands(size_t(nib * src_ib + 64));
+      const std::vector<int16_t> wei = operands(size_t(nib * wei_ib));
+      for (int npix = 1; npix <= simd::max_pixels(1); ++npix) {
+        for (int chain : {steps - 8, steps, steps + 8, 1 << 20}) {
+          for (bool accumulate : {false, true}) {
+            for (bool scales : {false, true}) {
+              const std::vector<float> start = random_vec(size_t(16 * npix), seed++, -1e6f, 1e6f);
+              simd::PixelKernelArgs a{};
+              a.src = src.data(); a.wei = wei.data(); a.tap_src = tap_src.data(); a.tap_wei = tap_wei.data();
+              a.ntaps = ntaps; a.nib = nib; a.pairs = 8; a.src_ib = src_ib; a.src_pix = 16;
+              a.wei_ob = nib * wei_ib; a.wei_ib = wei_ib; a.dst_ob = 16 * npix; a.dst_pix = 16;
+              a.npix = npix; a.nob = 1; a.accumulate = accumulate; a.chain = chain; a.scale = 0x1p-20f;
+              if (scales) {
+                a.lane_scale = lane_scale.data();
+                a.pixel_scale = pixel_scale.data();
+              }
+              std::vector<float> want = start;
+              a.dst = want.data();
+              simd::ref::conv_s16_pixel(a);
+              for (Isa isa : kIsaLevels) {
+                if (!cpu.supports(isa)) continue;
+                const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+                EXPECT_TRUE(same_bits(a, &simd::PixelKernelArgs::dst, t.conv_s16_pixel.fn, start, want))
+                    << t.conv_s16_pixel.name << " taps " << k.rows << "x" << k.cols << " step " << k.step
+                    << " nib " << nib << " npix " << npix << " chain " << chain << " accumulate " << accumulate
+                    << " scales " << scales;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
