@@ -47,6 +47,27 @@ std::vector<std::pair<std::string, simd::PairKernelFn>> pair_kernels_above_refer
   return fns;
 }
 
+// The pixel kernel of every level this CPU runs on a (its dst ignored) from start, against the
+// reference's result, bit for bit; `what` names the case in a failure.
+void expect_pixel_levels_match(simd::PixelKernelArgs a, bool scales, const std::vector<float>& lane_scale,
+                               const std::vector<float>& pixel_scale, const std::vector<float>& start,
+                               const std::string& what) {
+  if (scales) {
+    a.lane_scale = lane_scale.data();
+    a.pixel_scale = pixel_scale.data();
+  }
+  std::vector<float> want = start;
+  a.dst = want.data();
+  simd::ref::conv_s16_pixel(a);
+  const CpuFeatures cpu = detect_cpu_features();
+  for (Isa isa : kIsaLevels) {
+    if (!cpu.supports(isa)) continue;
+    const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
+    EXPECT_TRUE(same_bits(a, &simd::PixelKernelArgs::dst, t.conv_s16_pixel.fn, start, want))
+        << t.conv_s16_pixel.name << what << " scales " << scales;
+  }
+}
+
 }  // namespace
 
 // The chain tables' window maxima at every level this CPU runs, against the reference, which the
@@ -378,7 +399,6 @@ TEST(ConvInt16, PixelCallsAreTheCallsOneByOneAtEveryLevel) {
 // both directions, with and without lane and pixel scales (accumulating calls without them take a
 // variant of their own), at the two compile-time source strides and the widest tiles.
 TEST(ConvInt16, PixelKernelChainsAroundTheCallAtEveryLevel) {
-  const CpuFeatures cpu = detect_cpu_features();
   uint32_t seed = 1300;
   auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
   const int nib = 2, ntaps = 2, steps = nib * ntaps * 8;
@@ -405,20 +425,10 @@ TEST(ConvInt16, PixelKernelChainsAroundTheCallAtEveryLevel) {
               a.ntaps = ntaps; a.nib = nib; a.pairs = 8; a.src_ib = src_ib; a.src_pix = src_pix;
               a.wei_ob = wei_ob; a.wei_ib = wei_ib; a.dst_ob = dst_ob; a.dst_pix = dst_pix;
               a.npix = npix; a.nob = nob; a.accumulate = accumulate; a.chain = chain; a.scale = 0x1p-20f;
-              if (scales) {
-                a.lane_scale = lane_scale.data();
-                a.pixel_scale = pixel_scale.data();
-              }
-              std::vector<float> want = start;
-              a.dst = want.data();
-              simd::ref::conv_s16_pixel(a);
-              for (Isa isa : kIsaLevels) {
-                if (!cpu.supports(isa)) continue;
-                const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
-                EXPECT_TRUE(same_bits(a, &simd::PixelKernelArgs::dst, t.conv_s16_pixel.fn, start, want))
-                    << t.conv_s16_pixel.name << " nob " << nob << " npix " << npix << " src_pix " << src_pix
-                    << " chain " << chain << " accumulate " << accumulate << " scales " << scales;
-              }
+              expect_pixel_levels_match(a, scales, lane_scale, pixel_scale, start,
+                                        " nob " + std::to_string(nob) + " npix " + std::to_string(npix) +
+                                            " src_pix " + std::to_string(src_pix) + " chain " + std::to_string(chain) +
+                                            " accumulate " + std::to_string(accumulate));
             }
           }
         }
@@ -437,7 +447,6 @@ TEST(ConvInt16, PixelKernelChainsAroundTheCallAtEveryLevel) {
 // lane and pixel scales. Full-range operands: the INT32 sums wrap, which leaves them exact
 // modulo 2^32 in any order, as the reference's are.
 TEST(ConvInt16, PixelKernelSharedSourceRunsAtEveryLevel) {
-  const CpuFeatures cpu = detect_cpu_features();
   uint32_t seed = 1700;
   auto operands = [&](size_t n) { return test::random_int16(n, seed++); };
   std::vector<float> lane_scale(16), pixel_scale(28);
@@ -471,21 +480,11 @@ TEST(ConvInt16, PixelKernelSharedSourceRunsAtEveryLevel) {
               a.ntaps = ntaps; a.nib = nib; a.pairs = 8; a.src_ib = src_ib; a.src_pix = 16;
               a.wei_ob = nib * wei_ib; a.wei_ib = wei_ib; a.dst_ob = 16 * npix; a.dst_pix = 16;
               a.npix = npix; a.nob = 1; a.accumulate = accumulate; a.chain = chain; a.scale = 0x1p-20f;
-              if (scales) {
-                a.lane_scale = lane_scale.data();
-                a.pixel_scale = pixel_scale.data();
-              }
-              std::vector<float> want = start;
-              a.dst = want.data();
-              simd::ref::conv_s16_pixel(a);
-              for (Isa isa : kIsaLevels) {
-                if (!cpu.supports(isa)) continue;
-                const simd::KernelTable t = simd::make_kernel_table(isa, cpu);
-                EXPECT_TRUE(same_bits(a, &simd::PixelKernelArgs::dst, t.conv_s16_pixel.fn, start, want))
-                    << t.conv_s16_pixel.name << " taps " << k.rows << "x" << k.cols << " step " << k.step
-                    << " nib " << nib << " npix " << npix << " chain " << chain << " accumulate " << accumulate
-                    << " scales " << scales;
-              }
+              expect_pixel_levels_match(a, scales, lane_scale, pixel_scale, start,
+                                        " taps " + std::to_string(k.rows) + "x" + std::to_string(k.cols) + " step " +
+                                            std::to_string(k.step) + " nib " + std::to_string(nib) + " npix " +
+                                            std::to_string(npix) + " chain " + std::to_string(chain) +
+                                            " accumulate " + std::to_string(accumulate));
             }
           }
         }
