@@ -246,6 +246,10 @@ using AddReluFn = float (*)(const float* a, const float* b, float* y, uint16_t* 
 // where a and b are pixel rows of two consecutive 16-channel blocks (null: zeros), 0 <= shift < 16.
 using ShiftLanesFn = void (*)(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step,
                               size_t pixels, uint16_t keep);
+// Per-lane sums of a run of blocked pixels in FP64, pixel by pixel in order (a bias's gradient:
+// dy summed over batch and space, one channel block's planes in turn):
+//   acc[l] += x[p * 16 + l] for p = 0, 1, ..., pixels - 1, in that order, for each lane l < 16.
+using LaneSumsFn = void (*)(const float* x, size_t pixels, double* acc);
 // Max pooling (torch.nn.MaxPool2d) of one output row of one channel block of 16 lanes. rows[r],
 // r < k, is input row oh * stride - pad + r (null where that row lies outside the input); its
 // pixel iw is at rows[r] + iw * 16, 0 <= iw < in_w. For output pixel o < out_w and lane l, over the

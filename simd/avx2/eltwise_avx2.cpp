@@ -103,6 +103,14 @@ void add(const float* a, const float* b, float* y, size_t n) {
   }
 }
 
+// Four ymm of 4 doubles: each lane's additions in the reference's order (exact conversions).
+void lane_sums(const float* x, size_t pixels, double* acc) {
+  __m256d a[4];
+  for (int k = 0; k < 4; ++k) a[k] = _mm256_loadu_pd(acc + 4 * k);
+  for (size_t p = 0; p < pixels; ++p)
+    for (int k = 0; k < 4; ++k) a[k] = _mm256_add_pd(a[k], _mm256_cvtps_pd(_mm_loadu_ps(x + p * 16 + 4 * k)));
+  for (int k = 0; k < 4; ++k) _mm256_storeu_pd(acc + 4 * k, a[k]);
+}
 void shift_lanes(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step, size_t pixels,
                  uint16_t keep) {
   // Output lane l takes element l + shift of the 32 that a's and b's pixels make, as four blocks

@@ -80,6 +80,16 @@ void relu_bwd(const uint16_t* mask, const float* dy, float* dx, size_t n) {
 void add(const float* a, const float* b, float* y, size_t n) {
   for_each_vector(n, [&](size_t i, const auto& v) { v.store(y + i, _mm512_add_ps(v.load(a + i), v.load(b + i))); });
 }
+// Two zmm of 8 doubles: each lane's additions in the reference's order (exact conversions).
+void lane_sums(const float* x, size_t pixels, double* acc) {
+  __m512d lo = _mm512_loadu_pd(acc), hi = _mm512_loadu_pd(acc + 8);
+  for (size_t p = 0; p < pixels; ++p) {
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm256_loadu_ps(x + p * 16)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_loadu_ps(x + p * 16 + 8)));
+  }
+  _mm512_storeu_pd(acc, lo);
+  _mm512_storeu_pd(acc + 8, hi);
+}
 void shift_lanes(const float* a, const float* b, int shift, size_t in_step, float* out, size_t out_step, size_t pixels,
                  uint16_t keep) {
   // Lane l takes element l + shift of the 32 that a's and b's pixels make: one two-source permute.

@@ -49,6 +49,10 @@ void shift_lanes(const float* a, const float* b, int shift, size_t in_step, floa
       out[p * out_step * 16 + l] = (keep >> l & 1) && src ? src[p * in_step * 16 + j % 16] : 0.f;
     }
 }
+void lane_sums(const float* x, size_t pixels, double* acc) {
+  for (size_t p = 0; p < pixels; ++p)
+    for (int l = 0; l < 16; ++l) acc[l] += x[p * 16 + l];
+}
 float to_blocked(const float* plain, size_t plane, int lanes, float* blocked, size_t pixels) {
   float mx = 0.f;
   for (size_t p = 0; p < pixels; ++p)

@@ -37,16 +37,17 @@ void add_bias(const Context& ctx, float* y, const TensorShape& s, const float* b
       for (int l = 0; l < 16; ++l) p[i * 16 + l] += lane[l];
   });
 }
-void bias_grad(const float* dy, const TensorShape& s, float* gb) {
-  for (int blk = 0; blk < cb_of(s); ++blk) {
-    double acc[16] = {};
-    for (int n = 0; n < s.n; ++n) {
-      const float* p = dy + (size_t(n) * cb_of(s) + blk) * plane(s);
-      for (size_t i = 0; i < size_t(s.h) * s.w; ++i)
-        for (int l = 0; l < 16; ++l) acc[l] += p[i * 16 + l];
+// Each channel's sum in FP64 over images, then pixels, in order; channel blocks in parallel (each
+// block's sums are its own, so the thread count does not change them).
+void bias_grad(const Context& ctx, const float* dy, const TensorShape& s, float* gb) {
+  const auto sums = ctx.kernels().lane_sums.fn;
+  ctx.parallel_for(cb_of(s), [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      double acc[16] = {};
+      for (int n = 0; n < s.n; ++n) sums(dy + (size_t(n) * cb_of(s) + size_t(blk)) * plane(s), size_t(s.h) * s.w, acc);
+      for (int l = 0; l < 16 && blk * 16 + l < s.c; ++l) gb[blk * 16 + l] = static_cast<float>(acc[l]);
     }
-    for (int l = 0; l < 16 && blk * 16 + l < s.c; ++l) gb[blk * 16 + l] = static_cast<float>(acc[l]);
-  }
+  });
 }
 
 // A parameter tensor's storage: the layer's own, or a slice of a tensor that another layer owns.
@@ -107,7 +108,7 @@ class WeightedLayer : public Layer, public ReducedPrecision, public ProfiledPart
   void backward(const Context& ctx, const std::vector<const float*>& x, const float* y, const float* dy,
                 const std::vector<float*>& dx, const StepInfo& st) override {
     op_->backward(x[0], dy, dx[0], gw_.data(), st);
-    if (has_bias_) bias_grad(dy, out_, gb_.data());
+    if (has_bias_) bias_grad(ctx, dy, out_, gb_.data());
     op_->finish_gradients(gw_.data(), gw_.size(), has_bias_ ? gb_.data() : nullptr, gb_.size());
   }
   void parameters(std::vector<Parameter>& out) override {

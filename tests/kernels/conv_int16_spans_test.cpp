@@ -108,7 +108,9 @@ TEST(ConvInt16, InputSpansGiveTheBitsOfTheTensor) {
         if (k == 2) {  // asked for on the plane path at nearest rounding, declined spans then asked of span()
           const bool asked = r == Rounding::nearest_even && g == Granularity::tensor;
           EXPECT_EQ(p.quantized_calls.load() > 0, asked);
-          if (asked) EXPECT_GT(p.calls.load(), 0);
+          if (asked) {
+            EXPECT_GT(p.calls.load(), 0);
+          }
         }
         y[k].assign(blocked_size(s.N, s.K, s.OH(), s.OW()), 0.f);
         dw[k].assign(w.size(), 0.f);
@@ -312,7 +314,9 @@ TEST(ConvInt16, GradOutputSpansGiveTheBitsOfTheTensor) {
               const int asked = p.calls.load() + p.quantized_calls.load();  // each span once from one or the other
               EXPECT_EQ(asked, held ? spans : 2 * spans) << factor;
               EXPECT_EQ(p.quantized_calls.load() > 0, r == Rounding::nearest_even) << factor;
-              if (r == Rounding::nearest_even) EXPECT_GT(p.calls.load(), 0) << factor;
+              if (r == Rounding::nearest_even) {
+                EXPECT_GT(p.calls.load(), 0) << factor;
+              }
             }
             if (input_gradient) {
               dx[k].assign(blocked_size(s.N, s.C, s.H, s.W), 0.f);

@@ -672,6 +672,35 @@ TEST_P(Dfp16Isa, MaxPoolRowBitIdenticalToReference) {
   EXPECT_EQ(arg[3], 0);  // all equal: the first
 }
 
+// lane_sums (a bias's gradient) matches its scalar twin bit for bit, each lane summed in pixel
+// order in FP64 from what it held: values whose sum depends on the order (large and small, both
+// signs, -0), infinities and a NaN in separate lanes, run lengths around the vector forms.
+TEST_P(Dfp16Isa, LaneSumsBitIdenticalToReference) {
+  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
+  for (size_t px : {size_t(0), size_t(1), size_t(3), size_t(17), size_t(256)}) {
+    std::vector<float> x = test::random_vec(px * 16, 31 + unsigned(px), -1.f, 1.f);
+    for (size_t p = 0; p < px; ++p) {
+      x[p * 16 + 1] = p % 3 == 0 ? 3e7f : -1.f + float(p) * 1e-3f;  // order-dependent in FP32, exact in FP64
+      x[p * 16 + 2] = -0.f;
+      if (p == px / 2) {
+        x[p * 16 + 3] = std::numeric_limits<float>::infinity();
+        x[p * 16 + 4] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+    std::vector<double> r0(16), r1(16);
+    for (int l = 0; l < 16; ++l) r0[size_t(l)] = r1[size_t(l)] = l == 5 ? 1e300 : 0.25 * l;
+    simd::ref::lane_sums(x.data(), px, r0.data());
+    c.kernels().lane_sums.fn(x.data(), px, r1.data());
+    ASSERT_EQ(0, std::memcmp(r0.data(), r1.data(), r0.size() * sizeof(double))) << px;
+    for (int l = 0; l < 16; ++l) {
+      double want = l == 5 ? 1e300 : 0.25 * l;
+      for (size_t p = 0; p < px; ++p) want += double(x[p * 16 + size_t(l)]);
+      ASSERT_EQ(0, std::memcmp(&want, &r0[size_t(l)], sizeof want)) << px << " lane " << l;
+    }
+  }
+}
+
 // shift_lanes (the zero-padding shortcut) matches its scalar twin bit for bit and picks lane l + shift
 // of the two blocks, for every shift, absent blocks, kept lanes, and pixel steps in and out.
 TEST_P(Dfp16Isa, ShiftLanesBitIdenticalToReference) {
