@@ -435,7 +435,7 @@ const float* ConvInt16::Impl::gather_unfolded(const float* x, int n, int b, int 
   // past S * C are zero. Each lane is read straight from x, at offset off[l] from column s_lo,
   // the block's first. (Copying x's 16-lane pixels to lane offsets s * C and the block out of
   // them leaves each load of the block straddling several overlapping stores, which the core
-  // cannot forward: that took half of a 7x7 stem's quantization.)
+  // cannot forward: half of a 7x7 stem's quantization time.)
   const int s_lo = 16 * b / C;
   int off[16];
   int lanes = 0;  // lanes [0, lanes) read x, the rest are zero
