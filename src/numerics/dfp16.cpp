@@ -1,5 +1,5 @@
 // Public DFP16 quantization API: exponent selection, parallel max-abs and quantization over the
-// context's threads, the non-finite policy, and the rounding-mode names.
+// context's threads, and the non-finite policy (the options' names and checks: dfp16_options.cpp).
 #include "dfp/dfp16.hpp"
 
 #include <algorithm>
@@ -14,7 +14,6 @@
 #include "simd/kernel_table.hpp"
 #include "src/core/atomic_max.hpp"
 #include "src/numerics/dfp16_internal.hpp"
-#include "base/named_enum.hpp"
 
 namespace dfp {
 
@@ -24,12 +23,6 @@ constexpr size_t kChunk = 1 << 16;  // elements per parallel task: large enough 
 int64_t chunks(size_t n) { return static_cast<int64_t>((n + kChunk - 1) / kChunk); }
 
 }  // namespace
-
-void QuantOptions::validate(const std::string& origin) const {
-  DFP_CHECK(headroom >= 0 && headroom <= kDfpMaxHeadroom, Status::invalid_argument,
-            origin + ": headroom expected in [0, " + std::to_string(kDfpMaxHeadroom) + "], got " +
-                std::to_string(headroom) + " (" + name + ")");
-}
 
 namespace detail {
 std::string TensorName::text() const {
@@ -97,47 +90,6 @@ QuantStats quantize_slices(const Context& ctx, const float* src, int16_t* dst, s
   return st;
 }
 }  // namespace detail
-
-const char* rounding_name(Rounding r) noexcept {
-  switch (r) {
-    case Rounding::nearest_even: return "nearest";
-    case Rounding::stochastic: return "stochastic";
-    case Rounding::biased: return "biased";
-  }
-  return "?";
-}
-
-const char* granularity_name(Granularity g) noexcept {
-  switch (g) {
-    case Granularity::tensor: return "tensor";
-    case Granularity::slice: return "slice";
-    case Granularity::block32: return "block32";
-    case Granularity::block64: return "block64";
-    case Granularity::block128: return "block128";
-  }
-  return "?";
-}
-
-Granularity parse_granularity(const std::string& text, const std::string& origin) {
-  return parse_named(text,
-                     {Granularity::tensor, Granularity::slice, Granularity::block32, Granularity::block64,
-                      Granularity::block128},
-                     granularity_name, origin, "granularity");
-}
-
-int granularity_block(Granularity g) noexcept {
-  switch (g) {
-    case Granularity::block32: return 32;
-    case Granularity::block64: return 64;
-    case Granularity::block128: return 128;
-    default: return 0;
-  }
-}
-
-Rounding parse_rounding(const std::string& text, const std::string& origin) {
-  return parse_named(text, {Rounding::nearest_even, Rounding::stochastic, Rounding::biased}, rounding_name, origin,
-                     "rounding");
-}
 
 float max_abs(const Context& ctx, const float* x, size_t n, uint64_t* nonfinite) {
   const auto fn = ctx.kernels().max_abs.fn;
