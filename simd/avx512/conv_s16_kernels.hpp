@@ -322,6 +322,22 @@ void pixel_dispatch_npix(const PixelKernelArgs& a, std::integer_sequence<int, P.
 // two-block kernel's rate. INT32 sums are exact in any order (modulo 2^32, and planning keeps
 // them in range), and with one chain the only flush is at the end: the bits of pixel_kernel.
 // NPIX accumulators, 3 weight vectors and the broadcast: 32 ZMM at most.
+// The run of taps from tap t (at most 3): each tap reads the source one pixel right of the one
+// before it (a forward row of taps) or left of it (backward data's flipped taps); `right` says
+// which. A tap that continues neither way is a run of one.
+struct TapRun {
+  int taps;
+  bool right;
+};
+inline TapRun tap_run(const PixelKernelArgs& a, int t) {
+  for (int dir : {16, -16}) {
+    int g = 1;
+    while (g < 3 && t + g < a.ntaps && a.tap_src[t + g] == a.tap_src[t] + dir * g) ++g;
+    if (g > 1) return {g, dir > 0};
+  }
+  return {1, true};
+}
+
 // RUNS3: every run is of three taps (a 3x3 layer's middle calls), so the loop over them has one
 // path and GCC keeps the accumulators in registers through it (with the branch between run
 // lengths it stores and reloads them around each run).
@@ -337,8 +353,8 @@ void pixel_kernel_shared_src(const PixelKernelArgs& a) {
     asm("vpbroadcastd %[m], %[t]" : [t] "=v"(t) : [m] "m"(*reinterpret_cast<const int32_t*>(pair)));
     return t;
   };
-  // Taps [t, t + G) of a run, reading s + (p + g) * 16.
-  auto run = [&]<int G>(const int16_t* s, const int16_t* const* w) {
+  // A run of G taps whose tap g reads s + (p + g) * 16 for output pixel p, with weights w[g].
+  auto run = [&]<int G>(const int16_t* s, const int16_t* const* w) __attribute__((always_inline)) {
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       __m512i wv[G];
@@ -357,37 +373,27 @@ void pixel_kernel_shared_src(const PixelKernelArgs& a) {
   for (int ib = 0; ib < a.nib; ++ib) {
     const int16_t* src_ib = a.src + ib * a.src_ib;
     const int16_t* wei_ib = a.wei + ib * a.wei_ib;
+    // The G taps from t, their weights ordered from the one that reads the leftmost pixel.
+    auto take = [&]<int G>(int t, bool right) __attribute__((always_inline)) {
+      const int16_t* w[G];
+      for (int k = 0; k < G; ++k) w[k] = wei_ib + int64_t{a.tap_wei[right ? t + k : t + G - 1 - k]} * 256;
+      run.template operator()<G>(src_ib + a.tap_src[right ? t : t + G - 1], w);
+    };
     if constexpr (RUNS3) {
-      for (int t = 0; t < a.ntaps; t += 3) {
-        const bool right = a.tap_src[t + 1] > a.tap_src[t];
-        const int16_t* w[3];
-        for (int k = 0; k < 3; ++k) w[k] = wei_ib + int64_t{a.tap_wei[right ? t + k : t + 2 - k]} * 256;
-        run.template operator()<3>(src_ib + a.tap_src[right ? t : t + 2], w);
-      }
+      for (int t = 0; t < a.ntaps; t += 3) take.template operator()<3>(t, a.tap_src[t + 1] > a.tap_src[t]);
       steps += 8 * a.ntaps;
       continue;
     }
     for (int t = 0; t < a.ntaps;) {
-      // A run of g taps, each reading the source one pixel right of the last (a forward row of
-      // taps) or left of it (backward data's flipped taps: the run taken from its last tap).
-      int g = 1, dir = 1;
-      while (g < 3 && t + g < a.ntaps && a.tap_src[t + g] == a.tap_src[t] + 16 * g) ++g;
-      if (g == 1) {
-        dir = -1;
-        while (g < 3 && t + g < a.ntaps && a.tap_src[t + g] == a.tap_src[t] - 16 * g) ++g;
-      }
-      const int first = dir > 0 ? t : t + g - 1;  // the run's tap that reads the leftmost pixel
-      const int16_t* w[3];
-      for (int k = 0; k < g; ++k) w[k] = wei_ib + int64_t{a.tap_wei[dir > 0 ? t + k : t + g - 1 - k]} * 256;
-      const int16_t* s = src_ib + a.tap_src[first];
-      if (g == 3)
-        run.template operator()<3>(s, w);
-      else if (g == 2)
-        run.template operator()<2>(s, w);
+      const TapRun r = tap_run(a, t);
+      if (r.taps == 3)
+        take.template operator()<3>(t, r.right);
+      else if (r.taps == 2)
+        take.template operator()<2>(t, r.right);
       else
-        run.template operator()<1>(s, w);
-      steps += 8 * g;
-      t += g;
+        take.template operator()<1>(t, r.right);
+      steps += 8 * r.taps;
+      t += r.taps;
     }
   }
   pixel_flush_end<1, NPIX>(acc, fd, ACC, false, steps);
@@ -398,21 +404,15 @@ void pixel_kernel_shared_src(const PixelKernelArgs& a) {
 // a 3x3 layer's middle-column calls; an edge column's taps or a 1x1 layer's one tap gain
 // nothing).
 inline bool shares_src(const PixelKernelArgs& a) {
-  if (a.nob != 1 || a.stream || a.pairs != 8 || a.src_pix != 16 || a.ntaps < 3 ||
-      int64_t(a.chain) < int64_t(a.nib) * a.ntaps * 8)
-    return false;
-  const int64_t d = a.tap_src[1] - a.tap_src[0];
-  return (d == 16 || d == -16) && a.tap_src[2] - a.tap_src[1] == d;
+  return a.nob == 1 && !a.stream && a.pairs == 8 && a.src_pix == 16 && a.ntaps >= 3 &&
+         int64_t(a.chain) >= int64_t(a.nib) * a.ntaps * 8 && tap_run(a, 0).taps == 3;
 }
 
-// Whether every run of a call that shares_src is of three taps: whole runs of 3 in either
-// direction, each starting a new run (its next tap, if any, not continuing it).
+// Whether every run of a call that shares_src is of three taps (the kernel's RUNS3 form).
 inline bool runs_of_three(const PixelKernelArgs& a) {
   if (a.ntaps % 3) return false;
-  for (int t = 0; t < a.ntaps; t += 3) {
-    const int64_t d = a.tap_src[t + 1] - a.tap_src[t];
-    if ((d != 16 && d != -16) || a.tap_src[t + 2] - a.tap_src[t + 1] != d) return false;
-  }
+  for (int t = 0; t < a.ntaps; t += 3)
+    if (tap_run(a, t).taps != 3) return false;
   return true;
 }
 
