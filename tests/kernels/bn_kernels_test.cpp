@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,14 +24,26 @@
 using namespace dfp;
 
 // Each test runs at the level it is given (the context chooses it), skipped where the CPU lacks it.
-class BatchNormKernels : public ::testing::TestWithParam<const char*> {};
+class BatchNormKernels : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
+    ctx_.emplace(ContextOptions{.threads = 1, .isa = GetParam()});
+  }
+  const simd::KernelTable& kernels() const { return ctx_->kernels(); }
+  // A channel block's 16 per-lane coefficients in [lo, hi).
+  static std::vector<float> lanes(uint32_t seed, float lo = -2.f, float hi = 2.f) {
+    return test::random_vec(16, seed, lo, hi);
+  }
+
+ private:
+  std::optional<Context> ctx_;
+};
 
 // The BatchNorm kernels match their scalar twins bit for bit (no fused multiply-add on either
 // side), sums continuing from non-zero lanes, the max ignoring NaN.
 TEST_P(BatchNormKernels, BatchNormKernelsBitIdenticalToReference) {
-  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
-  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
-  const auto& k = c.kernels();
+  const auto& k = kernels();
   auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
@@ -40,8 +53,7 @@ TEST_P(BatchNormKernels, BatchNormKernelsBitIdenticalToReference) {
     x[5] = std::numeric_limits<float>::quiet_NaN();
     const auto xi = test::random_ints(n, 5, -32767, 32767);
     std::vector<int16_t> xq(xi.begin(), xi.end());
-    const auto lanes = [](uint32_t seed) { return test::random_vec(16, seed, -2.f, 2.f); };
-    const auto mean = lanes(6), inv = lanes(7), k1 = lanes(8), k2 = lanes(9), k3 = lanes(10), a = lanes(11), b = lanes(12);
+      const auto mean = lanes(6), inv = lanes(7), k1 = lanes(8), k2 = lanes(9), k3 = lanes(10), a = lanes(11), b = lanes(12);
     std::vector<float> y0(n), y1(n);
     simd::ref::bn_scale_shift(x.data(), y0.data(), a.data(), b.data(), px);
     k.bn_scale_shift.fn(x.data(), y1.data(), a.data(), b.data(), px);
@@ -124,10 +136,7 @@ TEST_P(BatchNormKernels, BatchNormKernelsBitIdenticalToReference) {
 // layout in one kernel: the reference's bits, which are those of this level's own dequantize,
 // scale-shift, ReLU, quantize and interleave in turn; false wherever an element would count.
 TEST_P(BatchNormKernels, BatchNormRequantizePairIsTheKernelsInTurn) {
-  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
-  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
-  const auto& k = c.kernels();
-  const auto lanes = [](uint32_t seed) { return test::random_vec(16, seed, -2.f, 2.f); };
+  const auto& k = kernels();
   const std::vector<float> a = lanes(21), b = lanes(22);
   int clean_runs = 0, refused_runs = 0;
   for (size_t px : {size_t(1), size_t(7), size_t(33), size_t(128)})
@@ -199,10 +208,7 @@ TEST_P(BatchNormKernels, BatchNormRequantizePairIsTheKernelsInTurn) {
 // The same for one image into the plain layout, with the ReLU's mask: the reference's bits and
 // mask, which are those of this level's own dequantize, scale-shift, ReLU and quantize in turn.
 TEST_P(BatchNormKernels, BatchNormRequantizeIsTheKernelsInTurn) {
-  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
-  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
-  const auto& k = c.kernels();
-  const auto lanes = [](uint32_t seed) { return test::random_vec(16, seed, -2.f, 2.f); };
+  const auto& k = kernels();
   const std::vector<float> a = lanes(23), b = lanes(24);
   int clean_runs = 0, refused_runs = 0;
   for (size_t px : {size_t(1), size_t(7), size_t(33), size_t(128)})
@@ -268,10 +274,7 @@ TEST_P(BatchNormKernels, BatchNormRequantizeIsTheKernelsInTurn) {
 // level's own bn_bwd_apply_s16 and quantize in turn, with the same max|dx|; refused wherever an
 // element would count.
 TEST_P(BatchNormKernels, BatchNormBackwardRequantizeIsTheKernelsInTurn) {
-  if (!detect_cpu_features().supports(parse_isa(GetParam(), "test"))) GTEST_SKIP() << "CPU lacks " << GetParam();
-  Context c(ContextOptions{.threads = 1, .isa = GetParam()});
-  const auto& k = c.kernels();
-  const auto lanes = [](uint32_t seed, float lo, float hi) { return test::random_vec(16, seed, lo, hi); };
+  const auto& k = kernels();
   const std::vector<float> mean = lanes(25, -1.f, 1.f), inv = lanes(26, 0.5f, 2.f), k1 = lanes(27, -2.f, 2.f),
                            k2 = lanes(28, -0.1f, 0.1f), k3 = lanes(29, -0.5f, 0.5f);
   const simd::BnCoefficients co{mean.data(), inv.data(), k1.data(), k2.data(), k3.data(), std::ldexp(1.f, -14)};
