@@ -218,6 +218,27 @@ class ConvInt16 {
 
   // The three passes on the quantized operands. Outputs are FP32.
   void forward(float* y);                  // y: nChw16c [N][K/16][OH][OW][16]
+  // The forward pass straight into DFP16, where the output's consumer keeps it in DFP16 (a
+  // BatchNorm's saved input): each value of y, plus bias[k] where a bias is given (y + b, as a
+  // separate pass adds it), is quantized at 2^exponent as QuantizeFn does (element i of y draws
+  // stochastic rounding's number i of `seed`), while the kernel's output is still in L1, so FP32
+  // y is never written. out.y gets the bits of forward(), the bias, then quantize() at that
+  // exponent. The counters cover all of y: max|y| over finite values (its exponent says whether
+  // `exponent` was max|y|'s), the saturated and non-finite elements and max|q|. The operands stay
+  // as they are: forward() may follow (a caller whose exponent was not max|y|'s, or whose values
+  // saturated, runs forward() and quantizes y itself).
+  struct QuantizedOutput {
+    int16_t* y = nullptr;  // nChw16c, as forward()'s y
+    int exponent = 0;
+    Rounding rounding = Rounding::nearest_even;
+    uint64_t seed = 0;
+    const float* bias = nullptr;  // [K rounded up to 16], padding 0; null: none
+    // Set by the pass:
+    float max_abs = 0.f;
+    uint64_t saturated = 0, nonfinite = 0;
+    int32_t max_abs_q = 0;
+  };
+  void forward_quantized(QuantizedOutput& out);
   // dx: nChw16c [N][C/16][H][W][16]. A layer with C < 16 runs with its kernel columns unfolded
   // into the channels and folds dx back from an unfolded copy (allocated at construction unless
   // options.input_gradient is false, in which case this call is an error). accumulate: add the

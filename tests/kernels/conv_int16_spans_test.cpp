@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "dfp/context.hpp"
+#include "dfp/dfp16.hpp"
 #include "dfp/conv.hpp"
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
 #include "tests/common/conv_int16_cases.hpp"
 #include "tests/common/expect_error.hpp"
+#include "tests/common/isa_levels.hpp"
 #include "tests/common/reference.hpp"
 
 using namespace dfp;
@@ -350,4 +352,95 @@ TEST(ConvInt16, GradOutputSpansGiveTheBitsOfTheTensor) {
                      Status::invalid_argument, {"'c'"});
   EXPECT_THROW(c.quantize_grad_output_spans(&GradProducer::span, nullptr, NAN), Error);
   EXPECT_THROW(c.quantize_grad_output_spans(nullptr, nullptr, 1.f), Error);
+}
+
+// forward_quantized: the output quantized as each kernel call makes it has the bits of forward(),
+// the bias added, then quantize() at the same exponent, over every edge shape (row calls, edge
+// columns, image tiles, unfolded columns, groups of images per item, a partial last output block)
+// at every kernel level; the counters are those of max_abs() and quantize() over the whole
+// output: an exponent one below max|y|'s with no headroom saturates the largest values, and a NaN in the bias
+// shows as non-finite outputs. Stochastic rounding draws element i's number i. The FP32 y is not written, and
+// forward() still runs on the same operands afterwards.
+TEST(ConvInt16, ForwardQuantizedGivesTheBitsOfForwardThenQuantize) {
+  for (Isa level : test::isa_levels()) {
+    Context ctx(ContextOptions{.threads = 2, .isa = isa_name(level)});
+    uint32_t seed = 300;
+    for (const ConvShape& s : edge_shapes())
+      for (bool bias : {false, true})
+        for (Rounding r : {Rounding::nearest_even, Rounding::stochastic}) {
+          SCOPED_TRACE(std::string(isa_name(level)) + " " + describe(s) + (bias ? " bias " : " ") + rounding_name(r));
+          const auto [w, xb, dyb, mx] = blocked_case(s, ++seed, false);
+          ConvInt16 c(ctx, s, {}, "fwdq");
+          c.set_weights(w.data());
+          c.quantize_input(xb.data());
+          const size_t n = blocked_size(s.N, s.K, s.OH(), s.OW());
+          std::vector<float> b(size_t(channel_blocks(s.K)) * 16, 0.f);
+          if (bias)
+            for (int k = 0; k < s.K; ++k) b[size_t(k)] = 0.01f * float(k % 7) - 0.03f;
+          std::vector<float> y(n, -1.f);
+          c.forward(y.data());
+          if (bias)
+            for (size_t i = 0; i < n; ++i) y[i] += b[(i / (16 * size_t(s.OH()) * s.OW())) % channel_blocks(s.K) * 16 + i % 16];
+          uint64_t nf = 0;
+          const float y_max = simd::ref::max_abs(y.data(), n, &nf);
+          ASSERT_EQ(nf, 0u);
+          for (bool over : {false, true}) {  // over: one bit more than max|y| has
+            const int e = over ? dfp16_exponent(y_max, 0) - 1 : dfp16_exponent(y_max, kDfpDefaultHeadroom);
+            std::vector<int16_t> want(n), got(n, 12345);
+            simd::QuantCounters cnt;
+            simd::ref::quantize(y.data(), want.data(), n, e, r, 99, 0, &cnt);
+            ConvInt16::QuantizedOutput q;
+            q.y = got.data();
+            q.exponent = e;
+            q.rounding = r;
+            q.seed = 99;
+            q.bias = bias ? b.data() : nullptr;
+            c.forward_quantized(q);
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), n * sizeof(int16_t))) << "exponent " << e;
+            EXPECT_EQ(q.max_abs, y_max);
+            EXPECT_EQ(q.saturated, cnt.saturated);
+            EXPECT_EQ(q.nonfinite, 0u);
+            EXPECT_EQ(q.max_abs_q, cnt.max_abs_q);
+            if (over && y_max > 0.f) {
+              EXPECT_GT(q.saturated, 0u);
+            }
+          }
+          std::vector<float> again(n, -1.f);
+          c.forward(again.data());
+          if (bias)
+            for (size_t i = 0; i < n; ++i)
+              again[i] += b[(i / (16 * size_t(s.OH()) * s.OW())) % channel_blocks(s.K) * 16 + i % 16];
+          expect_bits_equal(y, again, "forward after forward_quantized");
+        }
+    // A NaN in the bias: the quantized output counts the non-finite values (stored as 0), and
+    // max|y| is over the finite ones.
+    const ConvShape s = make(2, 16, 6, 6, 32, 3, 3, 1, 1);
+    const auto [w, xb, dyb, mx] = blocked_case(s, 7, false);
+    ConvInt16 c(ctx, s, {}, "nan");
+    c.set_weights(w.data());
+    c.quantize_input(xb.data());
+    const size_t n = blocked_size(s.N, s.K, s.OH(), s.OW());
+    std::vector<float> y(n), b(32, 0.f);
+    b[3] = NAN;
+    c.forward(y.data());
+    for (size_t i = 0; i < n; ++i) y[i] += b[(i / (16 * size_t(s.OH()) * s.OW())) % 2 * 16 + i % 16];
+    uint64_t nf = 0;
+    const float y_max = simd::ref::max_abs(y.data(), n, &nf);
+    ASSERT_EQ(nf, uint64_t(s.N) * s.OH() * s.OW());
+    std::vector<int16_t> got(n);
+    ConvInt16::QuantizedOutput q;
+    q.y = got.data();
+    q.exponent = dfp16_exponent(y_max, kDfpDefaultHeadroom);
+    q.bias = b.data();
+    c.forward_quantized(q);
+    EXPECT_EQ(q.nonfinite, nf);
+    EXPECT_EQ(q.max_abs, y_max);
+  }
+  Context ctx(ContextOptions{.threads = 2});
+  ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "no_output");
+  const auto [w, xb, dyb, mx] = blocked_case(make(1, 16, 4, 4, 16, 3, 3, 1, 1), 3, false);
+  c.set_weights(w.data());
+  c.quantize_input(xb.data());
+  ConvInt16::QuantizedOutput q;
+  test::expect_error([&] { c.forward_quantized(q); }, Status::invalid_argument, {"no_output"});
 }

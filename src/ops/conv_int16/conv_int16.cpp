@@ -51,7 +51,8 @@ void ConvInt16::quantize_grad_output_with_max_abs(const float* dy, float max_abs
   impl_->quantize_grad_output(dy, max_abs, plane_max_abs);
 }
 void ConvInt16::quantize_grad_output(const float* dy) { impl_->quantize_grad_output(dy, -1.f, nullptr); }
-void ConvInt16::forward(float* y) { impl_->forward(y); }
+void ConvInt16::forward(float* y) { impl_->forward(y, nullptr); }
+void ConvInt16::forward_quantized(QuantizedOutput& out) { impl_->forward(nullptr, &out); }
 size_t ConvInt16::workspace_bytes() const noexcept { return impl_->workspace_bytes(); }
 void ConvInt16::use_workspace(void* p) { impl_->use_workspace(p); }
 void ConvInt16::backward_data(float* dx, bool accumulate) { impl_->backward_data(dx, accumulate); }

@@ -57,6 +57,7 @@
 #include "dfp/status.hpp"
 #include "simd/kernel_table.hpp"
 #include "src/core/aligned_buffer.hpp"
+#include "src/core/atomic_max.hpp"
 
 namespace dfp {
 
@@ -694,8 +695,23 @@ struct ConvInt16::Impl {
     const int* lane_exp = nullptr;   // [out channels], with lane
     int lanes = 0;
   };
+  // A forward pass's output quantized as it is made (forward_quantized): each call writes its FP32
+  // output into a tile on the stack (kOutTilePixels pixels per output block, one tile per image
+  // of the call) instead of y, which is then quantized into out.y while it is in L1.
+  static constexpr int kOutTilePixels = simd::kPixelAccumulators;
+  struct OutputQuantizer {
+    ConvInt16::QuantizedOutput* out = nullptr;
+    std::atomic<float> max_abs{0.f};
+    std::atomic<uint64_t> saturated{0}, nonfinite{0};
+    std::atomic<int32_t> max_q{0};
+    // The tile of one call of output-block group g, nob blocks of npix pixels, tile_ob floats
+    // apart: pixel k of block b goes to element elem + (2g + b) * dst_ob + k * step of y.
+    void take(const Context& ctx, float* tile, int64_t tile_ob, int nob, int g, int64_t dst_ob, int64_t elem,
+              int64_t step, int npix);
+  };
   int run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats, const int16_t* row_max,
-                     const int16_t* wei, float* dst, bool accumulate, const char* pass, const PassScales& sc);
+                     const int16_t* wei, float* dst, bool accumulate, const char* pass, const PassScales& sc,
+                     OutputQuantizer* quantized = nullptr);
   void check_scales(const PassScales& sc, const char* pass) const;
   // A pass's scales: per image where `images` is given, per lane where `lane_scale` is.
   PassScales pass_scales(int src_exponent, int wei_exponent, const Slicing* images,
@@ -708,7 +724,7 @@ struct ConvInt16::Impl {
                                  const SpanSource* spans, bool per_block,
                                  int headroom, Slicing& img, Slicing& blk);
   void quantize_w_in_channels(const float* w);
-  void forward(float* y);
+  void forward(float* y, ConvInt16::QuantizedOutput* quantized);
   void backward_data(float* dx_out, bool accumulate);
   void fold_dx(float* dx, bool accumulate) const;
   void backward_weights(float* dw);

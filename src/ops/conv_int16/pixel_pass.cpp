@@ -49,9 +49,40 @@ void ConvInt16::Impl::check_scales(const PassScales& sc, const char* pass) const
   for (int e : {slo, shi, wlo, whi, slo + wlo, shi + whi}) pow2(e, name, pass);
 }
 
+void ConvInt16::Impl::OutputQuantizer::take(const Context& ctx, float* tile, int64_t tile_ob, int nob, int g,
+                                             int64_t dst_ob, int64_t elem, int64_t step, int npix) {
+  DFP_CHECK(npix <= kOutTilePixels, Status::internal, "forward_quantized: a call of more pixels than its tile");
+  const simd::KernelTable& k = ctx.kernels();
+  float mx = 0.f;
+  simd::QuantCounters cnt;
+  for (int b = 0; b < nob; ++b) {
+    float* t = tile + b * tile_ob;
+    const int64_t e = elem + (2 * g + b) * dst_ob;
+    if (out->bias) {  // as add_bias: y + b, one rounding
+      const float* lane = out->bias + (2 * g + b) * 16;
+      for (int p = 0; p < npix; ++p)
+        for (int l = 0; l < 16; ++l) t[p * 16 + l] += lane[l];
+    }
+    uint64_t nonfinite_seen = 0;  // counted by the quantization
+    const float m = k.max_abs.fn(t, size_t(npix) * 16, &nonfinite_seen);
+    mx = m > mx ? m : mx;
+    if (step == 16) {
+      k.quantize.fn(t, out->y + e, size_t(npix) * 16, out->exponent, out->rounding, out->seed, uint64_t(e), &cnt);
+    } else {
+      for (int p = 0; p < npix; ++p)
+        k.quantize.fn(t + p * 16, out->y + e + p * step, 16, out->exponent, out->rounding, out->seed,
+                      uint64_t(e + p * step), &cnt);
+    }
+  }
+  atomic_max(max_abs, mx);
+  atomic_add_nonzero(saturated, cnt.saturated);
+  atomic_add_nonzero(nonfinite, cnt.nonfinite);
+  atomic_max(max_q, cnt.max_abs_q);
+}
+
 int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const QuantStats& src_stats,
                                     const int16_t* row_max, const int16_t* wei, float* dst, bool accumulate,
-                                    const char* pass, const PassScales& sc) {
+                                    const char* pass, const PassScales& sc, OutputQuantizer* quantized) {
   const auto fn = pixel_fn();
   const auto calls_fn = pixel_calls_fn();
   simd::PixelKernelArgs base{};
@@ -75,6 +106,13 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
   const int ngroups = (pp.out_blocks + 1) / 2;
   base.dst_ob = pp.dst_ob;
   image_row_max(row_max, pp.in_blocks, pp.src_rows, pp.img_max.data());
+  // forward_quantized: calls write into tiles, [image of the call][block][pixel][16].
+  constexpr int64_t tile_ob = int64_t(kOutTilePixels) * 16;
+  auto to_tile = [&](simd::PixelKernelArgs& c, float* tile) {
+    c.dst = tile;
+    c.dst_pix = 16;
+    c.dst_ob = tile_ob;
+  };
   // The largest |q| of the source rows that a phase's output rows [i0, i1) of image n read.
   auto bound = [&](const Phase& p, int n, int i0, int i1) {
     return span_max(pp.img_max.data() + size_t(n) * pp.src_rows, i0 * pp.row_step + p.dr_min,
@@ -113,7 +151,14 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
       a.src = src + n0 * pp.src_img + i * pp.src_row + j * pp.src_col;
       a.dst = dst + n0 * pp.dst_img + 2 * g * pp.dst_ob + p.dst_off + i * pp.dst_row + j * pp.dst_col;
+      if (!quantized) return fn(a);
+      alignas(64) float tile[2 * tile_ob];
+      to_tile(a, tile);  // the tile's pixels are the images
       fn(a);
+      quantized->take(ctx, tile, tile_ob, a.nob, g, pp.dst_ob, n0 * pp.dst_img + p.dst_off + i * pp.dst_row + j * pp.dst_col,
+                      pp.dst_img, a.npix);
+      a.dst_pix = pp.dst_img;
+      a.dst_ob = base.dst_ob;
     });
     return base.chain;
   }
@@ -156,7 +201,17 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
           a.wei = wei + g * wei_group;
           if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
           a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
+          if (!quantized) {
+            fn(a);
+            continue;
+          }
+          alignas(64) float tile[2 * tile_ob];
+          to_tile(a, tile);
           fn(a);
+          quantized->take(ctx, tile, tile_ob, a.nob, g, pp.dst_ob,
+                          n * pp.dst_img + p.dst_off + i0 * pp.dst_row + col.col * pp.dst_col, pp.dst_row, a.npix);
+          a.dst_pix = pp.dst_row;
+          a.dst_ob = base.dst_ob;
         }
       }
       return;
@@ -173,6 +228,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       use_row_group(c, p.rows, p.rows.row_group[i], p.tap_src.data(), p.tap_wei.data(), bound(p, n0 + m, i, i + 1));
     }
     const RowBlocks& rb = pp.blocks[q];
+    alignas(64) float tiles[kMaxImagesPerItem][2 * tile_ob];  // forward_quantized's
     for (int g = g0; g < g1; ++g) {
       const int nob = std::min(2, pp.out_blocks - 2 * g);
       const auto& bs = nob == 2 ? rb.start2 : rb.start1;
@@ -187,11 +243,16 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
           c.npix = bl[b];
           c.src = src + n * pp.src_img + i * pp.src_row + bs[b] * pp.src_col;
           c.dst = dst + n * pp.dst_img + p.dst_off + i * pp.dst_row + 2 * g * pp.dst_ob + bs[b] * pp.dst_col;
+          if (quantized) to_tile(c, tiles[m]);
         }
         if (images == 1)
           fn(calls[0]);
         else
           calls_fn(calls, images);
+        if (quantized)
+          for (int m = 0; m < images; ++m)
+            quantized->take(ctx, tiles[m], tile_ob, nob, g, pp.dst_ob,
+                            (n0 + m) * pp.dst_img + p.dst_off + i * pp.dst_row + bs[b] * pp.dst_col, pp.dst_col, bl[b]);
       }
     }
   });
@@ -216,13 +277,25 @@ ConvInt16::Impl::PassScales ConvInt16::Impl::pass_scales(int src_exponent, int w
   return sc;
 }
 
-void ConvInt16::Impl::forward(float* y) {
+void ConvInt16::Impl::forward(float* y, ConvInt16::QuantizedOutput* quantized) {
   require(have_w, "forward", "set_weights()");
   require(have_x_fwd, "forward", "quantize_input() (since the last quantize_grad_output())");
   const PassScales sc = pass_scales(stats.x.exponent, stats.w.exponent, x_slices ? &x_img : nullptr,
                                     w_slices ? &w_out_scale : nullptr, w_out_exp, sh.K);
-  stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, (x_slices ? x_fwd_row_max : x_row_max).data(), wf.data(), y,
-                                   false, "forward", sc);
+  if (!quantized) {
+    stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, (x_slices ? x_fwd_row_max : x_row_max).data(), wf.data(), y,
+                                     false, "forward", sc);
+    return;
+  }
+  DFP_CHECK(quantized->y, Status::invalid_argument, "convolution '" + name + "': forward_quantized() with no output");
+  OutputQuantizer oq;
+  oq.out = quantized;
+  stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, (x_slices ? x_fwd_row_max : x_row_max).data(), wf.data(),
+                                   nullptr, false, "forward", sc, &oq);
+  quantized->max_abs = oq.max_abs.load();
+  quantized->saturated = oq.saturated.load();
+  quantized->nonfinite = oq.nonfinite.load();
+  quantized->max_abs_q = oq.max_q.load();
 }
 
 void ConvInt16::Impl::backward_data(float* dx_out, bool accumulate) {
