@@ -19,6 +19,7 @@
 // shadow accumulator and counts the INT32 overflow events; with derived chains it is zero.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -223,10 +224,9 @@ class ConvInt16 {
   // separate pass adds it), is quantized at 2^exponent as QuantizeFn does (element i of y draws
   // stochastic rounding's number i of `seed`), while the kernel's output is still in L1, so FP32
   // y is never written. out.y gets the bits of forward(), the bias, then quantize() at that
-  // exponent. The counters cover all of y: max|y| over finite values (its exponent says whether
-  // `exponent` was max|y|'s), the saturated and non-finite elements and max|q|. The operands stay
-  // as they are: forward() may follow (a caller whose exponent was not max|y|'s, or whose values
-  // saturated, runs forward() and quantizes y itself).
+  // exponent. The counters cover all of y: the saturated and non-finite elements and max|q|, which
+  // says whether `exponent` is max|y|'s (exponent_holds). The operands stay as they are: forward()
+  // may follow (a caller whose exponent was not max|y|'s runs forward() and quantizes y itself).
   struct QuantizedOutput {
     int16_t* y = nullptr;  // nChw16c, as forward()'s y
     int exponent = 0;
@@ -234,9 +234,16 @@ class ConvInt16 {
     uint64_t seed = 0;
     const float* bias = nullptr;  // [K rounded up to 16], padding 0; null: none
     // Set by the pass:
-    float max_abs = 0.f;
     uint64_t saturated = 0, nonfinite = 0;
     int32_t max_abs_q = 0;
+    // Whether `exponent` is dfp16_exponent(max|y|, headroom), every value finite. max|q| is
+    // max|y| * 2^-exponent rounded, and the rounding is monotonic, so max|q| strictly inside
+    // (2^(14 - headroom), 2^(15 - headroom)) means max|y| is in that exponent's binade; at either
+    // end the rounding may have crossed it, and this says false.
+    bool exponent_holds(int headroom) const noexcept {
+      const int64_t lo = int64_t{1} << (14 - headroom), hi = std::min<int64_t>(int64_t{1} << (15 - headroom), 32767);
+      return nonfinite == 0 && max_abs_q > lo && max_abs_q < hi;
+    }
   };
   void forward_quantized(QuantizedOutput& out);
   // dx: nChw16c [N][C/16][H][W][16]. A layer with C < 16 runs with its kernel columns unfolded

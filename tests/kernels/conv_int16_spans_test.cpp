@@ -357,10 +357,11 @@ TEST(ConvInt16, GradOutputSpansGiveTheBitsOfTheTensor) {
 // forward_quantized: the output quantized as each kernel call makes it has the bits of forward(),
 // the bias added, then quantize() at the same exponent, over every edge shape (row calls, edge
 // columns, image tiles, unfolded columns, groups of images per item, a partial last output block)
-// at every kernel level; the counters are those of max_abs() and quantize() over the whole
-// output: an exponent one below max|y|'s with no headroom saturates the largest values, and a NaN in the bias
-// shows as non-finite outputs. Stochastic rounding draws element i's number i. The FP32 y is not written, and
-// forward() still runs on the same operands afterwards.
+// at every kernel level; the counters are quantize()'s over the whole output: an exponent one
+// below max|y|'s with no headroom saturates the largest values, and a NaN in the bias shows as
+// non-finite outputs. Stochastic rounding draws element i's number i. exponent_holds() says
+// whether the exponent is max|y|'s (false at the edges of its binade, where max|q| leaves it
+// open). The FP32 y is not written, and forward() still runs on the same operands afterwards.
 TEST(ConvInt16, ForwardQuantizedGivesTheBitsOfForwardThenQuantize) {
   for (Isa level : test::isa_levels()) {
     Context ctx(ContextOptions{.threads = 2, .isa = isa_name(level)});
@@ -397,7 +398,14 @@ TEST(ConvInt16, ForwardQuantizedGivesTheBitsOfForwardThenQuantize) {
             q.bias = bias ? b.data() : nullptr;
             c.forward_quantized(q);
             ASSERT_EQ(0, std::memcmp(want.data(), got.data(), n * sizeof(int16_t))) << "exponent " << e;
-            EXPECT_EQ(q.max_abs, y_max);
+            // The exponent of max|y| holds, unless max|q| lies at its binade's edge; one below does not.
+            const int32_t lo = 1 << (14 - kDfpDefaultHeadroom), hi = 1 << (15 - kDfpDefaultHeadroom);
+            if (!over && y_max > 0.f) {
+              EXPECT_EQ(q.exponent_holds(kDfpDefaultHeadroom), cnt.max_abs_q != lo && cnt.max_abs_q != hi);
+            }
+            if (over) {
+              EXPECT_FALSE(q.exponent_holds(kDfpDefaultHeadroom));
+            }
             EXPECT_EQ(q.saturated, cnt.saturated);
             EXPECT_EQ(q.nonfinite, 0u);
             EXPECT_EQ(q.max_abs_q, cnt.max_abs_q);
@@ -434,7 +442,19 @@ TEST(ConvInt16, ForwardQuantizedGivesTheBitsOfForwardThenQuantize) {
     q.bias = b.data();
     c.forward_quantized(q);
     EXPECT_EQ(q.nonfinite, nf);
-    EXPECT_EQ(q.max_abs, y_max);
+    EXPECT_FALSE(q.exponent_holds(kDfpDefaultHeadroom));
+  }
+  // exponent_holds(): max|q| strictly inside the binade that headroom h gives, every value finite.
+  ConvInt16::QuantizedOutput h;
+  for (int headroom : {0, 1, 2, 3}) {
+    const int32_t lo = 1 << (14 - headroom), hi = std::min(1 << (15 - headroom), 32767);
+    for (int32_t m : {0, lo - 1, lo, lo + 1, hi - 1, hi, hi + 1}) {
+      h.max_abs_q = m;
+      h.nonfinite = 0;
+      EXPECT_EQ(h.exponent_holds(headroom), m > lo && m < hi) << headroom << " " << m;
+      h.nonfinite = 1;
+      EXPECT_FALSE(h.exponent_holds(headroom));
+    }
   }
   Context ctx(ContextOptions{.threads = 2});
   ConvInt16 c(ctx, make(1, 16, 4, 4, 16, 3, 3, 1, 1), {}, "no_output");

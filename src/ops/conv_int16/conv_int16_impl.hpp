@@ -701,7 +701,6 @@ struct ConvInt16::Impl {
   static constexpr int kOutTilePixels = simd::kPixelAccumulators;
   struct OutputQuantizer {
     ConvInt16::QuantizedOutput* out = nullptr;
-    std::atomic<float> max_abs{0.f};
     std::atomic<uint64_t> saturated{0}, nonfinite{0};
     std::atomic<int32_t> max_q{0};
     // The tile of one call of output-block group g, nob blocks of npix pixels, tile_ob floats

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 
 #include "src/ops/conv_int16/conv_int16_impl.hpp"
@@ -53,7 +54,6 @@ void ConvInt16::Impl::OutputQuantizer::take(const Context& ctx, float* tile, int
                                              int64_t dst_ob, int64_t elem, int64_t step, int npix) {
   DFP_CHECK(npix <= kOutTilePixels, Status::internal, "forward_quantized: a call of more pixels than its tile");
   const simd::KernelTable& k = ctx.kernels();
-  float mx = 0.f;
   simd::QuantCounters cnt;
   for (int b = 0; b < nob; ++b) {
     float* t = tile + b * tile_ob;
@@ -63,18 +63,18 @@ void ConvInt16::Impl::OutputQuantizer::take(const Context& ctx, float* tile, int
       for (int p = 0; p < npix; ++p)
         for (int l = 0; l < 16; ++l) t[p * 16 + l] += lane[l];
     }
-    uint64_t nonfinite_seen = 0;  // counted by the quantization
-    const float m = k.max_abs.fn(t, size_t(npix) * 16, &nonfinite_seen);
-    mx = m > mx ? m : mx;
     if (step == 16) {
       k.quantize.fn(t, out->y + e, size_t(npix) * 16, out->exponent, out->rounding, out->seed, uint64_t(e), &cnt);
+    } else if (out->rounding != Rounding::stochastic) {  // no stream: the whole tile in one call
+      alignas(64) int16_t q[kOutTilePixels * 16];
+      k.quantize.fn(t, q, size_t(npix) * 16, out->exponent, out->rounding, 0, 0, &cnt);
+      for (int p = 0; p < npix; ++p) std::memcpy(out->y + e + p * step, q + p * 16, 16 * sizeof(int16_t));
     } else {
       for (int p = 0; p < npix; ++p)
         k.quantize.fn(t + p * 16, out->y + e + p * step, 16, out->exponent, out->rounding, out->seed,
                       uint64_t(e + p * step), &cnt);
     }
   }
-  atomic_max(max_abs, mx);
   atomic_add_nonzero(saturated, cnt.saturated);
   atomic_add_nonzero(nonfinite, cnt.nonfinite);
   atomic_max(max_q, cnt.max_abs_q);
@@ -292,7 +292,6 @@ void ConvInt16::Impl::forward(float* y, ConvInt16::QuantizedOutput* quantized) {
   oq.out = quantized;
   stats.chain_fwd = run_pixel_pass(fwd, xq, stats.x, (x_slices ? x_fwd_row_max : x_row_max).data(), wf.data(),
                                    nullptr, false, "forward", sc, &oq);
-  quantized->max_abs = oq.max_abs.load();
   quantized->saturated = oq.saturated.load();
   quantized->nonfinite = oq.nonfinite.load();
   quantized->max_abs_q = oq.max_q.load();
