@@ -95,7 +95,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
   // Phases that no tap reaches (a strided layer's backward data) only write zeros: where the
   // output is far larger than the cache, with non-temporal stores, instead of reading each line
   // for ownership first (see PixelKernelArgs::stream).
-  const bool stream_zeros = !accumulate && reinterpret_cast<uintptr_t>(dst) % 64 == 0 &&
+  const bool stream_zeros = dst && !accumulate && reinterpret_cast<uintptr_t>(dst) % 64 == 0 &&
                             size_t(sh.N) * pp.dst_img * sizeof(float) > kStreamMinBytes;
   base.nib = pp.in_blocks;
   base.pairs = pairs_of(pp.in_channels);
@@ -150,8 +150,10 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       if (sc.image) a.pixel_scale = sc.image + n0;
       if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
       a.src = src + n0 * pp.src_img + i * pp.src_row + j * pp.src_col;
-      a.dst = dst + n0 * pp.dst_img + 2 * g * pp.dst_ob + p.dst_off + i * pp.dst_row + j * pp.dst_col;
-      if (!quantized) return fn(a);
+      if (!quantized) {  // (forward_quantized has no y: no offset from it is formed)
+        a.dst = dst + n0 * pp.dst_img + 2 * g * pp.dst_ob + p.dst_off + i * pp.dst_row + j * pp.dst_col;
+        return fn(a);
+      }
       alignas(64) float tile[2 * tile_ob];
       to_tile(a, tile);  // the tile's pixels are the images
       fn(a);
@@ -188,7 +190,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
     if (call >= p.ni) {  // an edge column's call: pixels down its rows, image by image
       for (int n = n0; n < n0 + images; ++n) {
         const int16_t* src_n = src + n * pp.src_img;
-        float* dst_n = dst + n * pp.dst_img + p.dst_off;
+        float* dst_n = quantized ? nullptr : dst + n * pp.dst_img + p.dst_off;
         if (sc.image) a.scale = base.scale * sc.image[n];  // a call reads one image
         int i0;
         const EdgeColumns::Column& col = p.edges.use(a, call - p.ni, i0);
@@ -200,8 +202,8 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
           a.nob = std::min(2, pp.out_blocks - 2 * g);
           a.wei = wei + g * wei_group;
           if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
-          a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
           if (!quantized) {
+            a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
             fn(a);
             continue;
           }
@@ -242,8 +244,10 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
           if (sc.lane) c.lane_scale = sc.lane + 2 * g * 16;
           c.npix = bl[b];
           c.src = src + n * pp.src_img + i * pp.src_row + bs[b] * pp.src_col;
-          c.dst = dst + n * pp.dst_img + p.dst_off + i * pp.dst_row + 2 * g * pp.dst_ob + bs[b] * pp.dst_col;
-          if (quantized) to_tile(c, tiles[m]);
+          if (quantized)
+            to_tile(c, tiles[m]);
+          else
+            c.dst = dst + n * pp.dst_img + p.dst_off + i * pp.dst_row + 2 * g * pp.dst_ob + bs[b] * pp.dst_col;
         }
         if (images == 1)
           fn(calls[0]);
