@@ -219,8 +219,8 @@ class ConvInt16 {
 
   // The three passes on the quantized operands. Outputs are FP32.
   void forward(float* y);                  // y: nChw16c [N][K/16][OH][OW][16]
-  // The forward pass straight into DFP16, where the output's consumer keeps it in DFP16 (a
-  // BatchNorm's saved input): each value of y, plus bias[k] where a bias is given (y + b, as a
+  // The forward pass straight into DFP16, for a consumer that keeps the output only in DFP16
+  // (the Model does not: a BatchNorm's statistics need its FP32 values): each value of y, plus bias[k] where a bias is given (y + b, as a
   // separate pass adds it), is quantized at 2^exponent as QuantizeFn does (element i of y draws
   // stochastic rounding's number i of `seed`), while the kernel's output is still in L1, so FP32
   // y is never written. out.y gets the bits of forward(), the bias, then quantize() at that
