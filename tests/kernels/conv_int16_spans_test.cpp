@@ -421,7 +421,7 @@ TEST(ConvInt16, ForwardQuantizedGivesTheBitsOfForwardThenQuantize) {
           expect_bits_equal(y, again, "forward after forward_quantized");
         }
     // A NaN in the bias: the quantized output counts the non-finite values (stored as 0), and
-    // max|y| is over the finite ones.
+    // its exponent does not hold.
     const ConvShape s = make(2, 16, 6, 6, 32, 3, 3, 1, 1);
     const auto [w, xb, dyb, mx] = blocked_case(s, 7, false);
     ConvInt16 c(ctx, s, {}, "nan");
