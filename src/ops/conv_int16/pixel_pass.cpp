@@ -106,9 +106,15 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
   const int ngroups = (pp.out_blocks + 1) / 2;
   base.dst_ob = pp.dst_ob;
   image_row_max(row_max, pp.in_blocks, pp.src_rows, pp.img_max.data());
-  // forward_quantized: calls write into tiles, [image of the call][block][pixel][16].
+  // Each call's output goes to dst at element off (its image, phase and first position) plus its
+  // group's blocks; under forward_quantized, where there is no dst, to a tile, [block][pixel][16],
+  // which `quantized` then takes with that same off. A pass is one or the other throughout.
   constexpr int64_t tile_ob = int64_t(kOutTilePixels) * 16;
-  auto to_tile = [&](simd::PixelKernelArgs& c, float* tile) {
+  auto to_dst = [&](simd::PixelKernelArgs& c, int g, int64_t off, float* tile) {
+    if (!quantized) {
+      c.dst = dst + off + 2 * g * pp.dst_ob;
+      return;
+    }
     c.dst = tile;
     c.dst_pix = 16;
     c.dst_ob = tile_ob;
@@ -150,17 +156,11 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       if (sc.image) a.pixel_scale = sc.image + n0;
       if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
       a.src = src + n0 * pp.src_img + i * pp.src_row + j * pp.src_col;
-      if (!quantized) {  // (forward_quantized has no y: no offset from it is formed)
-        a.dst = dst + n0 * pp.dst_img + 2 * g * pp.dst_ob + p.dst_off + i * pp.dst_row + j * pp.dst_col;
-        return fn(a);
-      }
+      const int64_t off = n0 * pp.dst_img + p.dst_off + i * pp.dst_row + j * pp.dst_col;
       alignas(64) float tile[2 * tile_ob];
-      to_tile(a, tile);  // the tile's pixels are the images
+      to_dst(a, g, off, tile);
       fn(a);
-      quantized->take(ctx, tile, tile_ob, a.nob, g, pp.dst_ob, n0 * pp.dst_img + p.dst_off + i * pp.dst_row + j * pp.dst_col,
-                      pp.dst_img, a.npix);
-      a.dst_pix = pp.dst_img;
-      a.dst_ob = base.dst_ob;
+      if (quantized) quantized->take(ctx, tile, tile_ob, a.nob, g, pp.dst_ob, off, pp.dst_img, a.npix);  // pixels: images
     });
     return base.chain;
   }
@@ -190,7 +190,6 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
     if (call >= p.ni) {  // an edge column's call: pixels down its rows, image by image
       for (int n = n0; n < n0 + images; ++n) {
         const int16_t* src_n = src + n * pp.src_img;
-        float* dst_n = quantized ? nullptr : dst + n * pp.dst_img + p.dst_off;
         if (sc.image) a.scale = base.scale * sc.image[n];  // a call reads one image
         int i0;
         const EdgeColumns::Column& col = p.edges.use(a, call - p.ni, i0);
@@ -198,22 +197,15 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
         a.src_pix = pp.src_row;
         a.dst_pix = pp.dst_row;
         a.src = src_n + i0 * pp.src_row + col.col * pp.src_col;
+        const int64_t off = n * pp.dst_img + p.dst_off + i0 * pp.dst_row + col.col * pp.dst_col;
         for (int g = g0; g < g1; ++g) {
           a.nob = std::min(2, pp.out_blocks - 2 * g);
           a.wei = wei + g * wei_group;
           if (sc.lane) a.lane_scale = sc.lane + 2 * g * 16;
-          if (!quantized) {
-            a.dst = dst_n + 2 * g * pp.dst_ob + i0 * pp.dst_row + col.col * pp.dst_col;
-            fn(a);
-            continue;
-          }
           alignas(64) float tile[2 * tile_ob];
-          to_tile(a, tile);
+          to_dst(a, g, off, tile);
           fn(a);
-          quantized->take(ctx, tile, tile_ob, a.nob, g, pp.dst_ob,
-                          n * pp.dst_img + p.dst_off + i0 * pp.dst_row + col.col * pp.dst_col, pp.dst_row, a.npix);
-          a.dst_pix = pp.dst_row;
-          a.dst_ob = base.dst_ob;
+          if (quantized) quantized->take(ctx, tile, tile_ob, a.nob, g, pp.dst_ob, off, pp.dst_row, a.npix);
         }
       }
       return;
@@ -231,6 +223,7 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
     }
     const RowBlocks& rb = pp.blocks[q];
     alignas(64) float tiles[kMaxImagesPerItem][2 * tile_ob];  // forward_quantized's
+    int64_t offs[kMaxImagesPerItem];
     for (int g = g0; g < g1; ++g) {
       const int nob = std::min(2, pp.out_blocks - 2 * g);
       const auto& bs = nob == 2 ? rb.start2 : rb.start1;
@@ -244,19 +237,15 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
           if (sc.lane) c.lane_scale = sc.lane + 2 * g * 16;
           c.npix = bl[b];
           c.src = src + n * pp.src_img + i * pp.src_row + bs[b] * pp.src_col;
-          if (quantized)
-            to_tile(c, tiles[m]);
-          else
-            c.dst = dst + n * pp.dst_img + p.dst_off + i * pp.dst_row + 2 * g * pp.dst_ob + bs[b] * pp.dst_col;
+          offs[m] = n * pp.dst_img + p.dst_off + i * pp.dst_row + bs[b] * pp.dst_col;
+          to_dst(c, g, offs[m], tiles[m]);
         }
         if (images == 1)
           fn(calls[0]);
         else
           calls_fn(calls, images);
         if (quantized)
-          for (int m = 0; m < images; ++m)
-            quantized->take(ctx, tiles[m], tile_ob, nob, g, pp.dst_ob,
-                            (n0 + m) * pp.dst_img + p.dst_off + i * pp.dst_row + bs[b] * pp.dst_col, pp.dst_col, bl[b]);
+          for (int m = 0; m < images; ++m) quantized->take(ctx, tiles[m], tile_ob, nob, g, pp.dst_ob, offs[m], pp.dst_col, bl[b]);
       }
     }
   });
