@@ -144,8 +144,9 @@ class ConvInt16 {
   // exponent comes from it); plane_max_abs as for quantize_input_with_max_abs. Spans are asked
   // for from the context's threads concurrently, each once (with Granularity::slice activations
   // and no plane_max_abs, twice: the first time for each plane's max|x|). The result has the same
-  // bits as quantize_input_with_max_abs on the tensor the spans make up. Not available where accepts_input_spans() is false (a layer with C < 16 whose kernel
-  // columns are unfolded gathers x across columns).
+  // bits as quantize_input_with_max_abs on the tensor the spans make up. Not available where
+  // accepts_input_spans() is false (a layer with C < 16 whose kernel columns are unfolded gathers
+  // x across columns).
   // quantized (optional) computes the same span already quantized at 2^exponent, rounded to
   // nearest (ties to even), into `out` (count x 16 INT16, x's layout), with its largest |q| in
   // max_q. It returns false where an element would reach |q| = 32767 or is not finite; that span
@@ -220,13 +221,14 @@ class ConvInt16 {
   // The three passes on the quantized operands. Outputs are FP32.
   void forward(float* y);                  // y: nChw16c [N][K/16][OH][OW][16]
   // The forward pass straight into DFP16, for a consumer that keeps the output only in DFP16
-  // (the Model does not: a BatchNorm's statistics need its FP32 values): each value of y, plus bias[k] where a bias is given (y + b, as a
-  // separate pass adds it), is quantized at 2^exponent as QuantizeFn does (element i of y draws
-  // stochastic rounding's number i of `seed`), while the kernel's output is still in L1, so FP32
-  // y is never written. out.y gets the bits of forward(), the bias, then quantize() at that
-  // exponent. The counters cover all of y: the saturated and non-finite elements and max|q|, which
-  // says whether `exponent` is max|y|'s (exponent_holds). The operands stay as they are: forward()
-  // may follow (a caller whose exponent was not max|y|'s runs forward() and quantizes y itself).
+  // (the Model does not: a BatchNorm's statistics need its FP32 values): each value of y, plus
+  // bias[k] where a bias is given (y + b, as a separate pass adds it), is quantized at
+  // 2^exponent as QuantizeFn does (element i of y draws stochastic rounding's number i of
+  // `seed`), while the kernel's output is still in L1, so FP32 y is never written. out.y gets the
+  // bits of forward(), the bias, then quantize() at that exponent. The counters cover all of y:
+  // the saturated and non-finite elements and max|q|, which says whether `exponent` is max|y|'s
+  // (exponent_holds). The operands stay as they are: forward() may follow (a caller whose
+  // exponent was not max|y|'s runs forward() and quantizes y itself).
   struct QuantizedOutput {
     int16_t* y = nullptr;  // nChw16c, as forward()'s y
     int exponent = 0;

@@ -160,7 +160,8 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
       alignas(64) float tile[2 * tile_ob];
       to_dst(a, g, off, tile);
       fn(a);
-      if (quantized) quantized->take(ctx, tile, tile_ob, a.nob, g, pp.dst_ob, off, pp.dst_img, a.npix);  // pixels: images
+      // The call's pixels are images, pp.dst_img apart.
+      if (quantized) quantized->take(ctx, tile, tile_ob, a.nob, g, pp.dst_ob, off, pp.dst_img, a.npix);
     });
     return base.chain;
   }
@@ -245,7 +246,8 @@ int ConvInt16::Impl::run_pixel_pass(PixelPass& pp, const int16_t* src, const Qua
         else
           calls_fn(calls, images);
         if (quantized)
-          for (int m = 0; m < images; ++m) quantized->take(ctx, tiles[m], tile_ob, nob, g, pp.dst_ob, offs[m], pp.dst_col, bl[b]);
+          for (int m = 0; m < images; ++m)
+            quantized->take(ctx, tiles[m], tile_ob, nob, g, pp.dst_ob, offs[m], pp.dst_col, bl[b]);
       }
     }
   });
